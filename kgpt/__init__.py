@@ -1,0 +1,21 @@
+"""kgpt: GPT-1 generative pre-training and discriminative fine-tuning on Keras 3.
+
+Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
+"""
+
+from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
+from kgpt.causal_lm import GPTCausalLM
+from kgpt.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "GPT1_CONFIG",
+    "NUM_SPECIAL_TOKENS",
+    "GPTAdamW",
+    "GPTBackbone",
+    "GPTCausalLM",
+    "WarmupSchedule",
+    "gelu_tanh",
+    "gpt_adamw",
+]

@@ -1,0 +1,114 @@
+import keras
+import numpy as np
+import pytest
+
+import kgpt
+from conftest import TINY, random_inputs, to_numpy
+
+
+def test_output_shape_and_tied_embedding(backbone):
+    out = backbone(random_inputs(batch=3, length=12))
+    assert tuple(out.shape) == (3, 12, TINY["hidden_dim"])
+    assert isinstance(backbone.token_embedding, keras_hub_reversible())
+    assert backbone.token_embedding.tie_weights
+
+
+def keras_hub_reversible():
+    import keras_hub
+
+    return keras_hub.layers.ReversibleEmbedding
+
+
+def test_architecture_matches_gpt1(backbone):
+    layer = backbone.transformer_layers[0]
+    assert layer.normalize_first is False  # post-LN
+    assert layer.layer_norm_epsilon == 1e-5
+    assert layer.dropout == 0.1
+    x = np.linspace(-3, 3, 7).astype("float32")
+    tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+    np.testing.assert_allclose(to_numpy(layer.activation(x)), tanh_gelu, atol=1e-6)
+    # No final layer norm: the output of the last block is the output.
+    assert not any(isinstance(l, keras.layers.LayerNormalization) for l in backbone.layers)
+
+
+def test_init_is_normal_002():
+    backbone = kgpt.GPTBackbone(**dict(TINY, vocabulary_size=4000, hidden_dim=64, num_heads=4))
+    table = to_numpy(backbone.token_embedding.embeddings)
+    assert abs(table.std() - 0.02) < 0.001
+    assert abs(table.mean()) < 0.001
+
+
+def test_causality(backbone):
+    x = random_inputs(batch=2, length=12)
+    base = to_numpy(backbone(x))
+    for t in range(11):
+        changed = {k: v.copy() for k, v in x.items()}
+        changed["token_ids"][:, t + 1] = (changed["token_ids"][:, t + 1] + 1) % TINY["vocabulary_size"]
+        out = to_numpy(backbone(changed))
+        np.testing.assert_allclose(out[:, : t + 1], base[:, : t + 1], atol=1e-6)
+        assert not np.allclose(out[:, t + 1], base[:, t + 1], atol=1e-4)
+
+
+@pytest.mark.parametrize("pad_id", [0, 5])
+def test_right_padding_leaves_real_positions_unchanged(backbone, pad_id):
+    x = random_inputs(batch=1, length=9)
+    alone = to_numpy(backbone(x))
+    ids = np.full((1, 16), pad_id, "int32")
+    ids[:, :9] = x["token_ids"]
+    mask = np.zeros((1, 16), "int32")
+    mask[:, :9] = 1
+    padded = to_numpy(backbone({"token_ids": ids, "padding_mask": mask}))
+    np.testing.assert_allclose(padded[:, :9], alone, atol=1e-5)
+
+
+def test_padding_mask_hides_masked_keys(backbone):
+    # A masked token must not influence any later position, whatever its id.
+    x = random_inputs(batch=1, length=10)
+    x["padding_mask"][:, 3] = 0
+    base = to_numpy(backbone(x))
+    x["token_ids"][:, 3] = (x["token_ids"][:, 3] + 7) % TINY["vocabulary_size"]
+    other = to_numpy(backbone(x))
+    np.testing.assert_allclose(other[:, 4:], base[:, 4:], atol=1e-5)
+
+
+def test_paper_configuration_weight_count():
+    assert kgpt.GPTBackbone.gpt1().count_params() == 116_534_784
+    assert kgpt.GPTBackbone.gpt1(num_special_tokens=3).count_params() == 116_534_784 + 3 * 768
+
+
+def test_with_added_tokens_copies_weights(backbone):
+    grown = backbone.with_added_tokens(3, seed=0)
+    assert grown.vocabulary_size == TINY["vocabulary_size"] + 3
+    assert grown.count_params() == backbone.count_params() + 3 * TINY["hidden_dim"]
+    x = random_inputs()
+    np.testing.assert_allclose(to_numpy(grown(x)), to_numpy(backbone(x)), atol=1e-6)
+    new_rows = to_numpy(grown.token_embedding.embeddings)[-3:]
+    assert new_rows.std() > 0.005
+    special = dict(x, token_ids=np.full((1, 4), TINY["vocabulary_size"] + 2, "int32"),
+                   padding_mask=np.ones((1, 4), "int32"))
+    assert tuple(grown(special).shape) == (1, 4, TINY["hidden_dim"])
+    with pytest.raises(ValueError, match="num_tokens"):
+        backbone.with_added_tokens(-1)
+
+
+def test_bad_head_count():
+    with pytest.raises(ValueError, match="divisible by num_heads"):
+        kgpt.GPTBackbone(**dict(TINY, num_heads=3))
+
+
+def test_get_config_round_trip(backbone):
+    config = backbone.get_config()
+    for key, value in TINY.items():
+        assert config[key] == value
+    clone = kgpt.GPTBackbone.from_config(config)
+    assert isinstance(clone, kgpt.GPTBackbone)
+    assert clone.count_params() == backbone.count_params()
+
+
+def test_keras_file_round_trip(backbone, tmp_path):
+    x = random_inputs()
+    path = tmp_path / "backbone.keras"
+    backbone.save(path)
+    loaded = keras.saving.load_model(path)  # safe_mode on: no code is run
+    assert isinstance(loaded, kgpt.GPTBackbone)
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(backbone(x)), atol=0)

@@ -1,0 +1,158 @@
+import keras
+import keras_hub
+import numpy as np
+import pytest
+
+import kgpt
+from conftest import TINY, random_inputs, to_numpy
+
+
+def log_softmax(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def test_logits_are_tied_to_the_embedding(causal_lm):
+    x = random_inputs()
+    logits = to_numpy(causal_lm(x))
+    hidden = to_numpy(causal_lm.backbone(x))
+    table = to_numpy(causal_lm.backbone.token_embedding.embeddings)
+    assert logits.shape == (3, 12, TINY["vocabulary_size"])
+    np.testing.assert_allclose(logits, hidden @ table.T, atol=1e-5)
+    assert causal_lm.count_params() == causal_lm.backbone.count_params()
+
+
+def test_score_is_next_token_log_probability(causal_lm):
+    x = random_inputs(batch=2, length=10)
+    x["padding_mask"][1, 7:] = 0
+    scores = causal_lm.score(x["token_ids"], x["padding_mask"], batch_size=1)
+    logp = log_softmax(to_numpy(causal_lm(x)).astype("float64"))
+    ids = x["token_ids"]
+    expected = np.take_along_axis(logp[:, :-1], ids[:, 1:, None], -1)[..., 0]
+    expected[1, 6:] = 0.0  # targets 7.. are padding
+    assert scores.shape == (2, 9)
+    np.testing.assert_allclose(scores, expected, atol=1e-5)
+
+
+def test_score_rejects_bad_shapes(causal_lm):
+    with pytest.raises(ValueError, match="length >= 2"):
+        causal_lm.score(np.zeros((2, 1), "int32"))
+    with pytest.raises(ValueError, match="max_sequence_length=16"):
+        causal_lm.score(np.zeros((1, 17), "int32"))
+
+
+def greedy_without_cache(lm, prompts, max_length):
+    """Reference decoding: a full forward pass for every new token."""
+    ids = np.zeros((len(prompts), max_length), "int32")
+    for row, p in enumerate(prompts):
+        ids[row, : len(p)] = p
+    for pos in range(min(map(len, prompts)), max_length):
+        logits = to_numpy(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
+        for row, p in enumerate(prompts):
+            if pos >= len(p):
+                ids[row, pos] = logits[row, pos - 1].argmax()
+    return ids
+
+
+def test_cached_generation_equals_uncached(causal_lm):
+    # Larger weights so logits are far apart and ties cannot flip the argmax.
+    table = causal_lm.backbone.token_embedding.embeddings
+    table.assign(to_numpy(table) * 20)
+    prompts = [[5, 9, 2], [7], [1, 2, 3, 4, 5, 6]]
+    causal_lm.compile(sampler="greedy")
+    out = causal_lm.generate(prompts, max_length=14)
+    reference = greedy_without_cache(causal_lm, prompts, 14)
+    np.testing.assert_array_equal(out["token_ids"], reference)
+    assert out["padding_mask"].all()
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [keras_hub.samplers.TopKSampler(k=1), keras_hub.samplers.TopPSampler(p=1e-6)],
+    ids=["top_k=1", "top_p=tiny"],
+)
+def test_degenerate_samplers_equal_greedy(causal_lm, sampler):
+    prompts = [[5, 9, 2], [7, 7]]
+    causal_lm.compile(sampler="greedy")
+    greedy = causal_lm.generate(prompts, max_length=12)["token_ids"]
+    causal_lm.compile(sampler=sampler)
+    np.testing.assert_array_equal(causal_lm.generate(prompts, max_length=12)["token_ids"], greedy)
+
+
+@pytest.mark.parametrize("sampler", ["top_k", "top_p"])
+def test_sampling_keeps_prompt_and_stays_in_vocabulary(causal_lm, sampler):
+    causal_lm.compile(sampler=sampler)
+    out = causal_lm.generate([[3, 4, 5]], max_length=16)["token_ids"]
+    assert out.shape == (1, 16)
+    np.testing.assert_array_equal(out[0, :3], [3, 4, 5])
+    assert ((out >= 0) & (out < TINY["vocabulary_size"])).all()
+
+
+def test_stop_token_masks_what_follows(causal_lm):
+    causal_lm.compile(sampler="greedy")
+    free = causal_lm.generate([[3, 4]], max_length=12)["token_ids"][0]
+    stop = int(free[4])
+    first = 2 + list(free[2:]).index(stop)
+    out = causal_lm.generate([[3, 4]], max_length=12, stop_token_ids=[stop])
+    expected = np.arange(12) <= first
+    np.testing.assert_array_equal(out["padding_mask"][0], expected)
+
+
+def test_generate_rejects_bad_lengths(causal_lm):
+    with pytest.raises(ValueError, match="max_sequence_length=16"):
+        causal_lm.generate([[1, 2]], max_length=32)
+    with pytest.raises(ValueError, match="no room"):
+        causal_lm.generate([[1] * 8], max_length=8)
+    with pytest.raises(ValueError, match="at least one token"):
+        causal_lm.generate([[]], max_length=8)
+
+
+def test_learns_repeated_text_to_low_loss():
+    text = "hello world! " * 60
+    vocab = sorted(set(text))
+    ids = np.array([vocab.index(c) for c in text], "int32")
+    length = 32
+    rng = np.random.default_rng(0)
+    starts = rng.integers(0, len(ids) - length - 1, 512)
+    windows = np.stack([ids[s : s + length + 1] for s in starts])
+    x = {"token_ids": windows[:, :-1], "padding_mask": np.ones((512, length), "int32")}
+    backbone = kgpt.GPTBackbone(
+        vocabulary_size=len(vocab), num_layers=2, num_heads=2, hidden_dim=32,
+        intermediate_dim=64, max_sequence_length=length, dropout=0.0,
+    )
+    lm = kgpt.GPTCausalLM(backbone)
+    lm.compile(optimizer=kgpt.gpt_adamw(3e-3, warmup_steps=20, total_steps=320))
+    history = lm.fit(x, windows[:, 1:], batch_size=16, epochs=10, verbose=0)
+    losses = history.history["loss"]
+    assert losses[-1] < 0.1, losses
+    assert losses[-1] < losses[0] / 10
+
+
+def test_keras_file_round_trip_keeps_optimizer(causal_lm, tmp_path):
+    x = random_inputs()
+    causal_lm.compile(total_steps=5000)
+    causal_lm.fit(x, x["token_ids"], epochs=1, verbose=0)
+    path = tmp_path / "lm.keras"
+    causal_lm.save(path)
+    loaded = keras.saving.load_model(path)
+    assert isinstance(loaded, kgpt.GPTCausalLM)
+    assert isinstance(loaded.backbone, kgpt.GPTBackbone)
+    np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(causal_lm(x)), atol=0)
+    assert isinstance(loaded.optimizer, kgpt.GPTAdamW)
+    schedule = loaded.optimizer._learning_rate
+    assert isinstance(schedule, kgpt.WarmupSchedule) and schedule.total_steps == 5000
+    assert int(to_numpy(loaded.optimizer.iterations)) == 1
+    saved = {v.path: to_numpy(v) for v in causal_lm.optimizer.variables}
+    for v in loaded.optimizer.variables:
+        np.testing.assert_array_equal(to_numpy(v), saved[v.path])
+
+
+def test_auto_optimizer_rejects_horizon_shorter_than_warmup(causal_lm):
+    with pytest.raises(ValueError, match="shorter warm-up"):
+        causal_lm.compile(total_steps=50)
+
+
+def test_get_config_round_trip(causal_lm):
+    clone = kgpt.GPTCausalLM.from_config(causal_lm.get_config())
+    assert isinstance(clone, kgpt.GPTCausalLM)
+    assert clone.backbone.get_config() == causal_lm.backbone.get_config()

@@ -1,0 +1,58 @@
+import math
+
+import keras
+import numpy as np
+import pytest
+
+import kgpt
+from conftest import to_numpy
+
+
+def test_warmup_then_cosine_to_zero():
+    s = kgpt.WarmupSchedule(2.5e-4, warmup_steps=2000, total_steps=12000)
+    values = {step: float(to_numpy(s(step))) for step in (0, 1000, 2000, 7000, 12000, 20000)}
+    assert values[0] == 0.0
+    assert math.isclose(values[1000], 1.25e-4, rel_tol=1e-5)
+    assert math.isclose(values[2000], 2.5e-4, rel_tol=1e-5)
+    assert math.isclose(values[7000], 1.25e-4, rel_tol=1e-4)  # cosine midpoint
+    assert values[12000] < 1e-12 and values[20000] < 1e-12
+
+
+def test_warmup_then_linear_decay():
+    s = kgpt.WarmupSchedule(6.25e-5, warmup_steps=10, total_steps=110, decay="linear")
+    assert math.isclose(float(to_numpy(s(5))), 3.125e-5, rel_tol=1e-5)
+    assert math.isclose(float(to_numpy(s(60))), 3.125e-5, rel_tol=1e-5)
+    assert float(to_numpy(s(110))) == 0.0
+
+
+def test_no_horizon_holds_peak():
+    s = kgpt.WarmupSchedule(1e-3, warmup_steps=10)
+    assert math.isclose(float(to_numpy(s(10_000))), 1e-3, rel_tol=1e-6)
+
+
+def test_schedule_errors():
+    with pytest.raises(ValueError, match="decay"):
+        kgpt.WarmupSchedule(1e-3, 10, 100, decay="step")
+    with pytest.raises(ValueError, match="total_steps"):
+        kgpt.WarmupSchedule(1e-3, 100, 10)
+
+
+def test_weight_decay_skips_biases_and_layer_norm(causal_lm):
+    # Zero gradients make Adam's step exactly 0, leaving only the decay.
+    optimizer = kgpt.gpt_adamw(learning_rate=0.5, warmup_steps=0, weight_decay=0.1)
+    variables = causal_lm.trainable_variables
+    rng = np.random.default_rng(0)
+    for v in variables:  # biases and offsets start at 0, where decay is invisible
+        v.assign(rng.normal(1.0, 0.1, v.shape).astype("float32"))
+    before = [to_numpy(v).copy() for v in variables]
+    optimizer.apply([np.zeros(v.shape, "float32") for v in variables], variables)
+    decayed, kept = set(), set()
+    for v, old in zip(variables, before):
+        new = to_numpy(v)
+        if np.allclose(new, old):
+            kept.add(v.name)
+        else:
+            np.testing.assert_allclose(new, old * (1 - 0.5 * 0.1), rtol=1e-5)
+            decayed.add(v.name)
+    assert kept == {"bias", "gamma", "beta"}
+    assert decayed == {"embeddings", "kernel"}

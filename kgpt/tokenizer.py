@@ -1,0 +1,224 @@
+"""The GPT-1 byte-pair-encoding tokenizer (the original release's algorithm).
+
+Pipeline, as in the original `text_utils.py`: optional `ftfy.fix_text`;
+standardise dashes and ellipses; space out runs of punctuation; newlines
+become a ` \\n ` token; split into words; lower-case; BPE over characters with
+`</w>` on the last one, lowest-rank merge first; unknown symbols -> id 0.
+Three special tokens follow the vocabulary: `_start_`, `_delimiter_`,
+`_classify_` (ids 40478-40480 with the original files).
+
+Word splitting here is a regular expression that follows spaCy's English rules
+for the common cases (punctuation, `n't` and `'s`-style clitics); it does not
+reproduce spaCy's exceptions (e.g. "U.S."), and `ftfy` is used only when it
+is installed.
+"""
+
+import json
+import os
+import re
+import unicodedata
+from importlib import resources
+
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
+ENCODER_FILE = "encoder_bpe_40000.json"
+MERGES_FILE = "vocab_40000.bpe"
+
+_PUNCT_RUNS = re.compile(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""")
+_WORDS = re.compile(
+    r"\n|[^\W\d_]+(?=n't\b)|n't\b|'(?:s|m|d|ll|re|ve)\b|\d+(?:[.,:]\d+)*|\w+|\.\.+|[^\w\s]",
+    re.IGNORECASE,
+)
+
+
+def standardize(text):
+    """The original's punctuation and whitespace standardisation."""
+    text = text.replace("\u2014", "-").replace("\u2013", "-").replace("\u2015", "-")
+    text = text.replace("\u2026", "...").replace("\u00b4", "'")
+    text = _PUNCT_RUNS.sub(r" \1 ", text)
+    text = re.sub(r"\s*\n\s*", " \n ", text)
+    text = re.sub(r"[^\S\n]+", " ", text)
+    return text.strip()
+
+
+def _fix_text(text):
+    try:
+        import ftfy
+    except ImportError:
+        return unicodedata.normalize("NFC", text)
+    return ftfy.fix_text(text)
+
+
+def _pairs(word):
+    return set(zip(word, word[1:]))
+
+
+class GPTTokenizer:
+    """Text <-> token ids with the GPT-1 BPE vocabulary.
+
+    Args:
+        encoder: dict of BPE symbol -> id, ids `0..n-1` (`<unk>` is 0 in the
+            original files).
+        merges: list of `(left, right)` symbol pairs in rank order.
+
+    Example:
+    ```python
+    tokenizer = kgpt.GPTTokenizer.gpt1()  # the original files, shipped
+    ids = tokenizer.encode("Hello world!")
+    tokenizer.decode(ids)  # 'hello world !'
+    tokenizer.vocabulary_size  # 40481 (40478 + start, delimiter, extract)
+    ```
+    """
+
+    def __init__(self, encoder, merges):
+        self.encoder = dict(encoder)
+        self.merges = [tuple(m) for m in merges]
+        self.bpe_ranks = {pair: rank for rank, pair in enumerate(self.merges)}
+        base = len(self.encoder)
+        for offset, token in enumerate(SPECIAL_TOKENS):
+            self.encoder.setdefault(token, base + offset)
+        self.decoder = {i: s for s, i in self.encoder.items()}
+        self._cache = {}
+
+    # --- files ---------------------------------------------------------------
+
+    @classmethod
+    def from_original(cls, encoder_json, bpe_merges):
+        """Reads the original release's `encoder_bpe_40000.json` + `vocab_40000.bpe`."""
+        encoder = _read_encoder(encoder_json)
+        merges = _read_merges(bpe_merges)
+        return cls(encoder, merges)
+
+    @classmethod
+    def gpt1(cls):
+        """The original GPT-1 vocabulary (MIT licence), shipped with kgpt."""
+        assets = resources.files("kgpt") / "assets" / "gpt1_bpe"
+        return cls.from_original(str(assets / ENCODER_FILE), str(assets / MERGES_FILE))
+
+    def save(self, directory):
+        """Writes the two files in the original formats; `load()` reads them."""
+        os.makedirs(directory, exist_ok=True)
+        plain = {s: i for s, i in self.encoder.items() if s not in SPECIAL_TOKENS}
+        with open(os.path.join(directory, ENCODER_FILE), "w", encoding="utf-8") as f:
+            json.dump(plain, f, ensure_ascii=False)
+        with open(os.path.join(directory, MERGES_FILE), "w", encoding="utf-8") as f:
+            f.write("#version: 0.2\n")
+            f.writelines(f"{a} {b}\n" for a, b in self.merges)
+
+    @classmethod
+    def load(cls, directory):
+        """Reads a tokenizer written by `save()` (or the original files)."""
+        return cls.from_original(
+            os.path.join(directory, ENCODER_FILE), os.path.join(directory, MERGES_FILE)
+        )
+
+    # --- ids -----------------------------------------------------------------
+
+    @property
+    def vocabulary_size(self):
+        """Ids in use, special tokens included (the backbone's minimum size)."""
+        return len(self.encoder)
+
+    @property
+    def start_id(self):
+        return self.encoder["_start_"]
+
+    @property
+    def delimiter_id(self):
+        return self.encoder["_delimiter_"]
+
+    @property
+    def extract_id(self):
+        return self.encoder["_classify_"]
+
+    # --- encoding ------------------------------------------------------------
+
+    def bpe(self, word):
+        """BPE symbols of one lower-cased word, e.g. 'hello' -> ['hello</w>']."""
+        cached = self._cache.get(word)
+        if cached is not None:
+            return cached
+        symbols = tuple(word[:-1]) + (word[-1] + "</w>",)
+        pairs = _pairs(symbols)
+        while pairs:
+            best = min(pairs, key=lambda p: self.bpe_ranks.get(p, float("inf")))
+            if best not in self.bpe_ranks:
+                break
+            first, second = best
+            merged, i = [], 0
+            while i < len(symbols):
+                if i < len(symbols) - 1 and symbols[i] == first and symbols[i + 1] == second:
+                    merged.append(first + second)
+                    i += 2
+                else:
+                    merged.append(symbols[i])
+                    i += 1
+            symbols = tuple(merged)
+            pairs = _pairs(symbols) if len(symbols) > 1 else set()
+        result = list(symbols)
+        if len(self._cache) < 200_000:
+            self._cache[word] = result
+        return result
+
+    def words(self, text):
+        """The normalised, lower-cased words that BPE sees."""
+        return [w.lower() for w in _WORDS.findall(standardize(_fix_text(text)))]
+
+    def encode(self, text):
+        """Token ids of `text` (no special tokens added)."""
+        if not isinstance(text, str):
+            raise TypeError(f"encode() takes a str, got {type(text).__name__}.")
+        ids = []
+        for word in self.words(text):
+            ids.extend(self.encoder.get(s, 0) for s in self.bpe(word))
+        return ids
+
+    def encode_batch(self, texts):
+        """`encode` over a list of strings."""
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids):
+        """Text from ids; words are joined by single spaces (case is lost)."""
+        pieces = []
+        for i in ids:
+            i = int(i)
+            if i not in self.decoder:
+                raise ValueError(f"Token id {i} is outside the vocabulary (size {self.vocabulary_size}).")
+            symbol = self.decoder[i]
+            pieces.append(f" {symbol} " if symbol in SPECIAL_TOKENS else symbol)
+        text = "".join(pieces).replace("</w>", " ")
+        return re.sub(r"[^\S\n]+", " ", text).replace(" \n ", "\n").strip()
+
+
+def _read_encoder(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Tokenizer encoder file not found: {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            encoder = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not a JSON encoder file ({e}).") from e
+    if not isinstance(encoder, dict) or not all(
+        isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()
+    ):
+        raise ValueError(f"{path}: expected a JSON object mapping BPE symbols to integer ids.")
+    if sorted(encoder.values()) != list(range(len(encoder))):
+        raise ValueError(f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once.")
+    return encoder
+
+
+def _read_merges(path):
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"Tokenizer merges file not found: {path}")
+    with open(path, encoding="utf-8") as f:
+        lines = f.read().split("\n")
+    if not lines or not lines[0].startswith("#version"):
+        raise ValueError(f"{path}:1: expected a '#version' header line in a BPE merges file.")
+    merges = []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line:
+            continue
+        parts = line.split()
+        if len(parts) != 2:
+            raise ValueError(f"{path}:{number}: expected two symbols separated by a space, got {line!r}.")
+        merges.append(tuple(parts))
+    return merges

@@ -6,6 +6,7 @@ Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
+from kgpt.tokenizer import GPTTokenizer
 
 __version__ = "0.1.0"
 
@@ -15,6 +16,7 @@ __all__ = [
     "GPTAdamW",
     "GPTBackbone",
     "GPTCausalLM",
+    "GPTTokenizer",
     "WarmupSchedule",
     "gelu_tanh",
     "gpt_adamw",

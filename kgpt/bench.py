@@ -1,0 +1,158 @@
+"""Speed and memory of kgpt beside keras-hub's GPT-2 at the same shape, in one run.
+
+    python -m kgpt.bench                      # 6 x 512, 8 heads, 2048, ctx 256, vocab 16384, batch 8
+    KERAS_BACKEND=tensorflow python -m kgpt.bench --steps 20
+
+For each model, in its own process (so peak memory is its own): training
+tokens/s (one full step: forward, LM loss over every position, backward,
+AdamW update), inference tokens/s (forward pass to next-token predictions)
+and peak memory (host RSS; device peak on a GPU). keras-hub's `GPT2Backbone`
+(pre-LN plus a final layer norm) with its tied LM head has the same weights
+and FLOPs up to one layer norm, so the ratio compares the implementations.
+"""
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app, flags, logging
+
+flags.DEFINE_integer("num_layers", 6, "Transformer blocks.")
+flags.DEFINE_integer("hidden_dim", 512, "Hidden size.")
+flags.DEFINE_integer("num_heads", 8, "Attention heads.")
+flags.DEFINE_integer("intermediate_dim", 2048, "Feed-forward inner size.")
+flags.DEFINE_integer("sequence_length", 256, "Tokens per sequence.")
+flags.DEFINE_integer("vocabulary_size", 16384, "Vocabulary size.")
+flags.DEFINE_integer("batch_size", 8, "Sequences per step.")
+flags.DEFINE_integer("steps", 10, "Timed steps (after the warm-up steps).")
+flags.DEFINE_integer("warmup", 2, "Untimed steps (compilation).")
+flags.DEFINE_list("models", ["kgpt", "keras_hub_gpt2"], "Models to measure.")
+flags.DEFINE_string("worker", None, "Internal: measure this one model and print JSON.")
+FLAGS = flags.FLAGS
+
+SHAPE_FLAGS = ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
+               "sequence_length", "vocabulary_size", "batch_size", "steps", "warmup")
+
+
+def build(name):
+    """The causal LM `name` at the flags' shape (dropout as in training, 0.1)."""
+    import keras_hub
+
+    import kgpt
+
+    shape = dict(
+        vocabulary_size=FLAGS.vocabulary_size,
+        num_layers=FLAGS.num_layers,
+        num_heads=FLAGS.num_heads,
+        hidden_dim=FLAGS.hidden_dim,
+        intermediate_dim=FLAGS.intermediate_dim,
+        max_sequence_length=FLAGS.sequence_length,
+        dropout=0.1,
+    )
+    if name == "kgpt":
+        return kgpt.GPTCausalLM(kgpt.GPTBackbone(**shape))
+    if name == "keras_hub_gpt2":
+        return keras_hub.models.GPT2CausalLM(keras_hub.models.GPT2Backbone(**shape), preprocessor=None)
+    raise app.UsageError(f"Unknown model {name!r}; choose from kgpt, keras_hub_gpt2.")
+
+
+def device_peak_bytes():
+    """Peak accelerator memory, or None on CPU."""
+    import keras
+
+    if keras.config.backend() == "jax":
+        import jax
+
+        device = jax.devices()[0]
+        if device.platform == "cpu":
+            return None
+        return device.memory_stats().get("peak_bytes_in_use")
+    import tensorflow as tf
+
+    if not tf.config.list_physical_devices("GPU"):
+        return None
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"]
+
+
+def measure(name):
+    """Times one model; returns a dict of figures."""
+    import keras
+    import numpy as np
+
+    import kgpt
+
+    keras.utils.set_random_seed(0)
+    lm = build(name)
+    lm.compile(
+        optimizer=kgpt.gpt_adamw(warmup_steps=10, total_steps=10_000),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        weighted_metrics=[],
+    )
+    rng = np.random.default_rng(0)
+    shape = (FLAGS.batch_size, FLAGS.sequence_length)
+    ids = rng.integers(0, FLAGS.vocabulary_size, (shape[0], shape[1] + 1)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones(shape, "int32")}
+    y = ids[:, 1:]
+    tokens = shape[0] * shape[1]
+
+    def timed(step):
+        for _ in range(FLAGS.warmup):
+            step()
+        start = time.perf_counter()
+        for _ in range(FLAGS.steps):
+            step()  # each returns host values, so the device has finished
+        return tokens * FLAGS.steps / (time.perf_counter() - start)
+
+    train = timed(lambda: lm.train_on_batch(x, y))
+    predictor = keras.Model(lm.input, keras.ops.argmax(lm.output, axis=-1))
+    infer = timed(lambda: predictor.predict_on_batch(x))
+    peak = device_peak_bytes()
+    return {
+        "model": name,
+        "weights": int(lm.count_params()),
+        "train_tokens_per_s": train,
+        "inference_tokens_per_s": infer,
+        "peak_host_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_device_mib": None if peak is None else peak / 2**20,
+    }
+
+
+def run_worker(name):
+    args = [sys.executable, "-m", "kgpt.bench", f"--worker={name}"]
+    args += [f"--{f}={FLAGS[f].value}" for f in SHAPE_FLAGS]
+    result = subprocess.run(args, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"Benchmark of {name} failed:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)
+    if FLAGS.worker:
+        print(json.dumps(measure(FLAGS.worker)))
+        return
+    import keras
+
+    shape = ", ".join(f"{f}={FLAGS[f].value}" for f in SHAPE_FLAGS)
+    print(f"backend={keras.config.backend()} keras={keras.__version__} {shape}")
+    rows = [run_worker(name) for name in FLAGS.models]
+    header = f"{'model':<16}{'weights':>12}{'train tok/s':>14}{'infer tok/s':>14}{'peak RSS MiB':>14}{'peak dev MiB':>14}"
+    print(header)
+    for r in rows:
+        dev = "-" if r["peak_device_mib"] is None else f"{r['peak_device_mib']:.0f}"
+        print(f"{r['model']:<16}{r['weights']:>12,}{r['train_tokens_per_s']:>14,.0f}"
+              f"{r['inference_tokens_per_s']:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}")
+    if len(rows) >= 2:
+        a, b = rows[0], rows[1]
+        print(f"ratio {a['model']}/{b['model']}: train x{a['train_tokens_per_s'] / b['train_tokens_per_s']:.2f}, "
+              f"inference x{a['inference_tokens_per_s'] / b['inference_tokens_per_s']:.2f}, "
+              f"peak RSS x{a['peak_host_rss_mib'] / b['peak_host_rss_mib']:.2f}")
+
+
+if __name__ == "__main__":
+    app.run(main)

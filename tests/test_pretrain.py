@@ -1,0 +1,100 @@
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import kgpt
+from kgpt.pretrain import PretrainConfig, pretrain
+
+TEXT = "The keeper climbed the steps of the tower and wrote the date in the notebook.\n" * 30
+
+
+def tiny_config(tmp_path, **overrides):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir(exist_ok=True)
+    (corpus / "a.txt").write_text(TEXT, encoding="utf-8")
+    values = dict(
+        corpus=str(corpus), output_dir=str(tmp_path / "out"), num_layers=1, num_heads=2,
+        hidden_dim=16, intermediate_dim=32, dropout=0.0, sequence_length=16, batch_size=8,
+        learning_rate=1e-2, warmup_steps=5, max_steps=60, evaluations=3, sample_tokens=5,
+    )
+    values.update(overrides)
+    return PretrainConfig(**values)
+
+
+def test_pretrain_learns_and_saves(tmp_path):
+    config = tiny_config(tmp_path)
+    lines = []
+    lm, tokenizer, metrics = pretrain(config, log=lines.append)
+    assert metrics["train_loss"][-1] < metrics["train_loss"][0] - 1.0
+    assert metrics["validation_perplexity"][-1] < metrics["validation_perplexity"][0]
+    assert any(line.startswith("Sample: ") for line in lines)
+    out = tmp_path / "out"
+    assert json.loads((out / "metrics.json").read_text())["tokens"] == metrics["tokens"]
+    assert (out / "history.csv").read_text().count("\n") == 4  # header + 3 evaluations
+    loaded = keras.saving.load_model(out / "model.keras")
+    assert isinstance(loaded, kgpt.GPTCausalLM)
+    again = kgpt.GPTTokenizer.load(out / "tokenizer")
+    ids = np.asarray([again.encode("the keeper wrote the date")], "int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
+                               keras.ops.convert_to_numpy(lm(x)), atol=1e-6)
+
+
+def test_missing_corpus(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No corpus files match"):
+        pretrain(tiny_config(tmp_path, corpus=str(tmp_path / "nothing*.txt")))
+
+
+def test_non_utf8_names_file_and_byte(tmp_path):
+    config = tiny_config(tmp_path)
+    bad = os.path.join(config.corpus, "b.txt")
+    with open(bad, "wb") as f:
+        f.write(b"caf\xe9 au lait")
+    with pytest.raises(ValueError, match=r"b\.txt: byte 3 \(0xe9\) is not valid UTF-8"):
+        pretrain(config)
+
+
+def test_empty_files_are_counted(tmp_path):
+    config = tiny_config(tmp_path, max_steps=6, evaluations=1, warmup_steps=1)
+    open(os.path.join(config.corpus, "empty.txt"), "w").close()
+    lines = []
+    pretrain(config, log=lines.append)
+    assert any("Skipped 1 empty file(s)" in line and "empty.txt" in line for line in lines)
+
+
+def test_corpus_smaller_than_a_window(tmp_path):
+    config = tiny_config(tmp_path, sequence_length=16)
+    with open(os.path.join(config.corpus, "a.txt"), "w") as f:
+        f.write("far too short")
+    with pytest.raises(ValueError, match="fewer than one window of sequence_length=16"):
+        pretrain(config)
+
+
+def run_cli(*args, cwd):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "kgpt.cli.train", *args],
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+
+
+def test_cli_trains_and_writes_outputs(tmp_path):
+    config = tiny_config(tmp_path)
+    result = run_cli(
+        "--task=lm", f"--corpus={config.corpus}", f"--output_dir={tmp_path / 'cli'}",
+        "--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32",
+        "--sequence_length=16", "--batch_size=4", "--max_steps=8", "--warmup_steps=2",
+        "--evaluations=2", cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Training loss:" in result.stdout and "Sample:" in result.stdout
+    assert (tmp_path / "cli" / "model.keras").exists()
+
+
+def test_cli_unknown_task(tmp_path):
+    result = run_cli("--task=scitial", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Unknown task 'scitial'. Available: lm" in result.stderr

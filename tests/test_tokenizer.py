@@ -1,0 +1,102 @@
+import json
+
+import pytest
+
+import kgpt
+from kgpt.tokenizer import GPTTokenizer, standardize
+
+
+@pytest.fixture(scope="module")
+def gpt1():
+    return GPTTokenizer.gpt1()
+
+
+def test_original_vocabulary_layout(gpt1):
+    d = gpt1.decoder
+    assert d[0] == "<unk>" and d[1] == "." and d[239] == ".</w>"
+    assert d[477] == "th" and d[40476] == "bachelorette</w>" and d[40477] == "\n</w>"
+    assert (gpt1.start_id, gpt1.delimiter_id, gpt1.extract_id) == (40478, 40479, 40480)
+    assert gpt1.vocabulary_size == 40481
+
+
+def test_known_encodings(gpt1):
+    assert gpt1.encode("bachelorette") == [40476]  # the last merge
+    assert gpt1.encode("The") == [gpt1.encoder["the</w>"]]  # lower-cased
+    assert gpt1.encode("a\nb") == [gpt1.encoder["a</w>"], 40477, gpt1.encoder["b</w>"]]
+    assert gpt1.encode("\u0378") == [0]  # an unassigned code point: unknown
+
+
+def test_bpe_merges_lowest_rank_first():
+    symbols = ["<unk>", "a", "b", "c", "a</w>", "b</w>", "c</w>", "ab", "bc</w>", "abc</w>"]
+    encoder = {s: i for i, s in enumerate(symbols)}
+    tok = GPTTokenizer(encoder, [("b", "c</w>"), ("a", "b"), ("a", "bc</w>")])
+    # (b, c</w>) has rank 0, so 'abc' -> a + bc</w> -> abc</w>; never ab + c</w>.
+    assert tok.bpe("abc") == ["abc</w>"]
+    tok2 = GPTTokenizer(encoder, [("a", "b"), ("b", "c</w>")])
+    assert tok2.bpe("abc") == ["ab", "c</w>"]
+    # The word 'ab' ends in b</w>, which the merge (a, b) does not match.
+    assert tok2.encode("abc ab") == [7, 6, 1, 5]
+    assert tok2.encode("abd") == [7, 0]  # 'd</w>' is unknown -> 0
+    assert tok2.vocabulary_size == len(symbols) + 3
+
+
+def test_standardize_follows_the_original():
+    assert standardize("a\u2014b\u2026") == "a - b..."
+    assert standardize("wait!!! (yes)") == "wait !!! ( yes )"
+    assert standardize("  one \n\n  two  ") == "one \n two"
+
+
+def test_words_split_like_spacy_for_common_cases(gpt1):
+    assert gpt1.words("I don't think it's 3.5 miles...") == [
+        "i", "do", "n't", "think", "it", "'s", "3.5", "miles", "...",
+    ]
+
+
+def test_decode_round_trip(gpt1):
+    text = "The keeper wrote the date, and the wind."
+    assert gpt1.decode(gpt1.encode(text)) == "the keeper wrote the date , and the wind ."
+    assert gpt1.decode([gpt1.start_id, gpt1.encoder["hi</w>"], gpt1.extract_id]) == "_start_ hi _classify_"
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        gpt1.decode([10**6])
+
+
+def test_save_load_round_trip(gpt1, tmp_path):
+    gpt1.save(tmp_path)
+    loaded = GPTTokenizer.load(tmp_path)
+    text = "Saving and loading keeps every id the same: 123, ok?"
+    assert loaded.encode(text) == gpt1.encode(text)
+    assert loaded.vocabulary_size == gpt1.vocabulary_size
+
+
+def test_bad_files_name_the_file(tmp_path):
+    good_merges = tmp_path / "m.bpe"
+    good_merges.write_text("#version: 0.2\na b\n")
+    with pytest.raises(FileNotFoundError, match="missing.json"):
+        GPTTokenizer.from_original(str(tmp_path / "missing.json"), str(good_merges))
+    bad_json = tmp_path / "bad.json"
+    bad_json.write_text("{not json")
+    with pytest.raises(ValueError, match="bad.json: not a JSON encoder"):
+        GPTTokenizer.from_original(str(bad_json), str(good_merges))
+    gaps = tmp_path / "gaps.json"
+    gaps.write_text(json.dumps({"a": 0, "b": 2}))
+    with pytest.raises(ValueError, match="gaps.json: ids must be exactly 0..1"):
+        GPTTokenizer.from_original(str(gaps), str(good_merges))
+    enc = tmp_path / "enc.json"
+    enc.write_text(json.dumps({"a": 0, "b": 1}))
+    no_header = tmp_path / "nohdr.bpe"
+    no_header.write_text("a b\n")
+    with pytest.raises(ValueError, match="nohdr.bpe:1: expected a '#version'"):
+        GPTTokenizer.from_original(str(enc), str(no_header))
+    bad_line = tmp_path / "badline.bpe"
+    bad_line.write_text("#version: 0.2\na b\na b c\n")
+    with pytest.raises(ValueError, match="badline.bpe:3: expected two symbols"):
+        GPTTokenizer.from_original(str(enc), str(bad_line))
+
+
+def test_encode_rejects_non_strings(gpt1):
+    with pytest.raises(TypeError, match="takes a str"):
+        gpt1.encode(b"bytes")
+
+
+def test_exported_at_top_level():
+    assert kgpt.GPTTokenizer is GPTTokenizer

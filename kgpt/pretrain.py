@@ -142,6 +142,13 @@ def validation_windows(val, sequence_length):
     return x, windows[:, 1:], (len(val) - 1) - count * length
 
 
+def evaluation_count(max_steps, wanted):
+    """The largest count <= `wanted` that divides `max_steps` (Keras epochs are equal)."""
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
+    return max(d for d in range(1, max(1, min(wanted, max_steps)) + 1) if max_steps % d == 0)
+
+
 def pretrain(config, log=print):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
     keras.utils.set_random_seed(config.seed)
@@ -174,7 +181,10 @@ def pretrain(config, log=print):
     log(f"Model: {backbone.count_params():,} weights; {config.max_steps} steps of "
         f"{config.batch_size} x {config.sequence_length} tokens.")
 
-    evaluations = max(1, min(config.evaluations, config.max_steps))
+    evaluations = evaluation_count(config.max_steps, config.evaluations)
+    if evaluations != config.evaluations:
+        log(f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so that "
+            f"exactly max_steps={config.max_steps} steps are trained.")
     steps_per_eval = config.max_steps // evaluations
     train = random_windows(train_ids, config.sequence_length, config.batch_size, config.seed)
     validation = None

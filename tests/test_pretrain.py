@@ -31,6 +31,7 @@ def test_pretrain_learns_and_saves(tmp_path):
     lines = []
     lm, tokenizer, metrics = pretrain(config, log=lines.append)
     assert metrics["train_loss"][-1] < metrics["train_loss"][0] - 1.0
+    assert int(keras.ops.convert_to_numpy(lm.optimizer.iterations)) == config.max_steps
     assert metrics["validation_perplexity"][-1] < metrics["validation_perplexity"][0]
     assert any(line.startswith("Sample: ") for line in lines)
     out = tmp_path / "out"
@@ -43,6 +44,23 @@ def test_pretrain_learns_and_saves(tmp_path):
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
                                keras.ops.convert_to_numpy(lm(x)), atol=1e-6)
+
+
+def test_every_requested_step_is_trained(tmp_path):
+    config = tiny_config(tmp_path, max_steps=10, evaluations=3, warmup_steps=1, output_dir=None)
+    lines = []
+    lm, _, metrics = pretrain(config, log=lines.append)
+    assert int(keras.ops.convert_to_numpy(lm.optimizer.iterations)) == 10
+    assert len(metrics["train_loss"]) == 2
+    assert any("Evaluating 2 times (every 5 steps)" in line for line in lines)
+
+
+def test_evaluation_count():
+    from kgpt.pretrain import evaluation_count
+
+    assert [evaluation_count(200, 5), evaluation_count(10, 3), evaluation_count(7, 3), evaluation_count(3, 10)] == [5, 2, 1, 3]
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        evaluation_count(0, 3)
 
 
 def test_missing_corpus(tmp_path):

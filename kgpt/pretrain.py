@@ -2,8 +2,8 @@
 
 `pretrain(config)` is what `kgpt-train --task lm` runs; tests call it with a
 tiny config. Text is tokenized in memory and trained on random contiguous
-windows, as in the paper. (Corpora larger than memory need the on-disk
-token shards tracked in the pre-training issue; this loader says so.)
+windows, as in the paper. The whole corpus is held in memory: streaming
+from on-disk token shards is still to come (pre-training issue).
 """
 
 import dataclasses

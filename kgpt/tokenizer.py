@@ -40,12 +40,16 @@ def standardize(text):
     return text.strip()
 
 
+try:  # optional, as in the original; resolved once, not per text
+    import ftfy as _ftfy
+except ImportError:
+    _ftfy = None
+
+
 def _fix_text(text):
-    try:
-        import ftfy
-    except ImportError:
+    if _ftfy is None:
         return unicodedata.normalize("NFC", text)
-    return ftfy.fix_text(text)
+    return _ftfy.fix_text(text)
 
 
 def _pairs(word):

@@ -1,6 +1,5 @@
 import math
 
-import keras
 import numpy as np
 import pytest
 

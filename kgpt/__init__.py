@@ -3,9 +3,14 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
+from kgpt import metrics, readers, transforms
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
+from kgpt.hookspecs import hookimpl
 from kgpt.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
+from kgpt.registry import RegistryError, TaskRegistry
+from kgpt.task import DataError, Example, Skipped, Task
+from kgpt.task_model import GPTTaskModel
 from kgpt.tokenizer import GPTTokenizer
 
 __version__ = "0.1.0"
@@ -13,11 +18,22 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT1_CONFIG",
     "NUM_SPECIAL_TOKENS",
+    "DataError",
+    "Example",
     "GPTAdamW",
     "GPTBackbone",
     "GPTCausalLM",
+    "GPTTaskModel",
     "GPTTokenizer",
+    "RegistryError",
+    "Skipped",
+    "Task",
+    "TaskRegistry",
     "WarmupSchedule",
     "gelu_tanh",
     "gpt_adamw",
+    "hookimpl",
+    "metrics",
+    "readers",
+    "transforms",
 ]

@@ -164,6 +164,20 @@ class GPTBackbone(Backbone):
         return config
 
     @classmethod
+    def from_sizes(cls, sizes, vocabulary_size, max_sequence_length):
+        """Builds from any object with `num_layers`, `num_heads`, `hidden_dim`,
+        `intermediate_dim` and `dropout` attributes (e.g. a training config)."""
+        return cls(
+            vocabulary_size=vocabulary_size,
+            num_layers=sizes.num_layers,
+            num_heads=sizes.num_heads,
+            hidden_dim=sizes.hidden_dim,
+            intermediate_dim=sizes.intermediate_dim,
+            max_sequence_length=max_sequence_length,
+            dropout=sizes.dropout,
+        )
+
+    @classmethod
     def gpt1(cls, num_special_tokens=0, **overrides):
         """Builds the paper's model: 12 x 768, 12 heads, 3072 inner, 512 context.
 

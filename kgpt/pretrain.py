@@ -27,7 +27,7 @@ class PretrainConfig:
     """Pre-training settings; defaults are the paper's (section 4.1)."""
 
     corpus: str | None = None  # glob or folder of UTF-8 .txt files; None = embedded demo text
-    output_dir: str | None = None  # where model.keras, tokenizer and logs go; None = keep nothing
+    output_dir: str | None = None  # preset + model.keras + logs go here; None = keep nothing
     num_layers: int = 12
     num_heads: int = 12
     hidden_dim: int = 768
@@ -159,15 +159,7 @@ def pretrain(config, log=print):
     log(f"Corpus: {len(files)} file(s), {len(ids):,} tokens (GPT-1 BPE, vocabulary {tokenizer.vocabulary_size:,}).")
     train_ids, val_ids = split_tokens(ids, config)
 
-    backbone = GPTBackbone(
-        vocabulary_size=tokenizer.vocabulary_size,
-        num_layers=config.num_layers,
-        num_heads=config.num_heads,
-        hidden_dim=config.hidden_dim,
-        intermediate_dim=config.intermediate_dim,
-        max_sequence_length=config.sequence_length,
-        dropout=config.dropout,
-    )
+    backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size, config.sequence_length)
     lm = GPTCausalLM(backbone)
     lm.compile(
         optimizer=gpt_adamw(
@@ -224,8 +216,12 @@ def pretrain(config, log=print):
 
     if config.output_dir:
         lm.save(os.path.join(config.output_dir, "model.keras"))
+        # A keras-hub preset: GPTBackbone.from_preset(dir) and
+        # GPTTokenizer.from_preset(dir) load it; fine-tuning takes --init dir.
+        lm.backbone.save_to_preset(config.output_dir)
         tokenizer.save(os.path.join(config.output_dir, "tokenizer"))
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=2)
-        log(f"Saved model.keras, tokenizer/, history.csv and metrics.json in {config.output_dir}")
+        log(f"Saved the preset (config.json, model.weights.h5, tokenizer/), model.keras, history.csv "
+            f"and metrics.json in {config.output_dir}")
     return lm, tokenizer, metrics

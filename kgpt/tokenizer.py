@@ -115,6 +115,21 @@ class GPTTokenizer:
             os.path.join(directory, ENCODER_FILE), os.path.join(directory, MERGES_FILE)
         )
 
+    @classmethod
+    def from_preset(cls, preset_dir):
+        """Reads the tokenizer of a kgpt preset (`DIR/tokenizer/`) or a folder of the two files.
+
+        Example: `kgpt.GPTTokenizer.from_preset("out")` after `kgpt-train --task lm --output_dir out`.
+        """
+        nested = os.path.join(preset_dir, "tokenizer")
+        directory = nested if os.path.isdir(nested) else preset_dir
+        if not os.path.isfile(os.path.join(directory, ENCODER_FILE)):
+            raise FileNotFoundError(
+                f"No tokenizer in {preset_dir!r}: expected {os.path.join(nested, ENCODER_FILE)} "
+                f"(written by kgpt-train --task lm --output_dir)."
+            )
+        return cls.load(directory)
+
     # --- ids -----------------------------------------------------------------
 
     @property

@@ -43,3 +43,26 @@ def random_inputs(batch=3, length=12, vocabulary_size=TINY["vocabulary_size"], s
 
 def to_numpy(x):
     return keras.ops.convert_to_numpy(x)
+
+
+def char_tokenizer():
+    """A GPTTokenizer over single characters (no merges): a ~140-id vocabulary for fast tests."""
+    chars = "abcdefghijklmnopqrstuvwxyz0123456789.,;:!?'\"-()"
+    encoder = {"<unk>": 0}
+    for c in chars:
+        encoder[c] = len(encoder)
+    for c in chars:
+        encoder[c + "</w>"] = len(encoder)
+    return kgpt.GPTTokenizer(encoder, [])
+
+
+@pytest.fixture
+def tiny_preset(tmp_path):
+    """A preset directory (backbone config + weights + tokenizer) with a tiny model."""
+    tokenizer = char_tokenizer()
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size,
+                                   "max_sequence_length": 128})
+    path = tmp_path / "preset"
+    backbone.save_to_preset(str(path))
+    tokenizer.save(str(path / "tokenizer"))
+    return str(path)

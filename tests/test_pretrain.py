@@ -44,6 +44,19 @@ def test_pretrain_learns_and_saves(tmp_path):
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
                                keras.ops.convert_to_numpy(lm(x)), atol=1e-6)
+    # The output directory is a preset: backbone and tokenizer load from it directly.
+    backbone = kgpt.GPTBackbone.from_preset(str(out))
+    assert kgpt.GPTTokenizer.from_preset(str(out)).encode("the keeper") == tokenizer.encode("the keeper")
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(backbone(x)),
+                               keras.ops.convert_to_numpy(lm.backbone(x)), atol=1e-6)
+    # ... and fine-tuning starts from it (--init).
+    from kgpt.finetune import FinetuneConfig, finetune
+
+    _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16),
+                              log=lines.append)
+    assert any(line.startswith("Task scitail (entailment") and f"model from preset {out}" in line
+               for line in lines)
+    assert "accuracy" in results["splits"]["test"]
 
 
 def test_every_requested_step_is_trained(tmp_path):
@@ -111,8 +124,3 @@ def test_cli_trains_and_writes_outputs(tmp_path):
     assert "Training loss:" in result.stdout and "Sample:" in result.stdout
     assert (tmp_path / "cli" / "model.keras").exists()
 
-
-def test_cli_unknown_task(tmp_path):
-    result = run_cli("--task=scitial", cwd=tmp_path)
-    assert result.returncode != 0
-    assert "Unknown task 'scitial'. Available: lm" in result.stderr

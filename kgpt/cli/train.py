@@ -1,11 +1,15 @@
-"""`kgpt-train`: pre-train (and, as tasks arrive, fine-tune) from the command line.
+"""`kgpt-train`: pre-train a GPT (`--task lm`) or fine-tune it on a task plugin.
 
-    kgpt-train --task lm                          # embedded demo text, small model
-    kgpt-train --task lm --corpus 'books/*.txt' --output_dir out   # paper settings
+    kgpt-train --task scitail                       # embedded demo: pre-train, then fine-tune
+    kgpt-train --task lm --corpus 'books/*.txt' --output_dir lm      # paper settings
+    kgpt-train --task scitail --data_dir SciTailV1.1 --init lm --output_dir scitail
+    kgpt-train --list_tasks
 
-Flags default to the paper (section 4.1). Without --corpus the run uses the
-embedded demo text with the small settings of `kgpt.pretrain.DEMO_SETTINGS`,
-which any flag given explicitly overrides.
+Flags default to the paper (section 4.1); the shared ones (batch size,
+learning rate, ...) take the pre-training or the fine-tuning default by task.
+Without --corpus (lm) or --data_dir/--init (tasks) the run uses embedded
+data and small demo settings, printed at the start, which any flag given
+explicitly overrides.
 """
 
 import dataclasses
@@ -15,58 +19,109 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import app, flags, logging
 
+from kgpt import finetune as finetune_lib
 from kgpt import pretrain as pretrain_lib
 
-TASKS = ("lm",)
-_DEFAULTS = pretrain_lib.PretrainConfig()
+_PRE = pretrain_lib.PretrainConfig()
+_FINE = finetune_lib.FinetuneConfig()
 
-flags.DEFINE_string("task", "lm", "Task to train. Available: " + ", ".join(TASKS) + ".")
-flags.DEFINE_string("corpus", None, "Glob or folder of UTF-8 text files (default: embedded demo text).")
-flags.DEFINE_string("output_dir", None, "Directory for model.keras, tokenizer/, history.csv, metrics.json.")
-flags.DEFINE_integer("num_layers", _DEFAULTS.num_layers, "Transformer blocks.")
-flags.DEFINE_integer("num_heads", _DEFAULTS.num_heads, "Attention heads.")
-flags.DEFINE_integer("hidden_dim", _DEFAULTS.hidden_dim, "Hidden size.")
-flags.DEFINE_integer("intermediate_dim", _DEFAULTS.intermediate_dim, "Feed-forward inner size.")
-flags.DEFINE_float("dropout", _DEFAULTS.dropout, "Embedding, attention and residual dropout.")
-flags.DEFINE_integer("sequence_length", _DEFAULTS.sequence_length, "Tokens per training window.")
-flags.DEFINE_integer("batch_size", _DEFAULTS.batch_size, "Windows per update.")
-flags.DEFINE_float("learning_rate", _DEFAULTS.learning_rate, "Peak learning rate.")
-flags.DEFINE_integer("warmup_steps", _DEFAULTS.warmup_steps, "Linear warm-up updates.")
-flags.DEFINE_float("weight_decay", _DEFAULTS.weight_decay, "Decoupled weight decay (not on biases/gains).")
-flags.DEFINE_integer("max_steps", _DEFAULTS.max_steps, "Total updates; the cosine schedule ends here.")
-flags.DEFINE_integer("evaluations", _DEFAULTS.evaluations, "Validation passes during training.")
-flags.DEFINE_float("validation_fraction", _DEFAULTS.validation_fraction, "Share of tokens held out.")
-flags.DEFINE_string("prompt", None, "Prompt for the sample printed at the end.")
-flags.DEFINE_integer("seed", _DEFAULTS.seed, "Random seed.")
+
+def _both(name):
+    return f"(default {getattr(_PRE, name)} for lm, {getattr(_FINE, name)} for fine-tuning)"
+
+
+flags.DEFINE_string("task", "lm", "'lm' to pre-train, or a task name (see --list_tasks).")
+flags.DEFINE_bool("list_tasks", False, "List every task with its plugin, kind, labels and metrics, then exit.")
+flags.DEFINE_string("output_dir", None, "Where the model, logs and metrics go (default: keep nothing).")
+flags.DEFINE_integer("seed", 0, "Random seed.")
+# Model size: pre-training and fine-tuning --init scratch.
+flags.DEFINE_integer("num_layers", _PRE.num_layers, "Transformer blocks.")
+flags.DEFINE_integer("num_heads", _PRE.num_heads, "Attention heads.")
+flags.DEFINE_integer("hidden_dim", _PRE.hidden_dim, "Hidden size.")
+flags.DEFINE_integer("intermediate_dim", _PRE.intermediate_dim, "Feed-forward inner size.")
+flags.DEFINE_float("dropout", _PRE.dropout, "Embedding, attention and residual dropout.")
+# Optimisation: defaults depend on the task.
+flags.DEFINE_integer("batch_size", None, "Sequences (lm) or examples per update " + _both("batch_size") + ".")
+flags.DEFINE_float("learning_rate", None, "Peak learning rate " + _both("learning_rate") + ".")
+flags.DEFINE_float("weight_decay", None, "Decoupled weight decay, not on biases/gains " + _both("weight_decay") + ".")
+# Pre-training.
+flags.DEFINE_string("corpus", None, "lm: glob or folder of UTF-8 text files (default: embedded demo text).")
+flags.DEFINE_integer("sequence_length", _PRE.sequence_length, "lm: tokens per training window.")
+flags.DEFINE_integer("warmup_steps", _PRE.warmup_steps, "lm: linear warm-up updates.")
+flags.DEFINE_integer("max_steps", _PRE.max_steps, "lm: total updates; the cosine schedule ends here.")
+flags.DEFINE_integer("evaluations", _PRE.evaluations, "lm: validation passes during training.")
+flags.DEFINE_float("validation_fraction", _PRE.validation_fraction, "lm: share of tokens held out.")
+flags.DEFINE_string("prompt", None, "lm: prompt for the sample printed at the end.")
+# Fine-tuning.
+flags.DEFINE_string("data_dir", None, "Task data in its distributed format (default: the task's embedded data).")
+flags.DEFINE_string("init", None, "Preset dir (a --task lm --output_dir), or 'scratch' for no pre-training. "
+                    "Default without --data_dir: pre-train the demo model on the embedded text first.")
+flags.DEFINE_integer("transfer_layers", None, "Transfer the embeddings and only the first N blocks (default: all).")
+flags.DEFINE_integer("epochs", _FINE.epochs, "Fine-tuning epochs.")
+flags.DEFINE_float("warmup_fraction", _FINE.warmup_fraction, "Share of fine-tuning updates for linear warm-up.")
+flags.DEFINE_float("lm_coef", _FINE.lm_coef, "Weight of the auxiliary LM loss (0 disables it).")
+flags.DEFINE_float("classifier_dropout", _FINE.classifier_dropout, "Dropout before the task head.")
+flags.DEFINE_integer("max_length", None, "Fine-tuning: tokens per view; longer ones are truncated and counted "
+                     "(default: the model's context).")
 
 FLAGS = flags.FLAGS
 
 
-def config_from_flags():
+def _values(config_cls):
+    return {f.name: FLAGS[f.name].value for f in dataclasses.fields(config_cls)
+            if f.name in FLAGS and FLAGS[f.name].value is not None}
+
+
+def _apply_demo(values, demo, what):
+    unset = {k: v for k, v in demo.items() if not FLAGS[k].present}
+    values.update(unset)
+    if unset:
+        print(f"{what}: small demo settings " + ", ".join(f"{k}={v}" for k, v in unset.items()) + ".")
+
+
+def pretrain_config_from_flags():
     """PretrainConfig from the flags; the demo settings fill unset flags without --corpus."""
-    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(pretrain_lib.PretrainConfig)
-              if f.name in FLAGS}
+    values = _values(pretrain_lib.PretrainConfig)
     if FLAGS.corpus is None:
-        demo = {k: v for k, v in pretrain_lib.DEMO_SETTINGS.items() if not FLAGS[k].present}
-        values.update(demo)
-        print("No --corpus: training on the embedded demo text with small settings "
-              + ", ".join(f"{k}={v}" for k, v in demo.items()) + ".")
+        _apply_demo(values, pretrain_lib.DEMO_SETTINGS, "No --corpus: training on the embedded demo text with")
     return pretrain_lib.PretrainConfig(**values)
+
+
+def finetune_config_from_flags():
+    """FinetuneConfig from the flags; demo settings fill unset flags for the embedded run."""
+    values = _values(finetune_lib.FinetuneConfig)
+    if FLAGS.data_dir is not None and FLAGS.init is None:
+        raise app.UsageError("With --data_dir, pass --init PRESET_DIR (the --output_dir of kgpt-train --task lm) "
+                             "or --init scratch (no pre-training).")
+    if FLAGS.init is None:
+        _apply_demo(values, finetune_lib.DEMO_SETTINGS, "Embedded run: fine-tuning the demo model with")
+    return finetune_lib.FinetuneConfig(**values)
 
 
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
-    if FLAGS.task not in TASKS:
-        raise app.UsageError(
-            f"Unknown task {FLAGS.task!r}. Available: {', '.join(TASKS)}. "
-            "(Fine-tuning tasks arrive with the task-plugin registry.)"
-        )
     logging.set_verbosity(logging.WARNING)  # keep JAX/TF start-up chatter out of the run log
+    from kgpt.registry import RegistryError, TaskRegistry
+
+    registry = TaskRegistry()
+    if FLAGS.list_tasks:
+        print("lm  (built in)  pre-training: next-token prediction on --corpus text\n")
+        print(registry.describe())
+        return
+    if FLAGS.task != "lm":
+        try:
+            registry.entry(FLAGS.task)
+        except RegistryError as e:
+            cause = f"\n  caused by {type(e.__cause__).__name__}: {e.__cause__}" if e.__cause__ else ""
+            raise app.UsageError(f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)")
     import keras
 
     print(f"kgpt-train --task {FLAGS.task} on Keras {keras.__version__}, backend {keras.config.backend()}")
-    pretrain_lib.pretrain(config_from_flags())
+    if FLAGS.task == "lm":
+        pretrain_lib.pretrain(pretrain_config_from_flags())
+    else:
+        finetune_lib.finetune(finetune_config_from_flags(), registry=registry)
 
 
 def run():

@@ -1,0 +1,329 @@
+"""Discriminative fine-tuning (paper section 3.2) of any registered task.
+
+`finetune(config)` is what `kgpt-train --task NAME` runs; tests call it with
+a tiny config. Data flow: `task.read(split, data_dir)` -> examples -> the
+task's input transformation -> packed `[examples, views, length]` arrays ->
+`GPTTaskModel.fit` on task loss + `lm_coef` x LM loss -> the task's metrics on
+every other split, a predictions file per split and `metrics.json`.
+"""
+
+import collections
+import dataclasses
+import json
+import math
+import os
+import tempfile
+
+import keras
+import numpy as np
+
+from kgpt import metrics as metrics_lib
+from kgpt import transforms
+from kgpt.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
+from kgpt.optimizers import gpt_adamw
+from kgpt.registry import TaskRegistry
+from kgpt.task import DataError, Example, Skipped
+from kgpt.task_model import GPTTaskModel
+from kgpt.tokenizer import GPTTokenizer
+
+
+@dataclasses.dataclass
+class FinetuneConfig:
+    """Fine-tuning settings; defaults are the paper's (section 4.1)."""
+
+    task: str = "scitail"
+    data_dir: str | None = None  # the dataset's files; None = the task's embedded default data
+    init: str | None = None  # preset dir (kgpt-train --task lm output), "scratch", or None = demo pre-training
+    output_dir: str | None = None  # model.keras, metrics.json, predictions/, logs/; None = keep nothing
+    transfer_layers: int | None = None  # copy embeddings + the first N blocks only (Figure 2 left); None = all
+    learning_rate: float = 6.25e-5
+    batch_size: int = 32
+    epochs: int = 3
+    warmup_fraction: float = 0.002  # linear warm-up over 0.2% of the updates, then linear decay to 0
+    weight_decay: float = 0.01
+    lm_coef: float = 0.5  # lambda of L3 = L2 + lambda * L1; 0 disables the auxiliary LM loss
+    classifier_dropout: float = 0.1
+    max_length: int | None = None  # tokens per view; None = the model's context
+    # Model size for --init scratch (the paper's "no pre-training" ablation).
+    num_layers: int = 12
+    num_heads: int = 12
+    hidden_dim: int = 768
+    intermediate_dim: int = 3072
+    dropout: float = 0.1
+    seed: int = 0
+
+
+# The embedded run: settings for the small demo model, not the paper's 117M one.
+DEMO_SETTINGS = dict(learning_rate=5e-4, batch_size=16, epochs=5)
+
+
+@dataclasses.dataclass
+class EncodedSplit:
+    """A split as model inputs, with what happened to its rows."""
+
+    name: str
+    token_ids: np.ndarray  # [examples, views, length] int32, right-padded
+    padding_mask: np.ndarray  # [examples, views, length] int32
+    labels: np.ndarray | None  # [examples]; None when the split is unlabeled
+    uids: list
+    counts: dict  # read, used, skipped (+ reasons), truncated, tokens_cut
+
+    @property
+    def x(self):
+        return {"token_ids": self.token_ids, "padding_mask": self.padding_mask}
+
+
+def encode_split(task, split, data_dir, tokenizer, max_length):
+    """Reads a split and applies the task's transformation; errors name file and line.
+
+    Views longer than `max_length` are truncated by the policy of
+    `kgpt.transforms` and counted; `Skipped` rows are counted by reason.
+    """
+    layout = transforms.Layout.from_tokenizer(tokenizer)
+    views, labels, uids = [], [], []
+    skipped = collections.Counter()
+    truncated = tokens_cut = read = 0
+    for item in task.read(split, data_dir):
+        read += 1
+        if isinstance(item, Skipped):
+            skipped[item.reason] += 1
+            continue
+        if not isinstance(item, Example):
+            raise TypeError(f"Task {task.name!r}: read() yielded {type(item).__name__}, not kgpt.Example/Skipped.")
+        problem = task.transform.check(item.segments, item.choices)
+        if problem:
+            raise DataError(f"{item.source}: {problem} (task {task.name!r}).")
+        if any(not str(s).strip() for s in (*item.segments, *item.choices)):
+            skipped["empty text field"] += 1
+            continue
+        segments = [tokenizer.encode(s) for s in item.segments]
+        choices = [tokenizer.encode(c) for c in item.choices]
+        example_views, cut = transforms.build_views(task.transform, segments, choices, layout, max_length)
+        truncated += cut > 0
+        tokens_cut += cut
+        views.append(example_views)
+        labels.append(None if item.label is None else task.label_value(item))
+        uids.append(item.uid or item.source)
+    if not views:
+        raise DataError(f"Task {task.name!r}: split {split!r} in {data_dir} has no usable examples "
+                        f"({read} read, skipped: {dict(skipped) or 'none'}).")
+    length = max(len(v) for example in views for v in example)
+    token_ids, padding_mask = transforms.pack(views, length)
+    labelled = [label is not None for label in labels]
+    if any(labelled) and not all(labelled):
+        first = labelled.index(False)
+        raise DataError(f"{uids[first]}: unlabeled example in the labeled split {split!r}.")
+    dtype = "float32" if task.head == "regression" else "int32"
+    counts = {
+        "read": read,
+        "used": len(views),
+        "skipped": sum(skipped.values()),
+        "skipped_reasons": dict(skipped),
+        "truncated": truncated,
+        "tokens_cut": tokens_cut,
+    }
+    return EncodedSplit(split, token_ids, padding_mask, np.asarray(labels, dtype) if all(labelled) else None,
+                        uids, counts)
+
+
+def model_targets(split):
+    """`(y, sample_weight)` dicts for `GPTTaskModel.fit`: task labels and next tokens."""
+    y = {"task": split.labels, "lm": split.token_ids[..., 1:]}
+    sample_weight = {
+        "task": np.ones(len(split.labels), "float32"),
+        "lm": split.padding_mask[..., 1:].astype("float32"),  # real tokens only
+    }
+    return y, sample_weight
+
+
+def _dataset(split, lm, batch_size, shuffle_seed=None):
+    import tensorflow as tf
+
+    y, sample_weight = model_targets(split)
+    if not lm:
+        y, sample_weight = {"task": y["task"]}, {"task": sample_weight["task"]}
+    data = tf.data.Dataset.from_tensor_slices((split.x, y, sample_weight))
+    if shuffle_seed is not None:
+        data = data.shuffle(len(split.labels), seed=shuffle_seed, reshuffle_each_iteration=True)
+    return data.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+def transfer(pretrained, num_layers):
+    """A fresh backbone of the same shape with the embeddings and first `num_layers` blocks copied.
+
+    `num_layers=None` copies everything. The paper's Figure 2 (left) varies this.
+    """
+    if num_layers is None:
+        return pretrained
+    if not 0 <= num_layers <= pretrained.num_layers:
+        raise ValueError(f"transfer_layers must be in 0..{pretrained.num_layers}, got {num_layers}.")
+    fresh = GPTBackbone.from_config(pretrained.get_config())
+    copied = [pretrained.token_embedding, pretrained.position_embedding, *pretrained.transformer_layers[:num_layers]]
+    targets = [fresh.token_embedding, fresh.position_embedding, *fresh.transformer_layers[:num_layers]]
+    for src, dst in zip(copied, targets):
+        dst.set_weights(src.get_weights())
+    return fresh
+
+
+def with_special_tokens(backbone, tokenizer, seed=None):
+    """The backbone, grown by the 3 special tokens when its vocabulary lacks them."""
+    if backbone.vocabulary_size == tokenizer.vocabulary_size:
+        return backbone
+    if backbone.vocabulary_size == tokenizer.vocabulary_size - NUM_SPECIAL_TOKENS:
+        return backbone.with_added_tokens(NUM_SPECIAL_TOKENS, seed=seed)
+    raise ValueError(
+        f"The backbone has {backbone.vocabulary_size} token embeddings but the tokenizer "
+        f"{tokenizer.vocabulary_size} ids (with start/delimiter/extract); they do not belong together."
+    )
+
+
+def initial_model(config, log=print):
+    """`(backbone, tokenizer, description)` to fine-tune, from `config.init`."""
+    if config.init == "scratch":
+        tokenizer = GPTTokenizer.gpt1()
+        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size, config.max_length or 512)
+        return backbone, tokenizer, "random initialisation (no pre-training)"
+    if config.init is None:
+        from kgpt import pretrain as pretrain_lib
+
+        out = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+        log("No --init: pre-training the small demo model on the embedded text first "
+            f"({', '.join(f'{k}={v}' for k, v in pretrain_lib.DEMO_SETTINGS.items())}).")
+        pre = pretrain_lib.PretrainConfig(**pretrain_lib.DEMO_SETTINGS, output_dir=out, seed=config.seed)
+        lm, tokenizer, _ = pretrain_lib.pretrain(pre, log=log)
+        return lm.backbone, tokenizer, "the demo model pre-trained on the embedded text"
+    if not os.path.isfile(os.path.join(config.init, "config.json")):
+        raise FileNotFoundError(
+            f"--init {config.init!r} is not a kgpt preset (no config.json); give the --output_dir of "
+            "kgpt-train --task lm, or 'scratch'."
+        )
+    return GPTBackbone.from_preset(config.init), GPTTokenizer.from_preset(config.init), f"preset {config.init}"
+
+
+def evaluate_split(task, model, split, batch_size):
+    """`(predictions, metrics)`: class/choice indices or values, and the task's metrics if labeled."""
+    outputs = model.predict_task(split.x, batch_size=batch_size)
+    predictions = outputs if task.head == "regression" else np.argmax(outputs, axis=-1)
+    metrics = {}
+    if split.labels is not None:
+        for metric in task.metrics:
+            name, fn = metrics_lib.resolve(metric)
+            metrics[name] = fn(split.labels, predictions)
+    return predictions, metrics
+
+
+def write_predictions(path, task, split, predictions):
+    """TSV `id, prediction[, label]` with label names (classification), indices or values."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("id\tprediction" + ("\tlabel" if split.labels is not None else "") + "\n")
+        for i, (uid, value) in enumerate(zip(split.uids, predictions)):
+            row = [str(uid), str(task.prediction_name(value))]
+            if split.labels is not None:
+                row.append(str(task.prediction_name(split.labels[i])))
+            f.write("\t".join(row) + "\n")
+
+
+def _describe_counts(name, counts):
+    text = f"{name}: {counts['read']:,} read, {counts['used']:,} used"
+    if counts["skipped"]:
+        text += f", {counts['skipped']:,} skipped (" + ", ".join(f"{r}: {n}" for r, n in counts["skipped_reasons"].items()) + ")"
+    if counts["truncated"]:
+        text += f", {counts['truncated']:,} truncated ({counts['tokens_cut']:,} tokens cut)"
+    return text + "."
+
+
+def finetune(config, registry=None, log=print):
+    """Fine-tunes on `config.task`; returns `(model, metrics)`."""
+    keras.utils.set_random_seed(config.seed)
+    registry = registry or TaskRegistry()
+    task = registry.get(config.task)
+    data_dir = config.data_dir
+    if data_dir is None:
+        if task.default_data is None:
+            raise ValueError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
+        target = os.path.join(config.output_dir, "data") if config.output_dir else tempfile.mkdtemp(prefix="kgpt-")
+        data_dir = task.default_data(target)
+        log(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
+
+    backbone, tokenizer, origin = initial_model(config, log=log)
+    backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
+    max_length = min(config.max_length or backbone.max_sequence_length, backbone.max_sequence_length)
+
+    train_split, *eval_names = task.splits
+    splits = {train_split: encode_split(task, train_split, data_dir, tokenizer, max_length)}
+    for name in eval_names:
+        try:
+            splits[name] = encode_split(task, name, data_dir, tokenizer, max_length)
+        except FileNotFoundError as e:
+            log(f"Split {name!r} not evaluated: {e}")
+    for name, split in splits.items():
+        log(_describe_counts(name, split.counts))
+    train = splits[train_split]
+    if train.labels is None:
+        raise DataError(f"Task {task.name!r}: the training split {train_split!r} has no labels.")
+
+    model = GPTTaskModel(
+        backbone,
+        head=task.head,
+        num_outputs=task.num_outputs,
+        num_views=task.transform.num_views,
+        pooling=task.transform.pooling,
+        lm_coef=config.lm_coef,
+        classifier_dropout=config.classifier_dropout,
+        compile=False,
+    )
+    steps_per_epoch = math.ceil(len(train.labels) / config.batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    model.compile(
+        optimizer=gpt_adamw(
+            config.learning_rate,
+            warmup_steps=math.ceil(config.warmup_fraction * total_steps),
+            total_steps=total_steps,
+            decay="linear",
+            weight_decay=config.weight_decay,
+        )
+    )
+    log(f"Task {task.name} ({task.transform.kind}, {task.head} head, metrics {', '.join(map(str, task.metrics))}); "
+        f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
+        f"steps, batch {config.batch_size}, {train.token_ids.shape[1]} view(s) of up to {train.token_ids.shape[2]} "
+        f"tokens, lm_coef {config.lm_coef}.")
+
+    lm = config.lm_coef > 0
+    dev = next((s for n, s in splits.items() if n != train_split and s.labels is not None), None)
+    callbacks = []
+    if config.output_dir:
+        os.makedirs(config.output_dir, exist_ok=True)
+        callbacks += [
+            keras.callbacks.CSVLogger(os.path.join(config.output_dir, "history.csv")),
+            keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")),
+        ]
+    history = model.fit(
+        _dataset(train, lm, config.batch_size, shuffle_seed=config.seed),
+        epochs=config.epochs,
+        validation_data=_dataset(dev, lm, config.batch_size) if dev is not None else None,
+        callbacks=callbacks,
+        shuffle=False,  # the dataset reshuffles every epoch itself
+        verbose=1 if os.isatty(1) else 2,
+    )
+
+    results = {"task": task.name, "init": origin, "lm_coef": config.lm_coef,
+               "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}, "splits": {}}
+    for name, split in splits.items():
+        if name == train_split:
+            results["splits"][name] = {"examples": split.counts}
+            continue
+        predictions, scores = evaluate_split(task, model, split, config.batch_size)
+        results["splits"][name] = {**scores, "examples": split.counts}
+        if scores:
+            log(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
+        if config.output_dir:
+            write_predictions(os.path.join(config.output_dir, "predictions", f"{name}.tsv"), task, split, predictions)
+
+    if config.output_dir:
+        model.save(os.path.join(config.output_dir, "model.keras"))
+        tokenizer.save(os.path.join(config.output_dir, "tokenizer"))
+        with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
+            json.dump(results, f, indent=2)
+        log(f"Saved model.keras, tokenizer/, predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
+    return model, results

@@ -1,0 +1,80 @@
+"""The paper's task metrics (section 4.2), computed exactly over a whole split.
+
+Each metric is `fn(labels, predictions) -> float` on NumPy arrays: class
+indices for classification and multiple choice, floats for regression. F1 is
+binary with class index 1 as the positive class (e.g. "paraphrase" in MRPC
+and QQP). Tasks name metrics by these keys or pass their own callables.
+"""
+
+import numpy as np
+
+
+def accuracy(labels, predictions):
+    """Share of exact matches."""
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
+    return float(np.mean(labels == predictions)) if labels.size else float("nan")
+
+
+def f1(labels, predictions):
+    """Binary F1 of the positive class (index 1); 0 when it is never predicted or present."""
+    labels, predictions = np.asarray(labels) == 1, np.asarray(predictions) == 1
+    tp = np.sum(labels & predictions)
+    denominator = np.sum(labels) + np.sum(predictions)
+    return float(2 * tp / denominator) if denominator else 0.0
+
+
+def matthews(labels, predictions):
+    """Matthews correlation (CoLA), multi-class form; 0 when undefined."""
+    labels, predictions = np.asarray(labels), np.asarray(predictions)
+    classes = np.union1d(labels, predictions)
+    confusion = np.zeros((len(classes), len(classes)))
+    np.add.at(confusion, (np.searchsorted(classes, labels), np.searchsorted(classes, predictions)), 1)
+    t, p, c, s = confusion.sum(1), confusion.sum(0), np.trace(confusion), confusion.sum()
+    denominator = np.sqrt((s * s - p @ p) * (s * s - t @ t))
+    return float((c * s - t @ p) / denominator) if denominator else 0.0
+
+
+def pearson(labels, predictions):
+    """Pearson correlation; NaN when either side is constant."""
+    x, y = np.asarray(labels, "float64"), np.asarray(predictions, "float64")
+    x, y = x - x.mean(), y - y.mean()
+    denominator = np.sqrt((x @ x) * (y @ y))
+    return float(x @ y / denominator) if denominator else float("nan")
+
+
+def _ranks(values):
+    """Ranks from 1, ties given their average rank (as scipy.stats.rankdata)."""
+    values = np.asarray(values, "float64")
+    order = np.argsort(values, kind="mergesort")
+    sorted_values = values[order]
+    first = np.r_[True, sorted_values[1:] != sorted_values[:-1]]
+    group = np.cumsum(first) - 1
+    starts = np.flatnonzero(first)
+    ends = np.r_[starts[1:], len(values)]
+    ranks = np.empty(len(values))
+    ranks[order] = ((starts + ends + 1) / 2.0)[group]
+    return ranks
+
+
+def spearman(labels, predictions):
+    """Spearman rank correlation (Pearson on tie-averaged ranks)."""
+    return pearson(_ranks(labels), _ranks(predictions))
+
+
+METRICS = {
+    "accuracy": accuracy,
+    "f1": f1,
+    "matthews": matthews,
+    "pearson": pearson,
+    "spearman": spearman,
+}
+
+
+def resolve(metric):
+    """`(name, fn)` for a metric key or a callable (named by its `__name__`)."""
+    if callable(metric):
+        return getattr(metric, "__name__", "metric"), metric
+    try:
+        return metric, METRICS[metric]
+    except (KeyError, TypeError):
+        raise ValueError(f"Unknown metric {metric!r}. Built-in metrics: {', '.join(METRICS)}.") from None

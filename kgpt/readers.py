@@ -1,0 +1,95 @@
+"""Line readers for datasets' distributed files, with `file:line` errors.
+
+Task readers build on these so every malformed row is reported the same way:
+`kgpt.DataError("path:line: what is wrong")`. Nothing is skipped here; a task
+decides what to skip and yields `kgpt.Skipped` so it is counted.
+"""
+
+import json
+import os
+
+from kgpt.task import DataError
+
+
+def find_file(data_dir, candidates, what):
+    """The first of `candidates` (paths relative to `data_dir`) that exists.
+
+    Raises `FileNotFoundError` listing every path tried.
+    """
+    if data_dir is None or not os.path.isdir(data_dir):
+        raise FileNotFoundError(f"Data directory {data_dir!r} does not exist (looking for {what}).")
+    for candidate in candidates:
+        path = os.path.join(data_dir, candidate)
+        if os.path.isfile(path):
+            return path
+    tried = ", ".join(os.path.join(data_dir, c) for c in candidates)
+    raise FileNotFoundError(f"No {what} found; tried {tried}.")
+
+
+def read_lines(path):
+    """Yields `(line_number, text)` of a UTF-8 file (BOM dropped, line ends stripped)."""
+    with open(path, "rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(
+                    f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid UTF-8."
+                ) from None
+            yield line_no, line.rstrip("\r\n")
+
+
+def _data_lines(path):
+    """`read_lines` without blank lines, which are errors except at the end of the file."""
+    blank = None
+    for line_no, line in read_lines(path):
+        if not line.strip():
+            blank = blank or line_no
+            continue
+        if blank is not None:
+            raise DataError(f"{path}:{blank}: blank line inside the data.")
+        yield line_no, line
+
+
+def read_tsv(path, num_columns, header=None):
+    """Yields `(line_number, fields)` of a tab-separated file without quoting.
+
+    Args:
+        path: the file.
+        num_columns: fields every row must have (an int, or a tuple of allowed
+            counts); a row with another count is a `DataError`.
+        header: `None` for no header, or the expected first-row field names
+            (checked, then skipped).
+
+    Blank lines are errors too, except at the end of the file.
+    """
+    allowed = (num_columns,) if isinstance(num_columns, int) else tuple(num_columns)
+    for line_no, line in _data_lines(path):
+        fields = line.split("\t")
+        if header is not None and line_no == 1:
+            if [f.strip() for f in fields[: len(header)]] != list(header):
+                raise DataError(f"{path}:1: expected a header starting {header}, got {fields[: len(header)]}.")
+            continue
+        if len(fields) not in allowed:
+            want = " or ".join(map(str, allowed))
+            raise DataError(f"{path}:{line_no}: expected {want} tab-separated fields, got {len(fields)}.")
+        yield line_no, fields
+
+
+def read_jsonl(path):
+    """Yields `(line_number, object)` of a JSON-lines file (blank lines at the end allowed)."""
+    for line_no, line in _data_lines(path):
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
+        if not isinstance(obj, dict):
+            raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}.")
+        yield line_no, obj
+
+
+def field(obj, key, source):
+    """`obj[key]` as a string, or a `DataError` naming `source` when it is missing."""
+    if key not in obj or obj[key] is None:
+        raise DataError(f"{source}: missing field {key!r}.")
+    return str(obj[key])

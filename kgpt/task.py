@@ -1,0 +1,179 @@
+"""The task contract: what a task plugin supplies.
+
+A task is a name, a reader `read(split, data_dir) -> examples`, one of the
+input transformations of `kgpt.transforms`, a head and its metrics. Register
+one from a plugin (see `kgpt.hookspecs`):
+
+```python
+import kgpt
+
+def read(split, data_dir):
+    for line_no, fields in kgpt.readers.read_tsv(f"{data_dir}/{split}.tsv", num_columns=2):
+        yield kgpt.Example(segments=(fields[0],), label=fields[1], source=f"{split}.tsv:{line_no}")
+
+@kgpt.hookimpl
+def register_tasks(register):
+    register(kgpt.Task(name="sentiment", transform=kgpt.transforms.Classification(),
+                       labels=("negative", "positive"), read=read))
+```
+"""
+
+import dataclasses
+import re
+from typing import Callable, Iterable
+
+from kgpt import metrics as metrics_lib
+from kgpt import transforms
+
+HEADS = ("classification", "regression", "multiple_choice")
+_NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
+RESERVED_NAMES = ("lm",)  # pre-training, built into kgpt-train
+
+
+class DataError(ValueError):
+    """A malformed input row or file; the message starts with `file:line`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    """One example as read from a dataset file.
+
+    Attributes:
+        segments: the text fields in transformation order, e.g.
+            `(premise, hypothesis)`, `(sentence,)`, or `(article, question)`.
+        label: a label name for classification, a float for regression, the
+            index of the right answer for multiple choice; `None` if unlabeled.
+        choices: the candidate answers (multiple choice only).
+        source: where it came from, `"file:line"`, for error messages.
+        uid: the dataset's own id, written with its prediction.
+    """
+
+    segments: tuple
+    label: object = None
+    choices: tuple = ()
+    source: str = ""
+    uid: str = ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Skipped:
+    """A row a reader leaves out on purpose, counted by reason in metrics.json.
+
+    Example: SNLI rows whose `gold_label` is `-` (no annotator consensus).
+    """
+
+    source: str
+    reason: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A fine-tuning task.
+
+    Attributes:
+        name: the `--task` name: lower case letters, digits, `_ . -`.
+        transform: a `kgpt.transforms` transformation instance.
+        read: `read(split, data_dir)` yielding `Example`s (and `Skipped`);
+            raise `kgpt.DataError` naming the file and line on a bad row.
+        labels: label names (classification); `None` for regression and
+            multiple choice.
+        head: `"classification"`, `"regression"` or `"multiple_choice"`;
+            inferred from `labels` and `transform` when `None`.
+        metrics: metric keys of `kgpt.metrics.METRICS` or callables
+            `fn(labels, predictions) -> float`; the first is the headline.
+        splits: the splits `read` understands; the first trains.
+        description: one line for `kgpt-train --list_tasks`.
+        default_data: optional `fn(directory) -> data_dir` that writes a small
+            embedded dataset in the task's own file format, used when no
+            `--data_dir` is given.
+    """
+
+    name: str
+    transform: transforms.Transform
+    read: Callable[[str, str], Iterable]
+    labels: tuple | None = None
+    head: str | None = None
+    metrics: tuple = ("accuracy",)
+    splits: tuple = ("train", "dev", "test")
+    description: str = ""
+    default_data: Callable[[str], str] | None = None
+
+    def __post_init__(self):
+        if self.labels is not None:
+            object.__setattr__(self, "labels", tuple(self.labels))
+        if isinstance(self.metrics, str) or callable(self.metrics):
+            object.__setattr__(self, "metrics", (self.metrics,))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
+        object.__setattr__(self, "splits", tuple(self.splits))
+        if self.head is None:
+            if isinstance(self.transform, transforms.MultipleChoice):
+                head = "multiple_choice"
+            else:
+                head = "regression" if self.labels is None else "classification"
+            object.__setattr__(self, "head", head)
+        self.validate()
+
+    def validate(self):
+        """Raises `ValueError` describing the first problem with this task's definition."""
+        where = f"Task {self.name!r}"
+        if not isinstance(self.name, str) or not _NAME.match(self.name):
+            raise ValueError(f"{where}: name must match {_NAME.pattern}.")
+        if self.name in RESERVED_NAMES:
+            raise ValueError(f"{where}: the name is reserved for kgpt-train's pre-training.")
+        if not isinstance(self.transform, transforms.Transform):
+            raise ValueError(f"{where}: transform must be a kgpt.transforms.Transform, got {self.transform!r}.")
+        if not callable(self.read):
+            raise ValueError(f"{where}: read must be callable as read(split, data_dir).")
+        if self.head not in HEADS:
+            raise ValueError(f"{where}: head must be one of {', '.join(HEADS)}, got {self.head!r}.")
+        is_choice = isinstance(self.transform, transforms.MultipleChoice)
+        if (self.head == "multiple_choice") != is_choice:
+            raise ValueError(f"{where}: the multiple_choice head goes with the MultipleChoice transform only.")
+        if self.head == "classification":
+            if not self.labels or len(self.labels) < 2:
+                raise ValueError(f"{where}: a classification head needs at least 2 labels.")
+            if len(set(self.labels)) != len(self.labels):
+                raise ValueError(f"{where}: labels repeat: {self.labels}.")
+        elif self.labels is not None:
+            raise ValueError(f"{where}: a {self.head} head takes no labels.")
+        if not self.metrics:
+            raise ValueError(f"{where}: give at least one metric.")
+        for metric in self.metrics:
+            metrics_lib.resolve(metric)
+        if not self.splits:
+            raise ValueError(f"{where}: give at least one split.")
+
+    @property
+    def num_outputs(self):
+        """Width of the head's output: classes, 1 (regression) or choices."""
+        if self.head == "classification":
+            return len(self.labels)
+        return self.transform.num_views if self.head == "multiple_choice" else 1
+
+    def label_value(self, example):
+        """The example's label as the model's target (class or choice index, or float)."""
+        label = example.label
+        if self.head == "classification":
+            try:
+                return self.labels.index(label)
+            except ValueError:
+                raise DataError(
+                    f"{example.source}: label {label!r} is not one of {', '.join(map(repr, self.labels))} "
+                    f"(task {self.name!r})."
+                ) from None
+        if self.head == "multiple_choice":
+            if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < self.transform.num_views:
+                raise DataError(
+                    f"{example.source}: answer {label!r} is not a choice index 0..{self.transform.num_views - 1}."
+                )
+            return label
+        try:
+            return float(label)
+        except (TypeError, ValueError):
+            raise DataError(f"{example.source}: target {label!r} is not a number.") from None
+
+    def prediction_name(self, value):
+        """A prediction as written to the predictions file: label name, answer index or number."""
+        if self.head == "classification":
+            return self.labels[int(value)]
+        return int(value) if self.head == "multiple_choice" else float(value)

@@ -1,0 +1,164 @@
+"""Fine-tuning end to end on the built-in SciTail task: files, counts, errors, outputs."""
+
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import to_numpy
+
+import kgpt
+from kgpt import finetune as finetune_lib
+from kgpt_tasks import scitail, scitail_demo
+
+
+def config(preset, tmp_path, **overrides):
+    fields = dict(task="scitail", init=preset, output_dir=str(tmp_path / "out"), epochs=1, batch_size=16,
+                  learning_rate=1e-3, max_length=128)
+    return finetune_lib.FinetuneConfig(**{**fields, **overrides})
+
+
+def write_tsv(folder, split, rows):
+    os.makedirs(folder / "tsv_format", exist_ok=True)
+    path = folder / "tsv_format" / f"scitail_1.0_{split}.tsv"
+    path.write_bytes(b"".join(r if isinstance(r, bytes) else (r + "\n").encode() for r in rows))
+    return str(path)
+
+
+def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, tmp_path):
+    model, results = finetune_lib.finetune(config(tiny_preset, tmp_path), log=lambda *_: None)
+    out = tmp_path / "out"
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics == json.loads(json.dumps(results))
+    expected = {s: len(scitail_demo.rows(s)) for s in ("train", "dev", "test")}
+    for split, n in expected.items():
+        assert metrics["splits"][split]["examples"]["read"] == n
+        assert metrics["splits"][split]["examples"]["skipped"] == 0
+    for split in ("dev", "test"):
+        assert 0.0 <= metrics["splits"][split]["accuracy"] <= 1.0
+        lines = (out / "predictions" / f"{split}.tsv").read_text().splitlines()
+        assert lines[0] == "id\tprediction\tlabel" and len(lines) == expected[split] + 1
+        assert {line.split("\t")[1] for line in lines[1:]} <= set(scitail.LABELS)
+    assert set(metrics["history"]) >= {"loss", "task_loss", "lm_loss", "val_task_accuracy"}
+    assert os.listdir(out / "logs")  # TensorBoard
+    loaded = keras.saving.load_model(out / "model.keras")
+    x = finetune_lib.encode_split(kgpt.TaskRegistry().get("scitail"), "dev", str(out / "data"),
+                                  kgpt.GPTTokenizer.from_preset(tiny_preset), 128).x
+    np.testing.assert_allclose(loaded.predict_task(x), model.predict_task(x), rtol=1e-5, atol=1e-5)
+
+
+def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
+    data = tmp_path / "data"
+    write_tsv(data, "train", ["a long premise about the sun and the moon\tthe sun is hot\tentails",
+                              "short\t \tneutral", "x\ty\tneutral"])
+    task = kgpt.TaskRegistry().get("scitail")
+    split = finetune_lib.encode_split(task, "train", str(data), kgpt.GPTTokenizer.from_preset(tiny_preset), 20)
+    # One character per token: 33 + 11 text tokens, 20 - 3 specials fit.
+    assert split.counts == {"read": 3, "used": 2, "skipped": 1, "skipped_reasons": {"empty text field": 1},
+                            "truncated": 1, "tokens_cut": 33 + 11 - (20 - 3)}
+    assert split.token_ids.shape == (2, 1, 20)
+
+
+@pytest.mark.parametrize(
+    "row, message",
+    [
+        ("premise only\tentails", r"scitail_1.0_train.tsv:2: expected 3 tab-separated fields, got 2"),
+        ("p\th\tcontradiction", r"scitail_1.0_train.tsv:2: label 'contradiction' is not one of 'entails', 'neutral'"),
+        (b"p\xff\th\tentails\n", r"scitail_1.0_train.tsv:2: byte 1 of the line \(0xff\) is not valid UTF-8"),
+    ],
+)
+def test_malformed_rows_name_file_and_line(tiny_preset, tmp_path, row, message):
+    data = tmp_path / "data"
+    write_tsv(data, "train", ["good premise\tgood hypothesis\tentails", row])
+    task = kgpt.TaskRegistry().get("scitail")
+    with pytest.raises(kgpt.DataError, match=message):
+        finetune_lib.encode_split(task, "train", str(data), kgpt.GPTTokenizer.from_preset(tiny_preset), 64)
+
+
+def test_snli_format_jsonl_reads_like_the_tsv(tmp_path):
+    rows = [("The sun is a star.", "The sun is a star.", "entailment"), ("Ice melts.", "Ice floats.", "neutral")]
+    tsv = tmp_path / "tsv"
+    write_tsv(tsv, "dev", [f"{p}\t{h}\t{'entails' if g == 'entailment' else g}" for p, h, g in rows])
+    snli = tmp_path / "snli" / "snli_format"
+    snli.mkdir(parents=True)
+    (snli / "scitail_1.0_dev.txt").write_text(
+        "".join(json.dumps({"sentence1": p, "sentence2": h, "gold_label": g}) + "\n" for p, h, g in rows))
+    from_tsv = [(e.segments, e.label) for e in scitail.read("dev", str(tsv))]
+    from_jsonl = [(e.segments, e.label) for e in scitail.read("dev", str(tmp_path / "snli"))]
+    assert from_tsv == from_jsonl == [(("The sun is a star.", "The sun is a star."), "entails"),
+                                      (("Ice melts.", "Ice floats."), "neutral")]
+    (snli / "scitail_1.0_dev.txt").write_text('{"sentence1": "a", "sentence2": "b", "gold_label": "entailment"}\n{oops\n')
+    with pytest.raises(kgpt.DataError, match=r"scitail_1.0_dev.txt:2: not valid JSON"):
+        list(scitail.read("dev", str(tmp_path / "snli")))
+
+
+def test_missing_files_list_the_paths_tried(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"No SciTail train file found; tried .*tsv_format/scitail_1.0_train.tsv"):
+        list(scitail.read("train", str(tmp_path)))
+
+
+def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path):
+    data = scitail_demo.write(str(tmp_path / "data"))
+    os.remove(os.path.join(data, "tsv_format", "scitail_1.0_test.tsv"))
+    messages = []
+    _, results = finetune_lib.finetune(config(tiny_preset, tmp_path, data_dir=data, output_dir=None),
+                                       log=messages.append)
+    assert set(results["splits"]) == {"train", "dev"}
+    assert any(m.startswith("Split 'test' not evaluated: No SciTail test file found") for m in messages)
+
+
+def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
+    partial = finetune_lib.transfer(backbone, 1)
+    same = lambda a, b: all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(a.weights, b.weights))
+    assert same(partial.token_embedding, backbone.token_embedding)
+    assert same(partial.position_embedding, backbone.position_embedding)
+    assert same(partial.transformer_layers[0], backbone.transformer_layers[0])
+    assert not same(partial.transformer_layers[1], backbone.transformer_layers[1])
+    assert finetune_lib.transfer(backbone, None) is backbone
+    with pytest.raises(ValueError, match=r"transfer_layers must be in 0..2, got 3"):
+        finetune_lib.transfer(backbone, 3)
+
+
+def test_special_tokens_are_added_when_missing(backbone):
+    tokenizer = kgpt.GPTTokenizer({f"t{i}": i for i in range(backbone.vocabulary_size)}, [])
+    grown = finetune_lib.with_special_tokens(backbone, tokenizer)
+    assert grown.vocabulary_size == backbone.vocabulary_size + 3 == tokenizer.vocabulary_size
+    with pytest.raises(ValueError, match="do not belong together"):
+        finetune_lib.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
+
+
+def test_init_must_be_a_preset(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is not a kgpt preset"):
+        finetune_lib.finetune(config(str(tmp_path), tmp_path), log=lambda *_: None)
+
+
+def run_cli(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "kgpt.cli.train", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_cli_fine_tunes_from_a_preset(tiny_preset, tmp_path):
+    data = scitail_demo.write(str(tmp_path / "data"))
+    result = run_cli("--task=scitail", f"--data_dir={data}", f"--init={tiny_preset}", "--epochs=1",
+                     f"--output_dir={tmp_path / 'cli'}", "--batch_size=32", "--lm_coef=0")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "test: accuracy" in result.stdout
+    assert "lm_coef 0.0" in result.stdout
+    assert (tmp_path / "cli" / "metrics.json").exists()
+
+
+def test_cli_errors():
+    result = run_cli("--task=scitial")
+    assert result.returncode != 0
+    assert "Unknown task 'scitial'. Did you mean 'scitail'?" in result.stderr
+    result = run_cli("--task=scitail", "--data_dir=somewhere")
+    assert result.returncode != 0 and "pass --init PRESET_DIR" in result.stderr
+
+
+def test_cli_lists_tasks():
+    result = run_cli("--list_tasks")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "scitail  scitail  entailment  classification  entails,neutral  accuracy" in result.stdout

@@ -1,0 +1,32 @@
+"""The contract of kgpt.testing, run over every registered task (built-in here; see test_plugins)."""
+
+import pytest
+
+import kgpt
+import kgpt.testing
+from kgpt import transforms
+
+REGISTRY = kgpt.TaskRegistry()
+
+
+def test_no_plugin_problems():
+    assert REGISTRY.problems() == []
+
+
+@pytest.mark.parametrize("name", REGISTRY.names())
+def test_task_contract(name):
+    kgpt.testing.check_task(REGISTRY.get(name))
+
+
+def test_contract_catches_a_reader_without_sources():
+    task = kgpt.Task(name="careless", transform=transforms.Entailment(), labels=("a", "b"),
+                     read=lambda split, data_dir: [kgpt.Example(segments=("p", "h"), label="a")])
+    with pytest.raises(AssertionError, match="Task 'careless': example without a source"):
+        kgpt.testing.check_task(task, data_dir="unused")
+
+
+def test_contract_catches_labels_outside_the_label_set():
+    task = kgpt.Task(name="wrong", transform=transforms.Classification(), labels=("a", "b"),
+                     read=lambda split, data_dir: [kgpt.Example(segments=("t",), label="c", source="f:1")])
+    with pytest.raises(kgpt.DataError, match="f:1: label 'c' is not one of 'a', 'b'"):
+        kgpt.testing.check_task(task, data_dir="unused")

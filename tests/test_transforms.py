@@ -1,0 +1,63 @@
+"""The paper's input transformations (Figure 1): exact token layouts and truncation."""
+
+import pytest
+
+from kgpt import transforms
+
+S, D, E = 100, 101, 102  # start, delimiter, extract
+LAYOUT = transforms.Layout(S, D, E)
+
+
+def views(transform, segments, choices=(), max_length=64):
+    return transforms.build_views(transform, segments, choices, LAYOUT, max_length)
+
+
+def test_classification_layout():
+    assert views(transforms.Classification(), [[1, 2, 3]]) == ([[S, 1, 2, 3, E]], 0)
+    # Several segments are concatenated without a delimiter.
+    assert views(transforms.Classification(), [[1], [2, 3]]) == ([[S, 1, 2, 3, E]], 0)
+
+
+def test_entailment_layout():
+    assert views(transforms.Entailment(), [[1, 2], [3]]) == ([[S, 1, 2, D, 3, E]], 0)
+
+
+def test_similarity_has_both_orders():
+    assert views(transforms.Similarity(), [[1, 2], [3]]) == ([[S, 1, 2, D, 3, E], [S, 3, D, 1, 2, E]], 0)
+
+
+def test_multiple_choice_one_view_per_answer():
+    got, cut = views(transforms.MultipleChoice(3), [[1, 2], [3]], [[7], [8, 9], [10]])
+    assert got == [[S, 1, 2, 3, D, 7, E], [S, 1, 2, 3, D, 8, 9, E], [S, 1, 2, 3, D, 10, E]]
+    assert cut == 0
+
+
+def test_truncation_cuts_the_end_of_the_longest_segment():
+    # Budget 8 - 3 specials = 5 text tokens: the 6-token premise loses 2 from its end.
+    got, cut = views(transforms.Entailment(), [[1, 2, 3, 4, 5, 6], [7]], max_length=8)
+    assert got == [[S, 1, 2, 3, 4, D, 7, E]] and cut == 2
+    # The question of a multiple-choice context survives; the long article is cut.
+    got, cut = views(transforms.MultipleChoice(2), [list(range(1, 11)), [50, 51]], [[60], [61]], max_length=9)
+    assert got[0] == [S, 1, 2, 3, 50, 51, D, 60, E] and cut == 2 * 7
+
+
+def test_truncate_evens_out_long_segments():
+    assert transforms.truncate([[1] * 6, [2] * 5], 6) == ([[1] * 3, [2] * 3], 5)
+    assert transforms.truncate([[1, 2], [3]], 10) == ([[1, 2], [3]], 0)
+
+
+def test_no_room_for_text_is_an_error():
+    with pytest.raises(ValueError, match="max_length=3 leaves no room"):
+        views(transforms.Entailment(), [[1], [2]], max_length=3)
+
+
+def test_check_reports_wrong_arity():
+    assert "needs 2 text segments, got 1" in transforms.Entailment().check(["a"])
+    assert "needs 4 answer choices, got 2" in transforms.MultipleChoice(4).check(["ctx"], ["a", "b"])
+    assert transforms.Similarity().check(["a", "b"]) is None
+
+
+def test_pack_right_pads():
+    token_ids, mask = transforms.pack([[[S, 1, E], [S, E]]], length=4)
+    assert token_ids.tolist() == [[[S, 1, E, 0], [S, E, 0, 0]]]
+    assert mask.tolist() == [[[1, 1, 1, 0], [1, 1, 0, 0]]]

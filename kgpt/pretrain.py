@@ -1,9 +1,11 @@
 """Language-model pre-training on plain text (paper section 3.1).
 
 `pretrain(config)` is what `kgpt-train --task lm` runs; tests call it with a
-tiny config. Text is tokenized in memory and trained on random contiguous
-windows, as in the paper. The whole corpus is held in memory: streaming
-from on-disk token shards is still to come (pre-training issue).
+tiny config. The corpus is tokenized once into token shards on disk
+(`kgpt.shards`), training samples random contiguous windows from them, the
+tail of the token stream is held out for validation perplexity, and with an
+`output_dir` a checkpoint is written every `checkpoint_every` steps: a rerun
+with the same settings resumes from it.
 """
 
 import dataclasses
@@ -11,6 +13,7 @@ import glob
 import json
 import math
 import os
+import tempfile
 from importlib import resources
 
 import keras
@@ -19,6 +22,7 @@ import numpy as np
 from kgpt.backbone import GPTBackbone
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.optimizers import gpt_adamw
+from kgpt.shards import build_shards
 from kgpt.tokenizer import GPTTokenizer
 
 
@@ -40,7 +44,10 @@ class PretrainConfig:
     weight_decay: float = 0.01
     max_steps: int = 10_000  # total updates; the cosine reaches 0 here
     evaluations: int = 10  # validation passes during training (Keras "epochs")
-    validation_fraction: float = 0.1  # tail of the token stream held out
+    validation_fraction: float = 0.1  # tail of the token stream held out ...
+    validation_tokens: int = 262_144  # ... but at most this many tokens (512 windows of 512)
+    checkpoint_every: int = 500  # steps between checkpoints in output_dir/checkpoint; 0 = none
+    shards_dir: str | None = None  # token shards; None = output_dir/shards (or a temporary folder)
     sample_tokens: int = 40  # length of the generated sample printed at the end
     prompt: str | None = None  # sample prompt; None = the first words of the held-out text
     seed: int = 0
@@ -75,62 +82,85 @@ def corpus_files(pattern):
     return files
 
 
-def read_corpus(files, log=print):
-    """UTF-8 text of each non-empty file; empty files are counted and reported."""
-    texts, empty = [], []
-    for path in files:
-        with open(path, "rb") as f:
-            raw = f.read()
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(
-                f"{path}: byte {e.start} (0x{raw[e.start]:02x}) is not valid UTF-8; "
-                "re-encode the file as UTF-8."
-            ) from None
-        if text.strip():
-            texts.append(text)
-        else:
-            empty.append(path)
-    if empty:
-        log(f"Skipped {len(empty)} empty file(s): {', '.join(empty[:5])}")
-    if not texts:
-        raise ValueError(f"All {len(files)} corpus file(s) are empty.")
-    return texts
-
-
-def random_windows(ids, sequence_length, batch_size, seed):
-    """Endless `tf.data` stream of `(x, y)` batches of random contiguous windows."""
-    import tensorflow as tf
-
-    tokens = tf.constant(ids, tf.int32)
-    starts = len(ids) - sequence_length  # valid starts: 0 .. starts - 1
-
-    def window(r):
-        w = tf.slice(tokens, [r % starts], [sequence_length + 1])
-        return {"token_ids": w[:-1], "padding_mask": tf.ones([sequence_length], tf.int32)}, w[1:]
-
-    return (
-        tf.data.Dataset.random(seed=seed)
-        .map(window, num_parallel_calls=tf.data.AUTOTUNE)
-        .batch(batch_size, drop_remainder=True)
-        .prefetch(tf.data.AUTOTUNE)
-    )
-
-
-def split_tokens(ids, config):
-    """Train/validation split of the token stream, with checks on its size."""
-    n_val = int(len(ids) * config.validation_fraction)
-    train, val = ids[: len(ids) - n_val], ids[len(ids) - n_val :]
-    if len(train) <= config.sequence_length:
+def split_point(total, config):
+    """Index where the held-out tail of a `total`-token stream starts, with checks on its size."""
+    n_val = min(int(total * config.validation_fraction), config.validation_tokens)
+    train = total - n_val
+    if train <= config.sequence_length:
         raise ValueError(
-            f"The corpus has {len(ids)} tokens ({len(train)} for training): fewer than "
+            f"The corpus has {total} tokens ({train} for training): fewer than "
             f"one window of sequence_length={config.sequence_length} + 1. Add text or "
             "lower --sequence_length."
         )
-    if n_val and len(val) < 2:
+    if n_val and n_val < 2:
         raise ValueError("The validation slice has fewer than 2 tokens; raise validation_fraction.")
-    return train, val
+    return train
+
+
+# Settings a checkpoint must share with the run that resumes it.
+_RESUME_KEYS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "sequence_length",
+                "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_steps", "evaluations", "seed")
+
+
+class StepCheckpoint(keras.callbacks.Callback):
+    """Saves weights + optimizer state every `every` steps, replacing the previous checkpoint.
+
+    The step is the optimizer's own iteration count, saved inside the weights
+    file, so a kill at any moment leaves a consistent checkpoint.
+    """
+
+    def __init__(self, directory, every, state):
+        super().__init__()
+        self.directory, self.every, self.state = directory, every, state
+
+    @property
+    def weights_path(self):
+        return os.path.join(self.directory, "checkpoint.weights.h5")
+
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        if step % self.every == 0:
+            self.save(step)
+
+    def save(self, step):
+        os.makedirs(self.directory, exist_ok=True)
+        tmp = os.path.join(self.directory, "partial.weights.h5")
+        self.model.save_weights(tmp)
+        os.replace(tmp, self.weights_path)  # atomic: the old checkpoint stays valid until here
+        _write_json(os.path.join(self.directory, "state.json"), {**self.state, "step": step})
+
+
+def _write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
+def resume(lm, directory, state, log=print):
+    """Loads the checkpoint in `directory` into `lm`; returns the step to continue from (0 if none)."""
+    weights = os.path.join(directory, "checkpoint.weights.h5")
+    state_path = os.path.join(directory, "state.json")
+    if not os.path.exists(weights) or not os.path.exists(state_path):
+        return 0
+    with open(state_path, encoding="utf-8") as f:
+        saved = json.load(f)
+    different = {k: (saved.get(k), v) for k, v in state.items() if saved.get(k) != v}
+    if different:
+        raise ValueError(
+            f"{directory} holds a checkpoint of a run with other settings ("
+            + ", ".join(f"{k}: {old} there, {new} now" for k, (old, new) in different.items())
+            + "). Use another --output_dir, or delete the checkpoint folder to start over."
+        )
+    lm.optimizer.build(lm.trainable_variables)
+    try:
+        lm.load_weights(weights)
+    except Exception as e:  # h5py/Keras raise many types for a damaged file
+        raise ValueError(f"{weights}: the checkpoint cannot be read ({type(e).__name__}: {e}); "
+                         "delete it to start over.") from e
+    step = int(keras.ops.convert_to_numpy(lm.optimizer.iterations))
+    log(f"Resuming from the checkpoint at step {step:,} of {state['max_steps']:,} ({directory}).")
+    return step
 
 
 def validation_windows(val, sequence_length):
@@ -154,10 +184,12 @@ def pretrain(config, log=print):
     keras.utils.set_random_seed(config.seed)
     files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
     tokenizer = GPTTokenizer.gpt1()
-    texts = read_corpus(files, log=log)
-    ids = np.concatenate([np.asarray(tokenizer.encode(t), "int32") for t in texts])
-    log(f"Corpus: {len(files)} file(s), {len(ids):,} tokens (GPT-1 BPE, vocabulary {tokenizer.vocabulary_size:,}).")
-    train_ids, val_ids = split_tokens(ids, config)
+    shards_dir = config.shards_dir or (
+        os.path.join(config.output_dir, "shards") if config.output_dir else tempfile.mkdtemp(prefix="kgpt-shards-"))
+    index = build_shards(files, tokenizer, shards_dir, log=log)
+    total = index.total_tokens
+    log(f"Corpus: {len(files)} file(s), {total:,} tokens (GPT-1 BPE, vocabulary {tokenizer.vocabulary_size:,}).")
+    train_end = split_point(total, config)
 
     backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size, config.sequence_length)
     lm = GPTCausalLM(backbone)
@@ -178,36 +210,64 @@ def pretrain(config, log=print):
         log(f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so that "
             f"exactly max_steps={config.max_steps} steps are trained.")
     steps_per_eval = config.max_steps // evaluations
-    train = random_windows(train_ids, config.sequence_length, config.batch_size, config.seed)
     validation = None
+    val_ids = index.tokens(train_end, total)
     if len(val_ids):
         val_x, val_y, dropped = validation_windows(val_ids, config.sequence_length)
         validation = (val_x, val_y)
         log(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
             + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
 
-    callbacks = []
+    state = {k: getattr(config, k) for k in _RESUME_KEYS} | {"corpus_tokens": total}
+    callbacks, start = [], 0
     if config.output_dir:
         os.makedirs(config.output_dir, exist_ok=True)
-        callbacks.append(keras.callbacks.CSVLogger(os.path.join(config.output_dir, "history.csv")))
-    history = lm.fit(
-        train,
-        epochs=evaluations,
-        steps_per_epoch=steps_per_eval,
-        validation_data=validation,
-        callbacks=callbacks,
-        shuffle=False,  # windows are already drawn at random
-        verbose=1 if os.isatty(1) else 2,
-    )
-    metrics = {"train_loss": [float(v) for v in history.history["loss"]], "tokens": int(len(ids))}
-    if validation:
-        val_losses = history.history["val_loss"]
+        checkpoint_dir = os.path.join(config.output_dir, "checkpoint")
+        start = resume(lm, checkpoint_dir, state, log=log)
+        callbacks += [
+            keras.callbacks.CSVLogger(os.path.join(config.output_dir, "history.csv"), append=start > 0),
+            keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")),
+        ]
+        if config.checkpoint_every:
+            callbacks.append(StepCheckpoint(checkpoint_dir, config.checkpoint_every, state))
+
+    history = {}
+    # A resumed run first finishes the interrupted evaluation period, so that
+    # validation still falls every steps_per_eval steps.
+    segments = []
+    if start % steps_per_eval:
+        segments.append((start // steps_per_eval, 1 + start // steps_per_eval, steps_per_eval - start % steps_per_eval))
+    first_full = math.ceil(start / steps_per_eval)
+    if first_full < evaluations:
+        segments.append((first_full, evaluations, steps_per_eval))
+    step = start
+    for initial_epoch, epochs, steps in segments:
+        train = index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
+                              first_batch=step)
+        run = lm.fit(
+            train,
+            initial_epoch=initial_epoch,
+            epochs=epochs,
+            steps_per_epoch=steps,
+            validation_data=validation,
+            callbacks=callbacks,
+            shuffle=False,  # windows are already drawn at random
+            verbose=1 if os.isatty(1) else 2,
+        )
+        step += (epochs - initial_epoch) * steps
+        for key, values in run.history.items():
+            history.setdefault(key, []).extend(values)
+    metrics = {"train_loss": [float(v) for v in history.get("loss", [])], "tokens": int(total),
+               "resumed_from_step": start}
+    if validation and "val_loss" in history:
+        val_losses = history["val_loss"]
         metrics["validation_loss"] = [float(v) for v in val_losses]
         metrics["validation_perplexity"] = [float(math.exp(min(v, 50))) for v in val_losses]
         log("Validation perplexity: " + " -> ".join(f"{p:,.1f}" for p in metrics["validation_perplexity"]))
-    log("Training loss: " + " -> ".join(f"{v:.3f}" for v in metrics["train_loss"]))
+    if metrics["train_loss"]:
+        log("Training loss: " + " -> ".join(f"{v:.3f}" for v in metrics["train_loss"]))
 
-    held_out = val_ids if len(val_ids) >= 4 else train_ids
+    held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
     prompt = tokenizer.encode(config.prompt) if config.prompt else [int(i) for i in held_out[:4]]
     length = min(config.sequence_length, len(prompt) + config.sample_tokens)
     sample = lm.generate([prompt], max_length=length)["token_ids"][0]
@@ -222,6 +282,6 @@ def pretrain(config, log=print):
         tokenizer.save(os.path.join(config.output_dir, "tokenizer"))
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=2)
-        log(f"Saved the preset (config.json, model.weights.h5, tokenizer/), model.keras, history.csv "
-            f"and metrics.json in {config.output_dir}")
+        log(f"Saved the preset (config.json, model.weights.h5, tokenizer/), model.keras, history.csv, "
+            f"logs/ and metrics.json in {config.output_dir}")
     return lm, tokenizer, metrics

@@ -13,6 +13,7 @@ reproduce spaCy's exceptions (e.g. "U.S."), and `ftfy` is used only when it
 is installed.
 """
 
+import hashlib
 import json
 import os
 import re
@@ -98,6 +99,70 @@ class GPTTokenizer:
         assets = resources.files("kgpt") / "assets" / "gpt1_bpe"
         return cls.from_original(str(assets / ENCODER_FILE), str(assets / MERGES_FILE))
 
+    @classmethod
+    def train(cls, files, num_merges=40000, min_frequency=2, directory=None, log=print):
+        """Learns a new BPE vocabulary from text files, in the original's layout.
+
+        Text goes through the same normalisation and word splitting as
+        `encode()`; the merges are learned by the Hugging Face `tokenizers`
+        BPE trainer (Rust; installed with keras-hub) with the original's `</w>`
+        end-of-word marker. The vocabulary is laid out as the original:
+        `<unk>` = 0, the characters, the characters + `</w>`, one symbol per
+        merge in rank order, then `\\n</w>`. With `directory`, the two files
+        are written there in the original formats, so `from_original()`,
+        `load()` and the original code read them.
+
+        Args:
+            files: paths of UTF-8 text files.
+            num_merges: merges to learn (the original: 40,000). Fewer are
+                kept when no pair is seen `min_frequency` times any more;
+                the count is logged.
+            min_frequency: smallest pair count that is merged.
+            directory: optional folder to `save()` into.
+
+        Example:
+        ```python
+        tokenizer = kgpt.GPTTokenizer.train(["books.txt"], num_merges=8000, directory="my_bpe")
+        ```
+        """
+        from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+        from kgpt.shards import text_chunks  # streaming, line-aligned, UTF-8 checked
+
+        def texts():
+            for path in files:
+                for chunk in text_chunks(path):
+                    words = _WORDS.findall(standardize(_fix_text(chunk)))
+                    yield " ".join(w.lower() for w in words if w != "\n")
+
+        engine = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
+        engine.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        trainer = trainers.BpeTrainer(
+            # Room for every merge on top of any alphabet; the merge list is cut below.
+            vocab_size=num_merges + (1 << 20),
+            min_frequency=min_frequency,
+            special_tokens=["<unk>"],
+            end_of_word_suffix="</w>",
+            show_progress=False,
+        )
+        engine.train_from_iterator(texts(), trainer=trainer)
+        model = json.loads(engine.to_str())["model"]
+        merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]][:num_merges]
+        chars = []  # every character, in the trainer's order, whether seen inside or at the end of words
+        for symbol in sorted(model["vocab"], key=model["vocab"].get):
+            char = symbol[: -len("</w>")] if symbol.endswith("</w>") else symbol
+            if symbol != "<unk>" and len(char) == 1 and char not in chars:
+                chars.append(char)
+        encoder = {"<unk>": 0}
+        for symbol in chars + [c + "</w>" for c in chars] + [a + b for a, b in merges] + ["\n</w>"]:
+            encoder.setdefault(symbol, len(encoder))
+        if len(merges) < num_merges:
+            log(f"Learned {len(merges):,} of {num_merges:,} merges: no pair occurs {min_frequency} times any more.")
+        tokenizer = cls(encoder, merges)
+        if directory is not None:
+            tokenizer.save(directory)
+        return tokenizer
+
     def save(self, directory):
         """Writes the two files in the original formats; `load()` reads them."""
         os.makedirs(directory, exist_ok=True)
@@ -129,6 +194,13 @@ class GPTTokenizer:
                 f"(written by kgpt-train --task lm --output_dir)."
             )
         return cls.load(directory)
+
+    def fingerprint(self):
+        """A short hash of the vocabulary and merges (same files, same fingerprint)."""
+        digest = hashlib.sha256()
+        digest.update(json.dumps(sorted(self.encoder.items()), ensure_ascii=False).encode())
+        digest.update(json.dumps(self.merges, ensure_ascii=False).encode())
+        return digest.hexdigest()[:16]
 
     # --- ids -----------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -124,3 +127,44 @@ def test_cli_trains_and_writes_outputs(tmp_path):
     assert "Training loss:" in result.stdout and "Sample:" in result.stdout
     assert (tmp_path / "cli" / "model.keras").exists()
 
+
+
+def test_killed_run_resumes_from_its_checkpoint(tmp_path):
+    config = tiny_config(tmp_path)
+    args = ["--task=lm", f"--corpus={config.corpus}", f"--output_dir={tmp_path / 'run'}", "--num_layers=1",
+            "--hidden_dim=16", "--intermediate_dim=32", "--num_heads=2", "--sequence_length=16",
+            "--batch_size=4", "--max_steps=200", "--evaluations=4", "--warmup_steps=10", "--learning_rate=0.01",
+            "--checkpoint_every=10"]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    state = tmp_path / "run" / "checkpoint" / "state.json"
+    first = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, env=env)
+    deadline = time.time() + 300
+    while time.time() < deadline and first.poll() is None:
+        if state.exists() and json.loads(state.read_text())["step"] >= 20:
+            break
+        time.sleep(0.02)
+    assert first.poll() is None, "the first run ended before it could be killed"
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    saved = json.loads(state.read_text())["step"]
+    assert 20 <= saved < 200
+
+    second = run_cli(*args, cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = int(re.search(r"Resuming from the checkpoint at step (\d+)", second.stdout).group(1))
+    assert resumed >= saved  # a later checkpoint may have landed between the read and the kill
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["resumed_from_step"] == resumed
+    model = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 200
+    assert "Reusing" in second.stdout  # the shards were not tokenized again
+
+
+def test_checkpoint_of_other_settings_is_refused(tmp_path):
+    config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, checkpoint_every=5)
+    pretrain(config, log=lambda *_: None)
+    with pytest.raises(ValueError, match=r"holds a checkpoint of a run with other settings \(batch_size: 8 there, "
+                                         r"4 now\)"):
+        pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4),
+                 log=lambda *_: None)

@@ -100,3 +100,28 @@ def test_encode_rejects_non_strings(gpt1):
 
 def test_exported_at_top_level():
     assert kgpt.GPTTokenizer is GPTTokenizer
+
+
+def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    text = "The keeper climbed the steps of the tower.\nThe keeper wrote the date, then the weather.\n"
+    corpus.write_text(text * 50 + "Zebra!\n", encoding="utf-8")
+    lines = []
+    tokenizer = kgpt.GPTTokenizer.train([str(corpus)], num_merges=30, directory=str(tmp_path / "bpe"),
+                                       log=lines.append)
+    assert len(tokenizer.merges) == 30 and not lines
+    # "th" is by far the most frequent pair of symbols, so it is the first merge, as in the original.
+    assert tokenizer.merges[0] == ("t", "h")
+    decoder = {i: s for s, i in tokenizer.encoder.items()}
+    assert decoder[0] == "<unk>" and decoder[len(tokenizer.encoder) - 4] == "\n</w>"
+    assert {"z", "z</w>", "!", "!</w>"} <= set(tokenizer.encoder)  # every character, in both forms
+    # The files are the original formats: from_original() reads them back to the same tokenizer.
+    again = kgpt.GPTTokenizer.from_original(str(tmp_path / "bpe" / "encoder_bpe_40000.json"),
+                                            str(tmp_path / "bpe" / "vocab_40000.bpe"))
+    sample = "The keeper climbed the tower. Zebra!"
+    assert again.encode(sample) == tokenizer.encode(sample)
+    assert tokenizer.decode(tokenizer.encode(sample)) == "the keeper climbed the tower . zebra !"
+    assert tokenizer.bpe("the") == ["the</w>"]
+    # A corpus too small for the merges asked for says how many it learned.
+    small = kgpt.GPTTokenizer.train([str(corpus)], num_merges=5000, log=lines.append)
+    assert len(small.merges) < 5000 and lines[0].startswith(f"Learned {len(small.merges):,} of 5,000 merges")

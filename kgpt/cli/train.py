@@ -50,7 +50,12 @@ flags.DEFINE_integer("sequence_length", _PRE.sequence_length, "lm: tokens per tr
 flags.DEFINE_integer("warmup_steps", _PRE.warmup_steps, "lm: linear warm-up updates.")
 flags.DEFINE_integer("max_steps", _PRE.max_steps, "lm: total updates; the cosine schedule ends here.")
 flags.DEFINE_integer("evaluations", _PRE.evaluations, "lm: validation passes during training.")
-flags.DEFINE_float("validation_fraction", _PRE.validation_fraction, "lm: share of tokens held out.")
+flags.DEFINE_float("validation_fraction", _PRE.validation_fraction, "lm: share of tokens held out ...")
+flags.DEFINE_integer("validation_tokens", _PRE.validation_tokens, "lm: ... but at most this many tokens.")
+flags.DEFINE_integer("checkpoint_every", _PRE.checkpoint_every,
+                     "lm: steps between checkpoints in OUTPUT_DIR/checkpoint; a rerun resumes (0: none).")
+flags.DEFINE_string("shards_dir", None, "lm: token shards folder (default: OUTPUT_DIR/shards); reused when "
+                    "the corpus and tokenizer are unchanged.")
 flags.DEFINE_string("prompt", None, "lm: prompt for the sample printed at the end.")
 # Fine-tuning.
 flags.DEFINE_string("data_dir", None, "Task data in its distributed format (default: the task's embedded data).")

@@ -31,6 +31,8 @@ class PretrainConfig:
     """Pre-training settings; defaults are the paper's (section 4.1)."""
 
     corpus: str | None = None  # glob or folder of UTF-8 .txt files; None = embedded demo text
+    tokenizer: str | None = None  # None = the original GPT-1 BPE; "train" = learn one from the corpus; or a folder
+    num_merges: int = 40_000  # with tokenizer="train"
     output_dir: str | None = None  # preset + model.keras + logs go here; None = keep nothing
     num_layers: int = 12
     num_heads: int = 12
@@ -80,6 +82,22 @@ def corpus_files(pattern):
     if not files:
         raise FileNotFoundError(f"No corpus files match {pattern!r}.")
     return files
+
+
+def load_tokenizer(config, files, log=print):
+    """The run's tokenizer: GPT-1's, one learned from `files` (kept in the output), or one from a folder."""
+    if config.tokenizer is None:
+        return GPTTokenizer.gpt1()
+    if config.tokenizer != "train":
+        return GPTTokenizer.from_preset(config.tokenizer)
+    saved = os.path.join(config.output_dir, "tokenizer") if config.output_dir else None
+    if saved and os.path.isdir(saved):  # a resumed run keeps the vocabulary it started with
+        log(f"Using the tokenizer learned earlier in {saved}.")
+        return GPTTokenizer.load(saved)
+    log(f"Learning a BPE vocabulary of {config.num_merges:,} merges from the corpus ...")
+    tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges, directory=saved, log=log)
+    log(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size:,} with special tokens.")
+    return tokenizer
 
 
 def split_point(total, config):
@@ -183,12 +201,12 @@ def pretrain(config, log=print):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
     keras.utils.set_random_seed(config.seed)
     files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
-    tokenizer = GPTTokenizer.gpt1()
+    tokenizer = load_tokenizer(config, files, log=log)
     shards_dir = config.shards_dir or (
         os.path.join(config.output_dir, "shards") if config.output_dir else tempfile.mkdtemp(prefix="kgpt-shards-"))
     index = build_shards(files, tokenizer, shards_dir, log=log)
     total = index.total_tokens
-    log(f"Corpus: {len(files)} file(s), {total:,} tokens (GPT-1 BPE, vocabulary {tokenizer.vocabulary_size:,}).")
+    log(f"Corpus: {len(files)} file(s), {total:,} tokens (vocabulary {tokenizer.vocabulary_size:,}).")
     train_end = split_point(total, config)
 
     backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size, config.sequence_length)
@@ -218,7 +236,8 @@ def pretrain(config, log=print):
         log(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
             + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
 
-    state = {k: getattr(config, k) for k in _RESUME_KEYS} | {"corpus_tokens": total}
+    state = {k: getattr(config, k) for k in _RESUME_KEYS} | {"corpus_tokens": total,
+                                                            "tokenizer": tokenizer.fingerprint()}
     callbacks, start = [], 0
     if config.output_dir:
         os.makedirs(config.output_dir, exist_ok=True)

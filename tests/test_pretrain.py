@@ -168,3 +168,13 @@ def test_checkpoint_of_other_settings_is_refused(tmp_path):
                                          r"4 now\)"):
         pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4),
                  log=lambda *_: None)
+
+
+def test_pretrain_with_a_tokenizer_learned_from_the_corpus(tmp_path):
+    config = tiny_config(tmp_path, tokenizer="train", num_merges=20, max_steps=6, evaluations=1, warmup_steps=1)
+    lm, tokenizer, _ = pretrain(config, log=lambda *_: None)
+    assert len(tokenizer.merges) == 20
+    assert lm.backbone.vocabulary_size == tokenizer.vocabulary_size < 200  # not GPT-1's 40,481
+    saved = kgpt.GPTTokenizer.from_preset(str(tmp_path / "out"))
+    assert saved.merges == tokenizer.merges
+    assert kgpt.GPTBackbone.from_preset(str(tmp_path / "out")).vocabulary_size == tokenizer.vocabulary_size

@@ -46,6 +46,9 @@ flags.DEFINE_float("learning_rate", None, "Peak learning rate " + _both("learnin
 flags.DEFINE_float("weight_decay", None, "Decoupled weight decay, not on biases/gains " + _both("weight_decay") + ".")
 # Pre-training.
 flags.DEFINE_string("corpus", None, "lm: glob or folder of UTF-8 text files (default: embedded demo text).")
+flags.DEFINE_string("tokenizer", None, "lm: 'train' to learn a BPE vocabulary from the corpus, or a folder "
+                    "holding one (default: the original GPT-1 vocabulary).")
+flags.DEFINE_integer("num_merges", _PRE.num_merges, "lm: merges to learn with --tokenizer train.")
 flags.DEFINE_integer("sequence_length", _PRE.sequence_length, "lm: tokens per training window.")
 flags.DEFINE_integer("warmup_steps", _PRE.warmup_steps, "lm: linear warm-up updates.")
 flags.DEFINE_integer("max_steps", _PRE.max_steps, "lm: total updates; the cosine schedule ends here.")

@@ -7,13 +7,17 @@ become a ` \\n ` token; split into words; lower-case; BPE over characters with
 Three special tokens follow the vocabulary: `_start_`, `_delimiter_`,
 `_classify_` (ids 40478-40480 with the original files).
 
-Word splitting here is a regular expression that follows spaCy's English rules
-for the common cases (punctuation, `n't` and `'s`-style clitics); it does not
-reproduce spaCy's exceptions (e.g. "U.S."), and `ftfy` is used only when it
-is installed.
+Two word splitters: `splitter="regex"` (default, no extra dependency), a
+regular expression that follows spaCy's English rules for the common cases
+(punctuation, `n't` and `'s`-style clitics) but not its exception list (e.g.
+"U.S."), with `ftfy` used only when installed; and `splitter="spacy"`, the
+original's exact path (`ftfy.fix_text` + spaCy's English tokenizer, which
+needs no downloaded model), installed with `pip install "kgpt[exact]"`.
+`python -m kgpt.bench_tokenizer` measures how often the two agree.
 """
 
 import hashlib
+import importlib
 import json
 import os
 import re
@@ -25,8 +29,14 @@ ENCODER_FILE = "encoder_bpe_40000.json"
 MERGES_FILE = "vocab_40000.bpe"
 
 _PUNCT_RUNS = re.compile(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""")
+# Alternatives in order, after spaCy's English rules: newline; "can|not"; the
+# "do|n't" and "it|'s" clitics; dotted abbreviations and names ("u.s.",
+# "e.g.", "x.format") and initials ("j."); numbers; words; runs of "." "-"
+# "~" "/" "|", which spaCy keeps whole; any other symbol alone ("_" too).
 _WORDS = re.compile(
-    r"\n|[^\W\d_]+(?=n't\b)|n't\b|'(?:s|m|d|ll|re|ve)\b|\d+(?:[.,:]\d+)*|\w+|\.\.+|[^\w\s]",
+    r"\n|\bcan(?=not\b)|(?<=can)not\b|[^\W\d_]+(?=n't\b)|n't\b|'(?:s|m|d|ll|re|ve)\b"
+    r"|[^\W\d_]+(?:\.[^\W\d_]+)+\.?|\b[^\W\d_]\.(?=\s|$)"
+    r"|\d+(?:[.,:]\d+)*|[^\W_]+|\.\.+|-+|~+|/+|\|+|[^\w\s]|_",
     re.IGNORECASE,
 )
 
@@ -53,6 +63,23 @@ def _fix_text(text):
     return _ftfy.fix_text(text)
 
 
+_SPACY = []
+
+
+def _spacy_english():
+    """spaCy's English tokenizer (rules only, no model download), built once."""
+    if not _SPACY:
+        try:
+            importlib.import_module("ftfy")  # the exact path needs both
+            spacy = importlib.import_module("spacy")
+        except ImportError as e:
+            raise ImportError(
+                f"splitter='spacy' needs spaCy and ftfy ({e.name} is missing): pip install \"kgpt[exact]\""
+            ) from e
+        _SPACY.append(spacy.blank("en"))
+    return _SPACY[0]
+
+
 def _pairs(word):
     return set(zip(word, word[1:]))
 
@@ -74,7 +101,12 @@ class GPTTokenizer:
     ```
     """
 
-    def __init__(self, encoder, merges):
+    def __init__(self, encoder, merges, splitter="regex"):
+        if splitter not in ("regex", "spacy"):
+            raise ValueError(f"splitter must be 'regex' or 'spacy', got {splitter!r}.")
+        if splitter == "spacy":
+            _spacy_english()  # fail now, with the install hint, not at the first encode()
+        self.splitter = splitter
         self.encoder = dict(encoder)
         self.merges = [tuple(m) for m in merges]
         self.bpe_ranks = {pair: rank for rank, pair in enumerate(self.merges)}
@@ -87,17 +119,20 @@ class GPTTokenizer:
     # --- files ---------------------------------------------------------------
 
     @classmethod
-    def from_original(cls, encoder_json, bpe_merges):
+    def from_original(cls, encoder_json, bpe_merges, splitter="regex"):
         """Reads the original release's `encoder_bpe_40000.json` + `vocab_40000.bpe`."""
         encoder = _read_encoder(encoder_json)
         merges = _read_merges(bpe_merges)
-        return cls(encoder, merges)
+        return cls(encoder, merges, splitter=splitter)
 
     @classmethod
-    def gpt1(cls):
-        """The original GPT-1 vocabulary (MIT licence), shipped with kgpt."""
+    def gpt1(cls, splitter="regex"):
+        """The original GPT-1 vocabulary (MIT licence), shipped with kgpt.
+
+        `splitter="spacy"` reproduces the original tokenization exactly (needs `kgpt[exact]`).
+        """
         assets = resources.files("kgpt") / "assets" / "gpt1_bpe"
-        return cls.from_original(str(assets / ENCODER_FILE), str(assets / MERGES_FILE))
+        return cls.from_original(str(assets / ENCODER_FILE), str(assets / MERGES_FILE), splitter=splitter)
 
     @classmethod
     def train(cls, files, num_merges=40000, min_frequency=2, directory=None, log=print):
@@ -252,6 +287,14 @@ class GPTTokenizer:
 
     def words(self, text):
         """The normalised, lower-cased words that BPE sees."""
+        if self.splitter == "spacy":
+            import ftfy
+
+            tokens = _spacy_english()(standardize(ftfy.fix_text(text)))
+            # spaCy >= 2.1 makes "\n " (newline + the next space) a token where
+            # the original's spaCy gave "\n", as its vocabulary's `\n</w>`
+            # entry shows; pure spaces only come from doubled spaces.
+            return ["\n" if "\n" in t.text else t.text.lower() for t in tokens if t.text.strip() or "\n" in t.text]
         return [w.lower() for w in _WORDS.findall(standardize(_fix_text(text)))]
 
     def encode(self, text):

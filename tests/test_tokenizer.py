@@ -125,3 +125,21 @@ def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path):
     # A corpus too small for the merges asked for says how many it learned.
     small = kgpt.GPTTokenizer.train([str(corpus)], num_merges=5000, log=lines.append)
     assert len(small.merges) < 5000 and lines[0].startswith(f"Learned {len(small.merges):,} of 5,000 merges")
+
+
+def test_exact_path_needs_the_extra_or_matches_the_regex_on_plain_text():
+    import importlib.util
+
+    if importlib.util.find_spec("spacy") is None or importlib.util.find_spec("ftfy") is None:
+        with pytest.raises(ImportError, match=r'pip install "kgpt\[exact\]"'):
+            kgpt.GPTTokenizer.gpt1(splitter="spacy")
+        return
+    exact = kgpt.GPTTokenizer.gpt1(splitter="spacy")
+    text = "The keeper didn't climb the steps; he wrote the date -- 12.5 miles away!\nNext line."
+    assert exact.encode(text) == kgpt.GPTTokenizer.gpt1().encode(text)
+    assert exact.words("U.S. troops") == ["u.s.", "troops"]  # spaCy's exception list, which the regex lacks
+
+
+def test_unknown_splitter():
+    with pytest.raises(ValueError, match="splitter must be 'regex' or 'spacy'"):
+        kgpt.GPTTokenizer({"a": 0}, [], splitter="nltk")

@@ -44,6 +44,7 @@ class FinetuneConfig:
     lm_coef: float = 0.5  # lambda of L3 = L2 + lambda * L1; 0 disables the auxiliary LM loss
     classifier_dropout: float = 0.1
     max_length: int | None = None  # tokens per view; None = the model's context
+    predict_test: bool = False  # also write the benchmark's submission files (GLUE format) to output_dir/submission
     # Model size for --init scratch (the paper's "no pre-training" ablation).
     num_layers: int = 12
     num_heads: int = 12
@@ -224,6 +225,15 @@ def write_predictions(path, task, split, predictions):
             f.write("\t".join(row) + "\n")
 
 
+def write_submission(path, task, split, predictions):
+    """A benchmark submission file: `index` TAB `prediction` (GLUE's format)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("index\tprediction\n")
+        for uid, value in zip(split.uids, predictions):
+            f.write(f"{uid}\t{task.prediction_name(value)}\n")
+
+
 def _describe_counts(name, counts):
     text = f"{name}: {counts['read']:,} read, {counts['used']:,} used"
     if counts["skipped"]:
@@ -319,6 +329,12 @@ def finetune(config, registry=None, log=print):
             log(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in scores.items()))
         if config.output_dir:
             write_predictions(os.path.join(config.output_dir, "predictions", f"{name}.tsv"), task, split, predictions)
+            if config.predict_test and name in (task.submissions or {}):
+                path = os.path.join(config.output_dir, "submission", task.submissions[name])
+                write_submission(path, task, split, predictions)
+                log(f"{name}: submission file {path}")
+    if config.predict_test and not task.submissions:
+        log(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
 
     if config.output_dir:
         model.save(os.path.join(config.output_dir, "model.keras"))

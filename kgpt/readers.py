@@ -76,6 +76,37 @@ def read_tsv(path, num_columns, header=None):
         yield line_no, fields
 
 
+def read_tsv_columns(path, required, skip_malformed=False):
+    """Yields `(line_number, {column: value})` of a TSV file whose first row names its columns.
+
+    Args:
+        path: the file (GLUE's format: a header row, tabs, no quoting).
+        required: column names that must be in the header.
+        skip_malformed: yield `(line_number, None)` for a row whose field
+            count differs from the header's (for a reader to count as
+            skipped) instead of raising `DataError`.
+    """
+    columns = None
+    for line_no, line in _data_lines(path):
+        fields = line.split("\t")
+        if columns is None:
+            columns = [f.strip() for f in fields]
+            missing = [c for c in required if c not in columns]
+            if missing:
+                raise DataError(f"{path}:{line_no}: the header lacks column(s) {', '.join(missing)}; "
+                                f"it has {', '.join(columns)}.")
+            continue
+        if len(fields) != len(columns):
+            if skip_malformed:
+                yield line_no, None
+                continue
+            raise DataError(f"{path}:{line_no}: expected {len(columns)} tab-separated fields as in the header, "
+                            f"got {len(fields)}.")
+        yield line_no, dict(zip(columns, fields))
+    if columns is None:
+        raise DataError(f"{path}: the file is empty (no header row).")
+
+
 def read_jsonl(path):
     """Yields `(line_number, object)` of a JSON-lines file (blank lines at the end allowed)."""
     for line_no, line in _data_lines(path):

@@ -86,6 +86,10 @@ class Task:
         default_data: optional `fn(directory) -> data_dir` that writes a small
             embedded dataset in the task's own file format, used when no
             `--data_dir` is given.
+        paper_score: the GPT-1 paper's result, for reference in `--list_tasks`
+            (e.g. `"88.3 acc"`).
+        submissions: `{split: file name}` of benchmark submission files that
+            `--predict_test` writes (`index` TAB `prediction`), e.g. GLUE's.
     """
 
     name: str
@@ -97,6 +101,8 @@ class Task:
     splits: tuple = ("train", "dev", "test")
     description: str = ""
     default_data: Callable[[str], str] | None = None
+    paper_score: str = ""
+    submissions: dict | None = None
 
     def __post_init__(self):
         if self.labels is not None:

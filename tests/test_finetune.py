@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -161,4 +162,5 @@ def test_cli_errors():
 def test_cli_lists_tasks():
     result = run_cli("--list_tasks")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "scitail  scitail  entailment  classification  entails,neutral  accuracy" in result.stdout
+    assert re.search(r"scitail\s+scitail\s+entailment\s+classification\s+entails,neutral\s+accuracy\s+88.3 acc",
+                     result.stdout)

@@ -3,10 +3,13 @@
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+
+from conftest import char_tokenizer
 
 import kgpt
 import kgpt.testing
@@ -49,8 +52,10 @@ def test_installed_plugin_passes_the_contract(site, monkeypatch, tmp_path):
     registry = kgpt.TaskRegistry()
     entry = registry.entry("boolq")
     assert entry.plugin == "boolq" and "kgpt-boolq 0.1.0" in entry.origin
-    assert set(kgpt.testing.check_registry(registry)) >= {"boolq", "scitail"}
-    kgpt.testing.check_task(registry.get("boolq"), data_dir=write_boolq(str(tmp_path / "boolq")))
+    assert registry.problems() == []
+    # The contract over every other task runs in test_task_contract.py; here, the plugin's own.
+    kgpt.testing.check_task(registry.get("boolq"), data_dir=write_boolq(str(tmp_path / "boolq")),
+                            tokenizer=char_tokenizer())
 
 
 def test_installed_plugin_lists_and_trains_from_the_cli(site, tiny_preset, tmp_path):
@@ -59,7 +64,7 @@ def test_installed_plugin_lists_and_trains_from_the_cli(site, tiny_preset, tmp_p
                                        text=True, env=env, timeout=600)
     listed = run("--list_tasks")
     assert listed.returncode == 0, listed.stderr[-3000:]
-    assert "boolq    boolq    entailment  classification  false,true" in listed.stdout
+    assert re.search(r"boolq\s+boolq\s+entailment\s+classification\s+false,true\s+accuracy", listed.stdout)
     data = write_boolq(str(tmp_path / "boolq"))
     trained = run("--task=boolq", f"--data_dir={data}", f"--init={tiny_preset}", "--epochs=1",
                   f"--output_dir={tmp_path / 'out'}")

@@ -69,6 +69,8 @@ flags.DEFINE_integer("epochs", _FINE.epochs, "Fine-tuning epochs.")
 flags.DEFINE_float("warmup_fraction", _FINE.warmup_fraction, "Share of fine-tuning updates for linear warm-up.")
 flags.DEFINE_float("lm_coef", _FINE.lm_coef, "Weight of the auxiliary LM loss (0 disables it).")
 flags.DEFINE_float("classifier_dropout", _FINE.classifier_dropout, "Dropout before the task head.")
+flags.DEFINE_bool("predict_test", False, "Also write test predictions in the benchmark's submission format "
+                  "(GLUE: OUTPUT_DIR/submission/RTE.tsv, ...).")
 flags.DEFINE_integer("max_length", None, "Fine-tuning: tokens per view; longer ones are truncated and counted "
                      "(default: the model's context).")
 

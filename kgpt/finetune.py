@@ -245,16 +245,26 @@ def _describe_counts(name, counts):
 
 def finetune(config, registry=None, log=print):
     """Fine-tunes on `config.task`; returns `(model, metrics)`."""
-    keras.utils.set_random_seed(config.seed)
     registry = registry or TaskRegistry()
     task = registry.get(config.task)
-    data_dir = config.data_dir
-    if data_dir is None:
-        if task.default_data is None:
-            raise ValueError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
-        target = os.path.join(config.output_dir, "data") if config.output_dir else tempfile.mkdtemp(prefix="kgpt-")
-        data_dir = task.default_data(target)
-        log(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
+    if config.data_dir is not None:
+        return _finetune(config, task, config.data_dir, log)
+    if task.default_data is None:
+        raise ValueError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
+    if config.output_dir:
+        return _finetune(config, task, _embedded_data(task, os.path.join(config.output_dir, "data"), log), log)
+    with tempfile.TemporaryDirectory(prefix=f"kgpt-{task.name}-") as target:  # nothing kept without output_dir
+        return _finetune(config, task, _embedded_data(task, target, log), log)
+
+
+def _embedded_data(task, target, log):
+    data_dir = task.default_data(target)
+    log(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
+    return data_dir
+
+
+def _finetune(config, task, data_dir, log):
+    keras.utils.set_random_seed(config.seed)
 
     backbone, tokenizer, origin = initial_model(config, log=log)
     backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)

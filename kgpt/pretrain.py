@@ -199,11 +199,16 @@ def evaluation_count(max_steps, wanted):
 
 def pretrain(config, log=print):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
+    if config.shards_dir or config.output_dir:
+        return _pretrain(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing is kept without an output_dir
+        return _pretrain(config, shards_dir, log)
+
+
+def _pretrain(config, shards_dir, log):
     keras.utils.set_random_seed(config.seed)
     files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
     tokenizer = load_tokenizer(config, files, log=log)
-    shards_dir = config.shards_dir or (
-        os.path.join(config.output_dir, "shards") if config.output_dir else tempfile.mkdtemp(prefix="kgpt-shards-"))
     index = build_shards(files, tokenizer, shards_dir, log=log)
     total = index.total_tokens
     log(f"Corpus: {len(files)} file(s), {total:,} tokens (vocabulary {tokenizer.vocabulary_size:,}).")

@@ -304,7 +304,7 @@ def _finetune(config, task, data_dir, log):
             weight_decay=config.weight_decay,
         )
     )
-    log(f"Task {task.name} ({task.transform.kind}, {task.head} head, metrics {', '.join(map(str, task.metrics))}); "
+    log(f"Task {task.name} ({task.transform.kind}, {task.head} head, metrics {', '.join(task.metric_names)}); "
         f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
         f"steps, batch {config.batch_size}, {train.token_ids.shape[1]} view(s) of up to {train.token_ids.shape[2]} "
         f"tokens, lm_coef {config.lm_coef}.")

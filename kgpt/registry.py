@@ -188,7 +188,7 @@ class TaskRegistry:
         for e in self.entries():
             t = e.task
             labels = ",".join(t.labels) if t.labels else ("-" if t.head == "regression" else f"{t.transform.num_views} choices")
-            metric_names = ",".join(m if isinstance(m, str) else getattr(m, "__name__", "metric") for m in t.metrics)
+            metric_names = ",".join(t.metric_names)
             rows.append((t.name, e.plugin, t.transform.kind, t.head, labels, metric_names, t.paper_score))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]

@@ -150,6 +150,11 @@ class Task:
             raise ValueError(f"{where}: give at least one split.")
 
     @property
+    def metric_names(self):
+        """Names of the task's metrics (a callable's `__name__`), as in metrics.json."""
+        return [metrics_lib.resolve(m)[0] for m in self.metrics]
+
+    @property
     def num_outputs(self):
         """Width of the head's output: classes, 1 (regression) or choices."""
         if self.head == "classification":

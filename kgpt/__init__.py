@@ -3,11 +3,14 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import metrics, readers, transforms
+from kgpt import metrics, original, readers, transforms, zero_shot
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
+from kgpt.finetune import load_finetuned
 from kgpt.hookspecs import hookimpl
+from kgpt.lstm import LSTMBackbone
 from kgpt.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
+from kgpt.presets import CheckpointError
 from kgpt.registry import RegistryError, TaskRegistry
 from kgpt.task import DataError, Example, Skipped, Task
 from kgpt.task_model import GPTTaskModel
@@ -18,6 +21,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GPT1_CONFIG",
     "NUM_SPECIAL_TOKENS",
+    "CheckpointError",
     "DataError",
     "Example",
     "GPTAdamW",
@@ -25,6 +29,7 @@ __all__ = [
     "GPTCausalLM",
     "GPTTaskModel",
     "GPTTokenizer",
+    "LSTMBackbone",
     "RegistryError",
     "Skipped",
     "Task",
@@ -33,7 +38,10 @@ __all__ = [
     "gelu_tanh",
     "gpt_adamw",
     "hookimpl",
+    "load_finetuned",
     "metrics",
+    "original",
     "readers",
     "transforms",
+    "zero_shot",
 ]

@@ -14,6 +14,9 @@ from keras_hub.layers import ReversibleEmbedding
 from keras_hub.layers import TransformerDecoder
 from keras_hub.models import Backbone
 
+from kgpt import original
+from kgpt.presets import PresetMixin
+
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
 GPT1_CONFIG = {
     "vocabulary_size": 40478,
@@ -39,8 +42,41 @@ def _normal(stddev=0.02):
     return keras.initializers.RandomNormal(stddev=stddev)
 
 
+class AddedTokensMixin:
+    """`with_added_tokens` for backbones with a `token_embedding` and a flat config."""
+
+    def with_added_tokens(self, num_tokens=NUM_SPECIAL_TOKENS, seed=None):
+        """Returns a copy with `num_tokens` new embedding rows after the vocabulary.
+
+        Every existing weight is copied; the new rows (ids `vocabulary_size`
+        onwards, e.g. start/delimiter/extract for fine-tuning) are drawn from
+        N(0, 0.02) as in the original fine-tuning code. `self` is unchanged.
+
+        Example:
+        ```python
+        tuned = backbone.with_added_tokens(3)
+        tuned.vocabulary_size == backbone.vocabulary_size + 3  # True
+        ```
+        """
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
+        config = self.get_config()
+        config["vocabulary_size"] = self.vocabulary_size + num_tokens
+        grown = type(self).from_config(config)
+        old = keras.ops.convert_to_numpy(self.token_embedding.embeddings)
+        rng = np.random.default_rng(seed)
+        new_rows = rng.normal(0.0, 0.02, (num_tokens, self.hidden_dim))
+        table = np.concatenate([old, new_rows.astype(old.dtype)], axis=0)
+        for src, dst in zip(self.layers, grown.layers):
+            if src is self.token_embedding:
+                dst.embeddings.assign(table)
+            else:
+                dst.set_weights(src.get_weights())
+        return grown
+
+
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTBackbone(Backbone):
+class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
     """The GPT-1 transformer decoder as a Keras functional model.
 
     Maps `{"token_ids", "padding_mask"}` (both `[batch, length]`) to the last
@@ -194,31 +230,36 @@ class GPTBackbone(Backbone):
         config["vocabulary_size"] += num_special_tokens
         return cls(**config)
 
-    def with_added_tokens(self, num_tokens=NUM_SPECIAL_TOKENS, seed=None):
-        """Returns a copy with `num_tokens` new embedding rows after the vocabulary.
+    @classmethod
+    def from_original(cls, directory, num_heads=None, num_special_tokens=0, seed=None, **kwargs):
+        """Loads the original GPT-1 release, or Hugging Face's `openai-gpt` files.
 
-        Every existing weight is copied; the new rows (ids `vocabulary_size`
-        onwards, e.g. start/delimiter/extract for fine-tuning) are drawn from
-        N(0, 0.02) as in the original fine-tuning code. `self` is unchanged.
+        `directory` holds either `params_shapes.json` + `params_0..9.npy` (read
+        with `allow_pickle=False`) or `config.json` + `model.safetensors`. The
+        sizes come from the shapes; the head count, which shapes cannot tell,
+        is `num_heads` (default: Hugging Face's `n_head`, else 12).
+        `num_special_tokens` appends new N(0, 0.02) embedding rows (3 for
+        start/delimiter/extract). `kwargs` go to the constructor (`dropout`,
+        `dtype`). Every file, shape and count is checked first; errors name
+        the file and what was expected.
 
         Example:
         ```python
-        tuned = backbone.with_added_tokens(3)
-        tuned.vocabulary_size == backbone.vocabulary_size + 3  # True
+        backbone = kgpt.GPTBackbone.from_original("finetune-transformer-lm/model")
+        tokenizer = kgpt.GPTTokenizer.from_original("finetune-transformer-lm/model")
         ```
         """
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
-        config = self.get_config()
-        config["vocabulary_size"] = self.vocabulary_size + num_tokens
-        grown = type(self).from_config(config)
-        old = keras.ops.convert_to_numpy(self.token_embedding.embeddings)
-        rng = np.random.default_rng(seed)
-        new_rows = rng.normal(0.0, 0.02, (num_tokens, self.hidden_dim))
-        table = np.concatenate([old, new_rows.astype(old.dtype)], axis=0)
-        for src, dst in zip(self.layers, grown.layers):
-            if src is self.token_embedding:
-                dst.embeddings.assign(table)
-            else:
-                dst.set_weights(src.get_weights())
-        return grown
+        return original.load_backbone(
+            cls, directory, num_heads=num_heads, num_special_tokens=num_special_tokens, seed=seed, **kwargs
+        )
+
+    def save_original(self, directory, num_shards=10):
+        """Writes the weights in the original release's format (`from_original` reads it).
+
+        Special-token rows are kept: the token array has `vocabulary_size` rows.
+        """
+        original.save_original(self, directory, num_shards=num_shards)
+
+    def transferred_layers(self, num_layers):
+        """The layers copied when transferring the embeddings and the first `num_layers` blocks."""
+        return [self.token_embedding, self.position_embedding, *self.transformer_layers[:num_layers]]

@@ -5,11 +5,13 @@ import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 
+from kgpt.backbone import GPTBackbone
 from kgpt.optimizers import gpt_adamw
+from kgpt.presets import PresetMixin
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTCausalLM(CausalLM):
+class GPTCausalLM(PresetMixin, CausalLM):
     """Next-token prediction with a `GPTBackbone` (paper equation 2).
 
     Outputs logits `[batch, length, vocabulary_size]` from
@@ -38,6 +40,8 @@ class GPTCausalLM(CausalLM):
     lm.score(ids[:, :16]).shape  # (8, 15): log P(token t+1 | tokens <= t)
     ```
     """
+
+    backbone_cls = GPTBackbone
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
         # === Layers ===
@@ -242,16 +246,30 @@ class GPTCausalLM(CausalLM):
     def generate_step(self, inputs, stop_token_ids=None):
         """One compiled generation pass over a batch (see keras-hub CausalLM)."""
         token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
-        hidden_states, cache = self._build_cache(token_ids)
         # Generation starts where the shortest prompt ends; longer prompts keep
         # their own tokens (the sampler only writes where the mask is 0).
         index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
 
-        def step(prompt, cache, index):
-            batch_size = ops.shape(prompt)[0]
-            current = ops.slice(prompt, [0, index - 1], [batch_size, 1])
-            logits, hidden, cache = self.call_with_cache(current, cache, index - 1)
-            return ops.squeeze(logits, 1), ops.squeeze(hidden, 1), cache
+        if hasattr(self.backbone, "transformer_layers"):
+            hidden_states, cache = self._build_cache(token_ids)
+
+            def step(prompt, cache, index):
+                batch_size = ops.shape(prompt)[0]
+                current = ops.slice(prompt, [0, index - 1], [batch_size, 1])
+                logits, hidden, cache = self.call_with_cache(current, cache, index - 1)
+                return ops.squeeze(logits, 1), ops.squeeze(hidden, 1), cache
+        else:
+            # Backbones without a key/value cache (the LSTM ablation) rerun the
+            # whole sequence each step: quadratic, fine for samples.
+            mask = ops.ones_like(token_ids)
+            hidden_states = self.backbone({"token_ids": token_ids, "padding_mask": mask})
+            cache = ops.zeros((1,), dtype=self.compute_dtype)
+
+            def step(prompt, cache, index):
+                hidden = self.backbone({"token_ids": prompt, "padding_mask": mask})
+                hidden = ops.take(hidden, index - 1, axis=1)  # [B, H]
+                logits = self.backbone.token_embedding(hidden, reverse=True)
+                return logits, hidden, cache
 
         token_ids = self.sampler(
             next=step,

@@ -18,11 +18,12 @@ import keras
 import numpy as np
 
 from kgpt import metrics as metrics_lib
-from kgpt import transforms
+from kgpt import original, transforms
 from kgpt.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
 from kgpt.optimizers import gpt_adamw
+from kgpt.presets import load_any_backbone
 from kgpt.registry import TaskRegistry
-from kgpt.task import DataError, Example, Skipped
+from kgpt.task import DataError
 from kgpt.task_model import GPTTaskModel
 from kgpt.tokenizer import GPTTokenizer
 
@@ -34,8 +35,9 @@ class FinetuneConfig:
     task: str = "scitail"
     data_dir: str | None = None  # the dataset's files; None = the task's embedded default data
     init: str | None = None  # preset dir (kgpt-train --task lm output), "scratch", or None = demo pre-training
-    output_dir: str | None = None  # model.keras, metrics.json, predictions/, logs/; None = keep nothing
+    output_dir: str | None = None  # the preset, metrics.json, predictions/, logs/; None = keep nothing
     transfer_layers: int | None = None  # copy embeddings + the first N blocks only (Figure 2 left); None = all
+    pretrained_weights: bool = True  # False: init's architecture and tokenizer, fresh weights (Table 5 ablation)
     learning_rate: float = 6.25e-5
     batch_size: int = 32
     epochs: int = 3
@@ -45,7 +47,8 @@ class FinetuneConfig:
     classifier_dropout: float = 0.1
     max_length: int | None = None  # tokens per view; None = the model's context
     predict_test: bool = False  # also write the benchmark's submission files (GLUE format) to output_dir/submission
-    # Model size for --init scratch (the paper's "no pre-training" ablation).
+    # Model size for --init scratch (the paper's "no pre-training" ablation); num_heads also for an
+    # original-format --init, whose shapes cannot tell the head count.
     num_layers: int = 12
     num_heads: int = 12
     hidden_dim: int = 768
@@ -81,22 +84,10 @@ def encode_split(task, split, data_dir, tokenizer, max_length):
     `kgpt.transforms` and counted; `Skipped` rows are counted by reason.
     """
     layout = transforms.Layout.from_tokenizer(tokenizer)
+    examples, skipped, read = task.examples(split, data_dir)
     views, labels, uids = [], [], []
-    skipped = collections.Counter()
-    truncated = tokens_cut = read = 0
-    for item in task.read(split, data_dir):
-        read += 1
-        if isinstance(item, Skipped):
-            skipped[item.reason] += 1
-            continue
-        if not isinstance(item, Example):
-            raise TypeError(f"Task {task.name!r}: read() yielded {type(item).__name__}, not kgpt.Example/Skipped.")
-        problem = task.transform.check(item.segments, item.choices)
-        if problem:
-            raise DataError(f"{item.source}: {problem} (task {task.name!r}).")
-        if any(not str(s).strip() for s in (*item.segments, *item.choices)):
-            skipped["empty text field"] += 1
-            continue
+    truncated = tokens_cut = 0
+    for item in examples:
         segments = [tokenizer.encode(s) for s in item.segments]
         choices = [tokenizer.encode(c) for c in item.choices]
         example_views, cut = transforms.build_views(task.transform, segments, choices, layout, max_length)
@@ -105,9 +96,6 @@ def encode_split(task, split, data_dir, tokenizer, max_length):
         views.append(example_views)
         labels.append(None if item.label is None else task.label_value(item))
         uids.append(item.uid or item.source)
-    if not views:
-        raise DataError(f"Task {task.name!r}: split {split!r} in {data_dir} has no usable examples "
-                        f"({read} read, skipped: {dict(skipped) or 'none'}).")
     length = max(len(v) for example in views for v in example)
     token_ids, padding_mask = transforms.pack(views, length)
     labelled = [label is not None for label in labels]
@@ -158,10 +146,8 @@ def transfer(pretrained, num_layers):
         return pretrained
     if not 0 <= num_layers <= pretrained.num_layers:
         raise ValueError(f"transfer_layers must be in 0..{pretrained.num_layers}, got {num_layers}.")
-    fresh = GPTBackbone.from_config(pretrained.get_config())
-    copied = [pretrained.token_embedding, pretrained.position_embedding, *pretrained.transformer_layers[:num_layers]]
-    targets = [fresh.token_embedding, fresh.position_embedding, *fresh.transformer_layers[:num_layers]]
-    for src, dst in zip(copied, targets):
+    fresh = type(pretrained).from_config(pretrained.get_config())
+    for src, dst in zip(pretrained.transferred_layers(num_layers), fresh.transferred_layers(num_layers)):
         dst.set_weights(src.get_weights())
     return fresh
 
@@ -193,12 +179,47 @@ def initial_model(config, log=print):
         pre = pretrain_lib.PretrainConfig(**pretrain_lib.DEMO_SETTINGS, output_dir=out, seed=config.seed)
         lm, tokenizer, _ = pretrain_lib.pretrain(pre, log=log)
         return lm.backbone, tokenizer, "the demo model pre-trained on the embedded text"
-    if not os.path.isfile(os.path.join(config.init, "config.json")):
+    return load_pretrained(config.init, num_heads=config.num_heads)
+
+
+def load_pretrained(path, num_heads=12):
+    """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
+    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it)."""
+    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
+        backbone = GPTBackbone.from_original(path, num_heads=num_heads)
+        return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
+    if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
+        return GPTBackbone.from_original(path), GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
+    if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
-            f"--init {config.init!r} is not a kgpt preset (no config.json); give the --output_dir of "
-            "kgpt-train --task lm, or 'scratch'."
+            f"--init {path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
+            f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
+            f"({original.HF_WEIGHTS_FILE}); or pass 'scratch'."
         )
-    return GPTBackbone.from_preset(config.init), GPTTokenizer.from_preset(config.init), f"preset {config.init}"
+    return load_any_backbone(path), GPTTokenizer.from_preset(path), f"preset {path}"
+
+
+Finetuned = collections.namedtuple("Finetuned", "model tokenizer task")
+
+
+def load_finetuned(preset, registry=None):
+    """Reads a fine-tuned preset back: `Finetuned(model, tokenizer, task)`.
+
+    The task is found by the name saved with the model, so its plugin must be
+    installed; `registry` defaults to every installed plugin.
+
+    Example:
+    ```python
+    model, tokenizer, task = kgpt.load_finetuned("runs/rte")
+    split = kgpt.finetune.encode_split(task, "dev", "glue/RTE", tokenizer, model.backbone.max_sequence_length)
+    predictions, scores = kgpt.finetune.evaluate_split(task, model, split, batch_size=32)
+    ```
+    """
+    model = GPTTaskModel.from_preset(preset)
+    if not model.task_name:
+        raise ValueError(f"{preset}/task.json names no task (task_name): it was not saved by kgpt fine-tuning.")
+    task = (registry or TaskRegistry()).get(model.task_name)
+    return Finetuned(model, GPTTokenizer.from_preset(preset), task)
 
 
 def evaluate_split(task, model, split, batch_size):
@@ -267,6 +288,9 @@ def _finetune(config, task, data_dir, log):
     keras.utils.set_random_seed(config.seed)
 
     backbone, tokenizer, origin = initial_model(config, log=log)
+    if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
+        backbone = type(backbone).from_config(backbone.get_config())
+        log("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
     backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
     max_length = min(config.max_length or backbone.max_sequence_length, backbone.max_sequence_length)
 
@@ -291,6 +315,7 @@ def _finetune(config, task, data_dir, log):
         pooling=task.transform.pooling,
         lm_coef=config.lm_coef,
         classifier_dropout=config.classifier_dropout,
+        task_name=task.name,
         compile=False,
     )
     steps_per_epoch = math.ceil(len(train.labels) / config.batch_size)
@@ -347,9 +372,10 @@ def _finetune(config, task, data_dir, log):
         log(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
 
     if config.output_dir:
-        model.save(os.path.join(config.output_dir, "model.keras"))
-        tokenizer.save(os.path.join(config.output_dir, "tokenizer"))
+        model.save_to_preset(config.output_dir)  # kgpt.load_finetuned(dir) reads it back
+        tokenizer.save_to_preset(config.output_dir)
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
             json.dump(results, f, indent=2)
-        log(f"Saved model.keras, tokenizer/, predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
+        log(f"Saved the preset (task.json, task.weights.h5, config.json, model.weights.h5, tokenizer.json, "
+            f"assets/), predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
     return model, results

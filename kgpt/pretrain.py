@@ -19,11 +19,13 @@ from importlib import resources
 import keras
 import numpy as np
 
+from kgpt import zero_shot as zero_shot_lib
 from kgpt.backbone import GPTBackbone
 from kgpt.causal_lm import GPTCausalLM
+from kgpt.lstm import LSTMBackbone
 from kgpt.optimizers import gpt_adamw
 from kgpt.shards import build_shards
-from kgpt.tokenizer import GPTTokenizer
+from kgpt.tokenizer import PRESET_CONFIG, GPTTokenizer
 
 
 @dataclasses.dataclass
@@ -33,11 +35,13 @@ class PretrainConfig:
     corpus: str | None = None  # glob or folder of UTF-8 .txt files; None = embedded demo text
     tokenizer: str | None = None  # None = the original GPT-1 BPE; "train" = learn one from the corpus; or a folder
     num_merges: int = 40_000  # with tokenizer="train"
-    output_dir: str | None = None  # preset + model.keras + logs go here; None = keep nothing
-    num_layers: int = 12
+    output_dir: str | None = None  # the preset, checkpoints and logs go here; None = keep nothing
+    architecture: str = "transformer"  # or "lstm": the Table 5 ablation (kgpt.LSTMBackbone)
+    num_layers: int = 12  # transformer blocks (LSTM layers with architecture="lstm"; the paper's LSTM has 1)
     num_heads: int = 12
     hidden_dim: int = 768
     intermediate_dim: int = 3072
+    lstm_units: int = 2048  # with architecture="lstm"
     dropout: float = 0.1
     sequence_length: int = 512  # tokens per window (and the model's context)
     batch_size: int = 64  # windows per update
@@ -52,6 +56,9 @@ class PretrainConfig:
     shards_dir: str | None = None  # token shards; None = output_dir/shards (or a temporary folder)
     sample_tokens: int = 40  # length of the generated sample printed at the end
     prompt: str | None = None  # sample prompt; None = the first words of the held-out text
+    zero_shot: dict | None = None  # {task: data_dir or None (its embedded data)} evaluated zero-shot (Figure 2 right)
+    zero_shot_every: int | None = None  # steps between zero-shot evaluations; None = at each validation
+    zero_shot_examples: int | None = None  # examples per split in those evaluations; None = all
     seed: int = 0
 
 
@@ -90,12 +97,14 @@ def load_tokenizer(config, files, log=print):
         return GPTTokenizer.gpt1()
     if config.tokenizer != "train":
         return GPTTokenizer.from_preset(config.tokenizer)
-    saved = os.path.join(config.output_dir, "tokenizer") if config.output_dir else None
-    if saved and os.path.isdir(saved):  # a resumed run keeps the vocabulary it started with
-        log(f"Using the tokenizer learned earlier in {saved}.")
-        return GPTTokenizer.load(saved)
+    saved = config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG))
+    if saved:  # a resumed run keeps the vocabulary it started with
+        log(f"Using the tokenizer learned earlier in {config.output_dir}.")
+        return GPTTokenizer.from_preset(config.output_dir)
     log(f"Learning a BPE vocabulary of {config.num_merges:,} merges from the corpus ...")
-    tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges, directory=saved, log=log)
+    tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges, log=log)
+    if config.output_dir:
+        tokenizer.save_to_preset(config.output_dir)
     log(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size:,} with special tokens.")
     return tokenizer
 
@@ -116,7 +125,7 @@ def split_point(total, config):
 
 
 # Settings a checkpoint must share with the run that resumes it.
-_RESUME_KEYS = ("num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "sequence_length",
+_RESUME_KEYS = ("architecture", "lstm_units", "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "sequence_length",
                 "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_steps", "evaluations", "seed")
 
 
@@ -197,6 +206,46 @@ def evaluation_count(max_steps, wanted):
     return max(d for d in range(1, max(1, min(wanted, max_steps)) + 1) if max_steps % d == 0)
 
 
+def build_backbone(config, vocabulary_size):
+    """A fresh backbone of `config.architecture` and sizes."""
+    if config.architecture == "transformer":
+        return GPTBackbone.from_sizes(config, vocabulary_size, config.sequence_length)
+    if config.architecture == "lstm":
+        return LSTMBackbone(vocabulary_size, hidden_dim=config.hidden_dim, lstm_units=config.lstm_units,
+                            num_layers=config.num_layers, max_sequence_length=config.sequence_length,
+                            dropout=config.dropout)
+    raise ValueError(f"architecture must be 'transformer' or 'lstm', got {config.architecture!r}.")
+
+
+def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, log):
+    """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given."""
+    if not config.zero_shot:
+        return None
+    from kgpt.registry import TaskRegistry
+
+    registry = TaskRegistry()
+    tasks = {}
+    for name, data_dir in config.zero_shot.items():
+        task = registry.get(name)
+        if task.zero_shot is None:
+            raise ValueError(f"Task {name!r} offers no zero-shot heuristic; tasks that do: "
+                             f"{', '.join(zero_shot_lib.zero_shot_tasks(registry))}.")
+        if data_dir is None:
+            if task.default_data is None:
+                raise ValueError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
+            data_dir = task.default_data(os.path.join(config.output_dir or scratch_dir, "zero_shot_data", name))
+        tasks[name] = (task, data_dir)
+    every = config.zero_shot_every or steps_per_eval
+    log(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
+    out = config.output_dir
+    return zero_shot_lib.ZeroShotCallback(
+        tasks, tokenizer, every,
+        csv_path=os.path.join(out, "zero_shot.csv") if out else None,
+        log_dir=os.path.join(out, "logs") if out else None,
+        max_examples=config.zero_shot_examples, log=log,
+    )
+
+
 def pretrain(config, log=print):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
     if config.shards_dir or config.output_dir:
@@ -214,7 +263,7 @@ def _pretrain(config, shards_dir, log):
     log(f"Corpus: {len(files)} file(s), {total:,} tokens (vocabulary {tokenizer.vocabulary_size:,}).")
     train_end = split_point(total, config)
 
-    backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size, config.sequence_length)
+    backbone = build_backbone(config, tokenizer.vocabulary_size)
     lm = GPTCausalLM(backbone)
     lm.compile(
         optimizer=gpt_adamw(
@@ -254,6 +303,9 @@ def _pretrain(config, shards_dir, log):
         ]
         if config.checkpoint_every:
             callbacks.append(StepCheckpoint(checkpoint_dir, config.checkpoint_every, state))
+    zero_shot = zero_shot_callback(config, tokenizer, steps_per_eval, shards_dir, log)
+    if zero_shot is not None:
+        callbacks.append(zero_shot)
 
     history = {}
     # A resumed run first finishes the interrupted evaluation period, so that
@@ -282,7 +334,9 @@ def _pretrain(config, shards_dir, log):
         for key, values in run.history.items():
             history.setdefault(key, []).extend(values)
     metrics = {"train_loss": [float(v) for v in history.get("loss", [])], "tokens": int(total),
-               "resumed_from_step": start}
+               "resumed_from_step": start, "optimizer_steps": int(keras.ops.convert_to_numpy(lm.optimizer.iterations))}
+    if zero_shot is not None:
+        metrics["zero_shot"] = {f"{task}/{metric}": points for (task, metric), points in zero_shot.history.items()}
     if validation and "val_loss" in history:
         val_losses = history["val_loss"]
         metrics["validation_loss"] = [float(v) for v in val_losses]
@@ -299,13 +353,12 @@ def _pretrain(config, shards_dir, log):
     log(f"Sample: {metrics['sample']}")
 
     if config.output_dir:
-        lm.save(os.path.join(config.output_dir, "model.keras"))
-        # A keras-hub preset: GPTBackbone.from_preset(dir) and
-        # GPTTokenizer.from_preset(dir) load it; fine-tuning takes --init dir.
-        lm.backbone.save_to_preset(config.output_dir)
-        tokenizer.save(os.path.join(config.output_dir, "tokenizer"))
+        # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir)
+        # load it; fine-tuning takes --init dir.
+        lm.save_to_preset(config.output_dir)
+        tokenizer.save_to_preset(config.output_dir)
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=2)
-        log(f"Saved the preset (config.json, model.weights.h5, tokenizer/), model.keras, history.csv, "
-            f"logs/ and metrics.json in {config.output_dir}")
+        log(f"Saved the preset (config.json, model.weights.h5, task.json, tokenizer.json, assets/), "
+            f"history.csv, logs/ and metrics.json in {config.output_dir}")
     return lm, tokenizer, metrics

@@ -18,6 +18,7 @@ def register_tasks(register):
 ```
 """
 
+import collections
 import dataclasses
 import re
 from typing import Callable, Iterable
@@ -90,6 +91,8 @@ class Task:
             (e.g. `"88.3 acc"`).
         submissions: `{split: file name}` of benchmark submission files that
             `--predict_test` writes (`index` TAB `prediction`), e.g. GLUE's.
+        zero_shot: optional `kgpt.zero_shot.Heuristic` that solves the task
+            with the pre-trained LM alone (`kgpt-analyze zero-shot`).
     """
 
     name: str
@@ -103,6 +106,7 @@ class Task:
     default_data: Callable[[str], str] | None = None
     paper_score: str = ""
     submissions: dict | None = None
+    zero_shot: object = None
 
     def __post_init__(self):
         if self.labels is not None:
@@ -148,6 +152,37 @@ class Task:
             metrics_lib.resolve(metric)
         if not self.splits:
             raise ValueError(f"{where}: give at least one split.")
+        from kgpt.zero_shot import Heuristic
+
+        if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):
+            raise ValueError(f"{where}: zero_shot must be a kgpt.zero_shot.Heuristic, got {self.zero_shot!r}.")
+
+    def examples(self, split, data_dir):
+        """Reads a split: `(examples, skipped, read)`, every row accounted for.
+
+        `skipped` counts left-out rows by reason (`Skipped` rows and empty text
+        fields); `read` counts all rows. A row the transformation cannot take
+        raises `DataError` with its source; an empty split raises too.
+        """
+        examples, skipped, read = [], collections.Counter(), 0
+        for item in self.read(split, data_dir):
+            read += 1
+            if isinstance(item, Skipped):
+                skipped[item.reason] += 1
+                continue
+            if not isinstance(item, Example):
+                raise TypeError(f"Task {self.name!r}: read() yielded {type(item).__name__}, not kgpt.Example/Skipped.")
+            problem = self.transform.check(item.segments, item.choices)
+            if problem:
+                raise DataError(f"{item.source}: {problem} (task {self.name!r}).")
+            if any(not str(s).strip() for s in (*item.segments, *item.choices)):
+                skipped["empty text field"] += 1
+                continue
+            examples.append(item)
+        if not examples:
+            raise DataError(f"Task {self.name!r}: split {split!r} in {data_dir} has no usable examples "
+                            f"({read} read, skipped: {dict(skipped) or 'none'}).")
+        return examples, skipped, read
 
     @property
     def metric_names(self):

@@ -10,7 +10,9 @@ import keras
 from keras import ops
 from keras_hub.models import Task as KerasHubTask
 
+from kgpt.backbone import GPTBackbone
 from kgpt.optimizers import gpt_adamw
+from kgpt.presets import PresetMixin
 from kgpt.task import HEADS
 
 
@@ -67,7 +69,7 @@ class UnfoldViews(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTTaskModel(KerasHubTask):
+class GPTTaskModel(PresetMixin, KerasHubTask):
     """A `GPTBackbone` fine-tuned on a task, with the auxiliary LM loss.
 
     Inputs `{"token_ids", "padding_mask"}` of shape `[batch, num_views,
@@ -91,6 +93,8 @@ class GPTTaskModel(KerasHubTask):
         lm_coef: weight of the auxiliary LM loss (paper: 0.5); 0 removes it
             and its output.
         classifier_dropout: dropout before the linear layer (paper: 0.1).
+        task_name: the registered task it was fine-tuned for; saved in its
+            preset so `kgpt.load_finetuned` finds the plugin again.
 
     Example:
     ```python
@@ -107,6 +111,8 @@ class GPTTaskModel(KerasHubTask):
     ```
     """
 
+    backbone_cls = GPTBackbone
+
     def __init__(
         self,
         backbone,
@@ -116,6 +122,7 @@ class GPTTaskModel(KerasHubTask):
         pooling="sum",
         lm_coef=0.5,
         classifier_dropout=0.1,
+        task_name=None,
         preprocessor=None,
         **kwargs,
     ):
@@ -170,6 +177,7 @@ class GPTTaskModel(KerasHubTask):
         self.pooling = pooling
         self.lm_coef = lm_coef
         self.classifier_dropout = classifier_dropout
+        self.task_name = task_name
         if compile_now:
             self.compile()
 
@@ -183,6 +191,7 @@ class GPTTaskModel(KerasHubTask):
                 "pooling": self.pooling,
                 "lm_coef": self.lm_coef,
                 "classifier_dropout": self.classifier_dropout,
+                "task_name": self.task_name,
             }
         )
         return config

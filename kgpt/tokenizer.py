@@ -24,9 +24,13 @@ import re
 import unicodedata
 from importlib import resources
 
+from kgpt.presets import CheckpointError, read_json
+
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 ENCODER_FILE = "encoder_bpe_40000.json"
 MERGES_FILE = "vocab_40000.bpe"
+PRESET_CONFIG = "tokenizer.json"  # keras-hub's preset layout
+PRESET_ASSETS = os.path.join("assets", "tokenizer")
 
 _PUNCT_RUNS = re.compile(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""")
 # Alternatives in order, after spaCy's English rules: newline; "can|not"; the
@@ -119,10 +123,18 @@ class GPTTokenizer:
     # --- files ---------------------------------------------------------------
 
     @classmethod
-    def from_original(cls, encoder_json, bpe_merges, splitter="regex"):
-        """Reads the original release's `encoder_bpe_40000.json` + `vocab_40000.bpe`."""
+    def from_original(cls, encoder_json, bpe_merges=None, splitter="regex"):
+        """Reads the original release's `encoder_bpe_40000.json` + `vocab_40000.bpe`.
+
+        Give the two paths, or one directory holding them (or Hugging Face's
+        `vocab.json` + `merges.txt` for `openai-gpt`, the same vocabulary).
+
+        Example: `kgpt.GPTTokenizer.from_original("finetune-transformer-lm/model")`
+        """
+        if bpe_merges is None:
+            encoder_json, bpe_merges = _find_files(encoder_json)
         encoder = _read_encoder(encoder_json)
-        merges = _read_merges(bpe_merges)
+        merges = _read_merges(bpe_merges, encoder)
         return cls(encoder, merges, splitter=splitter)
 
     @classmethod
@@ -211,24 +223,29 @@ class GPTTokenizer:
     @classmethod
     def load(cls, directory):
         """Reads a tokenizer written by `save()` (or the original files)."""
-        return cls.from_original(
-            os.path.join(directory, ENCODER_FILE), os.path.join(directory, MERGES_FILE)
-        )
+        return cls.from_original(directory)
+
+    def save_to_preset(self, preset_dir):
+        """Writes `tokenizer.json` + `assets/tokenizer/` in a keras-hub preset directory."""
+        self.save(os.path.join(preset_dir, PRESET_ASSETS))
+        config = {"module": "kgpt", "class_name": "GPTTokenizer", "config": {"splitter": self.splitter}}
+        with open(os.path.join(preset_dir, PRESET_CONFIG), "w", encoding="utf-8") as f:
+            json.dump(config, f, indent=4)
 
     @classmethod
     def from_preset(cls, preset_dir):
-        """Reads the tokenizer of a kgpt preset (`DIR/tokenizer/`) or a folder of the two files.
+        """Reads the tokenizer of a kgpt preset, or a folder of the two BPE files.
 
         Example: `kgpt.GPTTokenizer.from_preset("out")` after `kgpt-train --task lm --output_dir out`.
         """
-        nested = os.path.join(preset_dir, "tokenizer")
-        directory = nested if os.path.isdir(nested) else preset_dir
-        if not os.path.isfile(os.path.join(directory, ENCODER_FILE)):
-            raise FileNotFoundError(
-                f"No tokenizer in {preset_dir!r}: expected {os.path.join(nested, ENCODER_FILE)} "
-                f"(written by kgpt-train --task lm --output_dir)."
-            )
-        return cls.load(directory)
+        config_path = os.path.join(preset_dir, PRESET_CONFIG)
+        if not os.path.isfile(config_path):
+            return cls.from_original(preset_dir)
+        config = read_json(config_path, "a kgpt tokenizer config")
+        if not isinstance(config, dict) or config.get("class_name") != "GPTTokenizer":
+            raise CheckpointError(f"{config_path}: expected a kgpt GPTTokenizer config, got {config!r:.200}.")
+        splitter = config.get("config", {}).get("splitter", "regex")
+        return cls.from_original(os.path.join(preset_dir, PRESET_ASSETS), splitter=splitter)
 
     def fingerprint(self):
         """A short hash of the vocabulary and merges (same files, same fingerprint)."""
@@ -323,6 +340,17 @@ class GPTTokenizer:
         return re.sub(r"[^\S\n]+", " ", text).replace(" \n ", "\n").strip()
 
 
+def _find_files(directory):
+    for encoder, merges in ((ENCODER_FILE, MERGES_FILE), ("vocab.json", "merges.txt")):
+        if os.path.isfile(os.path.join(directory, encoder)):
+            return os.path.join(directory, encoder), os.path.join(directory, merges)
+    raise FileNotFoundError(
+        f"No tokenizer in {directory!r}: expected {ENCODER_FILE} + {MERGES_FILE} (the original release or "
+        f"a kgpt preset's {PRESET_ASSETS}/), {PRESET_CONFIG} (a kgpt preset) or vocab.json + merges.txt "
+        f"(Hugging Face openai-gpt)."
+    )
+
+
 def _read_encoder(path):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Tokenizer encoder file not found: {path}")
@@ -340,7 +368,7 @@ def _read_encoder(path):
     return encoder
 
 
-def _read_merges(path):
+def _read_merges(path, encoder):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Tokenizer merges file not found: {path}")
     with open(path, encoding="utf-8") as f:
@@ -354,5 +382,10 @@ def _read_merges(path):
         parts = line.split()
         if len(parts) != 2:
             raise ValueError(f"{path}:{number}: expected two symbols separated by a space, got {line!r}.")
+        if "".join(parts) not in encoder:
+            raise ValueError(
+                f"{path}:{number}: merge {line!r} makes {''.join(parts)!r}, which the encoder file lacks: "
+                f"the two files are from different vocabularies."
+            )
         merges.append(tuple(parts))
     return merges

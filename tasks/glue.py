@@ -8,11 +8,16 @@ have no label column, so test predictions are written but not scored, and
 Microsoft's original `msr_paraphrase_{train,test}.txt`. QQP's train file has
 a few rows with missing fields in the GLUE release; they are skipped and
 counted. Every other malformed row is an error naming file and line.
+
+CoLA and SST-2 carry the paper's zero-shot heuristics, and small embedded
+datasets (`glue_demo.py`) for runs without `--data_dir`.
 """
 
 import kgpt
 from kgpt import readers
 from kgpt.transforms import Classification, Entailment, Similarity
+from kgpt.zero_shot import NextWordChoice, ThresholdedLogProb
+from kgpt_tasks import glue_demo
 
 SPLITS = ("train", "dev", "test")
 
@@ -58,9 +63,12 @@ def glue_task(name, submission, **fields):
 
 TASKS = [
     glue_task("cola", "CoLA.tsv", transform=Classification(), labels=("0", "1"), metrics=("matthews",),
-              read=read_cola, paper_score="45.4 mc", description="CoLA acceptability (GLUE)."),
+              read=read_cola, paper_score="45.4 mc", description="CoLA acceptability (GLUE).",
+              zero_shot=ThresholdedLogProb(positive="1"), default_data=glue_demo.write_cola),
     glue_task("sst2", "SST-2.tsv", transform=Classification(), labels=("0", "1"), metrics=("accuracy",),
-              read=tsv_reader(["sentence"], "label"), paper_score="91.3 acc", description="SST-2 sentiment (GLUE)."),
+              read=tsv_reader(["sentence"], "label"), paper_score="91.3 acc", description="SST-2 sentiment (GLUE).",
+              zero_shot=NextWordChoice({"1": "positive", "0": "negative"}, suffix="very"),
+              default_data=glue_demo.write_sst2),
     glue_task("mrpc", "MRPC.tsv", transform=Similarity(), labels=("0", "1"), metrics=("f1", "accuracy"),
               read=tsv_reader(["#1 String", "#2 String"], "Quality",
                               files={"train": ["msr_paraphrase_train.txt"], "test": ["msr_paraphrase_test.txt"]}),

@@ -21,6 +21,7 @@ import os
 import kgpt
 from kgpt import readers
 from kgpt.transforms import MultipleChoice
+from kgpt.zero_shot import AnswerLogProb
 
 LETTERS = "ABCD"
 
@@ -87,13 +88,15 @@ def read_story_cloze(split, data_dir):
 
 TASKS = [
     kgpt.Task(name="race", transform=MultipleChoice(4), read=race_reader(["middle", "high"]),
-              paper_score="59.0 acc", description="RACE reading comprehension, middle + high school."),
+              paper_score="59.0 acc", description="RACE reading comprehension, middle + high school.",
+              zero_shot=AnswerLogProb()),
     kgpt.Task(name="race-middle", transform=MultipleChoice(4), read=race_reader(["middle"]),
-              paper_score="62.9 acc", description="RACE-m: middle-school passages only."),
+              paper_score="62.9 acc", description="RACE-m: middle-school passages only.", zero_shot=AnswerLogProb()),
     kgpt.Task(name="race-high", transform=MultipleChoice(4), read=race_reader(["high"]),
-              paper_score="57.4 acc", description="RACE-h: high-school passages only."),
+              paper_score="57.4 acc", description="RACE-h: high-school passages only.", zero_shot=AnswerLogProb()),
     kgpt.Task(name="story-cloze", transform=MultipleChoice(2), read=read_story_cloze, splits=("val", "test"),
-              paper_score="86.5 acc", description="Story Cloze Test 2016: the right ending of four sentences."),
+              paper_score="86.5 acc", description="Story Cloze Test 2016: the right ending of four sentences.",
+              zero_shot=AnswerLogProb()),
 ]
 
 

@@ -64,5 +64,5 @@ def tiny_preset(tmp_path):
                                    "max_sequence_length": 128})
     path = tmp_path / "preset"
     backbone.save_to_preset(str(path))
-    tokenizer.save(str(path / "tokenizer"))
+    tokenizer.save_to_preset(str(path))
     return str(path)

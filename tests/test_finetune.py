@@ -9,7 +9,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import to_numpy
+from conftest import TINY, char_tokenizer, to_numpy
 
 import kgpt
 from kgpt import finetune as finetune_lib
@@ -45,10 +45,11 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
         assert {line.split("\t")[1] for line in lines[1:]} <= set(scitail.LABELS)
     assert set(metrics["history"]) >= {"loss", "task_loss", "lm_loss", "val_task_accuracy"}
     assert os.listdir(out / "logs")  # TensorBoard
-    loaded = keras.saving.load_model(out / "model.keras")
-    x = finetune_lib.encode_split(kgpt.TaskRegistry().get("scitail"), "dev", str(out / "data"),
-                                  kgpt.GPTTokenizer.from_preset(tiny_preset), 128).x
-    np.testing.assert_allclose(loaded.predict_task(x), model.predict_task(x), rtol=1e-5, atol=1e-5)
+    # The output is a preset that finds its task's plugin again and predicts identically.
+    loaded, tokenizer, task = kgpt.load_finetuned(str(out))
+    assert task.name == "scitail" and tokenizer.fingerprint() == kgpt.GPTTokenizer.from_preset(tiny_preset).fingerprint()
+    x = finetune_lib.encode_split(task, "dev", str(out / "data"), tokenizer, 128).x
+    np.testing.assert_array_equal(loaded.predict_task(x), model.predict_task(x))
 
 
 def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
@@ -131,9 +132,24 @@ def test_special_tokens_are_added_when_missing(backbone):
         finetune_lib.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
 
 
-def test_init_must_be_a_preset(tmp_path):
-    with pytest.raises(FileNotFoundError, match="is not a kgpt preset"):
+def test_init_must_be_a_preset_or_a_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="is neither a kgpt preset .* nor an original GPT-1 checkpoint"):
         finetune_lib.finetune(config(str(tmp_path), tmp_path), log=lambda *_: None)
+
+
+def test_fine_tunes_from_the_original_release_format(tmp_path):
+    # The release's layout: BPE files beside the weight shards, no special-token rows.
+    tokenizer = char_tokenizer()
+    release = tmp_path / "model"
+    tokenizer.save(str(release))
+    base = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size - 3, "max_sequence_length": 128})
+    base.save_original(str(release))
+    lines = []
+    model, results = finetune_lib.finetune(config(str(release), tmp_path, num_heads=TINY["num_heads"]),
+                                           log=lines.append)
+    assert any(f"model from original checkpoint {release}" in line for line in lines)
+    assert model.backbone.vocabulary_size == tokenizer.vocabulary_size  # start/delimiter/extract added
+    assert 0.0 <= results["splits"]["dev"]["accuracy"] <= 1.0
 
 
 def run_cli(*args, env=None):

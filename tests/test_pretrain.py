@@ -40,9 +40,8 @@ def test_pretrain_learns_and_saves(tmp_path):
     out = tmp_path / "out"
     assert json.loads((out / "metrics.json").read_text())["tokens"] == metrics["tokens"]
     assert (out / "history.csv").read_text().count("\n") == 4  # header + 3 evaluations
-    loaded = keras.saving.load_model(out / "model.keras")
-    assert isinstance(loaded, kgpt.GPTCausalLM)
-    again = kgpt.GPTTokenizer.load(out / "tokenizer")
+    loaded = kgpt.GPTCausalLM.from_preset(str(out))
+    again = kgpt.GPTTokenizer.from_preset(str(out))
     ids = np.asarray([again.encode("the keeper wrote the date")], "int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
@@ -125,7 +124,7 @@ def test_cli_trains_and_writes_outputs(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Training loss:" in result.stdout and "Sample:" in result.stdout
-    assert (tmp_path / "cli" / "model.keras").exists()
+    assert kgpt.GPTBackbone.from_preset(str(tmp_path / "cli")).num_layers == 1
 
 
 
@@ -156,8 +155,7 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert resumed >= saved  # a later checkpoint may have landed between the read and the kill
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == resumed
-    model = keras.saving.load_model(tmp_path / "run" / "model.keras")
-    assert int(keras.ops.convert_to_numpy(model.optimizer.iterations)) == 200
+    assert metrics["optimizer_steps"] == 200
     assert "Reusing" in second.stdout  # the shards were not tokenized again
 
 

@@ -82,7 +82,7 @@ def test_bad_files_name_the_file(tmp_path):
     with pytest.raises(ValueError, match="gaps.json: ids must be exactly 0..1"):
         GPTTokenizer.from_original(str(gaps), str(good_merges))
     enc = tmp_path / "enc.json"
-    enc.write_text(json.dumps({"a": 0, "b": 1}))
+    enc.write_text(json.dumps({"a": 0, "b": 1, "ab": 2}))
     no_header = tmp_path / "nohdr.bpe"
     no_header.write_text("a b\n")
     with pytest.raises(ValueError, match="nohdr.bpe:1: expected a '#version'"):

@@ -40,6 +40,9 @@ flags.DEFINE_integer("num_heads", _PRE.num_heads, "Attention heads.")
 flags.DEFINE_integer("hidden_dim", _PRE.hidden_dim, "Hidden size.")
 flags.DEFINE_integer("intermediate_dim", _PRE.intermediate_dim, "Feed-forward inner size.")
 flags.DEFINE_float("dropout", _PRE.dropout, "Embedding, attention and residual dropout.")
+flags.DEFINE_enum("architecture", _PRE.architecture, ["transformer", "lstm"],
+                  "lm: 'lstm' pre-trains the Table 5 ablation (--num_layers LSTM layers of --lstm_units).")
+flags.DEFINE_integer("lstm_units", _PRE.lstm_units, "lm: units per LSTM layer with --architecture lstm.")
 # Optimisation: defaults depend on the task.
 flags.DEFINE_integer("batch_size", None, "Sequences (lm) or examples per update " + _both("batch_size") + ".")
 flags.DEFINE_float("learning_rate", None, "Peak learning rate " + _both("learning_rate") + ".")
@@ -60,9 +63,16 @@ flags.DEFINE_integer("checkpoint_every", _PRE.checkpoint_every,
 flags.DEFINE_string("shards_dir", None, "lm: token shards folder (default: OUTPUT_DIR/shards); reused when "
                     "the corpus and tokenizer are unchanged.")
 flags.DEFINE_string("prompt", None, "lm: prompt for the sample printed at the end.")
+flags.DEFINE_list("zero_shot", None, "lm: tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
+                  "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "
+                  "OUTPUT_DIR/zero_shot.csv and TensorBoard.")
+flags.DEFINE_integer("zero_shot_every", None, "lm: steps between zero-shot evaluations (default: at each validation).")
+flags.DEFINE_integer("zero_shot_examples", None, "lm: examples per zero-shot evaluation (default: all).")
 # Fine-tuning.
 flags.DEFINE_string("data_dir", None, "Task data in its distributed format (default: the task's embedded data).")
-flags.DEFINE_string("init", None, "Preset dir (a --task lm --output_dir), or 'scratch' for no pre-training. "
+flags.DEFINE_string("init", None, "Preset dir (a --task lm --output_dir), the original GPT-1 release's model/ dir "
+                    "(params_*.npy; --num_heads gives its head count), Hugging Face openai-gpt files, "
+                    "or 'scratch' for no pre-training. "
                     "Default without --data_dir: pre-train the demo model on the embedded text first.")
 flags.DEFINE_integer("transfer_layers", None, "Transfer the embeddings and only the first N blocks (default: all).")
 flags.DEFINE_integer("epochs", _FINE.epochs, "Fine-tuning epochs.")
@@ -94,7 +104,20 @@ def pretrain_config_from_flags():
     values = _values(pretrain_lib.PretrainConfig)
     if FLAGS.corpus is None:
         _apply_demo(values, pretrain_lib.DEMO_SETTINGS, "No --corpus: training on the embedded demo text with")
+    if FLAGS.zero_shot:
+        values["zero_shot"] = parse_task_dirs(FLAGS.zero_shot)
     return pretrain_lib.PretrainConfig(**values)
+
+
+def parse_task_dirs(items):
+    """`["sst2", "cola=glue/CoLA"]` -> `{"sst2": None, "cola": "glue/CoLA"}`."""
+    parsed = {}
+    for item in items:
+        name, _, data_dir = item.partition("=")
+        if not name:
+            raise app.UsageError(f"Expected NAME or NAME=DATA_DIR, got {item!r}.")
+        parsed[name.strip()] = data_dir.strip() or None
+    return parsed
 
 
 def finetune_config_from_flags():

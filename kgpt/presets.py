@@ -1,0 +1,181 @@
+"""kgpt presets: keras-hub's directory layout, loaded only after the files are checked.
+
+A preset directory holds `config.json` + `model.weights.h5` (the backbone),
+`task.json` + `task.weights.h5` (a causal LM or fine-tuned task model),
+`tokenizer.json` + `assets/tokenizer/` (the BPE files) and `metadata.json`
+(keras, keras-hub and kgpt versions). Loading never runs code from the files:
+configs are JSON read with Keras' safe deserialisation (only registered classes,
+no lambdas) and weights are HDF5 arrays. Before any weight is assigned, the
+arrays in the file are matched against the model the config describes, so a
+truncated, foreign or mismatched file fails with an error naming it instead of
+half-loading (Keras itself ignores surplus arrays silently).
+"""
+
+import collections
+import json
+import os
+import warnings
+
+import h5py
+import keras
+
+CONFIG_FILE = "config.json"
+MODEL_WEIGHTS_FILE = "model.weights.h5"
+TASK_CONFIG_FILE = "task.json"
+TASK_WEIGHTS_FILE = "task.weights.h5"
+METADATA_FILE = "metadata.json"
+
+
+class CheckpointError(ValueError):
+    """A preset or checkpoint file is missing, corrupt, or does not fit the model."""
+
+
+def read_json(path, what):
+    """Parses a JSON file, naming it in the error when it is missing or broken."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Missing {path}: expected {what}.")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); expected {what}.") from e
+
+
+def check_preset_dir(preset, config_file, expected_class):
+    """Checks that `preset` is a local directory whose `config_file` builds `expected_class`."""
+    if not isinstance(preset, (str, os.PathLike)) or not os.path.isdir(preset):
+        raise CheckpointError(
+            f"No preset directory {preset!r}: kgpt loads local presets only (written by save_to_preset or "
+            f"kgpt-train --output_dir); it never downloads."
+        )
+    path = os.path.join(preset, config_file)
+    config = read_json(path, f"the Keras config of a {expected_class.__name__}")
+    name = config.get("registered_name") if isinstance(config, dict) else None
+    expected = keras.saving.get_registered_name(expected_class)
+    if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
+        raise CheckpointError(f"{path}: not a Keras object config (no 'config' mapping).")
+    registered = keras.saving.get_registered_object(name) if name else None
+    if registered is None or not issubclass(registered, expected_class):
+        raise CheckpointError(f"{path} describes {name!r}, expected {expected!r} (a kgpt preset of that kind).")
+    return config
+
+
+def _file_shapes(path):
+    """Shapes of the model arrays stored in a Keras `.weights.h5` file."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"Missing {path}: expected the weights written by save_to_preset.")
+    shapes = []
+    try:
+        with h5py.File(path, "r") as f:
+            def visit(name, obj):
+                if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/"):
+                    shapes.append(tuple(obj.shape))
+
+            f.visititems(visit)
+    except OSError as e:
+        raise CheckpointError(f"{path} is not a readable Keras weights file (truncated or corrupt: {e}).") from e
+    return shapes
+
+
+def _describe(counter):
+    return ", ".join(f"{list(shape)} x{n}" for shape, n in sorted(counter.items()))
+
+
+def check_weights_file(path, variables):
+    """Raises `CheckpointError` unless `path` holds exactly one array per variable, of its shape."""
+    found = collections.Counter(_file_shapes(path))
+    expected = collections.Counter(tuple(v.shape) for v in variables)
+    if found != expected:
+        raise CheckpointError(
+            f"{path} does not fit the model its config describes: the file holds {sum(found.values())} arrays, "
+            f"the model has {sum(expected.values())} weights. Only in the file: {_describe(found - expected) or '-'}. "
+            f"Expected but missing: {_describe(expected - found) or '-'}. Was it saved from another model?"
+        )
+
+
+def load_weights(load, path):
+    """Runs Keras' own loader `load(path)`, re-raising its errors with the file named."""
+    try:
+        with warnings.catch_warnings():
+            # Presets hold the model, not the training state (checkpoints do).
+            warnings.filterwarnings("ignore", message="Skipping variable loading for optimizer")
+            load(path)
+    except (ValueError, OSError, KeyError) as e:
+        raise CheckpointError(f"Could not load {path}: {e}") from e
+
+
+def stamp_metadata(preset_dir, **extra):
+    """Adds the kgpt version (and `extra`) to keras-hub's `metadata.json`."""
+    from kgpt import __version__
+
+    path = os.path.join(preset_dir, METADATA_FILE)
+    metadata = read_json(path, "keras-hub's metadata") if os.path.exists(path) else {}
+    # keras-hub lists the tasks by base class, which is PresetMixin here.
+    metadata.update(kgpt_version=__version__, tasks=["GPTCausalLM", "GPTTaskModel"], **extra)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(metadata, f, indent=4)
+
+
+def load_backbone_preset(cls, preset, **kwargs):
+    """`cls.from_preset` for kgpt backbones: config and weights checked before loading."""
+    config = check_preset_dir(preset, CONFIG_FILE, cls)
+    config["config"].update(kwargs)
+    backbone = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    path = os.path.join(preset, MODEL_WEIGHTS_FILE)
+    check_weights_file(path, backbone.weights)
+    load_weights(backbone.load_weights, path)
+    return backbone
+
+
+def load_any_backbone(preset, **kwargs):
+    """The backbone of a preset, whichever kgpt backbone class its `config.json` names."""
+    from keras_hub.models import Backbone
+
+    config = check_preset_dir(preset, CONFIG_FILE, Backbone)
+    cls = keras.saving.get_registered_object(config["registered_name"])
+    return load_backbone_preset(cls, preset, **kwargs)
+
+
+def load_task_preset(cls, preset, **kwargs):
+    """`cls.from_preset` for kgpt task models: task config, task and backbone weights checked."""
+    from keras_hub.models import Backbone
+
+    config = check_preset_dir(preset, TASK_CONFIG_FILE, cls)
+    check_preset_dir(preset, CONFIG_FILE, Backbone)
+    config["config"].update(kwargs)
+    task = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    backbone_path = os.path.join(preset, MODEL_WEIGHTS_FILE)
+    check_weights_file(backbone_path, task.backbone.weights)
+    backbone_ids = {id(v) for v in task.backbone.weights}
+    head = [v for v in task.weights if id(v) not in backbone_ids]
+    task_path = os.path.join(preset, TASK_WEIGHTS_FILE)
+    if head:
+        check_weights_file(task_path, head)
+    elif os.path.exists(task_path):
+        raise CheckpointError(f"{task_path} holds head weights, but the model in task.json has no head.")
+    load_weights(task.backbone.load_weights, backbone_path)
+    if head:
+        load_weights(task.load_task_weights, task_path)
+    return task
+
+
+class PresetMixin:
+    """`save_to_preset` that records the kgpt version, `from_preset` that checks before loading.
+
+    Mixed into `GPTBackbone`, `GPTCausalLM` and `GPTTaskModel` ahead of their
+    keras-hub base class.
+    """
+
+    def save_to_preset(self, preset_dir, max_shard_size=10):
+        """Writes the keras-hub preset layout to `preset_dir` (created if needed)."""
+        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+        stamp_metadata(preset_dir)
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """Loads a local kgpt preset directory; `kwargs` override config entries (e.g. `dropout`)."""
+        from keras_hub.models import Backbone
+
+        if issubclass(cls, Backbone):
+            return load_backbone_preset(cls, preset, **kwargs)
+        return load_task_preset(cls, preset, **kwargs)

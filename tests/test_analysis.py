@@ -1,0 +1,111 @@
+"""kgpt-analyze end to end on tiny models: transfer depth, zero-shot curves and tables, ablations."""
+
+import csv
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import TINY, char_tokenizer
+
+import kgpt
+from kgpt import analysis
+from kgpt import finetune as finetune_lib
+from kgpt.pretrain import PretrainConfig
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def fine(init, **overrides):
+    values = dict(task="scitail", init=init, epochs=1, batch_size=32, learning_rate=1e-3, max_length=64)
+    return finetune_lib.FinetuneConfig(**{**values, **overrides})
+
+
+def read_csv(path):
+    return list(csv.reader(open(path)))
+
+
+def test_transfer_depth_table_and_plot(tiny_preset, tmp_path):
+    lines = []
+    rows = analysis.transfer_depth(fine(tiny_preset), layers=[0, 2], output_dir=str(tmp_path), log=lines.append)
+    assert [r[0] for r in rows] == [0, 2] and all(0 <= r[2] <= 100 for r in rows)
+    table = read_csv(tmp_path / "transfer_depth.csv")
+    assert table[0] == ["layers transferred", "metric", "scitail dev"] and len(table) == 3
+    assert (tmp_path / "transfer_depth.png").read_bytes().startswith(PNG)
+    assert any("embeddings + 0 of 2 block(s)" in line for line in lines)
+    with pytest.raises(ValueError, match=r"layers must be within 0..2"):
+        analysis.transfer_depth(fine(tiny_preset), layers=[3], output_dir=str(tmp_path))
+
+
+@pytest.fixture
+def tiny_lstm_preset(tmp_path):
+    tokenizer = char_tokenizer()
+    lm = kgpt.GPTCausalLM(kgpt.LSTMBackbone(tokenizer.vocabulary_size, hidden_dim=16, lstm_units=24,
+                                            max_sequence_length=128))
+    path = str(tmp_path / "lstm")
+    lm.save_to_preset(path)
+    tokenizer.save_to_preset(path)
+    return path
+
+
+def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tmp_path):
+    scores = analysis.ablations(fine(tiny_preset), {"sst2": None}, lstm_init=tiny_lstm_preset,
+                                output_dir=str(tmp_path), log=lambda *_: None)
+    assert set(scores) == {"full", "no_pretraining", "no_aux_lm", "lstm"}
+    table = read_csv(tmp_path / "ablations.csv")
+    assert table[0] == ["method", "avg", "sst2 (accuracy)"]
+    methods = [row[0] for row in table[1:]]
+    assert methods[:2] == ["Transformer w/ aux LM (full)", "  paper: Transformer w/ aux LM (full)"]
+    assert table[2][2] == "91.3" and table[4][2] == "84.0"  # the paper's SST-2 numbers, Table 5
+    assert "| LSTM w/ aux LM |" in (tmp_path / "ablations.md").read_text()
+    # The aux-LM row really trained without the LM loss, the other rows with it.
+    runs = tmp_path / "runs"
+    assert "lm_loss" not in open(runs / "no_aux_lm_sst2" / "history.csv").readline()
+    assert "lm_loss" in open(runs / "full_sst2" / "history.csv").readline()
+
+
+def test_ablations_errors(tiny_preset, tmp_path):
+    with pytest.raises(ValueError, match="Unknown ablation row"):
+        analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["bigger"], output_dir=str(tmp_path))
+    with pytest.raises(ValueError, match="The lstm row needs --lstm_init"):
+        analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["lstm"], output_dir=str(tmp_path))
+
+
+def test_zero_shot_curve_for_both_architectures(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the film was very good . the plot was very bad .\n" * 40)
+    base = PretrainConfig(corpus=str(corpus), num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                          lstm_units=24, sequence_length=16, batch_size=4, max_steps=4, evaluations=1,
+                          warmup_steps=1, sample_tokens=2, zero_shot={"sst2": None}, zero_shot_every=2,
+                          zero_shot_examples=10, tokenizer="train", num_merges=20)
+    rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"), log=lambda *_: None)
+    assert [(r[0], r[1], r[2]) for r in rows] == [("transformer", 2, "sst2"), ("transformer", 4, "sst2"),
+                                                  ("lstm", 2, "sst2"), ("lstm", 4, "sst2")]
+    assert (tmp_path / "out" / "zero_shot_curve.png").read_bytes().startswith(PNG)
+    assert len(read_csv(tmp_path / "out" / "runs" / "curve_lstm" / "zero_shot.csv")) == 3
+
+
+def run_analyze(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "kgpt.cli.analyze", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=600)
+
+
+def test_cli_zero_shot_and_usage(tiny_preset, tmp_path):
+    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={tmp_path}",
+                         cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "sst2: accuracy" in result.stdout and "cola: matthews" in result.stdout
+    assert read_csv(tmp_path / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
+    bad = run_analyze("plots", cwd=tmp_path)
+    assert bad.returncode != 0 and "Give one mode: zero-shot, zero-shot-curve, transfer, ablations" in bad.stderr
+    missing = run_analyze("zero-shot", "--tasks=rte", cwd=tmp_path)
+    assert missing.returncode != 0 and "zero-shot needs --init" in missing.stderr
+
+
+def test_cli_transfer(tiny_preset, tmp_path):
+    result = run_analyze("transfer", f"--init={tiny_preset}", "--tasks=scitail", "--layers=0,1", "--epochs=1",
+                         "--batch_size=32", "--max_length=64", f"--output_dir={tmp_path}", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| layers transferred | metric | scitail dev |" in result.stdout
+    assert os.path.getsize(tmp_path / "transfer_depth.png") > 1000

@@ -1,0 +1,145 @@
+"""Presets of every kind round-trip exactly; damaged or mismatched files fail with the file named."""
+
+import json
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+
+import kgpt
+from conftest import TINY, char_tokenizer
+
+
+def backbone(**overrides):
+    return kgpt.GPTBackbone(**{**TINY, "vocabulary_size": char_tokenizer().vocabulary_size, **overrides})
+
+
+def inputs(views=None, seed=0):
+    ids = np.random.default_rng(seed).integers(1, 40, (3, 12)).astype("int32")
+    mask = np.ones_like(ids)
+    mask[0, 8:] = 0
+    if views:
+        ids, mask = np.stack([ids] * views, 1), np.stack([mask] * views, 1)
+    return {"token_ids": ids, "padding_mask": mask}
+
+
+def trained_task_model():
+    model = kgpt.GPTTaskModel(backbone(), head="multiple_choice", num_views=2, pooling="each", task_name="toy")
+    x = inputs(views=2)
+    y = {"task": np.array([0, 1, 1]), "lm": x["token_ids"][:, :, 1:]}
+    model.fit(x, y, epochs=2, verbose=0)  # the weights move away from their initial values
+    return model, x
+
+
+def test_backbone_round_trip_is_exact(tmp_path):
+    original = backbone()
+    original.save_to_preset(str(tmp_path))
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    assert metadata["kgpt_version"] == kgpt.__version__ and metadata["tasks"] == ["GPTCausalLM", "GPTTaskModel"]
+    loaded = kgpt.GPTBackbone.from_preset(str(tmp_path))
+    x = inputs()
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(original(x)))
+    assert kgpt.GPTBackbone.from_preset(str(tmp_path), dropout=0.0).dropout == 0.0
+
+
+def test_causal_lm_round_trip_is_exact(tmp_path):
+    lm = kgpt.GPTCausalLM(backbone())
+    lm.save_to_preset(str(tmp_path))
+    loaded = kgpt.GPTCausalLM.from_preset(str(tmp_path))
+    ids = inputs()["token_ids"]
+    np.testing.assert_array_equal(loaded.score(ids), lm.score(ids))
+
+
+def test_task_model_round_trip_is_exact(tmp_path):
+    model, x = trained_task_model()
+    model.save_to_preset(str(tmp_path))
+    assert (tmp_path / "task.weights.h5").exists()
+    loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path))
+    assert loaded.task_name == "toy" and loaded.head == "multiple_choice"
+    np.testing.assert_array_equal(loaded.predict_task(x), model.predict_task(x))
+
+
+def test_tokenizer_round_trip_keeps_the_splitter(tmp_path):
+    tokenizer = char_tokenizer()
+    tokenizer.save_to_preset(str(tmp_path))
+    assert json.loads((tmp_path / "tokenizer.json").read_text())["config"] == {"splitter": "regex"}
+    loaded = kgpt.GPTTokenizer.from_preset(str(tmp_path))
+    assert loaded.fingerprint() == tokenizer.fingerprint()
+    assert loaded.encode("a cab") == tokenizer.encode("a cab")
+
+
+# --- damaged, foreign and mismatched files ------------------------------------
+
+@pytest.fixture
+def saved(tmp_path):
+    model = kgpt.GPTTaskModel(backbone(), head="classification", num_outputs=3, task_name="toy")
+    model.save_to_preset(str(tmp_path / "p"))
+    return tmp_path / "p"
+
+
+def test_missing_preset_directory(tmp_path):
+    with pytest.raises(kgpt.CheckpointError, match="No preset directory .*it never downloads"):
+        kgpt.GPTBackbone.from_preset(str(tmp_path / "absent"))
+
+
+def test_missing_config(saved):
+    os.remove(saved / "config.json")
+    with pytest.raises(kgpt.CheckpointError, match=r"Missing .*config.json: expected the Keras config of a GPTBackbone"):
+        kgpt.GPTBackbone.from_preset(str(saved))
+
+
+def test_config_that_is_not_json(saved):
+    (saved / "config.json").write_text("{'not': json")
+    with pytest.raises(kgpt.CheckpointError, match=r"config.json is not valid JSON"):
+        kgpt.GPTBackbone.from_preset(str(saved))
+
+
+def test_config_of_another_class_is_refused_before_anything_is_built(saved):
+    config = json.loads((saved / "config.json").read_text())
+    config.update(module="keras.layers", class_name="Lambda", registered_name=None)
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(kgpt.CheckpointError, match=r"describes None, expected 'kgpt>GPTBackbone'"):
+        kgpt.GPTBackbone.from_preset(str(saved))
+
+
+def test_backbone_preset_is_not_a_task_preset(tmp_path):
+    backbone().save_to_preset(str(tmp_path))
+    with pytest.raises(kgpt.CheckpointError, match=r"Missing .*task.json"):
+        kgpt.GPTTaskModel.from_preset(str(tmp_path))
+
+
+def test_truncated_weights(saved):
+    data = (saved / "model.weights.h5").read_bytes()
+    (saved / "model.weights.h5").write_bytes(data[: len(data) // 2])
+    with pytest.raises(kgpt.CheckpointError, match=r"model.weights.h5 is not a readable Keras weights file"):
+        kgpt.GPTTaskModel.from_preset(str(saved))
+
+
+def test_missing_head_weights(saved):
+    os.remove(saved / "task.weights.h5")
+    with pytest.raises(kgpt.CheckpointError, match=r"Missing .*task.weights.h5"):
+        kgpt.GPTTaskModel.from_preset(str(saved))
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"num_layers": 3}, r"the file holds 50 arrays, the model has 34 weights"),  # Keras alone loads this silently
+    ({"vocabulary_size": 50}, r"Only in the file: \[50, 16\] x1. Expected but missing: \[\d+, 16\] x1"),
+])
+def test_weights_of_another_model_are_refused(saved, tmp_path, overrides, message):
+    backbone(**overrides).save_to_preset(str(tmp_path / "other"))
+    shutil.copy(tmp_path / "other" / "model.weights.h5", saved / "model.weights.h5")
+    with pytest.raises(kgpt.CheckpointError, match=r"model.weights.h5 does not fit the model its config describes"):
+        kgpt.GPTBackbone.from_preset(str(saved))
+    with pytest.raises(kgpt.CheckpointError, match=message):
+        kgpt.GPTTaskModel.from_preset(str(saved))
+
+
+def test_tokenizer_preset_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"No tokenizer in .*tokenizer.json \(a kgpt preset\)"):
+        kgpt.GPTTokenizer.from_preset(str(tmp_path))
+    char_tokenizer().save_to_preset(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"class_name": "Other"}))
+    with pytest.raises(kgpt.CheckpointError, match=r"tokenizer.json: expected a kgpt GPTTokenizer config"):
+        kgpt.GPTTokenizer.from_preset(str(tmp_path))

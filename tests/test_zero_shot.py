@@ -1,0 +1,174 @@
+"""The paper's zero-shot heuristics: decisions checked against values computed by hand."""
+
+import csv
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY, char_tokenizer
+
+import kgpt
+from kgpt import zero_shot
+from kgpt_tasks import dprd
+
+
+class FakeScorer:
+    """Known per-token log-probabilities for each (context, continuation) pair."""
+
+    def __init__(self, table):
+        self.table = table
+        self.asked = []
+
+    def log_probs(self, pairs):
+        self.asked.extend(pairs)
+        return [np.asarray(self.table[p], "float64") for p in pairs]
+
+
+def example(*segments, label=None, choices=()):
+    return kgpt.Example(segments=segments, label=label, choices=choices, source="test")
+
+
+def task(name):
+    return kgpt.TaskRegistry().get(name)
+
+
+def test_cola_threshold_is_fit_on_train_and_applied_to_dev():
+    cola = task("cola")
+    heuristic = cola.zero_shot
+    assert isinstance(heuristic, zero_shot.ThresholdedLogProb) and heuristic.needs_training
+    # Average token log-probabilities: (-1 + -2) / 2 = -1.5, etc.
+    train = {("", "a"): [-1.0, -2.0], ("", "b"): [-1.0], ("", "c"): [-3.0, -3.0, -3.0], ("", "d"): [-4.0]}
+    labels = {"a": "1", "b": "1", "c": "0", "d": "0"}
+    train_examples = [example(t, label=labels[t]) for t in "abcd"]
+    heuristic.fit(FakeScorer(train), cola, train_examples)
+    # Scores 1:{-1.5, -1.0} 0:{-3.0, -4.0}: any cut in (-3, -1.5) separates them (MCC 1);
+    # the search takes the midpoints of neighbouring scores, and the first best is (-3 + -1.5) / 2.
+    assert heuristic.threshold == pytest.approx(-2.25)
+    dev = {("", "e"): [-2.0], ("", "f"): [-2.5]}
+    predictions = heuristic.predict(FakeScorer(dev), cola, [example("e"), example("f")])
+    assert predictions.tolist() == [cola.labels.index("1"), cola.labels.index("0")]
+
+
+def test_cola_predict_needs_a_threshold():
+    with pytest.raises(RuntimeError, match="threshold comes from training data"):
+        zero_shot.ThresholdedLogProb().predict(FakeScorer({}), task("cola"), [example("a")])
+
+
+def test_sst2_compares_positive_and_negative_after_very():
+    sst2 = task("sst2")
+    table = {
+        ("a fine film very", "positive"): [-1.0],
+        ("a fine film very", "negative"): [-2.0, -0.5],  # a word of two tokens: its log-prob is the sum, -2.5
+        ("a dull film very", "positive"): [-3.0],
+        ("a dull film very", "negative"): [-1.0, -1.5],  # -2.5 > -3.0
+    }
+    scorer = FakeScorer(table)
+    predictions = sst2.zero_shot.predict(scorer, sst2, [example("a fine film"), example("a dull film")])
+    assert [sst2.labels[i] for i in predictions] == ["1", "0"]
+    assert scorer.asked[0] == ("a fine film very", "positive")
+
+
+def test_race_picks_the_highest_average_not_the_highest_sum():
+    race = task("race")
+    choices = ("red", "blue", "green", "gold")
+    table = {
+        ("doc question?", "red"): [-1.0, -1.0, -1.0],  # average -1.0, sum -3.0
+        ("doc question?", "blue"): [-2.0],  # average -2.0, sum -2.0 (the best sum)
+        ("doc question?", "green"): [-5.0],
+        ("doc question?", "gold"): [-1.5, -0.6],  # average -1.05
+    }
+    predictions = race.zero_shot.predict(FakeScorer(table), race,
+                                         [example("doc", "question?", choices=choices)])
+    assert predictions.tolist() == [0]
+
+
+def test_dprd_reads_blocks_and_substitutes_each_candidate(tmp_path):
+    (tmp_path / "train.c.txt").write_text(
+        "The bee landed on the flower because it had pollen .\nit\nbee,flower\nflower\n\n"
+        "Ann thanked Sue because she had helped her .\nshe\nAnn, Sue\nSue\n"
+    )
+    examples, skipped, read = task("dprd").examples("train", str(tmp_path))
+    assert read == 2 and not skipped
+    first = examples[0]
+    assert first.segments == ("The bee landed on the flower because", "had pollen .")
+    assert first.choices == ("bee", "flower") and first.label == 1
+    assert examples[1].choices == ("Ann", "Sue") and examples[1].segments[1] == "had helped her ."
+    table = {
+        ("The bee landed on the flower because bee", "had pollen ."): [-2.0, -2.0, -2.0],
+        ("The bee landed on the flower because flower", "had pollen ."): [-1.0, -3.0, -1.0],  # -5/3 > -2
+        ("Ann thanked Sue because Ann", "had helped her ."): [-1.0, -1.0],
+        ("Ann thanked Sue because Sue", "had helped her ."): [-1.0, -2.0],
+    }
+    predictions = dprd.TASK.zero_shot.predict(FakeScorer(table), dprd.TASK, examples)
+    assert predictions.tolist() == [1, 0]
+
+
+@pytest.mark.parametrize("text, message", [
+    ("A sentence with it .\nit\nx,y\n", "expected 4 lines"),
+    ("A sentence with it .\nit\nx,y\nz\n", "answer 'z' is not one of the candidates"),
+    ("A sentence .\nit\nx,y\nx\n", "pronoun 'it' does not occur in the sentence"),
+    ("A sentence with it .\nit\nx y\nx\n", "expected two candidates separated by a comma"),
+])
+def test_dprd_malformed_blocks_name_the_line(tmp_path, text, message):
+    (tmp_path / "train.c.txt").write_text(text)
+    with pytest.raises(kgpt.DataError, match=message) as error:
+        task("dprd").examples("train", str(tmp_path))
+    assert "train.c.txt:" in str(error.value)
+
+
+def tiny_lm(seed=0):
+    keras.utils.set_random_seed(seed)
+    tokenizer = char_tokenizer()
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size, "dropout": 0.0})
+    return kgpt.GPTCausalLM(backbone), tokenizer
+
+
+def test_scorer_reads_the_right_positions_of_the_lm():
+    lm, tokenizer = tiny_lm()
+    scorer = zero_shot.Scorer(lm, tokenizer, batch_size=2)
+    pairs = [("ab c", "de"), ("a", "bcd efg"), ("abcdefgh ij", "k")]
+    got = scorer.log_probs(pairs)
+    for (context, continuation), values in zip(pairs, got):
+        ctx, cont = tokenizer.encode(context), tokenizer.encode(continuation)
+        ids = np.asarray([ctx + cont], "int32")
+        logits = keras.ops.convert_to_numpy(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))[0]
+        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+            - logits.max(-1, keepdims=True)
+        want = [log_probs[len(ctx) - 1 + k, t] for k, t in enumerate(cont)]
+        np.testing.assert_allclose(values, want, atol=1e-4)
+    # The char vocabulary has no newline token: an empty context makes the first token context.
+    [values] = scorer.log_probs([("", "abc")])
+    assert len(values) == len(tokenizer.encode("abc")) - 1
+
+
+def test_evaluate_runs_on_the_embedded_data(tmp_path):
+    lm, tokenizer = tiny_lm()
+    for name, metric in (("sst2", "accuracy"), ("cola", "matthews")):
+        data = task(name).default_data(str(tmp_path / name))
+        result = zero_shot.evaluate(lm, tokenizer, task(name), data)
+        assert -1.0 <= result[metric] <= 1.0
+        assert result["examples"]["used"] == result["examples"]["read"] > 0
+
+
+def test_tasks_without_a_heuristic_say_so(tmp_path):
+    lm, tokenizer = tiny_lm()
+    with pytest.raises(ValueError, match="'rte' offers no zero-shot heuristic"):
+        zero_shot.evaluate(lm, tokenizer, task("rte"), str(tmp_path))
+    assert {"cola", "sst2", "race", "race-middle", "race-high", "story-cloze", "dprd"} <= set(
+        zero_shot.zero_shot_tasks(kgpt.TaskRegistry()))
+
+
+def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path):
+    lm, tokenizer = tiny_lm()
+    lm.compile(optimizer=keras.optimizers.Adam(1e-3))
+    data = task("sst2").default_data(str(tmp_path / "sst2"))
+    callback = zero_shot.ZeroShotCallback({"sst2": (task("sst2"), data)}, tokenizer, every=3,
+                                          csv_path=str(tmp_path / "zero_shot.csv"), log_dir=str(tmp_path / "logs"),
+                                          max_examples=20, log=lambda *_: None)
+    ids = np.random.default_rng(0).integers(1, 40, (16, 17)).astype("int32")
+    lm.fit({"token_ids": ids[:, :-1], "padding_mask": np.ones((16, 16), "int32")}, ids[:, 1:],
+           batch_size=2, epochs=1, verbose=0, callbacks=[callback])
+    rows = list(csv.DictReader(open(tmp_path / "zero_shot.csv")))
+    assert [int(r["step"]) for r in rows] == [3, 6, 8]  # every 3 steps, and at the end
+    assert {r["task"] for r in rows} == {"sst2"} and {r["metric"] for r in rows} == {"accuracy"}
+    assert (tmp_path / "logs" / "zero_shot").exists()

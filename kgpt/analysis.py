@@ -166,8 +166,8 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
             task, metric = key.split("/")
             rows += [(architecture, step, task, metric, value) for step, value in points]
     stem = os.path.join(output_dir, "zero_shot_curve")
-    markdown = write_table(stem, ["architecture", "step", "task", "metric", "value"],
-                           [(a, s, t, m, round(v, 4)) for a, s, t, m, v in rows])
+    markdown = write_table(stem, ["architecture", "step", "task", "metric", "value (x100)"],
+                           [(a, s, t, m, round(100 * v, 2)) for a, s, t, m, v in rows])
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     tasks = sorted({(r[2], r[3]) for r in rows})
@@ -178,7 +178,7 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
             if points:
                 ax.plot(*zip(*points), style, marker="o", color=colours[(task, metric)],
                         label=f"{task} {metric} ({architecture})")
-    ax.set(xlabel="pre-training updates", ylabel="zero-shot metric",
+    ax.set(xlabel="pre-training updates", ylabel="zero-shot metric (accuracy, Matthews, ...)",
            title="Zero-shot performance during pre-training (paper Figure 2, right)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

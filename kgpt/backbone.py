@@ -175,6 +175,12 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
             **kwargs,
         )
 
+        # Mixed precision: attention probabilities in float32 (Keras' MHA
+        # would take its softmax in the compute dtype, e.g. bfloat16).
+        if self.dtype_policy.compute_dtype != "float32":
+            for layer in self.transformer_layers:
+                layer._self_attention_layer._softmax.dtype_policy = keras.DTypePolicy("float32")
+
         # === Config ===
         self.vocabulary_size = vocabulary_size
         self.num_layers = num_layers

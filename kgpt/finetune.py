@@ -20,6 +20,7 @@ import numpy as np
 from kgpt import metrics as metrics_lib
 from kgpt import original, transforms
 from kgpt.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
+from kgpt.distribute import training_scope
 from kgpt.optimizers import gpt_adamw
 from kgpt.presets import load_any_backbone
 from kgpt.registry import TaskRegistry
@@ -37,6 +38,8 @@ class FinetuneConfig:
     init: str | None = None  # preset dir (kgpt-train --task lm output), "scratch", or None = demo pre-training
     output_dir: str | None = None  # the preset, metrics.json, predictions/, logs/; None = keep nothing
     transfer_layers: int | None = None  # copy embeddings + the first N blocks only (Figure 2 left); None = all
+    distribution: str = "none"  # or "data_parallel": every local GPU/TPU core (kgpt.distribute)
+    dtype: str | None = None  # e.g. "mixed_bfloat16"; None = Keras' global policy (float32)
     pretrained_weights: bool = True  # False: init's architecture and tokenizer, fresh weights (Table 5 ablation)
     learning_rate: float = 6.25e-5
     batch_size: int = 32
@@ -179,24 +182,27 @@ def initial_model(config, log=print):
         pre = pretrain_lib.PretrainConfig(**pretrain_lib.DEMO_SETTINGS, output_dir=out, seed=config.seed)
         lm, tokenizer, _ = pretrain_lib.pretrain(pre, log=log)
         return lm.backbone, tokenizer, "the demo model pre-trained on the embedded text"
-    return load_pretrained(config.init, num_heads=config.num_heads)
+    return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
 
 
-def load_pretrained(path, num_heads=12):
+def load_pretrained(path, num_heads=12, dtype=None):
     """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
-    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it)."""
+    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it).
+    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`)."""
     if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
-        backbone = GPTBackbone.from_original(path, num_heads=num_heads)
+        backbone = GPTBackbone.from_original(path, num_heads=num_heads, dtype=dtype)
         return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
     if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
-        return GPTBackbone.from_original(path), GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
+        backbone = GPTBackbone.from_original(path, dtype=dtype)
+        return backbone, GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"--init {path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
             f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
             f"({original.HF_WEIGHTS_FILE}); or pass 'scratch'."
         )
-    return load_any_backbone(path), GPTTokenizer.from_preset(path), f"preset {path}"
+    backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
+    return backbone, GPTTokenizer.from_preset(path), f"preset {path}"
 
 
 Finetuned = collections.namedtuple("Finetuned", "model tokenizer task")
@@ -268,14 +274,15 @@ def finetune(config, registry=None, log=print):
     """Fine-tunes on `config.task`; returns `(model, metrics)`."""
     registry = registry or TaskRegistry()
     task = registry.get(config.task)
-    if config.data_dir is not None:
-        return _finetune(config, task, config.data_dir, log)
-    if task.default_data is None:
+    if config.data_dir is None and task.default_data is None:
         raise ValueError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
-    if config.output_dir:
-        return _finetune(config, task, _embedded_data(task, os.path.join(config.output_dir, "data"), log), log)
-    with tempfile.TemporaryDirectory(prefix=f"kgpt-{task.name}-") as target:  # nothing kept without output_dir
-        return _finetune(config, task, _embedded_data(task, target, log), log)
+    with training_scope(config.distribution, config.dtype, config.batch_size, log=log):
+        if config.data_dir is not None:
+            return _finetune(config, task, config.data_dir, log)
+        if config.output_dir:
+            return _finetune(config, task, _embedded_data(task, os.path.join(config.output_dir, "data"), log), log)
+        with tempfile.TemporaryDirectory(prefix=f"kgpt-{task.name}-") as target:  # nothing kept without output_dir
+            return _finetune(config, task, _embedded_data(task, target, log), log)
 
 
 def _embedded_data(task, target, log):

@@ -80,12 +80,47 @@ class GPTAdamW(keras.optimizers.AdamW):
     """AdamW that never decays biases or layer-norm parameters.
 
     The exclusion lives in the class (not in a call made after construction)
-    so it survives `.keras` save/load of a compiled model.
+    so it survives `.keras` save/load of a compiled model. Global-norm
+    clipping measures the gradient of the whole batch under
+    `tf.distribute` too (Keras clips each replica's partial gradient before
+    summing them, which changes the result of data-parallel training).
     """
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.exclude_from_weight_decay(var_names=NO_DECAY_NAMES)
+
+    def _clip_gradients(self, grads):
+        if self.global_clipnorm and _tf_replicas() > 1:
+            # Clipped after the cross-replica sum (_all_reduce_sum_gradients). Passing
+            # through Keras' multiply keeps the gradients in the form its all-reduce expects.
+            return [None if g is None else ops.multiply(g, ops.ones((), g.dtype)) for g in grads]
+        return super()._clip_gradients(grads)
+
+    def _all_reduce_sum_gradients(self, grads_and_vars):
+        # TensorFlow backend only: Keras sums the replicas' gradients here.
+        if _tf_replicas() <= 1:
+            return super()._all_reduce_sum_gradients(grads_and_vars)
+        import tensorflow as tf
+
+        reduced = super()._all_reduce_sum_gradients(grads_and_vars)
+        if not self.global_clipnorm:
+            return reduced
+
+        present = [(g, v) for g, v in reduced if g is not None]
+        clipped, _ = tf.clip_by_global_norm([g for g, _ in present], self.global_clipnorm)
+        clipped = iter(clipped)
+        return [(None if g is None else next(clipped), v) for g, v in reduced]
+
+
+def _tf_replicas():
+    """Replicas of the enclosing `tf.distribute` replica context (1 outside one, and on JAX)."""
+    if keras.config.backend() != "tensorflow":
+        return 1
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    return context.num_replicas_in_sync if context is not None else 1
 
 
 def gpt_adamw(

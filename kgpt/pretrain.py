@@ -22,6 +22,7 @@ import numpy as np
 from kgpt import zero_shot as zero_shot_lib
 from kgpt.backbone import GPTBackbone
 from kgpt.causal_lm import GPTCausalLM
+from kgpt.distribute import training_scope
 from kgpt.lstm import LSTMBackbone
 from kgpt.optimizers import gpt_adamw
 from kgpt.shards import build_shards
@@ -56,6 +57,8 @@ class PretrainConfig:
     shards_dir: str | None = None  # token shards; None = output_dir/shards (or a temporary folder)
     sample_tokens: int = 40  # length of the generated sample printed at the end
     prompt: str | None = None  # sample prompt; None = the first words of the held-out text
+    distribution: str = "none"  # or "data_parallel": every local GPU/TPU core (kgpt.distribute)
+    dtype: str | None = None  # e.g. "mixed_bfloat16"; None = Keras' global policy (float32)
     zero_shot: dict | None = None  # {task: data_dir or None (its embedded data)} evaluated zero-shot (Figure 2 right)
     zero_shot_every: int | None = None  # steps between zero-shot evaluations; None = at each validation
     zero_shot_examples: int | None = None  # examples per split in those evaluations; None = all
@@ -248,13 +251,14 @@ def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, log):
 
 def pretrain(config, log=print):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
-    if config.shards_dir or config.output_dir:
-        return _pretrain(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
-    with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing is kept without an output_dir
-        return _pretrain(config, shards_dir, log)
+    with training_scope(config.distribution, config.dtype, config.batch_size, log=log) as replicas:
+        if config.shards_dir or config.output_dir:
+            return _pretrain(config, config.shards_dir or os.path.join(config.output_dir, "shards"), replicas, log)
+        with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing kept without output_dir
+            return _pretrain(config, shards_dir, replicas, log)
 
 
-def _pretrain(config, shards_dir, log):
+def _pretrain(config, shards_dir, replicas, log):
     keras.utils.set_random_seed(config.seed)
     files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
     tokenizer = load_tokenizer(config, files, log=log)
@@ -286,6 +290,11 @@ def _pretrain(config, shards_dir, log):
     val_ids = index.tokens(train_end, total)
     if len(val_ids):
         val_x, val_y, dropped = validation_windows(val_ids, config.sequence_length)
+        uneven = len(val_y) % replicas if len(val_y) >= replicas else 0
+        if uneven:  # every batch must split evenly over the devices
+            val_x = {k: v[: len(val_y) - uneven] for k, v in val_x.items()}
+            val_y = val_y[: len(val_y) - uneven]
+            dropped += uneven * val_y.shape[1]
         validation = (val_x, val_y)
         log(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
             + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
@@ -348,7 +357,8 @@ def _pretrain(config, shards_dir, log):
     held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
     prompt = tokenizer.encode(config.prompt) if config.prompt else [int(i) for i in held_out[:4]]
     length = min(config.sequence_length, len(prompt) + config.sample_tokens)
-    sample = lm.generate([prompt], max_length=length)["token_ids"][0]
+    # One prompt per device: a data-parallel model splits every batch evenly.
+    sample = lm.generate([prompt] * replicas, max_length=length)["token_ids"][0]
     metrics["sample"] = tokenizer.decode(sample)
     log(f"Sample: {metrics['sample']}")
 

@@ -43,6 +43,13 @@ flags.DEFINE_float("dropout", _PRE.dropout, "Embedding, attention and residual d
 flags.DEFINE_enum("architecture", _PRE.architecture, ["transformer", "lstm"],
                   "lm: 'lstm' pre-trains the Table 5 ablation (--num_layers LSTM layers of --lstm_units).")
 flags.DEFINE_integer("lstm_units", _PRE.lstm_units, "lm: units per LSTM layer with --architecture lstm.")
+# Devices and precision.
+flags.DEFINE_enum("distribution", "none", ["none", "data_parallel"],
+                  "data_parallel: split every batch over all local GPUs/TPU cores (CPUs without them): "
+                  "keras.distribution.DataParallel on JAX, tf.distribute.MirroredStrategy on TensorFlow.")
+flags.DEFINE_enum("dtype", None, ["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"],
+                  "Dtype policy: mixed_bfloat16 / mixed_float16 compute in 16 bits with float32 weights, "
+                  "attention softmax and losses (mixed_float16 adds loss scaling).")
 # Optimisation: defaults depend on the task.
 flags.DEFINE_integer("batch_size", None, "Sequences (lm) or examples per update " + _both("batch_size") + ".")
 flags.DEFINE_float("learning_rate", None, "Peak learning rate " + _both("learning_rate") + ".")

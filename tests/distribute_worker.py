@@ -1,0 +1,60 @@
+"""Runs a few pre-training steps on one device and data-parallel on 2 virtual CPU devices; prints JSON.
+
+Run in its own process: the device count is fixed before JAX/TensorFlow start.
+"""
+
+import json
+import os
+import sys
+
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
+
+import tensorflow as tf  # noqa: E402
+
+cpu = tf.config.list_physical_devices("CPU")[0]
+tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+
+import keras  # noqa: E402
+
+from kgpt import distribute  # noqa: E402
+from kgpt.finetune import FinetuneConfig, finetune  # noqa: E402
+from kgpt.pretrain import PretrainConfig, pretrain  # noqa: E402
+
+corpus, jobs, mode = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+results = {"backend": keras.config.backend(), "devices": len(distribute.local_devices())}
+# One tf.distribute strategy per process: a second one in the same process can
+# collide with the first's collective instances.
+if "pretrain" in jobs:
+    config = PretrainConfig(corpus=corpus, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                            dropout=0.0, sequence_length=16, batch_size=8, learning_rate=1e-2, warmup_steps=2,
+                            max_steps=6, evaluations=6, validation_fraction=0.0, sample_tokens=2, seed=3,
+                            distribution=mode)
+    results["pretrain"] = pretrain(config, log=lambda *_: None)[2]["train_loss"]
+if "finetune" in jobs:
+    config = FinetuneConfig(task="scitail", init="scratch", num_layers=2, num_heads=2, hidden_dim=16,
+                            intermediate_dim=32, dropout=0.0, classifier_dropout=0.0, max_length=48, epochs=2,
+                            batch_size=16, learning_rate=1e-3, distribution=mode)
+    _, scores = finetune(config, log=lambda *_: None)
+    results["finetune"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]
+if "model_parallel" in jobs:  # JAX: a backbone sharded over a ("batch", "model") mesh of 2 devices
+    import numpy as np
+
+    import kgpt
+
+    sizes = dict(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                 max_sequence_length=16, dropout=0.0)
+    ids = np.random.default_rng(0).integers(0, 64, (2, 16)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    keras.utils.set_random_seed(5)
+    plain = kgpt.GPTBackbone(**sizes)
+    mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], keras.distribution.list_devices())
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(
+        layout_map=distribute.model_parallel_layout(mesh), batch_dim_name="batch"))
+    sharded = kgpt.GPTBackbone(**sizes)
+    sharded.set_weights(plain.get_weights())
+    kernel = sharded.transformer_layers[0]._feedforward_intermediate_dense.kernel
+    results["kernel_shards"] = len(kernel.value.addressable_shards)
+    results["kernel_shard_shape"] = list(kernel.value.addressable_shards[0].data.shape)
+    difference = np.abs(keras.ops.convert_to_numpy(sharded(x)) - keras.ops.convert_to_numpy(plain(x))).max()
+    results["model_parallel_max_difference"] = float(difference)
+print(json.dumps(results))

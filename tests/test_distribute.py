@@ -1,0 +1,97 @@
+"""Data parallelism on 2 virtual CPU devices matches one device; mixed precision trains on CPU."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY
+
+import kgpt
+from kgpt import distribute
+
+TEXT = "the keeper of the lighthouse wrote the date in the log every night . " * 80
+
+
+def worker(*args):
+    root = pathlib.Path(__file__).parents[1]
+    result = subprocess.run([sys.executable, "tests/distribute_worker.py", *args], capture_output=True, text=True,
+                            timeout=600, cwd=root)
+    assert result.returncode == 0, result.stderr[-4000:]
+    figures = json.loads(result.stdout.strip().splitlines()[-1])
+    assert figures["devices"] == 2 and figures["backend"] == keras.config.backend()
+    return figures
+
+
+def test_data_parallel_losses_match_one_device(tmp_path):
+    (tmp_path / "a.txt").write_text(TEXT)
+    single = worker(str(tmp_path), "pretrain,finetune", "none")
+    # Pre-training (tf.data windows) and fine-tuning (NumPy inputs, a last partial
+    # batch, predictions over a split), each on 2 devices.
+    pretrain = worker(str(tmp_path), "pretrain", "data_parallel")["pretrain"]
+    finetune = worker(str(tmp_path), "finetune", "data_parallel")["finetune"]
+    assert len(pretrain) == 6 and single["pretrain"][-1] < single["pretrain"][0]  # it trained
+    np.testing.assert_allclose(pretrain, single["pretrain"], rtol=2e-4)
+    # Fine-tuning's LM loss is a mean over real tokens. JAX takes it over the
+    # global batch; MirroredStrategy averages each replica's own mean, which
+    # weights tokens slightly differently when padding differs (see README).
+    tolerance = 2e-4 if keras.config.backend() == "jax" else 5e-3
+    np.testing.assert_allclose(finetune[:-1], single["finetune"][:-1], rtol=tolerance)
+
+
+def test_batch_must_split_evenly_over_devices(monkeypatch):
+    monkeypatch.setattr(distribute, "local_devices", lambda: ["d0", "d1"])
+    with pytest.raises(ValueError, match="batch_size 7 must be a multiple of 2"):
+        with distribute.data_parallel(batch_size=7, log=lambda *_: None):
+            pass
+
+
+def tiny_losses(dtype):
+    with distribute.dtype_policy(dtype):
+        keras.utils.set_random_seed(0)
+        backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
+        lm = kgpt.GPTCausalLM(backbone)
+        lm.compile(optimizer=keras.optimizers.Adam(1e-2))
+        ids = np.random.default_rng(0).integers(0, TINY["vocabulary_size"], (16, 17)).astype("int32")
+        x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((16, 16), "int32")}
+        history = lm.fit(x, ids[:, 1:], batch_size=8, epochs=3, shuffle=False, verbose=0)
+        return lm, history.history["loss"]
+
+
+@pytest.mark.parametrize("dtype", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_precision_trains_close_to_float32(dtype):
+    if dtype == "mixed_float16" and keras.config.backend() == "jax":
+        pytest.skip("XLA:CPU has no float16 matmul with float32 accumulation; runs on GPU")
+    _, reference = tiny_losses("float32")
+    lm, losses = tiny_losses(dtype)
+    backbone = lm.backbone
+    assert backbone.compute_dtype == dtype.split("_")[1] and backbone.token_embedding.embeddings.dtype == "float32"
+    softmax = backbone.transformer_layers[0]._self_attention_layer._softmax
+    assert softmax.compute_dtype == "float32"  # attention probabilities stay in float32
+    assert keras.ops.convert_to_numpy(lm(
+        {"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), "int32")})).dtype == np.float32
+    if dtype == "mixed_float16":
+        assert isinstance(lm.optimizer, keras.optimizers.LossScaleOptimizer)
+    np.testing.assert_allclose(losses, reference, rtol=2e-2)
+    assert losses[-1] < losses[0]
+    assert keras.config.dtype_policy().name == "float32"  # the policy is restored after the block
+
+
+def test_model_parallel_shards_the_backbone_and_keeps_its_outputs(tmp_path):
+    if keras.config.backend() != "jax":
+        pytest.skip("keras.distribution.ModelParallel is a JAX feature")
+    figures = worker(str(tmp_path), "model_parallel", "none")
+    assert figures["kernel_shards"] == 2 and figures["kernel_shard_shape"] == [16, 16]  # 32 columns split in 2
+    assert figures["model_parallel_max_difference"] < 1e-5
+
+
+def test_model_parallel_layout_covers_the_big_matrices():
+    mesh = keras.distribution.DeviceMesh((1, 1), ["batch", "model"], keras.distribution.list_devices()[:1])
+    layout = distribute.model_parallel_layout(mesh)
+    backbone = kgpt.GPTBackbone(**TINY)
+    sharded = [w.path for w in backbone.weights if layout[w.path] is not None]
+    kernels = [w.path for w in backbone.weights if w.path.endswith(("kernel", "embeddings"))]
+    assert set(kernels) <= set(sharded)

@@ -93,6 +93,11 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         intermediate_dim: int. Width of the feed-forward inner layer.
         max_sequence_length: int. Context length (learned positions).
         dropout: float. Embedding, attention and residual dropout.
+        attention_dropout: optional float. Dropout on the attention
+            probabilities when it should differ from `dropout`. 0 lets Keras
+            run attention through `keras.ops.dot_product_attention` (flash
+            attention where the device has it) in training too; the paper
+            uses 0.1 (`None`: same as `dropout`).
         dtype: optional dtype policy, e.g. `"mixed_bfloat16"`.
 
     Example:
@@ -119,6 +124,7 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         intermediate_dim,
         max_sequence_length=512,
         dropout=0.1,
+        attention_dropout=None,
         dtype=None,
         **kwargs,
     ):
@@ -180,6 +186,13 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         if self.dtype_policy.compute_dtype != "float32":
             for layer in self.transformer_layers:
                 layer._self_attention_layer._softmax.dtype_policy = keras.DTypePolicy("float32")
+        # keras-hub gives attention the block's dropout; Keras' attention takes
+        # the fused dot_product_attention path only when its dropout is 0.
+        if attention_dropout is not None and attention_dropout != dropout:
+            for layer in self.transformer_layers:
+                attention = layer._self_attention_layer
+                attention._dropout = attention_dropout
+                attention._dropout_layer.rate = attention_dropout
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -189,6 +202,7 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         self.intermediate_dim = intermediate_dim
         self.max_sequence_length = max_sequence_length
         self.dropout = dropout
+        self.attention_dropout = attention_dropout
 
     def get_config(self):
         config = super().get_config()
@@ -201,6 +215,7 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
                 "intermediate_dim": self.intermediate_dim,
                 "max_sequence_length": self.max_sequence_length,
                 "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
             }
         )
         return config
@@ -217,6 +232,7 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
             intermediate_dim=sizes.intermediate_dim,
             max_sequence_length=max_sequence_length,
             dropout=sizes.dropout,
+            attention_dropout=getattr(sizes, "attention_dropout", None),
         )
 
     @classmethod

@@ -2,11 +2,15 @@
 
     python -m kgpt.bench                      # 6 x 512, 8 heads, 2048, ctx 256, vocab 16384, batch 8
     KERAS_BACKEND=tensorflow python -m kgpt.bench --steps 20
+    python -m kgpt.bench --num_layers 12 --hidden_dim 768 --num_heads 12 --intermediate_dim 3072 \
+        --sequence_length 512 --vocabulary_size 40481 --batch_size 32 --dtype mixed_bfloat16   # paper shape, GPU
 
 For each model, in its own process (so peak memory is its own): training
 tokens/s (one full step: forward, LM loss over every position, backward,
 AdamW update), inference tokens/s (forward pass to next-token predictions)
-and peak memory (host RSS; device peak on a GPU). keras-hub's `GPT2Backbone`
+peak memory (host RSS; device peak on a GPU) and model FLOP utilisation: the
+training FLOPs per second over the matrix-multiply rate measured on the same
+device in the same process. keras-hub's `GPT2Backbone`
 (pre-LN plus a final layer norm) with its tied LM head has the same weights
 and FLOPs up to one layer norm, so the ratio compares the implementations.
 """
@@ -31,12 +35,60 @@ flags.DEFINE_integer("vocabulary_size", 16384, "Vocabulary size.")
 flags.DEFINE_integer("batch_size", 8, "Sequences per step.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after the warm-up steps).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps (compilation).")
-flags.DEFINE_list("models", ["kgpt", "keras_hub_gpt2"], "Models to measure.")
+flags.DEFINE_list("models", ["kgpt", "keras_hub_gpt2", "kgpt_fused"], "Models to measure; ratios are to the first.")
+flags.DEFINE_string("dtype", "float32", "Dtype policy of the models (e.g. mixed_bfloat16 on GPUs/TPUs).")
+flags.DEFINE_integer("gemm_size", 2048, "Side of the square matrix multiply timed as the device's peak rate.")
 flags.DEFINE_string("worker", None, "Internal: measure this one model and print JSON.")
 FLAGS = flags.FLAGS
 
 SHAPE_FLAGS = ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
-               "sequence_length", "vocabulary_size", "batch_size", "steps", "warmup")
+               "sequence_length", "vocabulary_size", "batch_size", "steps", "warmup", "dtype", "gemm_size")
+
+
+def training_flops_per_token():
+    """Model FLOPs of one training token: 6 x (weights touched by matmuls) + attention scores.
+
+    Forward 2 FLOPs per multiply-add, backward twice that (the usual 6N rule,
+    as in the PaLM/Megatron MFU definitions), with N the block weights plus the
+    tied LM head (vocabulary x hidden), and 12 x layers x context x hidden for
+    the attention scores and their use on the values (6 x 2 L T H, causal
+    masking not discounted). Embedding lookups and layer norms are not counted.
+    """
+    h, i, layers = FLAGS.hidden_dim, FLAGS.intermediate_dim, FLAGS.num_layers
+    block = 4 * h * h + 2 * h * i
+    matmul_weights = layers * block + FLAGS.vocabulary_size * h
+    return 6 * matmul_weights + 12 * layers * FLAGS.sequence_length * h
+
+
+def gemm_flops_per_s():
+    """The device's float32 (or the policy's compute dtype) matrix-multiply rate, measured here."""
+    import keras
+    import numpy as np
+
+    n = FLAGS.gemm_size
+    dtype = keras.DTypePolicy(FLAGS.dtype).compute_dtype
+    a = keras.ops.convert_to_tensor(np.random.default_rng(0).standard_normal((n, n)), dtype=dtype)
+    if keras.config.backend() == "jax":
+        import jax
+
+        candidates = [(jax.jit(lambda x: x @ x), lambda y: y.block_until_ready())]
+    else:
+        import tensorflow as tf
+
+        # XLA's and the default kernels (oneDNN on CPU) differ; the faster is the peak.
+        candidates = [(tf.function(lambda x: tf.matmul(x, x), jit_compile=jit), lambda y: y.numpy())
+                      for jit in (True, False)]
+    best = 0.0
+    for matmul, finish in candidates:
+        for _ in range(3):
+            finish(matmul(a))
+        for _ in range(5):  # the best of 5 trials: the device's rate, not a noisy moment
+            repeats = 5
+            start = time.perf_counter()
+            for _ in range(repeats):
+                finish(matmul(a))
+            best = max(best, 2 * n**3 * repeats / (time.perf_counter() - start))
+    return best
 
 
 def build(name):
@@ -56,9 +108,11 @@ def build(name):
     )
     if name == "kgpt":
         return kgpt.GPTCausalLM(kgpt.GPTBackbone(**shape))
+    if name == "kgpt_fused":  # attention dropout 0: keras.ops.dot_product_attention in training too
+        return kgpt.GPTCausalLM(kgpt.GPTBackbone(**shape, attention_dropout=0.0))
     if name == "keras_hub_gpt2":
         return keras_hub.models.GPT2CausalLM(keras_hub.models.GPT2Backbone(**shape), preprocessor=None)
-    raise app.UsageError(f"Unknown model {name!r}; choose from kgpt, keras_hub_gpt2.")
+    raise app.UsageError(f"Unknown model {name!r}; choose from kgpt, kgpt_fused, keras_hub_gpt2.")
 
 
 def device_peak_bytes():
@@ -87,6 +141,8 @@ def measure(name):
     import kgpt
 
     keras.utils.set_random_seed(0)
+    keras.config.set_dtype_policy(FLAGS.dtype)
+    gemm = gemm_flops_per_s()
     lm = build(name)
     lm.compile(
         optimizer=kgpt.gpt_adamw(warmup_steps=10, total_steps=10_000),
@@ -116,6 +172,8 @@ def measure(name):
         "model": name,
         "weights": int(lm.count_params()),
         "train_tokens_per_s": train,
+        "gemm_tflops": gemm / 1e12,
+        "mfu": train * training_flops_per_token() / gemm,
         "inference_tokens_per_s": infer,
         "peak_host_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "peak_device_mib": None if peak is None else peak / 2**20,
@@ -141,14 +199,17 @@ def main(argv):
     shape = ", ".join(f"{f}={FLAGS[f].value}" for f in SHAPE_FLAGS)
     print(f"backend={keras.config.backend()} keras={keras.__version__} {shape}")
     rows = [run_worker(name) for name in FLAGS.models]
-    header = f"{'model':<16}{'weights':>12}{'train tok/s':>14}{'infer tok/s':>14}{'peak RSS MiB':>14}{'peak dev MiB':>14}"
+    header = (f"{'model':<16}{'weights':>12}{'train tok/s':>14}{'MFU':>8}{'GEMM TFLOP/s':>14}{'infer tok/s':>14}"
+              f"{'peak RSS MiB':>14}{'peak dev MiB':>14}")
     print(header)
     for r in rows:
         dev = "-" if r["peak_device_mib"] is None else f"{r['peak_device_mib']:.0f}"
-        print(f"{r['model']:<16}{r['weights']:>12,}{r['train_tokens_per_s']:>14,.0f}"
-              f"{r['inference_tokens_per_s']:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}")
-    if len(rows) >= 2:
-        a, b = rows[0], rows[1]
+        print(f"{r['model']:<16}{r['weights']:>12,}{r['train_tokens_per_s']:>14,.0f}{r['mfu']:>8.1%}"
+              f"{r['gemm_tflops']:>14.3f}{r['inference_tokens_per_s']:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}")
+    print(f"MFU: training FLOPs ({training_flops_per_token():,} per token, 6N + attention) / the {FLAGS.gemm_size}^2 "
+          f"{FLAGS.dtype} matmul rate measured in the same process.")
+    a = rows[0]
+    for b in rows[1:]:
         print(f"ratio {a['model']}/{b['model']}: train x{a['train_tokens_per_s'] / b['train_tokens_per_s']:.2f}, "
               f"inference x{a['inference_tokens_per_s'] / b['inference_tokens_per_s']:.2f}, "
               f"peak RSS x{a['peak_host_rss_mib'] / b['peak_host_rss_mib']:.2f}")

@@ -57,6 +57,7 @@ class FinetuneConfig:
     hidden_dim: int = 768
     intermediate_dim: int = 3072
     dropout: float = 0.1
+    attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
     seed: int = 0
 
 

@@ -44,6 +44,7 @@ class PretrainConfig:
     intermediate_dim: int = 3072
     lstm_units: int = 2048  # with architecture="lstm"
     dropout: float = 0.1
+    attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
     sequence_length: int = 512  # tokens per window (and the model's context)
     batch_size: int = 64  # windows per update
     learning_rate: float = 2.5e-4  # peak of the warm-up + cosine schedule
@@ -128,7 +129,7 @@ def split_point(total, config):
 
 
 # Settings a checkpoint must share with the run that resumes it.
-_RESUME_KEYS = ("architecture", "lstm_units", "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "sequence_length",
+_RESUME_KEYS = ("architecture", "lstm_units", "attention_dropout", "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "sequence_length",
                 "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_steps", "evaluations", "seed")
 
 

@@ -112,3 +112,17 @@ def test_keras_file_round_trip(backbone, tmp_path):
     loaded = keras.saving.load_model(path)  # safe_mode on: no code is run
     assert isinstance(loaded, kgpt.GPTBackbone)
     np.testing.assert_allclose(to_numpy(loaded(x)), to_numpy(backbone(x)), atol=0)
+
+
+def test_fused_attention_matches_the_explicit_path():
+    # attention_dropout=0 sends attention through keras.ops.dot_product_attention;
+    # with the paper's 0.1 Keras computes the softmax itself. Same weights, same states.
+    explicit = kgpt.GPTBackbone(**TINY)
+    fused = kgpt.GPTBackbone(**TINY, attention_dropout=0.0)
+    fused.set_weights(explicit.get_weights())
+    x = random_inputs()
+    x["padding_mask"][0, 8:] = 0
+    got, want = to_numpy(fused(x)), to_numpy(explicit(x))
+    np.testing.assert_allclose(got[0, :8], want[0, :8], atol=1e-5)
+    np.testing.assert_allclose(got[1:], want[1:], atol=1e-5)
+    assert kgpt.GPTBackbone.from_config(fused.get_config()).attention_dropout == 0.0

@@ -40,6 +40,8 @@ flags.DEFINE_integer("num_heads", _PRE.num_heads, "Attention heads.")
 flags.DEFINE_integer("hidden_dim", _PRE.hidden_dim, "Hidden size.")
 flags.DEFINE_integer("intermediate_dim", _PRE.intermediate_dim, "Feed-forward inner size.")
 flags.DEFINE_float("dropout", _PRE.dropout, "Embedding, attention and residual dropout.")
+flags.DEFINE_float("attention_dropout", None, "Dropout on attention probabilities if not --dropout; 0 runs "
+                   "attention through keras.ops.dot_product_attention (flash attention on GPUs) in training.")
 flags.DEFINE_enum("architecture", _PRE.architecture, ["transformer", "lstm"],
                   "lm: 'lstm' pre-trains the Table 5 ablation (--num_layers LSTM layers of --lstm_units).")
 flags.DEFINE_integer("lstm_units", _PRE.lstm_units, "lm: units per LSTM layer with --architecture lstm.")

@@ -20,22 +20,24 @@ from kgpt import distribute  # noqa: E402
 from kgpt.finetune import FinetuneConfig, finetune  # noqa: E402
 from kgpt.pretrain import PretrainConfig, pretrain  # noqa: E402
 
-corpus, jobs, mode = sys.argv[1], sys.argv[2].split(","), sys.argv[3]
+corpus, steps = sys.argv[1], [step.split(":") for step in sys.argv[2].split(",")]  # job:mode,...
 results = {"backend": keras.config.backend(), "devices": len(distribute.local_devices())}
-# One tf.distribute strategy per process: a second one in the same process can
-# collide with the first's collective instances.
-if "pretrain" in jobs:
-    config = PretrainConfig(corpus=corpus, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-                            dropout=0.0, sequence_length=16, batch_size=8, learning_rate=1e-2, warmup_steps=2,
-                            max_steps=6, evaluations=6, validation_fraction=0.0, sample_tokens=2, seed=3,
-                            distribution=mode)
-    results["pretrain"] = pretrain(config, log=lambda *_: None)[2]["train_loss"]
-if "finetune" in jobs:
-    config = FinetuneConfig(task="scitail", init="scratch", num_layers=2, num_heads=2, hidden_dim=16,
-                            intermediate_dim=32, dropout=0.0, classifier_dropout=0.0, max_length=48, epochs=2,
-                            batch_size=16, learning_rate=1e-3, distribution=mode)
-    _, scores = finetune(config, log=lambda *_: None)
-    results["finetune"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]
+# At most one data-parallel run per process on TensorFlow: a second
+# MirroredStrategy in the same process can collide with the first's collective ops.
+for job, mode in steps:
+    if job == "pretrain":
+        config = PretrainConfig(corpus=corpus, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
+                                dropout=0.0, sequence_length=16, batch_size=8, learning_rate=1e-2, warmup_steps=2,
+                                max_steps=6, evaluations=6, validation_fraction=0.0, sample_tokens=2, seed=3,
+                                distribution=mode)
+        results[f"pretrain:{mode}"] = pretrain(config, log=lambda *_: None)[2]["train_loss"]
+    elif job == "finetune":
+        config = FinetuneConfig(task="scitail", init="scratch", num_layers=2, num_heads=2, hidden_dim=16,
+                                intermediate_dim=32, dropout=0.0, classifier_dropout=0.0, max_length=48, epochs=2,
+                                batch_size=16, learning_rate=1e-3, distribution=mode)
+        _, scores = finetune(config, log=lambda *_: None)
+        results[f"finetune:{mode}"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]
+jobs = [job for job, _ in steps]
 if "model_parallel" in jobs:  # JAX: a backbone sharded over a ("batch", "model") mesh of 2 devices
     import numpy as np
 

@@ -13,6 +13,7 @@ from conftest import TINY
 import kgpt
 from kgpt import distribute
 
+JAX = keras.config.backend() == "jax"
 TEXT = "the keeper of the lighthouse wrote the date in the log every night . " * 80
 
 
@@ -28,18 +29,21 @@ def worker(*args):
 
 def test_data_parallel_losses_match_one_device(tmp_path):
     (tmp_path / "a.txt").write_text(TEXT)
-    single = worker(str(tmp_path), "pretrain,finetune", "none")
     # Pre-training (tf.data windows) and fine-tuning (NumPy inputs, a last partial
-    # batch, predictions over a split), each on 2 devices.
-    pretrain = worker(str(tmp_path), "pretrain", "data_parallel")["pretrain"]
-    finetune = worker(str(tmp_path), "finetune", "data_parallel")["finetune"]
-    assert len(pretrain) == 6 and single["pretrain"][-1] < single["pretrain"][0]  # it trained
-    np.testing.assert_allclose(pretrain, single["pretrain"], rtol=2e-4)
+    # batch, predictions over a split), each on 2 devices and on one.
+    first = worker(str(tmp_path), "pretrain:none,finetune:none,pretrain:data_parallel")
+    second = worker(str(tmp_path), "finetune:data_parallel" + (",model_parallel:none" if JAX else ""))
+    single, parallel = first["pretrain:none"], first["pretrain:data_parallel"]
+    assert len(parallel) == 6 and single[-1] < single[0]  # it trained
+    np.testing.assert_allclose(parallel, single, rtol=2e-4)
     # Fine-tuning's LM loss is a mean over real tokens. JAX takes it over the
     # global batch; MirroredStrategy averages each replica's own mean, which
     # weights tokens slightly differently when padding differs (see README).
-    tolerance = 2e-4 if keras.config.backend() == "jax" else 5e-3
-    np.testing.assert_allclose(finetune[:-1], single["finetune"][:-1], rtol=tolerance)
+    tolerance = 2e-4 if JAX else 5e-3
+    np.testing.assert_allclose(second["finetune:data_parallel"][:-1], first["finetune:none"][:-1], rtol=tolerance)
+    if JAX:  # keras.distribution.ModelParallel: a backbone sharded over a ("batch", "model") mesh
+        assert second["kernel_shards"] == 2 and second["kernel_shard_shape"] == [16, 16]  # 32 columns in 2
+        assert second["model_parallel_max_difference"] < 1e-5
 
 
 def test_batch_must_split_evenly_over_devices(monkeypatch):
@@ -78,14 +82,6 @@ def test_mixed_precision_trains_close_to_float32(dtype):
     np.testing.assert_allclose(losses, reference, rtol=2e-2)
     assert losses[-1] < losses[0]
     assert keras.config.dtype_policy().name == "float32"  # the policy is restored after the block
-
-
-def test_model_parallel_shards_the_backbone_and_keeps_its_outputs(tmp_path):
-    if keras.config.backend() != "jax":
-        pytest.skip("keras.distribution.ModelParallel is a JAX feature")
-    figures = worker(str(tmp_path), "model_parallel", "none")
-    assert figures["kernel_shards"] == 2 and figures["kernel_shard_shape"] == [16, 16]  # 32 columns split in 2
-    assert figures["model_parallel_max_difference"] < 1e-5
 
 
 def test_model_parallel_layout_covers_the_big_matrices():

@@ -198,13 +198,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, log=print):
     lm = GPTCausalLM(backbone)
     log(f"Zero-shot with the model from {origin}.")
     results, rows = {}, []
-    for name, data_dir in tasks.items():
-        task = registry.get(name)
-        if data_dir is None:
-            if task.default_data is None:
-                raise ValueError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
-            data_dir = task.default_data(os.path.join(output_dir or ".", "zero_shot_data", name))
-            log(f"{name}: using its embedded data ({data_dir}).")
+    for name, (task, data_dir) in zero_shot_lib.resolve_tasks(tasks, output_dir or ".", registry, log).items():
         result = zero_shot_lib.evaluate(lm, tokenizer, task, data_dir, batch_size=batch_size)
         results[name] = result
         for metric in task.metric_names:

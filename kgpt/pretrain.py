@@ -225,20 +225,7 @@ def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, log):
     """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given."""
     if not config.zero_shot:
         return None
-    from kgpt.registry import TaskRegistry
-
-    registry = TaskRegistry()
-    tasks = {}
-    for name, data_dir in config.zero_shot.items():
-        task = registry.get(name)
-        if task.zero_shot is None:
-            raise ValueError(f"Task {name!r} offers no zero-shot heuristic; tasks that do: "
-                             f"{', '.join(zero_shot_lib.zero_shot_tasks(registry))}.")
-        if data_dir is None:
-            if task.default_data is None:
-                raise ValueError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
-            data_dir = task.default_data(os.path.join(config.output_dir or scratch_dir, "zero_shot_data", name))
-        tasks[name] = (task, data_dir)
+    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, config.output_dir or scratch_dir, log=log)
     every = config.zero_shot_every or steps_per_eval
     log(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
     out = config.output_dir

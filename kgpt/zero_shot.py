@@ -223,6 +223,29 @@ def zero_shot_tasks(registry):
     return [name for name in registry.names() if registry.get(name).zero_shot is not None]
 
 
+def resolve_tasks(tasks, scratch_dir, registry=None, log=print):
+    """`{name: data_dir or None}` -> `{name: (task, data_dir)}` for tasks that offer a heuristic.
+
+    `None` writes the task's embedded data to `scratch_dir/zero_shot_data/NAME`.
+    """
+    from kgpt.registry import TaskRegistry
+
+    registry = registry or TaskRegistry()
+    resolved = {}
+    for name, data_dir in tasks.items():
+        task = registry.get(name)
+        if task.zero_shot is None:
+            raise ValueError(f"Task {name!r} offers no zero-shot heuristic; tasks that do: "
+                             f"{', '.join(zero_shot_tasks(registry))}.")
+        if data_dir is None:
+            if task.default_data is None:
+                raise ValueError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
+            data_dir = task.default_data(os.path.join(scratch_dir, "zero_shot_data", name))
+            log(f"{name}: using its embedded data ({data_dir}).")
+        resolved[name] = (task, data_dir)
+    return resolved
+
+
 def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_size=32, max_examples=None):
     """Runs `task.zero_shot` on one split; returns its metrics and counts.
 

@@ -3,7 +3,7 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import metrics, original, readers, transforms, zero_shot
+from kgpt import lm_loss, metrics, original, readers, transforms, zero_shot
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.finetune import load_finetuned
@@ -38,6 +38,7 @@ __all__ = [
     "gelu_tanh",
     "gpt_adamw",
     "hookimpl",
+    "lm_loss",
     "load_finetuned",
     "metrics",
     "original",

@@ -6,6 +6,7 @@ from keras import ops
 from keras_hub.models import CausalLM
 
 from kgpt.backbone import GPTBackbone
+from kgpt.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
 from kgpt.optimizers import gpt_adamw
 from kgpt.presets import PresetMixin
 
@@ -18,7 +19,11 @@ class GPTCausalLM(PresetMixin, CausalLM):
     `{"token_ids", "padding_mask"}`. Train it like keras-hub's causal LMs
     without a preprocessor: `x` holds the windows, `y` the next-token ids and
     `sample_weight` (optional) zeroes the padded targets. `compile()` defaults
-    to the paper's optimiser (`kgpt.gpt_adamw`).
+    to the paper's optimiser (`kgpt.gpt_adamw`) and to the memory-lean loss:
+    `fit()` never holds the `[batch, length, vocabulary]` logits, as its
+    forward pass stops at the hidden states and the loss projects them
+    through the tied embedding 1024 tokens at a time (`kgpt.lm_loss`).
+    `predict()`, `evaluate()`, `score()` and `generate()` use logits.
 
     Args:
         backbone: a `kgpt.GPTBackbone`.
@@ -54,6 +59,10 @@ class GPTCausalLM(PresetMixin, CausalLM):
         logits = backbone.token_embedding(hidden_states, reverse=True)  # [B, T, V]
         super().__init__(inputs=inputs, outputs=logits, **kwargs)
 
+        # === Compile state ===
+        self._chunked_loss = None  # TiedLMLoss when compile(lm_loss_chunk_size=...)
+        self._token_accuracy = None  # its next-token accuracy tracker
+
     def compile(
         self,
         optimizer="auto",
@@ -62,6 +71,7 @@ class GPTCausalLM(PresetMixin, CausalLM):
         weighted_metrics="auto",
         sampler="top_k",
         total_steps=None,
+        lm_loss_chunk_size="auto",
         **kwargs,
     ):
         """Configures training and generation, with the paper's defaults.
@@ -76,9 +86,27 @@ class GPTCausalLM(PresetMixin, CausalLM):
                 `keras_hub.samplers.Sampler`, used by `generate()`.
             total_steps: horizon of the cosine decay for `optimizer="auto"`;
                 `None` holds the peak rate after warm-up.
+            lm_loss_chunk_size: train with the memory-lean loss, computing
+                the logits of this many tokens at a time instead of all
+                `[batch, length, vocabulary]` of them; it needs the `"auto"`
+                loss and metrics. `"auto"`: 1024 tokens with those, plain
+                logits with any other loss or metric. `None`: plain logits.
         """
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
+        if lm_loss_chunk_size == "auto":
+            defaults = loss == "auto" and weighted_metrics == "auto" and not kwargs.get("metrics")
+            lm_loss_chunk_size = DEFAULT_CHUNK_SIZE if defaults else None
+        chunked = None
+        if lm_loss_chunk_size is not None:
+            if loss != "auto" or weighted_metrics != "auto" or kwargs.get("metrics"):
+                raise ValueError(
+                    "lm_loss_chunk_size trains without logits, so it computes the loss and next-token accuracy "
+                    "itself: leave loss and weighted_metrics at 'auto' and metrics unset."
+                )
+            # Keras' loss stays compiled for evaluate(), whose forward pass gives logits.
+            chunked = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size, reduction="sum_over_batch_size")
+            weighted_metrics = None
         super().compile(
             optimizer=optimizer,
             loss=loss,
@@ -86,11 +114,20 @@ class GPTCausalLM(PresetMixin, CausalLM):
             sampler=sampler,
             **kwargs,
         )
+        # Plain attributes, not tracked layer state: reported through `metrics`.
+        object.__setattr__(self, "_chunked_loss", chunked)
+        accuracy = None if chunked is None else keras.metrics.Mean(name="sparse_categorical_accuracy")
+        object.__setattr__(self, "_token_accuracy", accuracy)
 
     def get_compile_config(self):
         config = super().get_compile_config()
         if config:
             config["sampler"] = keras.saving.serialize_keras_object(self.sampler)
+            chunked = self._chunked_loss
+            if chunked is not None:
+                config.update(loss="auto", weighted_metrics="auto", lm_loss_chunk_size=chunked.chunk_size)
+            else:
+                config["lm_loss_chunk_size"] = None
         return config
 
     def compile_from_config(self, config):
@@ -99,6 +136,35 @@ class GPTCausalLM(PresetMixin, CausalLM):
         self.compile(**keras.saving.deserialize_keras_object(config))
         if self.built:
             self.optimizer.build(self.trainable_variables)
+
+    # --- the memory-lean training loss -------------------------------------
+
+    def call(self, inputs, training=None, mask=None):
+        if training and self._chunked_loss is not None:
+            return self.backbone(inputs, training=training)  # [B, T, H]; compute_loss projects them
+        return super().call(inputs, training=training, mask=mask)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        chunked = self._chunked_loss
+        if chunked is None:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        if training:
+            sums = chunked.sums(y, y_pred, sample_weight)  # y_pred: hidden states
+            loss = chunked.reduce(sums[0], y, sample_weight)
+            weight = ops.sum(ops.ones_like(y, "float32") if sample_weight is None else sample_weight)
+            self._token_accuracy.update_state(ops.divide_no_nan(sums[1], weight)[None], sample_weight=weight[None])
+            for extra in self.losses:  # regularisers and add_loss(), as Keras adds them
+                loss = loss + ops.cast(ops.sum(extra), loss.dtype)
+            return loss
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        hits = ops.cast(ops.equal(predicted, ops.cast(y, "int32")), "float32")
+        self._token_accuracy.update_state(hits, sample_weight=sample_weight)
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+    @property
+    def metrics(self):
+        metrics = super().metrics
+        return metrics if self._token_accuracy is None else [*metrics, self._token_accuracy]
 
     # --- scoring -----------------------------------------------------------
 

@@ -58,6 +58,7 @@ class FinetuneConfig:
     intermediate_dim: int = 3072
     dropout: float = 0.1
     attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
+    lm_loss_chunk_size: int = 1024  # tokens whose logits the auxiliary LM loss holds at once; 0 = all
     seed: int = 0
 
 
@@ -335,7 +336,8 @@ def _finetune(config, task, data_dir, log):
             total_steps=total_steps,
             decay="linear",
             weight_decay=config.weight_decay,
-        )
+        ),
+        lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
     log(f"Task {task.name} ({task.transform.kind}, {task.head} head, metrics {', '.join(task.metric_names)}); "
         f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "

@@ -45,6 +45,7 @@ class PretrainConfig:
     lstm_units: int = 2048  # with architecture="lstm"
     dropout: float = 0.1
     attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
+    lm_loss_chunk_size: int = 1024  # tokens whose logits the LM loss holds at once (kgpt.lm_loss); 0 = all, as logits
     sequence_length: int = 512  # tokens per window (and the model's context)
     batch_size: int = 64  # windows per update
     learning_rate: float = 2.5e-4  # peak of the warm-up + cosine schedule
@@ -265,6 +266,7 @@ def _pretrain(config, shards_dir, replicas, log):
             weight_decay=config.weight_decay,
         ),
         sampler="top_k",
+        lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
     log(f"Model: {backbone.count_params():,} weights; {config.max_steps} steps of "
         f"{config.batch_size} x {config.sequence_length} tokens.")

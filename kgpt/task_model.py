@@ -11,6 +11,7 @@ from keras import ops
 from keras_hub.models import Task as KerasHubTask
 
 from kgpt.backbone import GPTBackbone
+from kgpt.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
 from kgpt.optimizers import gpt_adamw
 from kgpt.presets import PresetMixin
 from kgpt.task import HEADS
@@ -76,8 +77,11 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
     length]` (see `kgpt.transforms.pack`). Outputs a dict:
     `"task"`: logits `[batch, num_outputs]` (classification), a value
     `[batch]` (regression) or one logit per choice `[batch, num_views]`
-    (multiple choice); and, when `lm_coef > 0`, `"lm"`: next-token logits
-    `[batch, num_views, length - 1, vocabulary]`. Feed targets as
+    (multiple choice); and, when `lm_coef > 0`, `"lm"`: the final hidden
+    states `[batch, num_views, length - 1, hidden]` that predict the next
+    tokens. The LM loss (`kgpt.lm_loss.TiedLMLoss`) projects them through the
+    tied embedding a chunk of tokens at a time, so the `[batch, views,
+    length, vocabulary]` logits never exist at once. Feed targets as
     `y = {"task": labels, "lm": token_ids[..., 1:]}` with
     `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`
     (`kgpt.finetune.model_targets` builds these).
@@ -148,7 +152,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
             name="classifier",
         )
-        self.unfold_lm = UnfoldViews(num_views, name="unfold_lm_logits")
+        self.unfold_lm = UnfoldViews(num_views, name="unfold_lm_states")
 
         # === Functional Model ===
         token_ids = keras.Input(shape=(num_views, None), dtype="int32", name="token_ids")
@@ -163,8 +167,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             scores = ops.squeeze(scores, axis=-1)  # [B] or [B, K]
         outputs = {"task": scores}
         if lm_coef > 0:
-            lm_logits = backbone.token_embedding(hidden[:, :-1], reverse=True)  # [B*K, L-1, V]
-            outputs["lm"] = self.unfold_lm(lm_logits)  # [B, K, L-1, V]
+            outputs["lm"] = self.unfold_lm(hidden[:, :-1])  # [B, K, L-1, H]
         compile_now = kwargs.pop("compile", True)  # after the config below, which compile() reads
         super().__init__(
             inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs, compile=False, **kwargs
@@ -196,7 +199,8 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         )
         return config
 
-    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None, **kwargs):
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
+                lm_loss_chunk_size=DEFAULT_CHUNK_SIZE, **kwargs):
         """Configures fine-tuning with the paper's defaults.
 
         Args:
@@ -209,6 +213,8 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             weighted_metrics: `"auto"` for accuracy on classification and
                 multiple choice heads.
             total_steps: the fine-tuning run's number of updates.
+            lm_loss_chunk_size: tokens whose logits the `"auto"` LM loss
+                computes at once; `None` for all of them at once.
         """
         if optimizer == "auto":
             warmup = int(0.002 * total_steps) if total_steps else 0
@@ -218,15 +224,23 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             loss = {"task": self.task_loss()}
             loss_weights = {"task": 1.0}
             if "lm" in self.output:
-                loss["lm"] = keras.losses.SparseCategoricalCrossentropy(
-                    from_logits=True, reduction="mean_with_sample_weight"
-                )
+                loss["lm"] = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size)
                 loss_weights["lm"] = self.lm_coef
+        elif isinstance(loss, dict) and "lm" in loss and not isinstance(loss["lm"], TiedLMLoss):
+            raise ValueError(
+                "The 'lm' output holds hidden states, not logits: its loss must be a kgpt.lm_loss.TiedLMLoss."
+            )
         if weighted_metrics == "auto":
             weighted_metrics = {"task": [] if self.head == "regression" else ["accuracy"]}
         super().compile(
             optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics, **kwargs
         )
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        lm_loss = self.loss.get("lm") if isinstance(self.loss, dict) else None
+        if isinstance(lm_loss, TiedLMLoss):
+            lm_loss.training = training  # evaluation graphs skip the gradient computation
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
 
     def task_loss(self):
         """The head's loss: cross-entropy on logits, or mean squared error for regression."""
@@ -261,8 +275,8 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
     def predict_task(self, x, batch_size=32):
         """Task outputs only, as NumPy: logits, values or choice logits.
 
-        Unlike `predict()`, never computes the LM logits, whose
-        `[examples, views, length, vocabulary]` array would not fit in memory.
+        Unlike `predict()`, skips the LM output (hidden states
+        `[examples, views, length, hidden]`), which only the loss needs.
         """
         predictor = getattr(self, "_task_predictor", None)
         if predictor is None:

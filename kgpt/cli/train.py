@@ -45,6 +45,9 @@ flags.DEFINE_float("attention_dropout", None, "Dropout on attention probabilitie
 flags.DEFINE_enum("architecture", _PRE.architecture, ["transformer", "lstm"],
                   "lm: 'lstm' pre-trains the Table 5 ablation (--num_layers LSTM layers of --lstm_units).")
 flags.DEFINE_integer("lstm_units", _PRE.lstm_units, "lm: units per LSTM layer with --architecture lstm.")
+flags.DEFINE_integer("lm_loss_chunk_size", _PRE.lm_loss_chunk_size,
+                     "Tokens whose logits the LM loss holds at once, so training never keeps the whole "
+                     "[batch, length, vocabulary] array (kgpt.lm_loss); 0: all at once.", lower_bound=0)
 # Devices and precision.
 flags.DEFINE_enum("distribution", "none", ["none", "data_parallel"],
                   "data_parallel: split every batch over all local GPUs/TPU cores (CPUs without them): "

@@ -1,0 +1,138 @@
+"""The memory-lean LM loss: equal to plain logits in value, gradients and training, on both backends."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY, to_numpy
+
+import kgpt
+from kgpt.lm_loss import TiedLMLoss, chunked_lm_loss
+
+RNG = np.random.default_rng(0)
+HIDDEN = RNG.normal(size=(3, 7, 8)).astype("float32")
+TABLE = RNG.normal(size=(13, 8)).astype("float32")
+TARGETS = RNG.integers(0, 13, (3, 7)).astype("int32")
+WEIGHTS = (RNG.random((3, 7)) > 0.3).astype("float32")
+
+
+def plain_sums(hidden, table):
+    logits = keras.ops.einsum("bth,vh->btv", hidden, table)
+    nll = keras.losses.sparse_categorical_crossentropy(TARGETS, logits, from_logits=True)
+    hits = keras.ops.cast(keras.ops.argmax(logits, -1) == TARGETS, "float32")
+    return keras.ops.stack([keras.ops.sum(nll * WEIGHTS), keras.ops.sum(hits * WEIGHTS)])
+
+
+def value_and_grads(fn):
+    """`(sums, d sums[0] / d hidden, d sums[0] / d table)` on the active backend."""
+    if keras.config.backend() == "jax":
+        import jax
+
+        (_, sums), grads = jax.value_and_grad(lambda h, t: (fn(h, t)[0], fn(h, t)), argnums=(0, 1), has_aux=True)(
+            HIDDEN, TABLE)
+        return to_numpy(sums), *(to_numpy(g) for g in grads)
+    import tensorflow as tf
+
+    hidden, table = tf.Variable(HIDDEN), tf.Variable(TABLE)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 7, 8])])  # a dynamic batch, as in Keras' fit
+    def step(h):
+        with tf.GradientTape() as tape:
+            tape.watch(h)
+            sums = fn(h, table)
+            loss = sums[0]
+        return sums, tape.gradient(loss, [h, table])
+
+    sums, (d_hidden, d_table) = step(tf.constant(HIDDEN))
+    return to_numpy(sums), to_numpy(d_hidden), to_numpy(d_table)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 5, None])  # 21 tokens: 21 chunks; 5 chunks of 5, padded by 4; one
+def test_chunked_loss_equals_plain_logits_in_value_and_gradient(chunk_size):
+    expected = value_and_grads(plain_sums)
+    got = value_and_grads(lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=chunk_size))
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    evaluation = chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=chunk_size, training=False)
+    np.testing.assert_allclose(to_numpy(evaluation), expected[0], rtol=1e-5)
+
+
+def test_chunked_loss_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="positive number of tokens, got 0"):
+        chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=0)
+    with pytest.raises(ValueError, match="differ in the last axis"):
+        chunked_lm_loss(HIDDEN, TABLE[:, :4], TARGETS, WEIGHTS)
+    with pytest.raises(ValueError, match="tied ReversibleEmbedding"):
+        TiedLMLoss(keras.layers.Embedding(13, 8))
+    restored = TiedLMLoss.from_config(TiedLMLoss(chunk_size=3).get_config())
+    assert restored.chunk_size == 3
+    with pytest.raises(ValueError, match="needs the tied embedding layer"):
+        restored(TARGETS, HIDDEN)
+
+
+def _train(chunk, dtype=None, validate=True):
+    keras.utils.set_random_seed(1)
+    if dtype:
+        keras.config.set_dtype_policy(dtype)
+    try:
+        lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**{**TINY, "dropout": 0.0}))
+        lm.compile(optimizer=keras.optimizers.SGD(0.5), lm_loss_chunk_size=chunk)
+        ids = np.random.default_rng(0).integers(0, TINY["vocabulary_size"], (10, 17)).astype("int32")
+        mask = np.ones((10, 16), "float32")
+        mask[:3, 10:] = 0
+        x = {"token_ids": ids[:, :-1], "padding_mask": mask.astype("int32")}
+        history = lm.fit(x, ids[:, 1:], sample_weight=mask, batch_size=5, epochs=2, verbose=0, shuffle=False,
+                         validation_data=(x, ids[:, 1:], mask) if validate else None)
+        return history.history, lm.get_weights()
+    finally:
+        keras.config.set_dtype_policy("float32")
+
+
+def test_causal_lm_trains_the_same_with_and_without_logits():
+    plain, plain_weights = _train(None)
+    chunked, chunked_weights = _train(7)  # batches of 5 x 16 tokens: 12 chunks of 7, padded by 4
+    assert set(chunked) == set(plain) == {"loss", "sparse_categorical_accuracy", "val_loss",
+                                           "val_sparse_categorical_accuracy"}
+    for key in plain:
+        np.testing.assert_allclose(chunked[key], plain[key], rtol=1e-5, err_msg=key)
+    for a, b in zip(plain_weights, chunked_weights):
+        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_loss_under_mixed_bfloat16_tracks_plain_logits():
+    plain, _ = _train(None, "mixed_bfloat16", validate=False)
+    chunked, _ = _train(7, "mixed_bfloat16", validate=False)
+    np.testing.assert_allclose(chunked["loss"], plain["loss"], rtol=2e-2)
+
+
+def test_compile_chooses_chunking_only_with_the_default_loss():
+    lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY))
+    lm.compile()
+    assert lm._chunked_loss.chunk_size == kgpt.lm_loss.DEFAULT_CHUNK_SIZE
+    assert lm.get_compile_config()["lm_loss_chunk_size"] == kgpt.lm_loss.DEFAULT_CHUNK_SIZE
+    lm.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # "auto": plain logits
+    assert lm._chunked_loss is None
+    with pytest.raises(ValueError, match="leave loss and weighted_metrics at 'auto'"):
+        lm.compile(weighted_metrics=["accuracy"], lm_loss_chunk_size=64)
+
+
+def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
+    backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
+    model = kgpt.GPTTaskModel(backbone, num_outputs=2, num_views=2, classifier_dropout=0.0, compile=False)
+    ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 2, 9)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    x["padding_mask"][0, 1, 5:] = 0
+    assert to_numpy(model(x)["lm"]).shape == (4, 2, 8, TINY["hidden_dim"])
+    y = {"task": np.array([0, 1, 1, 0]), "lm": ids[..., 1:]}
+    weights = {"task": np.ones(4, "float32"), "lm": x["padding_mask"][..., 1:].astype("float32")}
+    losses = []
+    for chunk in (3, None):
+        model.compile(optimizer=keras.optimizers.SGD(0.0), lm_loss_chunk_size=chunk)
+        losses.append(model.evaluate(x, y, sample_weight=weights, verbose=0, return_dict=True))
+    np.testing.assert_allclose(losses[0]["lm_loss"], losses[1]["lm_loss"], rtol=1e-5)
+    # The LM loss is the mean next-token cross-entropy over the real tokens, from the tied logits.
+    hidden = to_numpy(model(x)["lm"])
+    logits = hidden @ to_numpy(backbone.token_embedding.embeddings).T
+    nll = to_numpy(keras.losses.sparse_categorical_crossentropy(y["lm"], logits, from_logits=True))
+    np.testing.assert_allclose(losses[0]["lm_loss"], (nll * weights["lm"]).sum() / weights["lm"].sum(), rtol=1e-5)
+    with pytest.raises(ValueError, match="must be a kgpt.lm_loss.TiedLMLoss"):
+        model.compile(loss={"task": "sparse_categorical_crossentropy", "lm": "sparse_categorical_crossentropy"})

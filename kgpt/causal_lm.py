@@ -94,12 +94,12 @@ class GPTCausalLM(PresetMixin, CausalLM):
         """
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
+        custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
         if lm_loss_chunk_size == "auto":
-            defaults = loss == "auto" and weighted_metrics == "auto" and not kwargs.get("metrics")
-            lm_loss_chunk_size = DEFAULT_CHUNK_SIZE if defaults else None
+            lm_loss_chunk_size = None if custom else DEFAULT_CHUNK_SIZE
         chunked = None
         if lm_loss_chunk_size is not None:
-            if loss != "auto" or weighted_metrics != "auto" or kwargs.get("metrics"):
+            if custom:
                 raise ValueError(
                     "lm_loss_chunk_size trains without logits, so it computes the loss and next-token accuracy "
                     "itself: leave loss and weighted_metrics at 'auto' and metrics unset."

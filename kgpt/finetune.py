@@ -159,13 +159,13 @@ def transfer(pretrained, num_layers):
 
 def with_special_tokens(backbone, tokenizer, seed=None):
     """The backbone, grown by the 3 special tokens when its vocabulary lacks them."""
-    if backbone.vocabulary_size == tokenizer.vocabulary_size:
+    if backbone.vocabulary_size == tokenizer.vocabulary_size():
         return backbone
-    if backbone.vocabulary_size == tokenizer.vocabulary_size - NUM_SPECIAL_TOKENS:
+    if backbone.vocabulary_size == tokenizer.vocabulary_size() - NUM_SPECIAL_TOKENS:
         return backbone.with_added_tokens(NUM_SPECIAL_TOKENS, seed=seed)
     raise ValueError(
         f"The backbone has {backbone.vocabulary_size} token embeddings but the tokenizer "
-        f"{tokenizer.vocabulary_size} ids (with start/delimiter/extract); they do not belong together."
+        f"{tokenizer.vocabulary_size()} ids (with start/delimiter/extract); they do not belong together."
     )
 
 
@@ -173,7 +173,7 @@ def initial_model(config, log=print):
     """`(backbone, tokenizer, description)` to fine-tune, from `config.init`."""
     if config.init == "scratch":
         tokenizer = GPTTokenizer.gpt1()
-        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size, config.max_length or 512)
+        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), config.max_length or 512)
         return backbone, tokenizer, "random initialisation (no pre-training)"
     if config.init is None:
         from kgpt import pretrain as pretrain_lib

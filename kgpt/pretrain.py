@@ -110,7 +110,7 @@ def load_tokenizer(config, files, log=print):
     tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges, log=log)
     if config.output_dir:
         tokenizer.save_to_preset(config.output_dir)
-    log(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size:,} with special tokens.")
+    log(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special tokens.")
     return tokenizer
 
 
@@ -253,10 +253,10 @@ def _pretrain(config, shards_dir, replicas, log):
     tokenizer = load_tokenizer(config, files, log=log)
     index = build_shards(files, tokenizer, shards_dir, log=log)
     total = index.total_tokens
-    log(f"Corpus: {len(files)} file(s), {total:,} tokens (vocabulary {tokenizer.vocabulary_size:,}).")
+    log(f"Corpus: {len(files)} file(s), {total:,} tokens (vocabulary {tokenizer.vocabulary_size():,}).")
     train_end = split_point(total, config)
 
-    backbone = build_backbone(config, tokenizer.vocabulary_size)
+    backbone = build_backbone(config, tokenizer.vocabulary_size())
     lm = GPTCausalLM(backbone)
     lm.compile(
         optimizer=gpt_adamw(

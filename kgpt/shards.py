@@ -191,7 +191,7 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, log=pri
     index_path = os.path.join(directory, INDEX_FILE)
     if os.path.exists(index_path):
         os.remove(index_path)  # stale: the corpus or tokenizer changed
-    dtype = token_dtype(tokenizer.vocabulary_size)
+    dtype = token_dtype(tokenizer.vocabulary_size())
     shards, out, filled = [], None, 0
 
     def open_shard():

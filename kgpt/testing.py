@@ -105,7 +105,7 @@ def check_task(task, data_dir=None, tokenizer=None):
     ]
     token_ids, padding_mask = transforms.pack(views, max(len(v) for ex in views for v in ex))
     labels = np.asarray([task.label_value(e) for e in examples], "float32" if task.head == "regression" else "int32")
-    backbone = GPTBackbone(vocabulary_size=tokenizer.vocabulary_size, num_layers=1, num_heads=2, hidden_dim=8,
+    backbone = GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2, hidden_dim=8,
                            intermediate_dim=16, max_sequence_length=32)
     model = GPTTaskModel(backbone, head=task.head, num_outputs=task.num_outputs,
                          num_views=task.transform.num_views, pooling=task.transform.pooling)

@@ -101,7 +101,7 @@ class GPTTokenizer:
     tokenizer = kgpt.GPTTokenizer.gpt1()  # the original files, shipped
     ids = tokenizer.encode("Hello world!")
     tokenizer.decode(ids)  # 'hello world !'
-    tokenizer.vocabulary_size  # 40481 (40478 + start, delimiter, extract)
+    tokenizer.vocabulary_size()  # 40481 (40478 + start, delimiter, extract)
     ```
     """
 
@@ -256,7 +256,6 @@ class GPTTokenizer:
 
     # --- ids -----------------------------------------------------------------
 
-    @property
     def vocabulary_size(self):
         """Ids in use, special tokens included (the backbone's minimum size)."""
         return len(self.encoder)
@@ -333,7 +332,7 @@ class GPTTokenizer:
         for i in ids:
             i = int(i)
             if i not in self.decoder:
-                raise ValueError(f"Token id {i} is outside the vocabulary (size {self.vocabulary_size}).")
+                raise ValueError(f"Token id {i} is outside the vocabulary (size {self.vocabulary_size()}).")
             symbol = self.decoder[i]
             pieces.append(f" {symbol} " if symbol in SPECIAL_TOKENS else symbol)
         text = "".join(pieces).replace("</w>", " ")

@@ -60,7 +60,7 @@ def char_tokenizer():
 def tiny_preset(tmp_path):
     """A preset directory (backbone config + weights + tokenizer) with a tiny model."""
     tokenizer = char_tokenizer()
-    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size,
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(),
                                    "max_sequence_length": 128})
     path = tmp_path / "preset"
     backbone.save_to_preset(str(path))

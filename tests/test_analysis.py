@@ -39,7 +39,7 @@ def test_transfer_depth_table_and_plot(tiny_preset, tmp_path):
 @pytest.fixture
 def tiny_lstm_preset(tmp_path):
     tokenizer = char_tokenizer()
-    lm = kgpt.GPTCausalLM(kgpt.LSTMBackbone(tokenizer.vocabulary_size, hidden_dim=16, lstm_units=24,
+    lm = kgpt.GPTCausalLM(kgpt.LSTMBackbone(tokenizer.vocabulary_size(), hidden_dim=16, lstm_units=24,
                                             max_sequence_length=128))
     path = str(tmp_path / "lstm")
     lm.save_to_preset(path)

@@ -127,7 +127,7 @@ def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
 def test_special_tokens_are_added_when_missing(backbone):
     tokenizer = kgpt.GPTTokenizer({f"t{i}": i for i in range(backbone.vocabulary_size)}, [])
     grown = finetune_lib.with_special_tokens(backbone, tokenizer)
-    assert grown.vocabulary_size == backbone.vocabulary_size + 3 == tokenizer.vocabulary_size
+    assert grown.vocabulary_size == backbone.vocabulary_size + 3 == tokenizer.vocabulary_size()
     with pytest.raises(ValueError, match="do not belong together"):
         finetune_lib.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
 
@@ -142,13 +142,13 @@ def test_fine_tunes_from_the_original_release_format(tmp_path):
     tokenizer = char_tokenizer()
     release = tmp_path / "model"
     tokenizer.save(str(release))
-    base = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size - 3, "max_sequence_length": 128})
+    base = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size() - 3, "max_sequence_length": 128})
     base.save_original(str(release))
     lines = []
     model, results = finetune_lib.finetune(config(str(release), tmp_path, num_heads=TINY["num_heads"]),
                                            log=lines.append)
     assert any(f"model from original checkpoint {release}" in line for line in lines)
-    assert model.backbone.vocabulary_size == tokenizer.vocabulary_size  # start/delimiter/extract added
+    assert model.backbone.vocabulary_size == tokenizer.vocabulary_size()  # start/delimiter/extract added
     assert 0.0 <= results["splits"]["dev"]["accuracy"] <= 1.0
 
 

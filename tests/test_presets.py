@@ -13,7 +13,7 @@ from conftest import TINY, char_tokenizer
 
 
 def backbone(**overrides):
-    return kgpt.GPTBackbone(**{**TINY, "vocabulary_size": char_tokenizer().vocabulary_size, **overrides})
+    return kgpt.GPTBackbone(**{**TINY, "vocabulary_size": char_tokenizer().vocabulary_size(), **overrides})
 
 
 def inputs(views=None, seed=0):

@@ -172,7 +172,7 @@ def test_pretrain_with_a_tokenizer_learned_from_the_corpus(tmp_path):
     config = tiny_config(tmp_path, tokenizer="train", num_merges=20, max_steps=6, evaluations=1, warmup_steps=1)
     lm, tokenizer, _ = pretrain(config, log=lambda *_: None)
     assert len(tokenizer.merges) == 20
-    assert lm.backbone.vocabulary_size == tokenizer.vocabulary_size < 200  # not GPT-1's 40,481
+    assert lm.backbone.vocabulary_size == tokenizer.vocabulary_size() < 200  # not GPT-1's 40,481
     saved = kgpt.GPTTokenizer.from_preset(str(tmp_path / "out"))
     assert saved.merges == tokenizer.merges
-    assert kgpt.GPTBackbone.from_preset(str(tmp_path / "out")).vocabulary_size == tokenizer.vocabulary_size
+    assert kgpt.GPTBackbone.from_preset(str(tmp_path / "out")).vocabulary_size == tokenizer.vocabulary_size()

@@ -16,7 +16,7 @@ def test_original_vocabulary_layout(gpt1):
     assert d[0] == "<unk>" and d[1] == "." and d[239] == ".</w>"
     assert d[477] == "th" and d[40476] == "bachelorette</w>" and d[40477] == "\n</w>"
     assert (gpt1.start_id, gpt1.delimiter_id, gpt1.extract_id) == (40478, 40479, 40480)
-    assert gpt1.vocabulary_size == 40481
+    assert gpt1.vocabulary_size() == 40481
 
 
 def test_known_encodings(gpt1):
@@ -37,7 +37,7 @@ def test_bpe_merges_lowest_rank_first():
     # The word 'ab' ends in b</w>, which the merge (a, b) does not match.
     assert tok2.encode("abc ab") == [7, 6, 1, 5]
     assert tok2.encode("abd") == [7, 0]  # 'd</w>' is unknown -> 0
-    assert tok2.vocabulary_size == len(symbols) + 3
+    assert tok2.vocabulary_size() == len(symbols) + 3
 
 
 def test_standardize_follows_the_original():
@@ -65,7 +65,7 @@ def test_save_load_round_trip(gpt1, tmp_path):
     loaded = GPTTokenizer.load(tmp_path)
     text = "Saving and loading keeps every id the same: 123, ok?"
     assert loaded.encode(text) == gpt1.encode(text)
-    assert loaded.vocabulary_size == gpt1.vocabulary_size
+    assert loaded.vocabulary_size() == gpt1.vocabulary_size()
 
 
 def test_bad_files_name_the_file(tmp_path):

@@ -119,7 +119,7 @@ def test_dprd_malformed_blocks_name_the_line(tmp_path, text, message):
 def tiny_lm(seed=0):
     keras.utils.set_random_seed(seed)
     tokenizer = char_tokenizer()
-    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size, "dropout": 0.0})
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "dropout": 0.0})
     return kgpt.GPTCausalLM(backbone), tokenizer
 
 

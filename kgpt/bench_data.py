@@ -117,7 +117,7 @@ def worker_train(directory, in_memory):
     else:
         data = shards
     backbone = kgpt.GPTBackbone(
-        vocabulary_size=kgpt.GPTTokenizer.gpt1().vocabulary_size, num_layers=FLAGS.num_layers,
+        vocabulary_size=kgpt.GPTTokenizer.gpt1().vocabulary_size(), num_layers=FLAGS.num_layers,
         num_heads=FLAGS.num_heads, hidden_dim=FLAGS.hidden_dim, intermediate_dim=FLAGS.intermediate_dim,
         max_sequence_length=FLAGS.sequence_length,
     )

@@ -1,14 +1,40 @@
 """The GPT-1 language model: backbone + LM head tied to the token embedding."""
 
+import os
+
 import keras
 import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 
 from kgpt.backbone import GPTBackbone
+from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
 from kgpt.optimizers import gpt_adamw
 from kgpt.presets import PresetMixin
+from kgpt.tokenizer import PRESET_CONFIG
+
+try:
+    import tensorflow as tf
+except ImportError:
+    tf = None
+
+_NO_PREPROCESSOR = (
+    "This GPTCausalLM has no preprocessor, so it takes token ids only. Load it with "
+    "kgpt.GPTCausalLM.from_preset(dir) from a preset that holds a tokenizer, or attach one: "
+    "lm.preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=lm.backbone.max_sequence_length)."
+)
+
+
+def _is_text(inputs):
+    """Whether `inputs` are strings (one, a list, or a string tensor/array), not token ids."""
+    if isinstance(inputs, (str, bytes)):
+        return True
+    if isinstance(inputs, (list, tuple)):
+        return bool(inputs) and all(isinstance(t, (str, bytes)) for t in inputs)
+    if tf is not None and isinstance(inputs, tf.Tensor):
+        return inputs.dtype == tf.string
+    return isinstance(inputs, np.ndarray) and inputs.dtype.kind in "US"
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -25,9 +51,16 @@ class GPTCausalLM(PresetMixin, CausalLM):
     through the tied embedding 1024 tokens at a time (`kgpt.lm_loss`).
     `predict()`, `evaluate()`, `score()` and `generate()` use logits.
 
+    With a `kgpt.GPTCausalLMPreprocessor` (`from_preset` attaches one when
+    the preset holds a tokenizer) the model also takes raw text:
+    `generate("prompt")` returns a string, `fit(texts)`, `evaluate(texts)`
+    and `predict(texts)` tokenize and pack on the fly, and `score(text)`
+    gives each token's log-probability. Token-id inputs work the same with
+    or without a preprocessor.
+
     Args:
         backbone: a `kgpt.GPTBackbone`.
-        preprocessor: optional keras-hub preprocessor for string `generate()`.
+        preprocessor: optional `kgpt.GPTCausalLMPreprocessor`, for text.
 
     Example:
     ```python
@@ -44,11 +77,27 @@ class GPTCausalLM(PresetMixin, CausalLM):
     lm.fit(x, ids[:, 1:], batch_size=4, epochs=1, verbose=0)
     lm.score(ids[:, :16]).shape  # (8, 15): log P(token t+1 | tokens <= t)
     ```
+
+    Text in, text out, from a preset (e.g. `kgpt-train --task lm --output_dir out`):
+    ```python
+    lm = kgpt.GPTCausalLM.from_preset("out")
+    lm.compile(sampler="greedy")
+    lm.generate("The keeper", max_length=20)  # 'the keeper climbed ...'
+    lm.fit(["Some text.", "More text."], batch_size=2)
+    lm.score("The keeper climbed.")  # log P of each token, the first after a newline
+    ```
     """
 
     backbone_cls = GPTBackbone
+    preprocessor_cls = GPTCausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        length = getattr(preprocessor, "sequence_length", None)
+        if isinstance(length, int) and length > backbone.max_sequence_length:
+            raise ValueError(
+                f"The preprocessor packs sequence_length={length} tokens, more than the backbone's "
+                f"max_sequence_length={backbone.max_sequence_length}."
+            )
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
@@ -145,6 +194,8 @@ class GPTCausalLM(PresetMixin, CausalLM):
         return super().call(inputs, training=training, mask=mask)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        if sample_weight is not None:  # the text preprocessor's weights are the boolean padding mask
+            sample_weight = ops.cast(sample_weight, "float32")
         chunked = self._chunked_loss
         if chunked is None:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
@@ -166,22 +217,64 @@ class GPTCausalLM(PresetMixin, CausalLM):
         metrics = super().metrics
         return metrics if self._token_accuracy is None else [*metrics, self._token_accuracy]
 
+    # --- text ----------------------------------------------------------------
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """Loads a local kgpt preset, with a text preprocessor when it holds a tokenizer.
+
+        The preprocessor is the one saved with the model (`preprocessor.json`,
+        as `save_to_preset` writes when one is attached), or else one built
+        around the preset's `tokenizer.json` with the model's context as
+        `sequence_length`. A preset without a tokenizer loads without one
+        (token ids only); so does `preprocessor=None`. `kwargs` override
+        config entries (e.g. `dropout`).
+        """
+        lm = super().from_preset(preset, **kwargs)
+        if lm.preprocessor is None and "preprocessor" not in kwargs:
+            if os.path.isfile(os.path.join(preset, PRESET_CONFIG)):
+                preprocessor = cls.preprocessor_cls.from_preset(preset)
+                limit = lm.backbone.max_sequence_length
+                preprocessor.sequence_length = min(preprocessor.sequence_length, limit)
+                lm.preprocessor = preprocessor
+        return lm
+
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.
+        if self.preprocessor is None or not _is_text(x):
+            return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        return super().preprocess_samples(x, y, sample_weight)
+
     # --- scoring -----------------------------------------------------------
 
     def score(self, token_ids, padding_mask=None, batch_size=32):
         """Log-probability of every token given the tokens before it.
 
         Args:
-            token_ids: int array `[batch, length]`.
-            padding_mask: optional `[batch, length]`, 1 for real tokens.
+            token_ids: int array `[batch, length]`; or, with a preprocessor,
+                a text or a list of texts.
+            padding_mask: optional `[batch, length]`, 1 for real tokens
+                (token ids only).
             batch_size: rows per forward pass.
 
         Returns:
-            float32 NumPy array `[batch, length - 1]`: entry `t` is
-            `log P(token_ids[:, t + 1] | token_ids[:, :t + 1])`, and 0 where
-            token `t + 1` is padding. Sums and means over a span give the
-            sequence scores of the paper's zero-shot heuristics (section 5).
+            For token ids, a float32 NumPy array `[batch, length - 1]`: entry
+            `t` is `log P(token_ids[:, t + 1] | token_ids[:, :t + 1])`, and 0
+            where token `t + 1` is padding. Sums and means over a span give
+            the sequence scores of the paper's zero-shot heuristics (section
+            5). For a text, a float32 array with one entry per token of the
+            text: its log-probability given the tokens before it, the first
+            one given the newline token (a document boundary) when the
+            vocabulary has one (else the first token is not scored), as
+            `kgpt.zero_shot.Scorer` does; for a list of texts, a list of them.
+
+        Example:
+        ```python
+        lm.score("The keeper climbed the tower.")  # array([-3.1, -7.9, ...], dtype=float32)
+        ```
         """
+        if _is_text(token_ids):
+            return self._score_text(token_ids, batch_size)
         token_ids = np.asarray(token_ids, dtype="int32")
         if token_ids.ndim != 2 or token_ids.shape[1] < 2:
             raise ValueError(
@@ -193,6 +286,38 @@ class GPTCausalLM(PresetMixin, CausalLM):
         self._check_length(token_ids.shape[1])
         inputs = {"token_ids": token_ids, "padding_mask": np.asarray(padding_mask, "int32")}
         return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
+
+    def _score_text(self, texts, batch_size):
+        from kgpt.zero_shot import Scorer
+
+        if self.preprocessor is None:
+            raise ValueError(_NO_PREPROCESSOR)
+        if tf is not None and isinstance(texts, tf.Tensor):
+            texts = texts.numpy()
+        if isinstance(texts, np.ndarray):
+            texts = texts.item() if texts.ndim == 0 else texts.reshape(-1).tolist()
+        single = isinstance(texts, (str, bytes))
+        texts = [texts] if single else list(texts)
+        texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in texts]
+        tokenizer = self.preprocessor.tokenizer
+        scorer = Scorer(self, tokenizer, batch_size=batch_size)
+        limit = self.backbone.max_sequence_length
+        pairs = []
+        for text in texts:
+            context, tokens = list(scorer.prefix), tokenizer.encode(text)
+            if not context:  # no newline token: the first token only conditions
+                context, tokens = tokens[:1], tokens[1:]
+            if not tokens:
+                raise ValueError(f"Nothing to score in {text!r:.80}: it has too few tokens.")
+            if len(context) + len(tokens) > limit:
+                newline = " with the newline before it" if scorer.prefix else ""
+                raise ValueError(
+                    f"The text {text!r:.40} is {len(context) + len(tokens)} tokens long{newline}, more than the "
+                    f"model's context max_sequence_length={limit}; split it."
+                )
+            pairs.append((context, tokens))
+        scores = [s.astype("float32") for s in scorer.log_probs_of_ids(pairs)]
+        return scores[0] if single else scores
 
     def _scorer(self):
         scorer = getattr(self, "_score_model", None)
@@ -223,35 +348,59 @@ class GPTCausalLM(PresetMixin, CausalLM):
         """Continues prompts token by token with the compiled sampler.
 
         Args:
-            inputs: either a list of prompts (lists of token ids), padded here
-                to `max_length`, or keras-hub's dict `{"token_ids",
-                "padding_mask"}` of right-padded `[batch, max_length]` arrays
-                where `padding_mask` marks the prompt.
-            max_length: total length (prompt + continuation) for list inputs;
-                at most `max_sequence_length`.
-            stop_token_ids: token ids that end a sequence, or `None`.
+            inputs: text (needs a preprocessor): a prompt string or a list of
+                them; or token ids: a list of prompts (lists of token ids),
+                padded here to `max_length`, or keras-hub's dict
+                `{"token_ids", "padding_mask"}` of right-padded
+                `[batch, max_length]` arrays where `padding_mask` marks the
+                prompt. Token ids never go through the preprocessor.
+            max_length: total length (prompt + continuation), at most
+                `max_sequence_length`; for text, default the preprocessor's
+                `sequence_length`, for lists of ids the model's context.
+            stop_token_ids: token ids that end a sequence, or `None` (the
+                default: GPT-1 has no end-of-text token, so `"auto"` means
+                `None` too).
             strip_prompt: return only the continuation.
 
         Returns:
-            dict of NumPy `token_ids` and `padding_mask` (0 after a stop token).
+            For a string, a string (words joined by spaces, lower-cased, as
+            `GPTTokenizer.decode` gives them); for a list of strings, a list.
+            For token ids, a dict of NumPy `token_ids` and `padding_mask` (0
+            after a stop token).
 
         Example:
         ```python
         lm.compile(sampler="greedy")
         out = lm.generate([[5, 6, 7]], max_length=12)
         out["token_ids"].shape  # (1, 12)
+        lm.generate("The keeper", max_length=20)  # a str (needs a preprocessor)
         ```
         """
-        if self.preprocessor is None and not isinstance(inputs, dict):
+        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
+            stop_token_ids = None  # keras-hub's "auto" is the end token, which GPT-1 lacks
+        if _is_text(inputs):
+            if self.preprocessor is None:
+                raise ValueError(_NO_PREPROCESSOR)
+            self._check_length(max_length or self.preprocessor.sequence_length)
+            return super().generate(
+                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
+            )
+        if tf is not None and isinstance(inputs, tf.data.Dataset):
+            return super().generate(
+                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
+            )
+        if not isinstance(inputs, dict):
             inputs = self._pack_prompts(inputs, max_length)
-        if isinstance(inputs, dict):
-            self._check_length(np.shape(inputs["token_ids"])[1])
-        return super().generate(
-            inputs,
-            max_length=max_length,
-            stop_token_ids=stop_token_ids,
-            strip_prompt=strip_prompt,
-        )
+        self._check_length(np.shape(inputs["token_ids"])[1])
+        # Token ids skip the preprocessor, which would try to tokenize them.
+        preprocessor = self.preprocessor
+        object.__setattr__(self, "_preprocessor", None)  # untracked swap, restored below
+        try:
+            return super().generate(
+                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
+            )
+        finally:
+            object.__setattr__(self, "_preprocessor", preprocessor)
 
     def _pack_prompts(self, prompts, max_length):
         prompts = [list(p) for p in prompts]
@@ -267,7 +416,9 @@ class GPTCausalLM(PresetMixin, CausalLM):
                 f"within max_length={max_length}."
             )
         token_ids = np.zeros((len(prompts), max_length), "int32")
-        padding_mask = np.zeros((len(prompts), max_length), "int32")
+        # Boolean, as the text preprocessor gives it: text and id prompts of
+        # one shape then share one compiled generate function.
+        padding_mask = np.zeros((len(prompts), max_length), "bool")
         for row, prompt in enumerate(prompts):
             token_ids[row, : len(prompt)] = prompt
             padding_mask[row, : len(prompt)] = 1

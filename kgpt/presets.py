@@ -2,7 +2,8 @@
 
 A preset directory holds `config.json` + `model.weights.h5` (the backbone),
 `task.json` + `task.weights.h5` (a causal LM or fine-tuned task model),
-`tokenizer.json` + `assets/tokenizer/` (the BPE files) and `metadata.json`
+`tokenizer.json` + `assets/tokenizer/` (the BPE files), `preprocessor.json`
+(a task's text preprocessor, when one was attached) and `metadata.json`
 (keras, keras-hub and kgpt versions). Loading never runs code from the files:
 configs are JSON read with Keras' safe deserialisation (only registered classes,
 no lambdas) and weights are HDF5 arrays. Before any weight is assigned, the
@@ -137,7 +138,12 @@ def load_any_backbone(preset, **kwargs):
 
 
 def load_task_preset(cls, preset, **kwargs):
-    """`cls.from_preset` for kgpt task models: task config, task and backbone weights checked."""
+    """`cls.from_preset` for kgpt task models: task config, task and backbone weights checked.
+
+    A preprocessor saved inside `task.json` gets its tokenizer's files from
+    the preset's `assets/` (keras-hub's `load_preset_assets`), after the
+    weight files are checked and before any weight is assigned.
+    """
     from keras_hub.models import Backbone
 
     config = check_preset_dir(preset, TASK_CONFIG_FILE, cls)
@@ -153,6 +159,10 @@ def load_task_preset(cls, preset, **kwargs):
         check_weights_file(task_path, head)
     elif os.path.exists(task_path):
         raise CheckpointError(f"{task_path} holds head weights, but the model in task.json has no head.")
+    # A preprocessor in task.json comes back without its tokenizer's files (as in keras-hub).
+    preprocessor = getattr(task, "preprocessor", None)
+    if preprocessor is not None and hasattr(preprocessor, "load_preset_assets"):
+        preprocessor.load_preset_assets(os.fspath(preset))
     load_weights(task.backbone.load_weights, backbone_path)
     if head:
         load_weights(task.load_task_weights, task_path)

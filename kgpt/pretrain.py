@@ -22,6 +22,7 @@ import numpy as np
 from kgpt import zero_shot as zero_shot_lib
 from kgpt.backbone import GPTBackbone
 from kgpt.causal_lm import GPTCausalLM
+from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.distribute import training_scope
 from kgpt.lstm import LSTMBackbone
 from kgpt.optimizers import gpt_adamw
@@ -352,13 +353,14 @@ def _pretrain(config, shards_dir, replicas, log):
     metrics["sample"] = tokenizer.decode(sample)
     log(f"Sample: {metrics['sample']}")
 
+    # Text in, text out from here on (and in the preset): lm.generate("..."), lm.score("...").
+    lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
     if config.output_dir:
         # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir)
-        # load it; fine-tuning takes --init dir.
+        # load it (the preprocessor saves the tokenizer); fine-tuning takes --init dir.
         lm.save_to_preset(config.output_dir)
-        tokenizer.save_to_preset(config.output_dir)
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
             json.dump(metrics, f, indent=2)
-        log(f"Saved the preset (config.json, model.weights.h5, task.json, tokenizer.json, assets/), "
+        log(f"Saved the preset (config.json, model.weights.h5, task.json, preprocessor.json, tokenizer.json, assets/), "
             f"history.csv, logs/ and metrics.json in {config.output_dir}")
     return lm, tokenizer, metrics

@@ -14,17 +14,32 @@ regular expression that follows spaCy's English rules for the common cases
 original's exact path (`ftfy.fix_text` + spaCy's English tokenizer, which
 needs no downloaded model), installed with `pip install "kgpt[exact]"`.
 `python -m kgpt.bench_tokenizer` measures how often the two agree.
+
+`GPTTokenizer` is a keras-hub `Tokenizer` layer: callable on strings, mapped
+over `tf.data` (through `tf.py_function`), saved in presets and found by
+`keras_hub.tokenizers.Tokenizer.from_preset`.
 """
 
 import hashlib
 import importlib
+import itertools
 import json
 import os
 import re
 import unicodedata
 from importlib import resources
 
+import keras
+import numpy as np
+from keras_hub.tokenizers import Tokenizer
+
+from kgpt.backbone import GPTBackbone
 from kgpt.presets import CheckpointError, read_json
+
+try:  # the tf.data path; keras-hub's own preprocessing needs TensorFlow there too
+    import tensorflow as tf
+except ImportError:
+    tf = None
 
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 ENCODER_FILE = "encoder_bpe_40000.json"
@@ -88,13 +103,35 @@ def _pairs(word):
     return set(zip(word, word[1:]))
 
 
-class GPTTokenizer:
-    """Text <-> token ids with the GPT-1 BPE vocabulary.
+@keras.saving.register_keras_serializable(package="kgpt")
+class GPTTokenizer(Tokenizer):
+    """Text <-> token ids with the GPT-1 BPE vocabulary, as a keras-hub `Tokenizer`.
+
+    Calling the layer (or `tokenize()`) on a string gives an int32 NumPy
+    array of ids; on a list of strings or a rank-1 string tensor, a list of
+    id lists. Inside a `tf.data` pipeline or a `tf.function` the exact Python
+    algorithm runs through `tf.py_function` (ftfy, spaCy's rules and the
+    original BPE have no faithful TensorFlow ops), giving a dense int32
+    vector for a scalar string and a `tf.RaggedTensor` for a batch, which
+    keras-hub's packers take. `detokenize()` is the inverse: ids in any
+    form -> a string or a list of strings (see `decode()` for the spacing).
+
+    `encode()`/`decode()` are the plain-Python API on single texts.
+    `special_tokens` are the paper's three added tokens (`_start_`,
+    `_delimiter_`, `_classify_`; `start_token_id`, `delimiter_token_id`,
+    `extract_token_id`, also as `start_id`, `delimiter_id`, `extract_id`).
+    GPT-1's language model has no beginning- or end-of-text token, so
+    `end_token_id` is None (generation runs to `max_length`) and padding uses
+    id 0 (`pad_token_id`, `<unk>`), which the padding mask hides.
 
     Args:
         encoder: dict of BPE symbol -> id, ids `0..n-1` (`<unk>` is 0 in the
-            original files).
-        merges: list of `(left, right)` symbol pairs in rank order.
+            original files); None for an empty tokenizer that
+            `load_assets(directory)` fills (how presets are loaded).
+        merges: list of `(left, right)` symbol pairs in rank order (None
+            with `encoder=None`).
+        splitter: `"regex"` (default) or `"spacy"` (the original's exact
+            word splitting; `pip install "kgpt[exact]"`).
 
     Example:
     ```python
@@ -102,23 +139,65 @@ class GPTTokenizer:
     ids = tokenizer.encode("Hello world!")
     tokenizer.decode(ids)  # 'hello world !'
     tokenizer.vocabulary_size()  # 40481 (40478 + start, delimiter, extract)
+
+    tokenizer("Hello world!")  # array([3570, 1276, 267], dtype=int32)
+    tokenizer(["Hello world!", "Hi"])  # [[3570, 1276, 267], [3569]]
+    tokenizer.detokenize([[3570, 1276]])  # ['hello world']
+
+    ds = tf.data.Dataset.from_tensor_slices(["Hello world!", "Hi"])
+    ds = ds.batch(2).map(tokenizer)  # tf.RaggedTensor batches
+
+    tokenizer.save_to_preset("my_preset")  # tokenizer.json + assets/tokenizer/
+    kgpt.GPTTokenizer.from_preset("my_preset")
     ```
     """
 
-    def __init__(self, encoder, merges, splitter="regex"):
+    backbone_cls = GPTBackbone
+
+    def __init__(self, encoder=None, merges=None, splitter="regex", **kwargs):
         if splitter not in ("regex", "spacy"):
             raise ValueError(f"splitter must be 'regex' or 'spacy', got {splitter!r}.")
         if splitter == "spacy":
             _spacy_english()  # fail now, with the install hint, not at the first encode()
+        if (encoder is None) != (merges is None):
+            raise ValueError("Give both encoder and merges, or neither (then load them with load_assets()).")
+        # Ids are always int32, whatever dtype a saved config names.
+        super().__init__(**{**kwargs, "dtype": "int32"})
         self.splitter = splitter
-        self.encoder = dict(encoder)
-        self.merges = [tuple(m) for m in merges]
-        self.bpe_ranks = {pair: rank for rank, pair in enumerate(self.merges)}
-        base = len(self.encoder)
-        for offset, token in enumerate(SPECIAL_TOKENS):
-            self.encoder.setdefault(token, base + offset)
-        self.decoder = {i: s for s, i in self.encoder.items()}
-        self._cache = {}
+        self.file_assets = [ENCODER_FILE, MERGES_FILE]
+        # GPT-1 has no end-of-text token; 0 (<unk>) pads, under a padding mask.
+        self.end_token_id = None
+        self.pad_token_id = 0
+        self._set_vocabulary(encoder, merges)
+        for token, name in zip(SPECIAL_TOKENS, ("start_token", "delimiter_token", "extract_token")):
+            self._add_special_token(token, name)
+
+    def _set_vocabulary(self, encoder, merges):
+        state = dict(encoder=None, merges=None, bpe_ranks=None, decoder=None, _cache={})
+        if encoder is not None:
+            encoder = dict(encoder)
+            base = len(encoder)
+            for offset, token in enumerate(SPECIAL_TOKENS):
+                encoder.setdefault(token, base + offset)
+            merges = [tuple(m) for m in merges]
+            state.update(
+                encoder=encoder,
+                merges=merges,
+                bpe_ranks={pair: rank for rank, pair in enumerate(merges)},
+                decoder={i: s for s, i in encoder.items()},
+            )
+        # Plain attributes: Keras' attribute tracking would copy these large
+        # containers into tracked wrappers (and the BPE cache's lists on every
+        # insert), which costs time and has nothing to track.
+        for name, value in state.items():
+            object.__setattr__(self, name, value)
+
+    def _check_vocabulary(self):
+        if self.encoder is None:
+            raise ValueError(
+                "This GPTTokenizer has no vocabulary yet: build it with GPTTokenizer.gpt1(), from_original(), "
+                "from_preset() or train(), or call load_assets(directory) on a folder of the two BPE files."
+            )
 
     # --- files ---------------------------------------------------------------
 
@@ -212,6 +291,7 @@ class GPTTokenizer:
 
     def save(self, directory):
         """Writes the two files in the original formats; `load()` reads them."""
+        self._check_vocabulary()
         os.makedirs(directory, exist_ok=True)
         plain = {s: i for s, i in self.encoder.items() if s not in SPECIAL_TOKENS}
         with open(os.path.join(directory, ENCODER_FILE), "w", encoding="utf-8") as f:
@@ -225,30 +305,58 @@ class GPTTokenizer:
         """Reads a tokenizer written by `save()` (or the original files)."""
         return cls.from_original(directory)
 
-    def save_to_preset(self, preset_dir):
-        """Writes `tokenizer.json` + `assets/tokenizer/` in a keras-hub preset directory."""
-        self.save(os.path.join(preset_dir, PRESET_ASSETS))
-        config = {"module": "kgpt", "class_name": "GPTTokenizer", "config": {"splitter": self.splitter}}
-        with open(os.path.join(preset_dir, PRESET_CONFIG), "w", encoding="utf-8") as f:
-            json.dump(config, f, indent=4)
+    def save_assets(self, dir_path):
+        """keras-hub/Keras saving hook: the two BPE files, as `save()` writes them."""
+        self.save(dir_path)
+
+    def load_assets(self, dir_path):
+        """keras-hub/Keras loading hook: reads the two BPE files of `dir_path` into this tokenizer."""
+        encoder = _read_encoder(os.path.join(dir_path, ENCODER_FILE))
+        merges = _read_merges(os.path.join(dir_path, MERGES_FILE), encoder)
+        self._set_vocabulary(encoder, merges)
+        self._update_special_token_ids()
 
     @classmethod
-    def from_preset(cls, preset_dir):
-        """Reads the tokenizer of a kgpt preset, or a folder of the two BPE files.
+    def from_preset(cls, preset, config_file=PRESET_CONFIG, **kwargs):
+        """Reads the tokenizer of a local preset folder, or a folder of BPE files.
 
-        Example: `kgpt.GPTTokenizer.from_preset("out")` after `kgpt-train --task lm --output_dir out`.
+        A preset holds keras-hub's `tokenizer.json` (written by
+        `save_to_preset()`, `GPTCausalLM.save_to_preset()` or
+        `kgpt-train --output_dir`) and `assets/tokenizer/`. A folder without
+        `tokenizer.json` is read with `from_original()` (the original release's
+        two files, or Hugging Face `vocab.json` + `merges.txt`). Nothing is
+        ever downloaded. `keras_hub.tokenizers.Tokenizer.from_preset(dir)`
+        also loads a kgpt preset that holds a backbone (`config.json`).
+
+        Args:
+            preset: path of the folder.
+            config_file: the tokenizer's config file in it.
+            **kwargs: overrides of the saved config (e.g. `splitter`).
+
+        Example:
+        ```python
+        tokenizer = kgpt.GPTTokenizer.from_preset("out")  # after kgpt-train --task lm --output_dir out
+        ```
         """
-        config_path = os.path.join(preset_dir, PRESET_CONFIG)
-        if not os.path.isfile(config_path):
-            return cls.from_original(preset_dir)
-        config = read_json(config_path, "a kgpt tokenizer config")
-        if not isinstance(config, dict) or config.get("class_name") != "GPTTokenizer":
-            raise CheckpointError(f"{config_path}: expected a kgpt GPTTokenizer config, got {config!r:.200}.")
-        splitter = config.get("config", {}).get("splitter", "regex")
-        return cls.from_original(os.path.join(preset_dir, PRESET_ASSETS), splitter=splitter)
+        preset = os.fspath(preset)
+        path = os.path.join(preset, config_file)
+        if not os.path.isfile(path):
+            return cls.from_original(preset, **kwargs)
+        config = read_json(path, "a kgpt tokenizer config")
+        name = config.get("registered_name") if isinstance(config, dict) else None
+        registered = keras.saving.get_registered_object(name) if isinstance(name, str) else None
+        if not (isinstance(registered, type) and issubclass(registered, cls)) or not isinstance(
+            config.get("config"), dict
+        ):
+            raise CheckpointError(f"{path}: expected a kgpt {cls.__name__} config, got {config!r:.200}.")
+        config["config"].update(kwargs)
+        tokenizer = keras.saving.deserialize_keras_object(config, safe_mode=True)
+        tokenizer.load_assets(os.path.join(preset, PRESET_ASSETS))
+        return tokenizer
 
     def fingerprint(self):
         """A short hash of the vocabulary and merges (same files, same fingerprint)."""
+        self._check_vocabulary()
         digest = hashlib.sha256()
         digest.update(json.dumps(sorted(self.encoder.items()), ensure_ascii=False).encode())
         digest.update(json.dumps(self.merges, ensure_ascii=False).encode())
@@ -258,19 +366,40 @@ class GPTTokenizer:
 
     def vocabulary_size(self):
         """Ids in use, special tokens included (the backbone's minimum size)."""
+        self._check_vocabulary()
         return len(self.encoder)
+
+    def get_vocabulary(self):
+        """Every token (BPE symbol or special token), in id order."""
+        self._check_vocabulary()
+        return sorted(self.encoder, key=self.encoder.get)
+
+    def id_to_token(self, id):
+        """The BPE symbol (or special token) of one id."""
+        self._check_vocabulary()
+        token = self.decoder.get(int(id))
+        if token is None:
+            raise ValueError(f"Token id {id} is outside the vocabulary (size {self.vocabulary_size()}).")
+        return token
+
+    def token_to_id(self, token):
+        """The id of one BPE symbol (e.g. `'the</w>'`) or special token."""
+        self._check_vocabulary()
+        if token not in self.encoder:
+            raise ValueError(f"Token {token!r} is not in the vocabulary.")
+        return self.encoder[token]
 
     @property
     def start_id(self):
-        return self.encoder["_start_"]
+        return self.start_token_id
 
     @property
     def delimiter_id(self):
-        return self.encoder["_delimiter_"]
+        return self.delimiter_token_id
 
     @property
     def extract_id(self):
-        return self.encoder["_classify_"]
+        return self.extract_token_id
 
     # --- encoding ------------------------------------------------------------
 
@@ -279,11 +408,12 @@ class GPTTokenizer:
         cached = self._cache.get(word)
         if cached is not None:
             return cached
+        ranks = self.bpe_ranks
         symbols = tuple(word[:-1]) + (word[-1] + "</w>",)
         pairs = _pairs(symbols)
         while pairs:
-            best = min(pairs, key=lambda p: self.bpe_ranks.get(p, float("inf")))
-            if best not in self.bpe_ranks:
+            best = min(pairs, key=lambda p: ranks.get(p, float("inf")))
+            if best not in ranks:
                 break
             first, second = best
             merged, i = [], 0
@@ -317,9 +447,13 @@ class GPTTokenizer:
         """Token ids of `text` (no special tokens added)."""
         if not isinstance(text, str):
             raise TypeError(f"encode() takes a str, got {type(text).__name__}.")
+        self._check_vocabulary()
+        # Locals: attribute lookups on a Keras layer cost more than on a plain object.
+        lookup, cached, bpe = self.encoder.get, self._cache.get, self.bpe
         ids = []
         for word in self.words(text):
-            ids.extend(self.encoder.get(s, 0) for s in self.bpe(word))
+            symbols = cached(word)
+            ids.extend([lookup(s, 0) for s in (bpe(word) if symbols is None else symbols)])
         return ids
 
     def encode_batch(self, texts):
@@ -328,6 +462,7 @@ class GPTTokenizer:
 
     def decode(self, ids):
         """Text from ids; words are joined by single spaces (case is lost)."""
+        self._check_vocabulary()
         pieces = []
         for i in ids:
             i = int(i)
@@ -338,8 +473,155 @@ class GPTTokenizer:
         text = "".join(pieces).replace("</w>", " ")
         return re.sub(r"[^\S\n]+", " ", text).replace(" \n ", "\n").strip()
 
+    # --- the keras-hub layer -----------------------------------------------
+
+    def call(self, inputs, *args, training=None, **kwargs):
+        return self.tokenize(inputs, *args, **kwargs)
+
+    def tokenize(self, inputs):
+        """Token ids of a string (int32 array) or of a batch of strings (id lists).
+
+        Args:
+            inputs: a `str`; a list/tuple of `str`; or a string tensor or
+                array of rank 0 or 1.
+
+        Returns:
+            In Python: an int32 NumPy array for one string, a list of lists
+            of ints for a batch. Traced by `tf.data`/`tf.function`: an int32
+            vector for a scalar string, a `tf.RaggedTensor` `[batch, None]`
+            for a rank-1 string tensor.
+        """
+        self._check_vocabulary()
+        if self._use_tf_workflow():
+            return self._tokenize_tf(inputs)
+        texts, batched = _texts(inputs)
+        ids = [self.encode(text) for text in texts]
+        return ids if batched else np.asarray(ids[0], dtype="int32")
+
+    def _tokenize_tf(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        if inputs.dtype != tf.string:
+            raise TypeError(f"tokenize() takes string tensors, got {inputs.dtype.name}.")
+        if inputs.shape.rank == 0:
+            ids = tf.py_function(self._encode_scalar, [inputs], Tout=tf.int32)
+            ids.set_shape([None])
+            return ids
+        if inputs.shape.rank == 1:
+            values, lengths = tf.py_function(self._encode_flat, [inputs], Tout=[tf.int32, tf.int64])
+            values.set_shape([None])
+            lengths.set_shape(inputs.shape)
+            return tf.RaggedTensor.from_row_lengths(values, lengths, validate=False)
+        raise ValueError(f"tokenize() takes a string or a rank-1 batch of strings, got shape {inputs.shape}.")
+
+    def _encode_scalar(self, text):  # runs eagerly inside tf.py_function
+        return np.asarray(self.encode(text.numpy().decode("utf-8")), dtype=np.int32)
+
+    def _encode_flat(self, texts):  # runs eagerly inside tf.py_function
+        rows = [self.encode(t.decode("utf-8")) for t in texts.numpy()]
+        lengths = np.array([len(r) for r in rows], dtype=np.int64)
+        values = np.fromiter(itertools.chain.from_iterable(rows), dtype=np.int32, count=int(lengths.sum()))
+        return values, lengths
+
+    def detokenize(self, inputs):
+        """Text from ids: one sequence -> a `str`, a batch -> a list of `str`.
+
+        Args:
+            inputs: ids as an int, a list of ints, a list of lists, a NumPy
+                array or backend tensor of rank 0-2, or a `tf.RaggedTensor`.
+                Traced by `tf.data`/`tf.function` it returns a string tensor
+                (scalar for a rank-1 input).
+        """
+        self._check_vocabulary()
+        if self._use_tf_workflow():
+            return self._detokenize_tf(inputs)
+        rows, batched = _id_rows(inputs)
+        texts = [self.decode(row) for row in rows]
+        return texts if batched else texts[0]
+
+    def _detokenize_tf(self, inputs):
+        unbatched = False
+        if not isinstance(inputs, tf.RaggedTensor):
+            inputs = tf.convert_to_tensor(inputs)
+            if inputs.shape.rank == 1:
+                inputs, unbatched = inputs[tf.newaxis], True
+            if inputs.shape.rank != 2:
+                raise ValueError(f"detokenize() takes ids of rank 1 or 2, got shape {inputs.shape}.")
+            inputs = tf.RaggedTensor.from_tensor(inputs)
+        if inputs.shape.rank != 2:
+            raise ValueError(f"detokenize() takes a ragged batch of rank 2, got shape {inputs.shape}.")
+        lengths = inputs.row_lengths()
+        texts = tf.py_function(self._decode_flat, [tf.cast(inputs.flat_values, tf.int32), lengths], Tout=tf.string)
+        texts.set_shape(lengths.shape)
+        return texts[0] if unbatched else texts
+
+    def _decode_flat(self, values, lengths):  # runs eagerly inside tf.py_function
+        values, ends = values.numpy(), np.cumsum(lengths.numpy())
+        starts = ends - lengths.numpy()
+        texts = [self.decode(values[s:e]).encode("utf-8") for s, e in zip(starts, ends)]
+        return np.array(texts, dtype=object) if texts else np.zeros((0,), dtype="S1")
+
+    def get_config(self):
+        config = super().get_config()
+        config["splitter"] = self.splitter
+        return config
+
+
+def _texts(inputs):
+    """`(list of str, batched)` from the Python-side inputs `tokenize()` takes."""
+    if isinstance(inputs, (str, bytes)):
+        return [_as_str(inputs)], False
+    if isinstance(inputs, (list, tuple)):
+        if not all(isinstance(t, (str, bytes)) for t in inputs):
+            kinds = sorted({type(t).__name__ for t in inputs if not isinstance(t, (str, bytes))})
+            raise TypeError(f"tokenize() takes strings; the list holds {', '.join(kinds)}.")
+        return [_as_str(t) for t in inputs], True
+    if tf is not None and isinstance(inputs, tf.Tensor):
+        if inputs.dtype != tf.string:
+            raise TypeError(f"tokenize() takes string tensors, got {inputs.dtype.name}.")
+        inputs = np.asarray(inputs.numpy())
+    if isinstance(inputs, np.ndarray) and inputs.dtype.kind in "USO":
+        if inputs.ndim == 0:
+            return [_as_str(inputs.item())], False
+        if inputs.ndim == 1:
+            return _texts(inputs.tolist())[0], True
+        raise ValueError(f"tokenize() takes a string or a rank-1 batch of strings, got shape {inputs.shape}.")
+    raise TypeError(
+        f"tokenize() takes a str, a list of str or a string tensor, got {type(inputs).__name__}."
+    )
+
+
+def _as_str(text):
+    return text.decode("utf-8") if isinstance(text, bytes) else text
+
+
+def _id_rows(inputs):
+    """`(list of id sequences, batched)` from the Python-side inputs `detokenize()` takes."""
+    if tf is not None and isinstance(inputs, tf.RaggedTensor):
+        return inputs.to_list(), True
+    if isinstance(inputs, (list, tuple)):
+        if inputs and np.ndim(inputs[0]) > 0:
+            return [np.asarray(row).reshape(-1).tolist() for row in inputs], True
+        return [list(inputs)], False
+    if tf is not None and isinstance(inputs, tf.Tensor):
+        array = inputs.numpy()
+    elif keras.ops.is_tensor(inputs):
+        array = keras.ops.convert_to_numpy(inputs)
+    else:
+        array = np.asarray(inputs)
+    if array.dtype.kind not in "iu":
+        raise TypeError(f"detokenize() takes integer token ids, got {array.dtype}.")
+    if array.ndim <= 1:
+        return [array.reshape(-1).tolist()], False
+    if array.ndim == 2:
+        return array.tolist(), True
+    raise ValueError(f"detokenize() takes ids of rank 0 to 2, got shape {array.shape}.")
+
 
 def _find_files(directory):
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(
+            f"No tokenizer in {directory!r}: no such folder (kgpt reads local files only; it never downloads)."
+        )
     for encoder, merges in ((ENCODER_FILE, MERGES_FILE), ("vocab.json", "merges.txt")):
         if os.path.isfile(os.path.join(directory, encoder)):
             return os.path.join(directory, encoder), os.path.join(directory, merges)
@@ -357,32 +639,35 @@ def _read_encoder(path):
         with open(path, encoding="utf-8") as f:
             encoder = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not a JSON encoder file ({e}).") from e
+        raise CheckpointError(f"{path}: not a JSON encoder file ({e}).") from e
     if not isinstance(encoder, dict) or not all(
         isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()
     ):
-        raise ValueError(f"{path}: expected a JSON object mapping BPE symbols to integer ids.")
+        raise CheckpointError(f"{path}: expected a JSON object mapping BPE symbols to integer ids.")
     if sorted(encoder.values()) != list(range(len(encoder))):
-        raise ValueError(f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once.")
+        raise CheckpointError(f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once.")
     return encoder
 
 
 def _read_merges(path, encoder):
     if not os.path.isfile(path):
         raise FileNotFoundError(f"Tokenizer merges file not found: {path}")
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().split("\n")
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().split("\n")
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not a UTF-8 BPE merges file ({e}).") from e
     if not lines or not lines[0].startswith("#version"):
-        raise ValueError(f"{path}:1: expected a '#version' header line in a BPE merges file.")
+        raise CheckpointError(f"{path}:1: expected a '#version' header line in a BPE merges file.")
     merges = []
     for number, line in enumerate(lines[1:], start=2):
         if not line:
             continue
         parts = line.split()
         if len(parts) != 2:
-            raise ValueError(f"{path}:{number}: expected two symbols separated by a space, got {line!r}.")
+            raise CheckpointError(f"{path}:{number}: expected two symbols separated by a space, got {line!r}.")
         if "".join(parts) not in encoder:
-            raise ValueError(
+            raise CheckpointError(
                 f"{path}:{number}: merge {line!r} makes {''.join(parts)!r}, which the encoder file lacks: "
                 f"the two files are from different vocabularies."
             )

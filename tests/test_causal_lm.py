@@ -157,3 +157,98 @@ def test_get_config_round_trip(causal_lm):
     clone = kgpt.GPTCausalLM.from_config(causal_lm.get_config())
     assert isinstance(clone, kgpt.GPTCausalLM)
     assert clone.backbone.get_config() == causal_lm.backbone.get_config()
+
+
+# --- text in, text out (with a GPTCausalLMPreprocessor) ------------------------
+
+def newline_tokenizer():
+    """The conftest character tokenizer plus the newline token GPT-1's vocabulary ends with."""
+    from conftest import char_tokenizer
+
+    base = char_tokenizer()
+    encoder = {s: i for s, i in base.encoder.items() if s not in base.special_tokens}
+    encoder["\n</w>"] = len(encoder)
+    return kgpt.GPTTokenizer(encoder, [])
+
+
+def text_lm(tokenizer, sequence_length=16):
+    from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
+
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
+    return kgpt.GPTCausalLM(backbone, preprocessor=GPTCausalLMPreprocessor(tokenizer, sequence_length))
+
+
+def test_generate_text_equals_generate_ids():
+    tokenizer = newline_tokenizer()
+    lm = text_lm(tokenizer)
+    table = lm.backbone.token_embedding.embeddings
+    table.assign(to_numpy(table) * 20)  # far-apart logits: no argmax ties
+    lm.compile(sampler="greedy")
+    prompts = ["a cab", "the dog"]
+    ids = lm.generate([tokenizer.encode(p) for p in prompts], max_length=12)["token_ids"]
+    expected = [tokenizer.decode([i for i in row if i not in tokenizer.special_token_ids]) for row in ids]
+    assert lm.generate(prompts, max_length=12) == expected
+    # Token ids, listed or packed, bypass the preprocessor (which would try to tokenize them).
+    packed = lm._pack_prompts([tokenizer.encode(p) for p in prompts], 12)
+    np.testing.assert_array_equal(lm.generate(packed)["token_ids"], ids)
+
+
+def test_generate_text_errors():
+    tokenizer = newline_tokenizer()
+    lm = text_lm(tokenizer)
+    bare = kgpt.GPTCausalLM(lm.backbone)
+    with pytest.raises(ValueError, match="has no preprocessor.*lm.preprocessor = kgpt.GPTCausalLMPreprocessor"):
+        bare.generate("a cab")
+    with pytest.raises(ValueError, match="has no preprocessor"):
+        bare.score("a cab")
+    with pytest.raises(ValueError, match="max_sequence_length=16"):
+        lm.generate("a cab", max_length=17)
+    with pytest.raises(ValueError, match="no room to generate within max_length=4"):
+        lm.generate("a cab", max_length=4)
+
+
+def test_score_text_matches_score_ids():
+    from conftest import char_tokenizer
+    from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
+
+    lm = text_lm(newline_tokenizer())
+    texts = ["a cab", "the dog ran"]
+    for tokenizer in (lm.preprocessor.tokenizer, char_tokenizer()):  # one model: its scorer compiles once
+        lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, 16)
+        scores = lm.score(texts)
+        # With a newline token every token is scored, the first after the newline; without, the first only
+        # conditions.
+        prefix = [tokenizer.encoder["\n</w>"]] if "\n</w>" in tokenizer.encoder else []
+        rows = [prefix + tokenizer.encode(t) for t in texts]
+        ids, mask = np.zeros((2, 16), "int32"), np.zeros((2, 16), "int32")
+        for i, row in enumerate(rows):
+            ids[i, : len(row)], mask[i, : len(row)] = row, 1
+        expected = lm.score(ids, mask)
+        for i, (row, score) in enumerate(zip(rows, scores)):
+            assert score.shape == (len(row) - 1,) and score.dtype == np.float32
+            np.testing.assert_allclose(score, expected[i, : len(row) - 1], atol=1e-5)
+        np.testing.assert_allclose(lm.score(texts[0]), scores[0], atol=1e-5)  # one text: one array
+    assert len(scores[0]) == len(texts[0].split()[0]) + len(texts[0].split()[1]) - 1  # no newline: 4 - 1
+    with pytest.raises(ValueError, match="more than the model's context max_sequence_length=16"):
+        lm.score("a" * 20 + " b")
+
+
+def test_fit_evaluate_predict_on_text():
+    tokenizer = newline_tokenizer()
+    lm = text_lm(tokenizer, sequence_length=12)
+    lm.compile(optimizer=keras.optimizers.Adam(1e-2))
+    assert lm._chunked_loss is not None  # kgpt's memory-lean default loss still applies
+    texts = ["a cab", "the dog ran", "a cab ran", "the cab"] * 2
+    history = lm.fit(texts, batch_size=4, epochs=4, verbose=0)
+    losses = history.history["loss"]
+    assert np.isfinite(losses).all() and losses[-1] < losses[0], losses
+    # Text evaluates exactly like its preprocessed ids.
+    x, y, weight = lm.preprocessor(texts)
+    ids_result = lm.evaluate(x, y, sample_weight=weight, batch_size=4, verbose=0, return_dict=True)
+    text_result = lm.evaluate(texts, batch_size=4, verbose=0, return_dict=True)
+    assert text_result.keys() == ids_result.keys()
+    for key in text_result:
+        np.testing.assert_allclose(text_result[key], ids_result[key], rtol=1e-5)
+    logits = lm.predict(texts[:3], batch_size=2, verbose=0)
+    assert logits.shape == (3, 12, tokenizer.vocabulary_size())
+    np.testing.assert_allclose(logits, to_numpy(lm(keras.tree.map_structure(lambda t: t[:3], x))), atol=1e-5)

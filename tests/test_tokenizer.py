@@ -143,3 +143,146 @@ def test_exact_path_needs_the_extra_or_matches_the_regex_on_plain_text():
 def test_unknown_splitter():
     with pytest.raises(ValueError, match="splitter must be 'regex' or 'spacy'"):
         kgpt.GPTTokenizer({"a": 0}, [], splitter="nltk")
+
+
+# --- the keras-hub Tokenizer surface ------------------------------------------
+
+TEXTS = ["The keeper didn't climb.", "a\nb", "", "Hello, world!!"]
+
+
+def test_is_a_registered_keras_hub_tokenizer(gpt1):
+    import keras
+    import keras_hub
+
+    assert isinstance(gpt1, keras_hub.tokenizers.Tokenizer)
+    assert keras.saving.get_registered_name(GPTTokenizer) == "kgpt>GPTTokenizer"
+    assert GPTTokenizer.backbone_cls is kgpt.GPTBackbone
+    assert gpt1.get_config()["splitter"] == "regex"
+    # Keras attribute tracking would wrap these in (slower) tracked copies.
+    assert type(gpt1.encoder) is dict and type(gpt1._cache) is dict and type(gpt1.merges) is list
+
+
+def test_callable_on_a_string_a_list_and_string_tensors(gpt1):
+    import numpy as np
+    import tensorflow as tf
+
+    one = gpt1(TEXTS[0])
+    assert isinstance(one, np.ndarray) and one.dtype == np.int32
+    assert one.tolist() == gpt1.encode(TEXTS[0])
+    expected = [gpt1.encode(t) for t in TEXTS]
+    assert gpt1(TEXTS) == expected and gpt1.tokenize(tuple(TEXTS)) == expected
+    assert gpt1(tf.constant(TEXTS)) == expected
+    assert gpt1(np.array(TEXTS)) == expected
+    assert gpt1(tf.constant(TEXTS[0])).tolist() == expected[0]
+    with pytest.raises(TypeError, match="takes strings; the list holds int"):
+        gpt1(["a", 3])
+    with pytest.raises(ValueError, match="rank-1 batch of strings, got shape"):
+        gpt1(tf.constant([TEXTS]))
+
+
+def test_tf_data_map_equals_encode(gpt1):
+    import tensorflow as tf
+
+    expected = [gpt1.encode(t) for t in TEXTS]
+    unbatched = tf.data.Dataset.from_tensor_slices(TEXTS).map(gpt1)
+    assert unbatched.element_spec.shape.as_list() == [None]
+    assert [x.tolist() for x in unbatched.as_numpy_iterator()] == expected
+    batched = tf.data.Dataset.from_tensor_slices(TEXTS).batch(3).map(gpt1)
+    assert isinstance(batched.element_spec, tf.RaggedTensorSpec)
+    rows = [row for batch in batched for row in batch.to_list()]
+    assert rows == expected
+    # ... and back: detokenize inside tf.data gives decode()'s strings.
+    texts = batched.map(gpt1.detokenize)
+    decoded = [t.decode("utf-8") for batch in texts.as_numpy_iterator() for t in batch]
+    assert decoded == [gpt1.decode(ids) for ids in expected]
+
+
+def test_detokenize_round_trip(gpt1):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    ids = [gpt1.encode(t) for t in TEXTS[:2]]
+    decoded = [gpt1.decode(i) for i in ids]
+    assert decoded == ["the keeper did n't climb .", "a\nb"]
+    assert gpt1.detokenize(ids) == decoded
+    assert gpt1.detokenize(ids[0]) == decoded[0]
+    assert gpt1.detokenize(np.array(ids[0])) == decoded[0]
+    assert gpt1.detokenize(tf.ragged.constant(ids)) == decoded
+    square = np.array([ids[1], ids[1]], "int32")
+    assert gpt1.detokenize(keras.ops.convert_to_tensor(square)) == [decoded[1]] * 2
+    assert gpt1.detokenize(gpt1(TEXTS[0])) == decoded[0]
+    with pytest.raises(ValueError, match="Token id 99999999 is outside the vocabulary"):
+        gpt1.detokenize([[99999999]])
+
+
+def test_vocabulary_lookups_and_special_tokens(gpt1):
+    vocabulary = gpt1.get_vocabulary()
+    assert len(vocabulary) == gpt1.vocabulary_size() == 40481
+    assert vocabulary[:2] == ["<unk>", "."] and vocabulary[-3:] == ["_start_", "_delimiter_", "_classify_"]
+    assert gpt1.token_to_id("the</w>") == gpt1.encoder["the</w>"] and gpt1.id_to_token(40477) == "\n</w>"
+    with pytest.raises(ValueError, match="Token 'nope' is not in the vocabulary"):
+        gpt1.token_to_id("nope")
+    with pytest.raises(ValueError, match="Token id 40481 is outside the vocabulary"):
+        gpt1.id_to_token(40481)
+    assert set(gpt1.special_tokens) == {"_start_", "_delimiter_", "_classify_"}
+    assert set(gpt1.special_token_ids) == {40478, 40479, 40480}
+    # GPT-1's language model has no beginning/end-of-text token: pad with 0 under a mask, never stop.
+    assert (gpt1.start_token_id, gpt1.end_token_id, gpt1.pad_token_id) == (40478, None, 0)
+    assert (gpt1.delimiter_token_id, gpt1.extract_token_id) == (40479, 40480)
+
+
+def test_an_empty_tokenizer_is_filled_by_load_assets(gpt1, tmp_path):
+    empty = GPTTokenizer(splitter="regex")
+    assert empty.special_tokens and empty.start_token_id is None
+    with pytest.raises(ValueError, match="no vocabulary yet"):
+        empty.encode("hello")
+    with pytest.raises(ValueError, match="Give both encoder and merges"):
+        GPTTokenizer({"a": 0})
+    gpt1.save_assets(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(gpt1.file_assets)
+    empty.load_assets(str(tmp_path))
+    assert empty.encode(TEXTS[0]) == gpt1.encode(TEXTS[0])
+    assert empty.start_token_id == gpt1.start_id and empty.fingerprint() == gpt1.fingerprint()
+
+
+def tiny_tokenizer_preset(path):
+    from conftest import TINY, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()}).save_to_preset(str(path))
+    tokenizer.save_to_preset(str(path))
+    return tokenizer
+
+
+def test_save_to_preset_loads_through_keras_hub_and_kgpt(tmp_path):
+    import keras_hub
+
+    tokenizer = tiny_tokenizer_preset(tmp_path)
+    config = json.loads((tmp_path / "tokenizer.json").read_text())
+    assert config["registered_name"] == "kgpt>GPTTokenizer" and config["config"]["splitter"] == "regex"
+    assert sorted(p.name for p in (tmp_path / "assets" / "tokenizer").iterdir()) == [
+        "encoder_bpe_40000.json", "vocab_40000.bpe"]
+    text = "a cab, 12 dogs!"
+    for loaded in (keras_hub.tokenizers.Tokenizer.from_preset(str(tmp_path)), GPTTokenizer.from_preset(tmp_path)):
+        assert type(loaded) is GPTTokenizer
+        assert loaded.fingerprint() == tokenizer.fingerprint()
+        assert loaded(text).tolist() == tokenizer.encode(text)
+    assert GPTTokenizer.from_preset(tmp_path / "assets" / "tokenizer").encode(text) == tokenizer.encode(text)
+
+
+def test_preset_files_missing_or_corrupt_name_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no such folder .*never downloads"):
+        GPTTokenizer.from_preset(str(tmp_path / "absent"))
+    tiny_tokenizer_preset(tmp_path)
+    encoder = tmp_path / "assets" / "tokenizer" / "encoder_bpe_40000.json"
+    encoder.write_text("{broken")
+    with pytest.raises(kgpt.CheckpointError, match="encoder_bpe_40000.json: not a JSON encoder file"):
+        GPTTokenizer.from_preset(str(tmp_path))
+    encoder.unlink()
+    with pytest.raises(FileNotFoundError, match="encoder_bpe_40000.json"):
+        GPTTokenizer.from_preset(str(tmp_path))
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"module": "keras.layers", "class_name": "Dense",
+                                                          "config": {}, "registered_name": "Dense"}))
+    with pytest.raises(kgpt.CheckpointError, match="tokenizer.json: expected a kgpt GPTTokenizer config"):
+        GPTTokenizer.from_preset(str(tmp_path))

@@ -3,9 +3,10 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import lm_loss, metrics, original, readers, transforms, zero_shot
+from kgpt import batching, heads, lm_loss, metrics, original, pretrained, readers, transforms, zero_shot
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
+from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.finetune import load_finetuned
 from kgpt.hookspecs import hookimpl
 from kgpt.lstm import LSTMBackbone
@@ -14,6 +15,7 @@ from kgpt.presets import CheckpointError
 from kgpt.registry import RegistryError, TaskRegistry
 from kgpt.task import DataError, Example, Skipped, Task
 from kgpt.task_model import GPTTaskModel
+from kgpt.task_preprocessor import GPTTaskPreprocessor
 from kgpt.tokenizer import GPTTokenizer
 
 __version__ = "0.1.0"
@@ -27,7 +29,9 @@ __all__ = [
     "GPTAdamW",
     "GPTBackbone",
     "GPTCausalLM",
+    "GPTCausalLMPreprocessor",
     "GPTTaskModel",
+    "GPTTaskPreprocessor",
     "GPTTokenizer",
     "LSTMBackbone",
     "RegistryError",
@@ -37,11 +41,14 @@ __all__ = [
     "WarmupSchedule",
     "gelu_tanh",
     "gpt_adamw",
+    "batching",
+    "heads",
     "hookimpl",
     "lm_loss",
     "load_finetuned",
     "metrics",
     "original",
+    "pretrained",
     "readers",
     "transforms",
     "zero_shot",

@@ -14,6 +14,7 @@ import numpy as np
 
 from kgpt import finetune as finetune_lib
 from kgpt import pretrain as pretrain_lib
+from kgpt import pretrained as pretrained_lib
 from kgpt import zero_shot as zero_shot_lib
 from kgpt.registry import TaskRegistry
 
@@ -109,7 +110,7 @@ def transfer_depth(base, layers=None, output_dir="analysis", log=print):
     """
     task = TaskRegistry().get(base.task)
     init = base.init or _demo_pretrained(output_dir, "transformer", base.seed, log)
-    total = finetune_lib.load_pretrained(init, num_heads=base.num_heads)[0].num_layers
+    total = pretrained_lib.load_pretrained(init, num_heads=base.num_heads)[0].num_layers
     layers = list(range(total + 1)) if layers is None else sorted(set(layers))
     if not all(0 <= n <= total for n in layers):
         raise ValueError(f"layers must be within 0..{total} (the model has {total} blocks), got {layers}.")
@@ -194,7 +195,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, log=print):
     from kgpt.causal_lm import GPTCausalLM
 
     registry = TaskRegistry()
-    backbone, tokenizer, origin = finetune_lib.load_pretrained(init)
+    backbone, tokenizer, origin = pretrained_lib.load_pretrained(init)
     lm = GPTCausalLM(backbone)
     log(f"Zero-shot with the model from {origin}.")
     results, rows = {}, []

@@ -1,10 +1,13 @@
 """Discriminative fine-tuning (paper section 3.2) of any registered task.
 
 `finetune(config)` is what `kgpt-train --task NAME` runs; tests call it with
-a tiny config. Data flow: `task.read(split, data_dir)` -> examples -> the
-task's input transformation -> packed `[examples, views, length]` arrays ->
-`GPTTaskModel.fit` on task loss + `lm_coef` x LM loss -> the task's metrics on
-every other split, a predictions file per split and `metrics.json`.
+a tiny config. Data flow: `task.read(split, data_dir)` -> examples, streamed
+through the `GPTTaskPreprocessor` (the task's input transformation) into real
+tokens (`kgpt.batching.EncodedSplit`) -> length-bucketed batches ->
+`GPTTaskModel.fit` on task loss + `lm_coef` x LM loss, the task's metrics on
+dev after every epoch -> the task's metrics on every other split, a
+predictions file per split, `metrics.json` and a preset that predicts on
+text (`GPTTaskModel.from_preset`).
 """
 
 import collections
@@ -15,17 +18,17 @@ import os
 import tempfile
 
 import keras
-import numpy as np
 
+from kgpt import batching
 from kgpt import metrics as metrics_lib
-from kgpt import original, transforms
-from kgpt.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
+from kgpt.backbone import GPTBackbone
 from kgpt.distribute import training_scope
 from kgpt.optimizers import gpt_adamw
-from kgpt.presets import load_any_backbone
+from kgpt.pretrained import load_pretrained, with_special_tokens
 from kgpt.registry import TaskRegistry
 from kgpt.task import DataError
 from kgpt.task_model import GPTTaskModel
+from kgpt.task_preprocessor import GPTTaskPreprocessor
 from kgpt.tokenizer import GPTTokenizer
 
 
@@ -66,80 +69,39 @@ class FinetuneConfig:
 DEMO_SETTINGS = dict(learning_rate=5e-4, batch_size=16, epochs=5)
 
 
-@dataclasses.dataclass
-class EncodedSplit:
-    """A split as model inputs, with what happened to its rows."""
+def encode_split(task, split, data_dir, preprocessor):
+    """Reads and encodes a split through `preprocessor` into a `kgpt.batching.EncodedSplit` (real tokens only).
 
-    name: str
-    token_ids: np.ndarray  # [examples, views, length] int32, right-padded
-    padding_mask: np.ndarray  # [examples, views, length] int32
-    labels: np.ndarray | None  # [examples]; None when the split is unlabeled
-    uids: list
-    counts: dict  # read, used, skipped (+ reasons), truncated, tokens_cut
+    Streams the task's reader; every row is counted (read, used, skipped by
+    reason, truncated and tokens cut); a malformed row raises `DataError`
+    naming its file and line.
 
-    @property
-    def x(self):
-        return {"token_ids": self.token_ids, "padding_mask": self.padding_mask}
-
-
-def encode_split(task, split, data_dir, tokenizer, max_length):
-    """Reads a split and applies the task's transformation; errors name file and line.
-
-    Views longer than `max_length` are truncated by the policy of
-    `kgpt.transforms` and counted; `Skipped` rows are counted by reason.
+    Example:
+    ```python
+    preprocessor = kgpt.GPTTaskPreprocessor(tokenizer, task.transform, max_length=512)
+    split = kgpt.finetune.encode_split(task, "dev", "glue/RTE", preprocessor)
+    ```
     """
-    layout = transforms.Layout.from_tokenizer(tokenizer)
-    examples, skipped, read = task.examples(split, data_dir)
-    views, labels, uids = [], [], []
-    truncated = tokens_cut = 0
-    for item in examples:
-        segments = [tokenizer.encode(s) for s in item.segments]
-        choices = [tokenizer.encode(c) for c in item.choices]
-        example_views, cut = transforms.build_views(task.transform, segments, choices, layout, max_length)
+    builder = batching.SplitBuilder(split, task.transform.num_views, preprocessor.max_length)
+    tally = {}
+    truncated = tokens_cut = used = 0
+    for item in task.iter_examples(split, data_dir, tally):
+        views, cut = preprocessor.encode(item.segments, item.choices)
         truncated += cut > 0
         tokens_cut += cut
-        views.append(example_views)
-        labels.append(None if item.label is None else task.label_value(item))
-        uids.append(item.uid or item.source)
-    length = max(len(v) for example in views for v in example)
-    token_ids, padding_mask = transforms.pack(views, length)
-    labelled = [label is not None for label in labels]
-    if any(labelled) and not all(labelled):
-        first = labelled.index(False)
-        raise DataError(f"{uids[first]}: unlabeled example in the labeled split {split!r}.")
-    dtype = "float32" if task.head == "regression" else "int32"
+        used += 1
+        builder.add(views, None if item.label is None else task.label_value(item), uid=item.uid or item.source)
+    if not used:
+        raise task.no_examples(split, data_dir, tally)
     counts = {
-        "read": read,
-        "used": len(views),
-        "skipped": sum(skipped.values()),
-        "skipped_reasons": dict(skipped),
+        "read": tally["read"],
+        "used": used,
+        "skipped": sum(tally["skipped"].values()),
+        "skipped_reasons": dict(tally["skipped"]),
         "truncated": truncated,
         "tokens_cut": tokens_cut,
     }
-    return EncodedSplit(split, token_ids, padding_mask, np.asarray(labels, dtype) if all(labelled) else None,
-                        uids, counts)
-
-
-def model_targets(split):
-    """`(y, sample_weight)` dicts for `GPTTaskModel.fit`: task labels and next tokens."""
-    y = {"task": split.labels, "lm": split.token_ids[..., 1:]}
-    sample_weight = {
-        "task": np.ones(len(split.labels), "float32"),
-        "lm": split.padding_mask[..., 1:].astype("float32"),  # real tokens only
-    }
-    return y, sample_weight
-
-
-def _dataset(split, lm, batch_size, shuffle_seed=None):
-    import tensorflow as tf
-
-    y, sample_weight = model_targets(split)
-    if not lm:
-        y, sample_weight = {"task": y["task"]}, {"task": sample_weight["task"]}
-    data = tf.data.Dataset.from_tensor_slices((split.x, y, sample_weight))
-    if shuffle_seed is not None:
-        data = data.shuffle(len(split.labels), seed=shuffle_seed, reshuffle_each_iteration=True)
-    return data.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+    return builder.build(counts, target_dtype=task.head.target_dtype)
 
 
 def transfer(pretrained, num_layers):
@@ -155,18 +117,6 @@ def transfer(pretrained, num_layers):
     for src, dst in zip(pretrained.transferred_layers(num_layers), fresh.transferred_layers(num_layers)):
         dst.set_weights(src.get_weights())
     return fresh
-
-
-def with_special_tokens(backbone, tokenizer, seed=None):
-    """The backbone, grown by the 3 special tokens when its vocabulary lacks them."""
-    if backbone.vocabulary_size == tokenizer.vocabulary_size():
-        return backbone
-    if backbone.vocabulary_size == tokenizer.vocabulary_size() - NUM_SPECIAL_TOKENS:
-        return backbone.with_added_tokens(NUM_SPECIAL_TOKENS, seed=seed)
-    raise ValueError(
-        f"The backbone has {backbone.vocabulary_size} token embeddings but the tokenizer "
-        f"{tokenizer.vocabulary_size()} ids (with start/delimiter/extract); they do not belong together."
-    )
 
 
 def initial_model(config, log=print):
@@ -187,26 +137,6 @@ def initial_model(config, log=print):
     return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
 
 
-def load_pretrained(path, num_heads=12, dtype=None):
-    """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
-    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it).
-    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`)."""
-    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
-        backbone = GPTBackbone.from_original(path, num_heads=num_heads, dtype=dtype)
-        return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
-    if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
-        backbone = GPTBackbone.from_original(path, dtype=dtype)
-        return backbone, GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(
-            f"--init {path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
-            f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
-            f"({original.HF_WEIGHTS_FILE}); or pass 'scratch'."
-        )
-    backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
-    return backbone, GPTTokenizer.from_preset(path), f"preset {path}"
-
-
 Finetuned = collections.namedtuple("Finetuned", "model tokenizer task")
 
 
@@ -214,12 +144,13 @@ def load_finetuned(preset, registry=None):
     """Reads a fine-tuned preset back: `Finetuned(model, tokenizer, task)`.
 
     The task is found by the name saved with the model, so its plugin must be
-    installed; `registry` defaults to every installed plugin.
+    installed; `registry` defaults to every installed plugin. To predict on
+    text, `kgpt.GPTTaskModel.from_preset(preset)` needs no plugin.
 
     Example:
     ```python
     model, tokenizer, task = kgpt.load_finetuned("runs/rte")
-    split = kgpt.finetune.encode_split(task, "dev", "glue/RTE", tokenizer, model.backbone.max_sequence_length)
+    split = kgpt.finetune.encode_split(task, "dev", "glue/RTE", model.preprocessor)
     predictions, scores = kgpt.finetune.evaluate_split(task, model, split, batch_size=32)
     ```
     """
@@ -227,30 +158,48 @@ def load_finetuned(preset, registry=None):
     if not model.task_name:
         raise ValueError(f"{preset}/task.json names no task (task_name): it was not saved by kgpt fine-tuning.")
     task = (registry or TaskRegistry()).get(model.task_name)
-    return Finetuned(model, GPTTokenizer.from_preset(preset), task)
+    return Finetuned(model, model.preprocessor.tokenizer, task)
 
 
 def evaluate_split(task, model, split, batch_size):
-    """`(predictions, metrics)`: class/choice indices or values, and the task's metrics if labeled."""
-    outputs = model.predict_task(split.x, batch_size=batch_size)
-    predictions = outputs if task.head == "regression" else np.argmax(outputs, axis=-1)
+    """`(predictions, metrics)`: decoded predictions in split order, and the task's metrics if labeled."""
+    outputs = batching.predict_outputs(model.task_predictor(), split, batch_size)
+    predictions = task.head.decode(outputs)
     metrics = {}
-    if split.labels is not None:
+    if split.targets is not None:
         for metric in task.metrics:
             name, fn = metrics_lib.resolve(metric)
-            metrics[name] = fn(split.labels, predictions)
+            metrics[name] = fn(split.targets, predictions)
     return predictions, metrics
+
+
+class TaskMetrics(keras.callbacks.Callback):
+    """Scores the task's own metrics (F1, Matthews, Pearson, ...) on a split after every epoch.
+
+    They join the epoch's logs as `val_<metric>`, so the progress line,
+    `history.csv`, TensorBoard and `History` show them. List it before the
+    loggers.
+    """
+
+    def __init__(self, task, split, batch_size):
+        super().__init__()
+        self.task, self.split, self.batch_size = task, split, batch_size
+
+    def on_epoch_end(self, epoch, logs=None):
+        _, scores = evaluate_split(self.task, self.model, self.split, self.batch_size)
+        if logs is not None:
+            logs.update({f"val_{name}": value for name, value in scores.items()})
 
 
 def write_predictions(path, task, split, predictions):
     """TSV `id, prediction[, label]` with label names (classification), indices or values."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        f.write("id\tprediction" + ("\tlabel" if split.labels is not None else "") + "\n")
+        f.write("id\tprediction" + ("\tlabel" if split.targets is not None else "") + "\n")
         for i, (uid, value) in enumerate(zip(split.uids, predictions)):
             row = [str(uid), str(task.prediction_name(value))]
-            if split.labels is not None:
-                row.append(str(task.prediction_name(split.labels[i])))
+            if split.targets is not None:
+                row.append(str(task.prediction_name(split.targets[i])))
             f.write("\t".join(row) + "\n")
 
 
@@ -302,32 +251,32 @@ def _finetune(config, task, data_dir, log):
         log("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
     backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
     max_length = min(config.max_length or backbone.max_sequence_length, backbone.max_sequence_length)
+    preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=max_length)
 
     train_split, *eval_names = task.splits
-    splits = {train_split: encode_split(task, train_split, data_dir, tokenizer, max_length)}
+    splits = {train_split: encode_split(task, train_split, data_dir, preprocessor)}
     for name in eval_names:
         try:
-            splits[name] = encode_split(task, name, data_dir, tokenizer, max_length)
+            splits[name] = encode_split(task, name, data_dir, preprocessor)
         except FileNotFoundError as e:
             log(f"Split {name!r} not evaluated: {e}")
     for name, split in splits.items():
         log(_describe_counts(name, split.counts))
     train = splits[train_split]
-    if train.labels is None:
+    if train.targets is None:
         raise DataError(f"Task {task.name!r}: the training split {train_split!r} has no labels.")
 
     model = GPTTaskModel(
         backbone,
         head=task.head,
-        num_outputs=task.num_outputs,
         num_views=task.transform.num_views,
-        pooling=task.transform.pooling,
         lm_coef=config.lm_coef,
         classifier_dropout=config.classifier_dropout,
         task_name=task.name,
+        preprocessor=preprocessor,
         compile=False,
     )
-    steps_per_epoch = math.ceil(len(train.labels) / config.batch_size)
+    steps_per_epoch = math.ceil(len(train) / config.batch_size)
     total_steps = steps_per_epoch * config.epochs
     model.compile(
         optimizer=gpt_adamw(
@@ -339,14 +288,19 @@ def _finetune(config, task, data_dir, log):
         ),
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
-    log(f"Task {task.name} ({task.transform.kind}, {task.head} head, metrics {', '.join(task.metric_names)}); "
+    real_share = train.real_share(batching.batch_indices(train.lengths, config.batch_size, config.seed))
+    log(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics {', '.join(task.metric_names)}); "
         f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
-        f"steps, batch {config.batch_size}, {train.token_ids.shape[1]} view(s) of up to {train.token_ids.shape[2]} "
-        f"tokens, lm_coef {config.lm_coef}.")
+        f"steps, batch {config.batch_size}, {train.num_views} view(s) of up to {int(train.lengths.max())} tokens, "
+        f"lm_coef {config.lm_coef}.")
+    log(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens "
+        f"(padding every example to the longest would give {train.padded_share():.1%}).")
 
     lm = config.lm_coef > 0
-    dev = next((s for n, s in splits.items() if n != train_split and s.labels is not None), None)
+    dev_name = next((n for n, s in splits.items() if n != train_split and s.targets is not None), None)
     callbacks = []
+    if dev_name is not None:
+        callbacks.append(TaskMetrics(task, splits[dev_name], config.batch_size))
     if config.output_dir:
         os.makedirs(config.output_dir, exist_ok=True)
         callbacks += [
@@ -354,15 +308,15 @@ def _finetune(config, task, data_dir, log):
             keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")),
         ]
     history = model.fit(
-        _dataset(train, lm, config.batch_size, shuffle_seed=config.seed),
+        batching.dataset(train, config.batch_size, seed=config.seed, lm=lm),
         epochs=config.epochs,
-        validation_data=_dataset(dev, lm, config.batch_size) if dev is not None else None,
+        validation_data=batching.dataset(splits[dev_name], config.batch_size, lm=lm) if dev_name else None,
         callbacks=callbacks,
-        shuffle=False,  # the dataset reshuffles every epoch itself
         verbose=1 if os.isatty(1) else 2,
     )
 
     results = {"task": task.name, "init": origin, "lm_coef": config.lm_coef,
+               "real_token_share": {"train": real_share, "train_padded_to_longest": train.padded_share()},
                "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}, "splits": {}}
     for name, split in splits.items():
         if name == train_split:
@@ -382,10 +336,9 @@ def _finetune(config, task, data_dir, log):
         log(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
 
     if config.output_dir:
-        model.save_to_preset(config.output_dir)  # kgpt.load_finetuned(dir) reads it back
-        tokenizer.save_to_preset(config.output_dir)
+        model.save_to_preset(config.output_dir)  # GPTTaskModel.from_preset(dir) predicts on text again
         with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
             json.dump(results, f, indent=2)
-        log(f"Saved the preset (task.json, task.weights.h5, config.json, model.weights.h5, tokenizer.json, "
-            f"assets/), predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
+        log(f"Saved the preset (task.json, task.weights.h5, config.json, model.weights.h5, preprocessor.json, "
+            f"tokenizer.json, assets/), predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
     return model, results

@@ -8,7 +8,7 @@ decides what to skip and yields `kgpt.Skipped` so it is counted.
 import json
 import os
 
-from kgpt.task import DataError
+from kgpt.errors import DataError
 
 
 def find_file(data_dir, candidates, what):

@@ -187,9 +187,11 @@ class TaskRegistry:
         rows = [("task", "plugin", "kind", "head", "labels", "metrics", "paper")]
         for e in self.entries():
             t = e.task
-            labels = ",".join(t.labels) if t.labels else ("-" if t.head == "regression" else f"{t.transform.num_views} choices")
+            labels = ",".join(t.head.output_names()) if t.head.output_names() else "-"
+            if t.head.pooling == "each":
+                labels = f"{t.transform.num_views} choices"
             metric_names = ",".join(t.metric_names)
-            rows.append((t.name, e.plugin, t.transform.kind, t.head, labels, metric_names, t.paper_score))
+            rows.append((t.name, e.plugin, t.transform.kind, t.head.kind, labels, metric_names, t.paper_score))
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         problems = self.problems()

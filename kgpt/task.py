@@ -23,16 +23,13 @@ import dataclasses
 import re
 from typing import Callable, Iterable
 
+from kgpt import heads as heads_lib
 from kgpt import metrics as metrics_lib
 from kgpt import transforms
+from kgpt.errors import DataError
 
-HEADS = ("classification", "regression", "multiple_choice")
 _NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
 RESERVED_NAMES = ("lm",)  # pre-training, built into kgpt-train
-
-
-class DataError(ValueError):
-    """A malformed input row or file; the message starts with `file:line`."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,8 +75,10 @@ class Task:
             raise `kgpt.DataError` naming the file and line on a bad row.
         labels: label names (classification); `None` for regression and
             multiple choice.
-        head: `"classification"`, `"regression"` or `"multiple_choice"`;
-            inferred from `labels` and `transform` when `None`.
+        head: a `kgpt.heads.Head` (what the model outputs, its loss, how a
+            prediction is decoded); when `None`, `heads.MultipleChoice` for
+            the MultipleChoice transform, else `heads.Classification(labels)`
+            or `heads.Regression()` when there are no labels.
         metrics: metric keys of `kgpt.metrics.METRICS` or callables
             `fn(labels, predictions) -> float`; the first is the headline.
         splits: the splits `read` understands; the first trains.
@@ -99,7 +98,7 @@ class Task:
     transform: transforms.Transform
     read: Callable[[str, str], Iterable]
     labels: tuple | None = None
-    head: str | None = None
+    head: heads_lib.Head | None = None
     metrics: tuple = ("accuracy",)
     splits: tuple = ("train", "dev", "test")
     description: str = ""
@@ -115,12 +114,11 @@ class Task:
             object.__setattr__(self, "metrics", (self.metrics,))
         object.__setattr__(self, "metrics", tuple(self.metrics))
         object.__setattr__(self, "splits", tuple(self.splits))
-        if self.head is None:
-            if isinstance(self.transform, transforms.MultipleChoice):
-                head = "multiple_choice"
-            else:
-                head = "regression" if self.labels is None else "classification"
-            object.__setattr__(self, "head", head)
+        if self.head is None and isinstance(self.transform, transforms.Transform):
+            try:
+                object.__setattr__(self, "head", heads_lib.for_task(self.transform, self.labels))
+            except ValueError as e:
+                raise ValueError(f"Task {self.name!r}: {e}") from None
         self.validate()
 
     def validate(self):
@@ -134,18 +132,17 @@ class Task:
             raise ValueError(f"{where}: transform must be a kgpt.transforms.Transform, got {self.transform!r}.")
         if not callable(self.read):
             raise ValueError(f"{where}: read must be callable as read(split, data_dir).")
-        if self.head not in HEADS:
-            raise ValueError(f"{where}: head must be one of {', '.join(HEADS)}, got {self.head!r}.")
-        is_choice = isinstance(self.transform, transforms.MultipleChoice)
-        if (self.head == "multiple_choice") != is_choice:
-            raise ValueError(f"{where}: the multiple_choice head goes with the MultipleChoice transform only.")
-        if self.head == "classification":
-            if not self.labels or len(self.labels) < 2:
-                raise ValueError(f"{where}: a classification head needs at least 2 labels.")
-            if len(set(self.labels)) != len(self.labels):
-                raise ValueError(f"{where}: labels repeat: {self.labels}.")
-        elif self.labels is not None:
-            raise ValueError(f"{where}: a {self.head} head takes no labels.")
+        if not isinstance(self.head, heads_lib.Head):
+            raise ValueError(f"{where}: head must be a kgpt.heads.Head (e.g. kgpt.heads.Classification(labels)), "
+                             f"got {self.head!r}.")
+        problem = self.head.check(self.transform)
+        if problem:
+            raise ValueError(f"{where}: {problem}.")
+        head_labels = getattr(self.head, "labels", None)
+        if self.labels is not None and head_labels is not None and tuple(head_labels) != self.labels:
+            raise ValueError(f"{where}: labels {self.labels} differ from the head's {tuple(head_labels)}.")
+        if self.labels is not None and head_labels is None:
+            raise ValueError(f"{where}: a {self.head.kind} head takes no labels.")
         if not self.metrics:
             raise ValueError(f"{where}: give at least one metric.")
         for metric in self.metrics:
@@ -157,16 +154,21 @@ class Task:
         if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):
             raise ValueError(f"{where}: zero_shot must be a kgpt.zero_shot.Heuristic, got {self.zero_shot!r}.")
 
-    def examples(self, split, data_dir):
-        """Reads a split: `(examples, skipped, read)`, every row accounted for.
+    def iter_examples(self, split, data_dir, tally):
+        """Streams a split's usable examples, counting every row into `tally`.
 
-        `skipped` counts left-out rows by reason (`Skipped` rows and empty text
-        fields); `read` counts all rows. A row the transformation cannot take
-        raises `DataError` with its source; an empty split raises too.
+        `tally["read"]` counts all rows, `tally["skipped"]` (a Counter) the
+        rows left out by reason (`Skipped` rows and empty text fields). A row
+        the transformation cannot take raises `DataError` with its source.
         """
-        examples, skipped, read = [], collections.Counter(), 0
-        for item in self.read(split, data_dir):
-            read += 1
+        tally.setdefault("read", 0)
+        skipped = tally.setdefault("skipped", collections.Counter())
+        items = self.read(split, data_dir)
+        if items is None or isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
+            raise TypeError(f"Task {self.name!r}: read({split!r}, ...) returned {type(items).__name__}, not an "
+                            f"iterable of kgpt.Example/Skipped.")
+        for item in items:
+            tally["read"] += 1
             if isinstance(item, Skipped):
                 skipped[item.reason] += 1
                 continue
@@ -178,48 +180,33 @@ class Task:
             if any(not str(s).strip() for s in (*item.segments, *item.choices)):
                 skipped["empty text field"] += 1
                 continue
-            examples.append(item)
+            yield item
+
+    def examples(self, split, data_dir):
+        """Reads a split: `(examples, skipped, read)`, every row accounted for (see `iter_examples`).
+
+        An empty split raises `DataError`.
+        """
+        tally = {}
+        examples = list(self.iter_examples(split, data_dir, tally))
         if not examples:
-            raise DataError(f"Task {self.name!r}: split {split!r} in {data_dir} has no usable examples "
-                            f"({read} read, skipped: {dict(skipped) or 'none'}).")
-        return examples, skipped, read
+            raise self.no_examples(split, data_dir, tally)
+        return examples, tally["skipped"], tally["read"]
+
+    def no_examples(self, split, data_dir, tally):
+        """The `DataError` for a split with no usable example."""
+        return DataError(f"Task {self.name!r}: split {split!r} in {data_dir} has no usable examples "
+                         f"({tally.get('read', 0)} read, skipped: {dict(tally.get('skipped', {})) or 'none'}).")
 
     @property
     def metric_names(self):
         """Names of the task's metrics (a callable's `__name__`), as in metrics.json."""
         return [metrics_lib.resolve(m)[0] for m in self.metrics]
 
-    @property
-    def num_outputs(self):
-        """Width of the head's output: classes, 1 (regression) or choices."""
-        if self.head == "classification":
-            return len(self.labels)
-        return self.transform.num_views if self.head == "multiple_choice" else 1
-
     def label_value(self, example):
         """The example's label as the model's target (class or choice index, or float)."""
-        label = example.label
-        if self.head == "classification":
-            try:
-                return self.labels.index(label)
-            except ValueError:
-                raise DataError(
-                    f"{example.source}: label {label!r} is not one of {', '.join(map(repr, self.labels))} "
-                    f"(task {self.name!r})."
-                ) from None
-        if self.head == "multiple_choice":
-            if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < self.transform.num_views:
-                raise DataError(
-                    f"{example.source}: answer {label!r} is not a choice index 0..{self.transform.num_views - 1}."
-                )
-            return label
-        try:
-            return float(label)
-        except (TypeError, ValueError):
-            raise DataError(f"{example.source}: target {label!r} is not a number.") from None
+        return self.head.target(example.label, example.source)
 
     def prediction_name(self, value):
         """A prediction as written to the predictions file: label name, answer index or number."""
-        if self.head == "classification":
-            return self.labels[int(value)]
-        return int(value) if self.head == "multiple_choice" else float(value)
+        return self.head.prediction_name(value)

@@ -6,15 +6,20 @@ dropout; training minimises `task loss + lm_coef * LM loss`, the LM loss
 being next-token cross-entropy over the real tokens of the same views.
 """
 
+import os
+
 import keras
+import numpy as np
 from keras import ops
 from keras_hub.models import Task as KerasHubTask
 
+from kgpt import batching
+from kgpt import heads as heads_lib
 from kgpt.backbone import GPTBackbone
 from kgpt.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
 from kgpt.optimizers import gpt_adamw
-from kgpt.presets import PresetMixin
-from kgpt.task import HEADS
+from kgpt.presets import TASK_CONFIG_FILE, PresetMixin, load_task_preset, read_json
+from kgpt.task_preprocessor import GPTTaskPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -74,71 +79,70 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
     """A `GPTBackbone` fine-tuned on a task, with the auxiliary LM loss.
 
     Inputs `{"token_ids", "padding_mask"}` of shape `[batch, num_views,
-    length]` (see `kgpt.transforms.pack`). Outputs a dict:
-    `"task"`: logits `[batch, num_outputs]` (classification), a value
-    `[batch]` (regression) or one logit per choice `[batch, num_views]`
-    (multiple choice); and, when `lm_coef > 0`, `"lm"`: the final hidden
-    states `[batch, num_views, length - 1, hidden]` that predict the next
-    tokens. The LM loss (`kgpt.lm_loss.TiedLMLoss`) projects them through the
-    tied embedding a chunk of tokens at a time, so the `[batch, views,
-    length, vocabulary]` logits never exist at once. Feed targets as
-    `y = {"task": labels, "lm": token_ids[..., 1:]}` with
-    `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`
-    (`kgpt.finetune.model_targets` builds these).
+    length]`. Outputs a dict: `"task"`, what the head outputs (logits
+    `[batch, classes]`, a value `[batch]`, or one logit per choice `[batch,
+    choices]`); and, when `lm_coef > 0`, `"lm"`: the final hidden states
+    `[batch, num_views, length - 1, hidden]` that predict the next tokens.
+    The LM loss (`kgpt.lm_loss.TiedLMLoss`) projects them through the tied
+    embedding a chunk of tokens at a time, so the `[batch, views, length,
+    vocabulary]` logits never exist at once.
+
+    With a preprocessor (`from_preset` attaches one), `fit`, `evaluate` and
+    `predict` take raw text, batched by length (`kgpt.batching`); `predict`
+    then returns probabilities (classification, multiple choice) or values
+    (regression). Arrays and `tf.data` datasets of token ids work as for any
+    Keras model, with targets `y = {"task": ..., "lm": token_ids[..., 1:]}`
+    and `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`.
 
     Args:
         backbone: a `kgpt.GPTBackbone` whose vocabulary includes the start,
             delimiter and extract tokens.
-        head: `"classification"`, `"regression"` or `"multiple_choice"`.
-        num_outputs: classes for classification; ignored otherwise.
-        num_views: views per example (1; 2 for similarity; choices).
-        pooling: `"sum"` adds the views' extract states before the linear
-            layer; `"each"` scores each view (multiple choice).
+        head: a `kgpt.heads.Head`: what the model outputs, its loss, how a
+            prediction is decoded (e.g. `kgpt.heads.Classification(labels)`).
+        num_views: views per example (1; 2 for similarity; the choices for
+            multiple choice).
         lm_coef: weight of the auxiliary LM loss (paper: 0.5); 0 removes it
             and its output.
         classifier_dropout: dropout before the linear layer (paper: 0.1).
-        task_name: the registered task it was fine-tuned for; saved in its
-            preset so `kgpt.load_finetuned` finds the plugin again.
+        task_name: the registered task it was fine-tuned for, saved with it.
+        preprocessor: a `kgpt.GPTTaskPreprocessor`, or None.
 
     Example:
     ```python
-    import numpy as np
     import kgpt
 
-    backbone = kgpt.GPTBackbone(vocabulary_size=64, num_layers=2, num_heads=2,
-                                hidden_dim=16, intermediate_dim=32,
-                                max_sequence_length=16)
-    model = kgpt.GPTTaskModel(backbone, head="classification", num_outputs=3)
-    x = {"token_ids": np.ones((4, 1, 8), "int32"),
-         "padding_mask": np.ones((4, 1, 8), "int32")}
-    model.predict(x, verbose=0)["task"].shape  # (4, 3)
+    model = kgpt.GPTTaskModel.from_preset("lm_out", task="sst2")   # a kgpt-train --task lm preset
+    model.fit(["a joy to watch", "dull and long"], ["1", "0"], batch_size=2)
+    model.predict(["what a film"])                                 # [[p("0"), p("1")]]
+    model.predict_labels(["what a film"])                          # ['1']
+    model.save_to_preset("sst2_out")    # GPTTaskModel.from_preset("sst2_out") predicts on text again
     ```
     """
 
     backbone_cls = GPTBackbone
+    preprocessor_cls = GPTTaskPreprocessor
 
     def __init__(
         self,
         backbone,
-        head="classification",
-        num_outputs=2,
+        head,
         num_views=1,
-        pooling="sum",
         lm_coef=0.5,
         classifier_dropout=0.1,
         task_name=None,
         preprocessor=None,
         **kwargs,
     ):
-        if head not in HEADS:
-            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {head!r}.")
-        if pooling not in ("sum", "each"):
-            raise ValueError(f"pooling must be 'sum' or 'each', got {pooling!r}.")
-        if (head == "multiple_choice") != (pooling == "each"):
-            raise ValueError("The multiple_choice head needs pooling='each' and only it does.")
+        if isinstance(head, dict):
+            head = keras.saving.deserialize_keras_object(head)
+        if not isinstance(head, heads_lib.Head):
+            raise ValueError(f"head must be a kgpt.heads.Head (e.g. kgpt.heads.Classification(labels)), got {head!r}.")
+        if head.pooling not in ("sum", "each"):
+            raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
+        if isinstance(head, heads_lib.MultipleChoice) and head.num_choices != num_views:
+            raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
         if lm_coef < 0:
             raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
-        units = num_outputs if head == "classification" else 1
 
         # === Layers ===
         self.backbone = backbone
@@ -148,7 +152,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         self.extract_states = ExtractStates(num_views, name="extract_states")
         self.classifier_dropout_layer = keras.layers.Dropout(classifier_dropout, name="classifier_dropout")
         self.classifier = keras.layers.Dense(
-            units,
+            head.units(num_views),
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
             name="classifier",
         )
@@ -160,12 +164,10 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         flat_mask = self.fold_mask(padding_mask)  # [B*K, L]
         hidden = backbone({"token_ids": self.fold_ids(token_ids), "padding_mask": flat_mask})  # [B*K, L, H]
         states = self.extract_states(hidden, flat_mask)  # [B, K, H]
-        if pooling == "sum":
+        if head.pooling == "sum":
             states = ops.sum(states, axis=1)  # [B, H]
-        scores = self.classifier(self.classifier_dropout_layer(states))  # [B, C] or [B, K, 1]
-        if head != "classification":
-            scores = ops.squeeze(scores, axis=-1)  # [B] or [B, K]
-        outputs = {"task": scores}
+        scores = self.classifier(self.classifier_dropout_layer(states))  # [B, units] or [B, K, units]
+        outputs = {"task": head.outputs(scores)}
         if lm_coef > 0:
             outputs["lm"] = self.unfold_lm(hidden[:, :-1])  # [B, K, L-1, H]
         compile_now = kwargs.pop("compile", True)  # after the config below, which compile() reads
@@ -174,10 +176,9 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         )
 
         # === Config ===
-        self.head = head
-        self.num_outputs = num_outputs
+        # Plain attribute: a head is configuration, not a tracked layer.
+        object.__setattr__(self, "head", head)
         self.num_views = num_views
-        self.pooling = pooling
         self.lm_coef = lm_coef
         self.classifier_dropout = classifier_dropout
         self.task_name = task_name
@@ -188,16 +189,61 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         config = super().get_config()
         config.update(
             {
-                "head": self.head,
-                "num_outputs": self.num_outputs,
+                "head": keras.saving.serialize_keras_object(self.head),
                 "num_views": self.num_views,
-                "pooling": self.pooling,
                 "lm_coef": self.lm_coef,
                 "classifier_dropout": self.classifier_dropout,
                 "task_name": self.task_name,
             }
         )
         return config
+
+    @classmethod
+    def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=0.5, classifier_dropout=0.1,
+                    **kwargs):
+        """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
+
+        Args:
+            preset: a fine-tuned preset (`kgpt-train --task NAME --output_dir`,
+                or `save_to_preset`): loaded with its head, label names and
+                input transformation, so it predicts on text without the
+                task's plugin. Or a starting point to fine-tune: a kgpt
+                preset (`kgpt-train --task lm --output_dir`), the original
+                GPT-1 release's `model/` folder or Hugging Face openai-gpt
+                files; the start, delimiter and extract tokens are added
+                when the vocabulary lacks them.
+            task: with a starting point, the task: a registered name
+                (`"sst2"`) or a `kgpt.Task`. With a fine-tuned preset, None
+                or its own task's name.
+            registry: where names are looked up (default: every installed
+                task plugin).
+            max_length: tokens per view (default: the model's context).
+            lm_coef, classifier_dropout: for a new model (paper: 0.5, 0.1).
+            **kwargs: overrides of the saved config (e.g. `dtype`).
+        """
+        config = os.path.join(preset, TASK_CONFIG_FILE) if isinstance(preset, (str, os.PathLike)) else None
+        if config and os.path.isfile(config) and read_json(config, "a kgpt task config").get(
+                "registered_name") == keras.saving.get_registered_name(cls):
+            model = load_task_preset(cls, preset, **kwargs)
+            name = getattr(task, "name", task)
+            if name is not None and name != model.task_name:
+                raise ValueError(f"{preset} is fine-tuned for task {model.task_name!r}, not {name!r}: load it without "
+                                 f"task=, or fine-tune its pre-trained model (kgpt-train --init) for {name!r}.")
+            return model
+        if task is None:
+            raise ValueError(f"{preset} is not a fine-tuned task model: pass task=NAME (a registered task or a "
+                             f"kgpt.Task) to fine-tune it.")
+        from kgpt.pretrained import load_pretrained, with_special_tokens
+        from kgpt.registry import TaskRegistry
+
+        if isinstance(task, str):
+            task = (registry or TaskRegistry()).get(task)
+        backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
+        backbone = with_special_tokens(backbone, tokenizer)
+        limit = backbone.max_sequence_length
+        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=min(max_length or limit, limit))
+        return cls(backbone, head=task.head, num_views=task.transform.num_views, lm_coef=lm_coef,
+                   classifier_dropout=classifier_dropout, task_name=task.name, preprocessor=preprocessor, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
                 lm_loss_chunk_size=DEFAULT_CHUNK_SIZE, **kwargs):
@@ -207,11 +253,10 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             optimizer: `"auto"` for `kgpt.gpt_adamw(6.25e-5)` with 0.2% linear
                 warm-up and linear decay to 0 at `total_steps` (constant
                 after warm-up when `None`), or any optimizer.
-            loss: `"auto"` for the head's loss (cross-entropy on logits or
-                mean squared error) plus `lm_coef` x the LM cross-entropy
-                averaged over real tokens; or a Keras loss spec.
-            weighted_metrics: `"auto"` for accuracy on classification and
-                multiple choice heads.
+            loss: `"auto"` for the head's loss plus `lm_coef` x the LM
+                cross-entropy averaged over real tokens; or a Keras loss spec.
+            weighted_metrics: `"auto"` for the head's metrics (accuracy for
+                classification and multiple choice).
             total_steps: the fine-tuning run's number of updates.
             lm_loss_chunk_size: tokens whose logits the `"auto"` LM loss
                 computes at once; `None` for all of them at once.
@@ -221,7 +266,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             optimizer = gpt_adamw(6.25e-5, warmup_steps=warmup, total_steps=total_steps, decay="linear")
         loss_weights = kwargs.pop("loss_weights", None)
         if loss == "auto":
-            loss = {"task": self.task_loss()}
+            loss = {"task": self.head.loss()}
             loss_weights = {"task": 1.0}
             if "lm" in self.output:
                 loss["lm"] = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size)
@@ -231,7 +276,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
                 "The 'lm' output holds hidden states, not logits: its loss must be a kgpt.lm_loss.TiedLMLoss."
             )
         if weighted_metrics == "auto":
-            weighted_metrics = {"task": [] if self.head == "regression" else ["accuracy"]}
+            weighted_metrics = {"task": self.head.metrics()}
         super().compile(
             optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics, **kwargs
         )
@@ -243,10 +288,8 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         return super().compute_loss(x, y, y_pred, sample_weight, training=training)
 
     def task_loss(self):
-        """The head's loss: cross-entropy on logits, or mean squared error for regression."""
-        if self.head == "regression":
-            return keras.losses.MeanSquaredError()
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        """The head's loss (cross-entropy on logits, mean squared error, ...)."""
+        return self.head.loss()
 
     def compile_from_config(self, config):
         # Keras skips this for models with a custom compile(); restore the
@@ -256,15 +299,70 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    # keras-hub's PipelineModel turns NumPy inputs into an unshuffled tf.data
-    # pipeline (ignoring shuffle=True) and converts `y` with one
-    # convert_to_tensor call, which fails on our dict targets. There is no
-    # preprocessor to apply, so use Keras' own loops.
-    def fit(self, *args, **kwargs):
-        return keras.Model.fit(self, *args, **kwargs)
+    # --- raw text in ---------------------------------------------------------
 
-    def evaluate(self, *args, **kwargs):
-        return keras.Model.evaluate(self, *args, **kwargs)
+    def encode(self, x, y=None, name="inputs"):
+        """Raw text (and labels) -> a `kgpt.batching.EncodedSplit` through the attached preprocessor."""
+        if self.preprocessor is None:
+            raise ValueError("Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
+                             "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        targets = None
+        if y is not None:
+            labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
+            targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
+                                 self.head.target_dtype)
+        return self.preprocessor.encode_batch(x, targets, name=name)
+
+    def _text_dataset(self, x, y, batch_size, seed=None, targets=True, name="inputs"):
+        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
+        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output, targets=targets)
+
+    # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
+    # task examples are tokenized in Python and batched by length instead.
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_data=None,
+            shuffle=True, **kwargs):
+        """Keras `fit`; on raw text (see the class docstring), `y` holds labels (names or indices).
+
+        Text batches are drawn by length (`kgpt.batching`), shuffled from
+        NumPy's global seed (`keras.utils.set_random_seed`) when `shuffle`.
+        `validation_data=(texts, labels)` is encoded the same way.
+        """
+        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+            seed = int(np.random.randint(2**31)) if shuffle else None
+            x = self._text_dataset(x, y, batch_size, seed=seed)
+            y = batch_size = None
+            if validation_data is not None and (_is_text(validation_data[0])
+                                                or isinstance(validation_data[0], batching.EncodedSplit)):
+                validation_data = self._text_dataset(*validation_data[:2], None, name="validation")
+        return keras.Model.fit(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                               validation_data=validation_data, shuffle=shuffle, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
+        """Keras `evaluate`; on raw text, `y` holds labels."""
+        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+            x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
+        return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
+
+    def predict(self, x, batch_size=None, verbose="auto", **kwargs):
+        """On raw text: probabilities `[examples, classes or choices]` or values `[examples]`.
+
+        On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
+        """
+        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+            split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
+            outputs = batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
+            return self.head.probabilities(outputs)
+        return keras.Model.predict(self, x, batch_size=batch_size, verbose=verbose, **kwargs)
+
+    def predict_labels(self, x, batch_size=None):
+        """Predictions on raw text as the task names them: label names, choice indices or values."""
+        outputs = self.predict_outputs(x, batch_size)
+        return [self.head.prediction_name(p) for p in self.head.decode(outputs)]
+
+    def predict_outputs(self, x, batch_size=None):
+        """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
+        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
+        return batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
 
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         return keras.Model.train_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
@@ -272,15 +370,40 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
-    def predict_task(self, x, batch_size=32):
-        """Task outputs only, as NumPy: logits, values or choice logits.
-
-        Unlike `predict()`, skips the LM output (hidden states
-        `[examples, views, length, hidden]`), which only the loss needs.
-        """
+    def task_predictor(self):
+        """A Keras model of the same layers with the task output only (no LM hidden states)."""
         predictor = getattr(self, "_task_predictor", None)
         if predictor is None:
             predictor = keras.Model(self.input, self.output["task"], name="task_predictor")
             # Plain attribute: it shares our layers and must not be tracked or saved.
             object.__setattr__(self, "_task_predictor", predictor)
-        return predictor.predict(x, batch_size=batch_size, verbose=0)
+        return predictor
+
+    def predict_task(self, x, batch_size=32):
+        """Task outputs only, as NumPy, for token-id inputs `{"token_ids", "padding_mask"}`.
+
+        Unlike `predict()`, skips the LM output (hidden states
+        `[examples, views, length, hidden]`), which only the loss needs.
+        """
+        return self.task_predictor().predict(x, batch_size=batch_size, verbose=0)
+
+
+def _is_text(x):
+    """Whether `x` is raw text for the preprocessor rather than token ids or a dataset."""
+    from kgpt.task import Example
+
+    if isinstance(x, str):
+        return True
+    if isinstance(x, tuple):
+        return bool(x) and all(_is_text(c) or _is_nested_text(c) for c in x)
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "OUS"
+    if isinstance(x, list):
+        return bool(x) and (isinstance(x[0], (str, Example)) or _is_nested_text(x))
+    return False
+
+
+def _is_nested_text(x):
+    while isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return isinstance(x, str)

@@ -21,11 +21,11 @@ import tempfile
 import numpy as np
 
 from kgpt import metrics as metrics_lib
-from kgpt import transforms
 from kgpt.backbone import GPTBackbone
 from kgpt.registry import TaskRegistry
 from kgpt.task import Example, Skipped, Task
 from kgpt.task_model import GPTTaskModel
+from kgpt.task_preprocessor import GPTTaskPreprocessor
 from kgpt.tokenizer import GPTTokenizer
 
 _TEXT = ["the cat sat on the mat", "a dog ran", "rain falls in spring", "why is the sky blue"]
@@ -34,13 +34,14 @@ _TEXT = ["the cat sat on the mat", "a dog ran", "rain falls in spring", "why is 
 def synthetic_example(task, index=0):
     """An example that fits `task`'s transformation and head (for contract checks)."""
     transform = task.transform
-    num_segments = transform.num_segments or (2 if task.head == "multiple_choice" else 1)
+    num_segments = transform.num_segments or (2 if transform.takes_choices else 1)
     segments = tuple(_TEXT[(index + i) % len(_TEXT)] for i in range(num_segments))
-    choices = tuple(f"answer {k}" for k in range(transform.num_views)) if task.head == "multiple_choice" else ()
-    if task.head == "classification":
-        label = task.labels[index % len(task.labels)]
-    elif task.head == "multiple_choice":
+    choices = tuple(f"answer {k}" for k in range(transform.num_views)) if transform.takes_choices else ()
+    names = task.head.output_names()
+    if transform.takes_choices:
         label = index % transform.num_views
+    elif names:
+        label = names[index % len(names)]
     else:
         label = float(index % 3)
     return Example(segments=segments, label=label, choices=choices, source=f"synthetic:{index}")
@@ -53,8 +54,8 @@ def _check(condition, task, message):
 
 def check_examples(task, items, tokenizer=None, max_length=64):
     """Every item is an Example/Skipped that the task's transformation and labels accept."""
-    tokenizer = tokenizer or GPTTokenizer.gpt1()
-    layout = transforms.Layout.from_tokenizer(tokenizer)
+    preprocessor = GPTTaskPreprocessor(tokenizer or GPTTokenizer.gpt1(), task.transform, max_length=max_length)
+    start, extract = preprocessor.tokenizer.start_id, preprocessor.tokenizer.extract_id
     count = 0
     for item in items:
         if isinstance(item, Skipped):
@@ -66,12 +67,10 @@ def check_examples(task, items, tokenizer=None, max_length=64):
         _check(problem is None, task, f"{item.source}: {problem}")
         if item.label is not None:
             task.label_value(item)
-        ids = [tokenizer.encode(s) for s in item.segments]
-        choice_ids = [tokenizer.encode(c) for c in item.choices]
-        views, _ = transforms.build_views(task.transform, ids, choice_ids, layout, max_length)
+        views, _ = preprocessor.encode(item.segments, item.choices)
         _check(len(views) == task.transform.num_views, task, f"{len(views)} views, expected {task.transform.num_views}")
         for view in views:
-            _check(view[0] == layout.start and view[-1] == layout.extract, task, "views must be [start] ... [extract]")
+            _check(view[0] == start and view[-1] == extract, task, "views must be [start] ... [extract]")
             _check(len(view) <= max_length, task, f"a view of {len(view)} tokens exceeds max_length={max_length}")
         count += 1
     return count
@@ -95,33 +94,26 @@ def check_task(task, data_dir=None, tokenizer=None):
     examples = [synthetic_example(task, i) for i in range(4)]
     check_examples(task, examples, tokenizer)
 
-    layout = transforms.Layout.from_tokenizer(tokenizer)
-    views = [
-        transforms.build_views(
-            task.transform, [tokenizer.encode(s) for s in e.segments], [tokenizer.encode(c) for c in e.choices],
-            layout, 32,
-        )[0]
-        for e in examples
-    ]
-    token_ids, padding_mask = transforms.pack(views, max(len(v) for ex in views for v in ex))
-    labels = np.asarray([task.label_value(e) for e in examples], "float32" if task.head == "regression" else "int32")
+    preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=32)
+    targets = [task.label_value(e) for e in examples]
+    split = preprocessor.encode_batch(examples, np.asarray(targets, task.head.target_dtype))
     backbone = GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2, hidden_dim=8,
                            intermediate_dim=16, max_sequence_length=32)
-    model = GPTTaskModel(backbone, head=task.head, num_outputs=task.num_outputs,
-                         num_views=task.transform.num_views, pooling=task.transform.pooling)
-    x = {"token_ids": token_ids, "padding_mask": padding_mask}
-    y = {"task": labels, "lm": token_ids[..., 1:]}
-    sample_weight = {"task": np.ones(len(labels), "float32"), "lm": padding_mask[..., 1:].astype("float32")}
+    model = GPTTaskModel(backbone, head=task.head, num_views=task.transform.num_views, preprocessor=preprocessor)
+    x, y, sample_weight = split.batch(np.arange(len(split)))
     logs = model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
     _check(math.isfinite(float(logs["loss"])), task, f"training loss is not finite: {logs}")
-    outputs = model.predict_task(x)
-    expected = {"classification": (4, task.num_outputs), "regression": (4,),
-                "multiple_choice": (4, task.transform.num_views)}[task.head]
-    _check(outputs.shape == expected, task, f"head output shape {outputs.shape}, expected {expected}")
-    predictions = outputs if task.head == "regression" else np.argmax(outputs, -1)
+    outputs = model.predict_outputs(examples)
+    predictions = np.asarray(task.head.decode(outputs))
+    _check(predictions.shape == (4,), task, f"head.decode gave shape {predictions.shape} for 4 examples, expected (4,)")
+    names = task.head.output_names()
+    probabilities = np.asarray(task.head.probabilities(outputs))
+    expected = (4, len(names)) if names else (4,)
+    _check(probabilities.shape == expected, task, f"head.probabilities gave shape {probabilities.shape}, "
+           f"expected {expected} (one column per output name)")
     for metric in task.metrics:
         name, fn = metrics_lib.resolve(metric)
-        value = fn(labels, predictions)
+        value = fn(split.targets, predictions)
         _check(isinstance(value, float), task, f"metric {name!r} returned {type(value).__name__}, not float")
     keras.backend.clear_session()
 

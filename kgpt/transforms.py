@@ -19,7 +19,10 @@ Every truncated example is counted and reported by the caller.
 
 import dataclasses
 
+import keras
 import numpy as np
+
+from kgpt.configurable import Configurable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,20 +38,22 @@ class Layout:
         return cls(tokenizer.start_id, tokenizer.delimiter_id, tokenizer.extract_id)
 
 
-class Transform:
+class Transform(Configurable):
     """Base class: splits an example's segments into views of segment groups.
 
     `groups(segments, choices)` returns, per view, a tuple of groups; each
     group is a tuple of token-id lists that are concatenated, and groups are
     joined by the delimiter. Subclasses set `kind`, `num_segments` (an exact
-    count, or `None` for "one or more") and `pooling`: `"sum"` adds the
-    views' extract states before the head, `"each"` scores every view.
+    count, or `None` for "one or more"), `num_views` and `takes_choices`
+    (whether examples carry answer choices, one view each). Transformations
+    are saved with a fine-tuned model (`get_config`), so it can preprocess
+    raw text without the task's plugin.
     """
 
     kind = "transform"
     num_segments = None
-    pooling = "sum"
     num_views = 1
+    takes_choices = False
 
     def groups(self, segments, choices=()):
         raise NotImplementedError
@@ -60,14 +65,12 @@ class Transform:
                 return f"{self.kind} needs at least one text segment"
         elif len(segments) != self.num_segments:
             return f"{self.kind} needs {self.num_segments} text segments, got {len(segments)}"
-        if choices and self.pooling != "each":
+        if choices and not self.takes_choices:
             return f"{self.kind} takes no answer choices, got {len(choices)}"
         return None
 
-    def __repr__(self):
-        return f"{type(self).__name__}()"
 
-
+@keras.saving.register_keras_serializable(package="kgpt.transforms")
 class Classification(Transform):
     """`[start] text [extract]`; several segments are concatenated."""
 
@@ -77,6 +80,7 @@ class Classification(Transform):
         return [(tuple(segments),)]
 
 
+@keras.saving.register_keras_serializable(package="kgpt.transforms")
 class Entailment(Transform):
     """`[start] premise [delim] hypothesis [extract]`."""
 
@@ -88,6 +92,7 @@ class Entailment(Transform):
         return [((premise,), (hypothesis,))]
 
 
+@keras.saving.register_keras_serializable(package="kgpt.transforms")
 class Similarity(Transform):
     """Both orders `[start] a [delim] b [extract]`, `[start] b [delim] a [extract]`.
 
@@ -104,6 +109,7 @@ class Similarity(Transform):
         return [((a,), (b,)), ((b,), (a,))]
 
 
+@keras.saving.register_keras_serializable(package="kgpt.transforms")
 class MultipleChoice(Transform):
     """`[start] context [delim] answer_k [extract]` for each of `num_choices` answers.
 
@@ -112,10 +118,10 @@ class MultipleChoice(Transform):
     """
 
     kind = "multiple_choice"
-    pooling = "each"
+    takes_choices = True
 
     def __init__(self, num_choices):
-        if num_choices < 2:
+        if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 2:
             raise ValueError(f"MultipleChoice needs num_choices >= 2, got {num_choices}.")
         self.num_views = num_choices
 
@@ -129,8 +135,8 @@ class MultipleChoice(Transform):
     def groups(self, segments, choices=()):
         return [(tuple(segments), (choice,)) for choice in choices]
 
-    def __repr__(self):
-        return f"MultipleChoice({self.num_views})"
+    def get_config(self):
+        return {"num_choices": self.num_views}
 
 
 def truncate(segments, budget):

@@ -23,6 +23,7 @@ import os
 import keras
 import numpy as np
 
+from kgpt import batching
 from kgpt import metrics as metrics_lib
 
 
@@ -69,21 +70,19 @@ class Scorer:
         return self.log_probs_of_ids(encoded)
 
     def log_probs_of_ids(self, encoded):
-        """Like `log_probs`, for `[(context_ids, continuation_ids)]`; contexts must be non-empty."""
-        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]) + len(encoded[i][1]))
+        """Like `log_probs`, for `[(context_ids, continuation_ids)]`; contexts must be non-empty.
+
+        Pairs are scored in length-sorted batches padded to a few lengths
+        (`kgpt.batching`, as in fine-tuning), and returned in input order.
+        """
+        builder = batching.SplitBuilder("scored", 1, limit=self.lm.backbone.max_sequence_length)
+        for context, continuation in encoded:
+            builder.add([context + continuation])
+        split = builder.build()
         results = [None] * len(encoded)
-        for start in range(0, len(order), self.batch_size):
-            batch = order[start: start + self.batch_size]
-            longest = max(len(encoded[i][0]) + len(encoded[i][1]) for i in batch)
-            # Few distinct shapes, so few retraces: round lengths up to a multiple of 16.
-            length = min(-(-max(longest, 2) // 16) * 16, self.lm.backbone.max_sequence_length)
-            ids = np.zeros((len(batch), length), "int32")
-            mask = np.zeros((len(batch), length), "int32")
-            for row, i in enumerate(batch):
-                tokens = encoded[i][0] + encoded[i][1]
-                ids[row, : len(tokens)] = tokens
-                mask[row, : len(tokens)] = 1
-            scores = self.lm.score(ids, mask, batch_size=self.batch_size)  # [B, L-1]
+        for batch in batching.batch_indices(split.lengths, self.batch_size):
+            x = split.inputs(batch)
+            scores = self.lm.score(x["token_ids"][:, 0], x["padding_mask"][:, 0], batch_size=self.batch_size)
             for row, i in enumerate(batch):
                 ctx, cont = encoded[i]
                 # Entry t scores token t + 1: the continuation's tokens are entries len(ctx) - 1 ...

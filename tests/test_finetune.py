@@ -22,6 +22,10 @@ def config(preset, tmp_path, **overrides):
     return finetune_lib.FinetuneConfig(**{**fields, **overrides})
 
 
+def preprocessor(preset, task, max_length):
+    return kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.from_preset(preset), task.transform, max_length=max_length)
+
+
 def write_tsv(folder, split, rows):
     os.makedirs(folder / "tsv_format", exist_ok=True)
     path = folder / "tsv_format" / f"scitail_1.0_{split}.tsv"
@@ -43,13 +47,24 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
         lines = (out / "predictions" / f"{split}.tsv").read_text().splitlines()
         assert lines[0] == "id\tprediction\tlabel" and len(lines) == expected[split] + 1
         assert {line.split("\t")[1] for line in lines[1:]} <= set(scitail.LABELS)
-    assert set(metrics["history"]) >= {"loss", "task_loss", "lm_loss", "val_task_accuracy"}
+    assert set(metrics["history"]) >= {"loss", "task_loss", "lm_loss", "val_task_accuracy", "val_accuracy"}
+    # The task's own metric after the last epoch is the final dev score, in history.csv too.
+    assert metrics["history"]["val_accuracy"][-1] == pytest.approx(metrics["splits"]["dev"]["accuracy"])
+    assert "val_accuracy" in (out / "history.csv").read_text().splitlines()[0].split(",")
+    share = metrics["real_token_share"]
+    assert share["train_padded_to_longest"] < share["train"] <= 1.0
     assert os.listdir(out / "logs")  # TensorBoard
     # The output is a preset that finds its task's plugin again and predicts identically.
     loaded, tokenizer, task = kgpt.load_finetuned(str(out))
     assert task.name == "scitail" and tokenizer.fingerprint() == kgpt.GPTTokenizer.from_preset(tiny_preset).fingerprint()
-    x = finetune_lib.encode_split(task, "dev", str(out / "data"), tokenizer, 128).x
-    np.testing.assert_array_equal(loaded.predict_task(x), model.predict_task(x))
+    split = finetune_lib.encode_split(task, "dev", str(out / "data"), loaded.preprocessor)
+    np.testing.assert_allclose(loaded.predict_outputs(split), model.predict_outputs(split), rtol=1e-5, atol=1e-6)
+    # ... and on raw text, without the plugin: label names and probabilities.
+    texts = (["The sun is a star.", "Ice is cold."], ["The sun is hot.", "A dog barks."])
+    standalone = kgpt.GPTTaskModel.from_preset(str(out))
+    probabilities = standalone.predict(texts)
+    assert probabilities.shape == (2, 2) and np.allclose(probabilities.sum(-1), 1.0, atol=1e-5)
+    assert standalone.predict_labels(texts) == [scitail.LABELS[i] for i in probabilities.argmax(-1)]
 
 
 def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
@@ -57,11 +72,11 @@ def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
     write_tsv(data, "train", ["a long premise about the sun and the moon\tthe sun is hot\tentails",
                               "short\t \tneutral", "x\ty\tneutral"])
     task = kgpt.TaskRegistry().get("scitail")
-    split = finetune_lib.encode_split(task, "train", str(data), kgpt.GPTTokenizer.from_preset(tiny_preset), 20)
+    split = finetune_lib.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 20))
     # One character per token: 33 + 11 text tokens, 20 - 3 specials fit.
     assert split.counts == {"read": 3, "used": 2, "skipped": 1, "skipped_reasons": {"empty text field": 1},
                             "truncated": 1, "tokens_cut": 33 + 11 - (20 - 3)}
-    assert split.token_ids.shape == (2, 1, 20)
+    assert split.view_lengths.tolist() == [[20], [5]]
 
 
 @pytest.mark.parametrize(
@@ -77,7 +92,7 @@ def test_malformed_rows_name_file_and_line(tiny_preset, tmp_path, row, message):
     write_tsv(data, "train", ["good premise\tgood hypothesis\tentails", row])
     task = kgpt.TaskRegistry().get("scitail")
     with pytest.raises(kgpt.DataError, match=message):
-        finetune_lib.encode_split(task, "train", str(data), kgpt.GPTTokenizer.from_preset(tiny_preset), 64)
+        finetune_lib.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 64))
 
 
 def test_snli_format_jsonl_reads_like_the_tsv(tmp_path):
@@ -126,10 +141,10 @@ def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
 
 def test_special_tokens_are_added_when_missing(backbone):
     tokenizer = kgpt.GPTTokenizer({f"t{i}": i for i in range(backbone.vocabulary_size)}, [])
-    grown = finetune_lib.with_special_tokens(backbone, tokenizer)
+    grown = kgpt.pretrained.with_special_tokens(backbone, tokenizer)
     assert grown.vocabulary_size == backbone.vocabulary_size + 3 == tokenizer.vocabulary_size()
     with pytest.raises(ValueError, match="do not belong together"):
-        finetune_lib.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
+        kgpt.pretrained.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
 
 
 def test_init_must_be_a_preset_or_a_checkpoint(tmp_path):

@@ -117,7 +117,7 @@ def test_compile_chooses_chunking_only_with_the_default_loss():
 
 def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
-    model = kgpt.GPTTaskModel(backbone, num_outputs=2, num_views=2, classifier_dropout=0.0, compile=False)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b"]), num_views=2, classifier_dropout=0.0, compile=False)
     ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 2, 9)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     x["padding_mask"][0, 1, 5:] = 0

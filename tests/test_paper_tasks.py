@@ -147,11 +147,13 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
         lines = (tmp_path / "out" / "submission" / file_name).read_text().splitlines()
         assert lines[0] == "index\tprediction"
         assert len(lines) == 1 + results["splits"][split]["examples"]["used"]
-        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == "regression"
+        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == kgpt.heads.Regression()
 
 
 def encode(name, data, split="train"):
-    return finetune_lib.encode_split(REGISTRY.get(name), split, data, kgpt.GPTTokenizer.gpt1(), 128)
+    task = REGISTRY.get(name)
+    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), task.transform, max_length=128)
+    return finetune_lib.encode_split(task, split, data, preprocessor)
 
 
 def test_glue_errors_name_file_and_line(tmp_path):

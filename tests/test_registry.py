@@ -162,8 +162,11 @@ def test_list_table_shows_tasks_and_problems():
         (dict(labels=("a", "a")), "labels repeat"),
         (dict(metrics=("bleu",)), "Unknown metric 'bleu'"),
         (dict(transform="entailment"), "transform must be a kgpt.transforms.Transform"),
-        (dict(head="multiple_choice"), "goes with the MultipleChoice transform only"),
-        (dict(labels=None, head="classification"), "at least 2 labels"),
+        (dict(head=kgpt.heads.MultipleChoice(2)), "scores answer choices, which the classification transform has not"),
+        (dict(head="classification"), "head must be a kgpt.heads.Head"),
+        (dict(head=kgpt.heads.Classification(["x", "y"])), r"labels \('no', 'yes'\) differ from the head's"),
+        (dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.heads.MultipleChoice(4)),
+         "the head has 4 choices but the transform makes 3 views"),
     ],
 )
 def test_task_validation(overrides, message):
@@ -172,6 +175,6 @@ def test_task_validation(overrides, message):
 
 
 def test_heads_are_inferred():
-    assert make_task().head == "classification"
-    assert make_task(labels=None).head == "regression"
-    assert make_task(labels=None, transform=transforms.MultipleChoice(4)).num_outputs == 4
+    assert make_task().head == kgpt.heads.Classification(make_task().labels)
+    assert make_task(labels=None).head == kgpt.heads.Regression()
+    assert make_task(labels=None, transform=transforms.MultipleChoice(4)).head == kgpt.heads.MultipleChoice(4)

@@ -1,0 +1,244 @@
+"""Length-bucketed batches of encoded task examples: compute on real tokens, not on padding.
+
+A split is kept as its real tokens only (`EncodedSplit`: one flat int32 array
+and the offsets of every view), never as a padded `[examples, views, length]`
+array. Each training epoch:
+
+1. the examples are shuffled (from the seed and the epoch number, so a run is
+   reproducible) and cut into pools of `POOL_BATCHES` batches;
+2. each pool is sorted by length and cut into batches, so a batch holds
+   examples of similar length;
+3. the batches are shuffled across pools;
+4. each batch is padded to its longest view, rounded up to one of a fixed
+   set of lengths (`bucket_length`: multiples of 4 up to 64, then 8 steps
+   per doubling), so XLA compiles a few dozen shapes at most, not one per
+   batch.
+
+Evaluation batches are sorted by length and the predictions put back in the
+split's order. Only the last pool of an epoch can give a partial batch.
+"""
+
+import array
+import dataclasses
+
+import numpy as np
+
+from kgpt.errors import DataError
+
+POOL_BATCHES = 100  # batches per length-sorted pool: larger packs tighter, smaller shuffles more
+
+
+def bucket_length(length, limit=None):
+    """The padded length of a batch whose longest view has `length` tokens.
+
+    Multiples of 4 up to 64; above, 8 lengths per doubling (multiples of 8 to
+    128, of 16 to 256, of 32 to 512, ...), so rounding up wastes at most 1/8
+    beyond 32 tokens and a 512-token model sees at most 40 shapes. Never
+    above `limit`.
+
+    Example:
+    ```python
+    [bucket_length(n) for n in (3, 39, 65, 130, 300)]  # [4, 40, 72, 144, 320]
+    ```
+    """
+    granule = max(4, 1 << max(0, (int(length) - 1).bit_length() - 4))
+    padded = -(-int(length) // granule) * granule
+    return padded if limit is None else min(padded, max(int(limit), int(length)))
+
+
+@dataclasses.dataclass
+class EncodedSplit:
+    """A split as real tokens: every example's views, concatenated, with what happened to its rows.
+
+    Attributes:
+        name: the split's name.
+        tokens: int32 `[total tokens]`, every view of every example in order.
+        offsets: int64 `[examples * num_views + 1]`: view `v` of example `i`
+            is `tokens[offsets[i * num_views + v]:offsets[i * num_views + v + 1]]`.
+        num_views: views per example.
+        targets: the head's targets `[examples]`, or None when unlabeled.
+        uids: the dataset's id of each example (else its `file:line`).
+        counts: read, used, skipped (+ reasons), truncated, tokens_cut.
+        limit: the longest a view may be (the preprocessor's `max_length`).
+    """
+
+    name: str
+    tokens: np.ndarray
+    offsets: np.ndarray
+    num_views: int
+    targets: np.ndarray | None
+    uids: list
+    counts: dict
+    limit: int | None = None
+
+    def __len__(self):
+        return (len(self.offsets) - 1) // self.num_views
+
+    @property
+    def view_lengths(self):
+        """`[examples, num_views]` real tokens per view."""
+        return np.diff(self.offsets).reshape(-1, self.num_views)
+
+    @property
+    def lengths(self):
+        """`[examples]` the longest view of each example."""
+        return self.view_lengths.max(axis=1)
+
+    def inputs(self, indices, length=None):
+        """`{"token_ids", "padding_mask"}` `[len(indices), num_views, length]` for these examples, right-padded.
+
+        `length` defaults to the bucket length of their longest view.
+        """
+        indices = np.asarray(indices)
+        lengths = self.view_lengths[indices]  # [B, K]
+        if length is None:
+            length = bucket_length(lengths.max(), self.limit)
+        token_ids = np.zeros((len(indices), self.num_views, length), "int32")
+        starts = self.offsets[:-1].reshape(-1, self.num_views)[indices]
+        for row in range(len(indices)):
+            for view in range(self.num_views):
+                n, start = lengths[row, view], starts[row, view]
+                token_ids[row, view, :n] = self.tokens[start:start + n]
+        padding_mask = (np.arange(length) < lengths[..., None]).astype("int32")
+        return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+    def batch(self, indices, lm=True, targets=True):
+        """One training batch `(x, y, sample_weight)` for `GPTTaskModel`, or `x` alone without targets.
+
+        `y = {"task": targets, "lm": next tokens}` and the LM's sample weight
+        is 1 on real next tokens only (the auxiliary loss ignores padding).
+        """
+        x = self.inputs(indices)
+        if not targets:
+            return x
+        if self.targets is None:
+            raise DataError(f"Split {self.name!r} has no labels to train or evaluate on.")
+        y = {"task": self.targets[np.asarray(indices)]}
+        sample_weight = {"task": np.ones(len(indices), "float32")}
+        if lm:
+            y["lm"] = x["token_ids"][..., 1:]
+            sample_weight["lm"] = x["padding_mask"][..., 1:].astype("float32")
+        return x, y, sample_weight
+
+    def real_share(self, batches):
+        """Real tokens / computed positions when the split is fed as `batches` (lists of indices)."""
+        view_lengths = self.view_lengths
+        computed = sum(len(b) * self.num_views * bucket_length(view_lengths[b].max(), self.limit) for b in batches)
+        return float(view_lengths.sum() / max(computed, 1))
+
+    def padded_share(self):
+        """Real tokens / computed positions when every example is padded to the split's longest view."""
+        view_lengths = self.view_lengths
+        return float(view_lengths.sum() / max(view_lengths.size * view_lengths.max(), 1))
+
+
+class SplitBuilder:
+    """Collects encoded examples into an `EncodedSplit` without padding them.
+
+    Example:
+    ```python
+    builder = SplitBuilder("dev", num_views=1)
+    builder.add([[5, 6, 7]], target=1, uid="dev.tsv:2")
+    split = builder.build(counts={"read": 1})
+    ```
+    """
+
+    def __init__(self, name, num_views, limit=None):
+        self.name, self.num_views, self.limit = name, num_views, limit
+        self.tokens = array.array("i")
+        self.offsets = array.array("q", [0])
+        self.targets, self.uids = [], []
+
+    def add(self, views, target=None, uid=""):
+        if len(views) != self.num_views:
+            raise ValueError(f"Expected {self.num_views} views, got {len(views)}.")
+        for view in views:
+            self.tokens.extend(view)
+            self.offsets.append(len(self.tokens))
+        self.targets.append(target)
+        self.uids.append(uid)
+
+    def build(self, counts=None, target_dtype="int32"):
+        labelled = [t is not None for t in self.targets]
+        if any(labelled) and not all(labelled):
+            first = labelled.index(False)
+            raise DataError(f"{self.uids[first]}: unlabeled example in the labeled split {self.name!r}.")
+        targets = np.asarray(self.targets, target_dtype) if labelled and all(labelled) else None
+        return EncodedSplit(self.name, np.frombuffer(self.tokens, "int32").copy(),
+                            np.frombuffer(self.offsets, "int64").copy(), self.num_views, targets, list(self.uids),
+                            dict(counts or {}), self.limit)
+
+
+def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BATCHES):
+    """Lists of example indices, one per batch.
+
+    With a `seed`: shuffled pools of `pool_batches` batches, each sorted by
+    length, cut into batches, and the batches shuffled; the order depends on
+    `(seed, epoch)` only. Without: sorted by length (evaluation), ties in
+    split order.
+
+    Example:
+    ```python
+    batch_indices(np.array([5, 1, 9, 2]), 2)  # [array([1, 3]), array([0, 2])]
+    ```
+    """
+    lengths = np.asarray(lengths)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    if seed is None:
+        order = np.argsort(lengths, kind="stable")
+        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    rng = np.random.default_rng([int(seed), int(epoch)])
+    permutation = rng.permutation(len(lengths))
+    pool = pool_batches * batch_size
+    batches = []
+    for start in range(0, len(permutation), pool):
+        chunk = permutation[start:start + pool]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0):
+    """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
+
+    With a `seed`, every pass over the dataset (every Keras epoch) draws the
+    next epoch's order: epoch `first_epoch`, then `first_epoch + 1`, ...
+    Without, batches come sorted by length, the same on every pass.
+    """
+    import tensorflow as tf
+
+    views = split.num_views
+    ids = tf.TensorSpec((None, views, None), tf.int32)
+    x_spec = {"token_ids": ids, "padding_mask": ids}
+    if targets:
+        target_dtype = tf.float32 if split.targets is not None and split.targets.dtype.kind == "f" else tf.int32
+        y_spec = {"task": tf.TensorSpec((None,), target_dtype)}
+        w_spec = {"task": tf.TensorSpec((None,), tf.float32)}
+        if lm:
+            y_spec["lm"] = tf.TensorSpec((None, views, None), tf.int32)
+            w_spec["lm"] = tf.TensorSpec((None, views, None), tf.float32)
+        signature = (x_spec, y_spec, w_spec)
+    else:
+        signature = x_spec
+    epoch = [first_epoch]
+    num_batches = len(batch_indices(split.lengths, batch_size))  # the same count in every order
+
+    def generate():
+        order = batch_indices(split.lengths, batch_size, seed, epoch[0])
+        if seed is not None:
+            epoch[0] += 1
+        for indices in order:
+            yield split.batch(indices, lm=lm, targets=targets)
+
+    data = tf.data.Dataset.from_generator(generate, output_signature=signature)
+    return data.apply(tf.data.experimental.assert_cardinality(num_batches)).prefetch(2)
+
+
+def predict_outputs(predictor, split, batch_size):
+    """`predictor`'s outputs for every example of `split`, in the split's order (batches sorted by length)."""
+    order = np.concatenate(batch_indices(split.lengths, batch_size)) if len(split) else np.zeros(0, "int64")
+    outputs = predictor.predict(dataset(split, batch_size, targets=False), verbose=0)
+    result = np.empty_like(outputs)
+    result[order] = outputs
+    return result

@@ -1,0 +1,101 @@
+"""Length-bucketed batches: few shapes, real tokens, reproducible order, outputs unchanged by padding."""
+
+import numpy as np
+import pytest
+
+import kgpt
+from kgpt import batching
+
+
+def split_of(lengths, num_views=1, targets=True):
+    builder = batching.SplitBuilder("train", num_views, limit=512)
+    for i, n in enumerate(lengths):
+        views = [list(range(1, n + 1)) for _ in range(num_views)]
+        builder.add(views, target=i % 2 if targets else None, uid=f"row{i}")
+    return builder.build({"read": len(lengths)})
+
+
+def mnli_like_lengths(n=4000, seed=0):
+    """View lengths drawn like MNLI's with the GPT-1 vocabulary: mean ~39, a long tail to ~230."""
+    rng = np.random.default_rng(seed)
+    return np.clip(rng.lognormal(mean=3.51, sigma=0.55, size=n), 8, 230).astype(int)
+
+
+def test_bucket_lengths_are_few_and_tight():
+    padded = {n: batching.bucket_length(n) for n in range(1, 513)}
+    assert all(p >= n for n, p in padded.items())
+    assert all((p - n) / n <= 1 / 8 for n, p in padded.items() if n > 32)
+    assert len(set(padded.values())) <= 40
+    assert [batching.bucket_length(n) for n in (3, 39, 65, 130, 300)] == [4, 40, 72, 144, 320]
+    assert batching.bucket_length(300, limit=310) == 310  # never beyond the model's limit
+
+
+def test_epochs_are_reproducible_shuffled_and_complete():
+    lengths = mnli_like_lengths(1000)
+    first = batching.batch_indices(lengths, 32, seed=7, epoch=0)
+    assert [b.tolist() for b in first] == [b.tolist() for b in batching.batch_indices(lengths, 32, seed=7, epoch=0)]
+    second = batching.batch_indices(lengths, 32, seed=7, epoch=1)
+    assert [b.tolist() for b in first] != [b.tolist() for b in second]
+    for batches in (first, second):
+        assert sorted(np.concatenate(batches).tolist()) == list(range(1000))
+        assert sum(len(b) < 32 for b in batches) <= 1  # only the last pool can leave a partial batch
+    # Batches are not in length order: short and long ones alternate across the epoch.
+    longest = [lengths[b].max() for b in first]
+    assert longest != sorted(longest)
+
+
+def test_real_token_share_on_realistic_lengths():
+    split = split_of(mnli_like_lengths(4000))
+    bucketed = split.real_share(batching.batch_indices(split.lengths, 32, seed=0))
+    assert 0.9 <= bucketed <= 1.0
+    assert split.padded_share() < 0.25  # what padding every example to the longest computed
+    shapes = {batching.bucket_length(split.lengths[b].max()) for b in batching.batch_indices(split.lengths, 32, 0)}
+    assert len(shapes) <= 30
+
+
+def test_batch_inputs_and_lm_targets():
+    split = split_of([3, 5], num_views=2)
+    x, y, weights = split.batch([1, 0])
+    assert x["token_ids"].shape == (2, 2, 8)
+    np.testing.assert_array_equal(x["token_ids"][0, 0], [1, 2, 3, 4, 5, 0, 0, 0])
+    np.testing.assert_array_equal(x["padding_mask"][1, 1], [1, 1, 1, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(y["task"], [1, 0])
+    np.testing.assert_array_equal(y["lm"], x["token_ids"][..., 1:])
+    np.testing.assert_array_equal(weights["lm"], x["padding_mask"][..., 1:])
+    assert set(split.batch([0], lm=False)[1]) == {"task"}
+
+
+def test_unlabeled_mixed_with_labeled_rows_is_an_error():
+    builder = batching.SplitBuilder("dev", 1)
+    builder.add([[1, 2]], target=1, uid="dev.tsv:2")
+    builder.add([[1, 2]], target=None, uid="dev.tsv:3")
+    with pytest.raises(kgpt.DataError, match="dev.tsv:3: unlabeled example in the labeled split 'dev'"):
+        builder.build()
+
+
+def test_dataset_draws_a_new_order_each_epoch():
+    split = split_of(list(range(4, 40)))
+    data = batching.dataset(split, 8, seed=3)
+    assert int(data.cardinality()) == 5
+
+    def one_epoch():
+        return [tuple(x["padding_mask"].numpy()[:, 0].sum(-1).tolist()) for x, _, _ in data]
+
+    first, second = one_epoch(), one_epoch()
+    for epoch in (first, second):
+        assert sorted(n for batch in epoch for n in batch) == list(range(4, 40))  # every example once
+    assert first != second  # each pass over the dataset is the next epoch's order
+
+
+def test_predictions_do_not_depend_on_batching(backbone):
+    """Bucketed, length-sorted batches give each example the outputs of one padded array, in split order."""
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b", "c"]), num_views=1)
+    rng = np.random.default_rng(0)
+    builder = batching.SplitBuilder("dev", 1, limit=16)
+    for n in (9, 3, 14, 5, 3, 11, 7):
+        builder.add([rng.integers(1, 90, n).tolist()], target=0)
+    split = builder.build()
+    padded = split.inputs(np.arange(len(split)), length=16)
+    expected = model.predict_task(padded)
+    np.testing.assert_allclose(batching.predict_outputs(model.task_predictor(), split, 3), expected,
+                               rtol=1e-5, atol=1e-5)

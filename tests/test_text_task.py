@@ -1,0 +1,177 @@
+"""Raw text in, predictions out: heads, the task preprocessor, GPTTaskModel.from_preset/fit/predict on strings."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from conftest import char_tokenizer
+
+import kgpt
+import kgpt.testing
+from kgpt import heads, transforms
+
+
+# --- heads -------------------------------------------------------------------
+
+def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
+    head = heads.Classification(["negative", "positive"])
+    assert head.target("positive") == 1 and head.target(" negative ") == 0 and head.target(1) == 1
+    assert head.decode(np.array([[0.1, 2.0], [3.0, -1.0]])).tolist() == [1, 0]
+    np.testing.assert_allclose(head.probabilities(np.array([[0.0, np.log(3.0)]])), [[0.25, 0.75]], rtol=1e-6)
+    assert head.prediction_name(1) == "positive" and head.output_names() == ["negative", "positive"]
+    assert heads.Regression().target("3.5") == 3.5
+    assert heads.MultipleChoice(4).target(3) == 3
+
+
+@pytest.mark.parametrize(
+    "head, label, message",
+    [
+        (heads.Classification(["a", "b"]), "c", r"f.tsv:3: label 'c' is not one of 'a', 'b'"),
+        (heads.Classification(["a", "b"]), 2, r"f.tsv:3: label 2 is not one of"),
+        (heads.Classification(["a", "b"]), True, r"f.tsv:3: label True is not one of"),
+        (heads.Regression(), "nan", r"f.tsv:3: target 'nan' is not a finite number"),
+        (heads.Regression(), "inf", r"f.tsv:3: target 'inf' is not a finite number"),
+        (heads.Regression(), "high", r"f.tsv:3: target 'high' is not a number"),
+        (heads.MultipleChoice(2), 2, r"f.tsv:3: answer 2 is not a choice index 0..1"),
+    ],
+)
+def test_bad_labels_name_their_source(head, label, message):
+    with pytest.raises(kgpt.DataError, match=message):
+        head.target(label, "f.tsv:3")
+
+
+def test_heads_and_transforms_serialize_to_themselves():
+    for obj in (heads.Classification(["x", "y", "z"]), heads.Regression(), heads.MultipleChoice(3),
+                transforms.Classification(), transforms.Similarity(), transforms.MultipleChoice(5)):
+        config = json.loads(json.dumps(keras.saving.serialize_keras_object(obj)))
+        assert keras.saving.deserialize_keras_object(config) == obj
+
+
+def test_a_plugin_can_bring_its_own_head():
+    @keras.saving.register_keras_serializable(package="test_plugin")
+    class Stars(heads.Regression):
+        kind = "stars"
+
+        def decode(self, outputs):
+            return np.clip(np.round(outputs), 1, 5)
+
+    task = kgpt.Task(name="stars", transform=transforms.Classification(), head=Stars(), metrics=("pearson",),
+                     read=lambda split, data_dir: [])
+    kgpt.testing.check_task(task, tokenizer=char_tokenizer())
+
+
+# --- the task preprocessor ---------------------------------------------------
+
+def test_preprocessor_takes_keras_hub_style_inputs():
+    tokenizer = char_tokenizer()
+    start, delimiter, extract = tokenizer.start_id, tokenizer.delimiter_id, tokenizer.extract_id
+    a, b = tokenizer.encode("ab"), tokenizer.encode("c")
+    single = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16)
+    x = single(["ab", "c"])
+    assert x["token_ids"].shape == (2, 1, 4)
+    assert x["token_ids"][0, 0].tolist() == [start, *a, extract]
+    pair = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Entailment(), max_length=16)
+    assert pair((["ab"], ["c"]))["token_ids"][0, 0].tolist() == [start, *a, delimiter, *b, extract, 0, 0]
+    assert pair.examples([("ab", "c")]) == pair.examples((["ab"], ["c"])) == [(("ab", "c"), ())]
+    choice = kgpt.GPTTaskPreprocessor(tokenizer, transforms.MultipleChoice(2), max_length=16)
+    assert choice.examples((["ctx"], [["yes", "no"]])) == [(("ctx",), ("yes", "no"))]
+    assert choice.examples((["art"], ["q"], [["yes", "no"]])) == [(("art", "q"), ("yes", "no"))]
+    assert choice((["ab"], [["c", "ab"]]))["token_ids"].shape == (1, 2, 8)
+    # Labels pass through; the LM targets are the next tokens of the real positions.
+    x, y, weights = single(["ab", "c"], y=np.array([1, 0]))
+    np.testing.assert_array_equal(y["lm"], x["token_ids"][..., 1:])
+    np.testing.assert_array_equal(weights["lm"], x["padding_mask"][..., 1:])
+
+
+@pytest.mark.parametrize(
+    "transform, inputs, message",
+    [
+        (transforms.Entailment(), ["only one segment"], r"inputs example 0: entailment needs 2 text segments, got 1"),
+        (transforms.Entailment(), (["a", "b"], ["c"]), r"different lengths: \[1, 2\]"),
+        (transforms.MultipleChoice(2), (["ctx"], [["only one"]]), r"needs 2 answer choices, got 1"),
+        (transforms.MultipleChoice(2), (["ctx"],), r"\(contexts, ..., choices\)"),
+    ],
+)
+def test_preprocessor_errors_name_the_example(transform, inputs, message):
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transform, max_length=16)
+    with pytest.raises(ValueError, match=message):
+        preprocessor(inputs)
+
+
+def test_truncation_is_counted():
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=8)
+    split = preprocessor.encode_batch(["abcdefghij", "ab"])
+    assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
+    assert split.view_lengths.ravel().tolist() == [8, 4]
+
+
+# --- GPTTaskModel on raw text ------------------------------------------------
+
+TASKS = {
+    "one segment": (kgpt.Task(name="tone", transform=transforms.Classification(), labels=("calm", "loud"),
+                              read=lambda s, d: []),
+                    ["quiet now", "LOUD!!!", "so calm", "yes!!"], ["calm", "loud", "calm", "loud"]),
+    "two segments": (kgpt.Task(name="pairs", transform=transforms.Entailment(), labels=("same", "different"),
+                               read=lambda s, d: []),
+                     (["a cat", "a dog", "the sun", "ice"], ["a cat", "a bird", "the sun", "fire"]),
+                     ["same", "different", "same", "different"]),
+    "multiple choice": (kgpt.Task(name="pick", transform=transforms.MultipleChoice(2), read=lambda s, d: []),
+                        (["2 + 2 =", "the sky is", "ice is", "fire is"], [["4", "5"], ["blue", "green"],
+                                                                            ["hot", "cold"], ["hot", "cold"]]),
+                        [0, 0, 1, 0]),
+}
+
+
+@pytest.mark.parametrize("kind", list(TASKS))
+def test_fit_and_predict_on_raw_strings(tiny_preset, tmp_path, kind):
+    task, texts, labels = TASKS[kind]
+    model = kgpt.GPTTaskModel.from_preset(tiny_preset, task=task)
+    assert model.backbone.vocabulary_size == char_tokenizer().vocabulary_size()  # special tokens already there
+    model.compile(optimizer=keras.optimizers.Adam(3e-3))  # losses and metrics stay the head's defaults
+    # One batch of one padded length: every call compiles one shape (these tests run on JAX too).
+    history = model.fit(texts, labels, batch_size=4, epochs=2, verbose=0)
+    assert np.isfinite(history.history["loss"]).all() and history.history["loss"][1] < history.history["loss"][0]
+    predictions = model.predict(texts)
+    assert predictions.shape == (4, 2) and np.allclose(predictions.sum(-1), 1.0, atol=1e-5)
+    assert len(model.predict_labels(texts)) == 4
+    # Saved and loaded: same predictions on text, with no plugin registered anywhere.
+    model.save_to_preset(str(tmp_path / "tuned"))
+    loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path / "tuned"))
+    assert loaded.task_name == task.name and loaded.head == task.head
+    np.testing.assert_allclose(loaded.predict(texts), predictions, rtol=1e-5, atol=1e-5)
+    assert loaded.predict_labels(texts) == model.predict_labels(texts)
+    # Evaluate takes text and labels too.
+    assert np.isfinite(loaded.evaluate(texts, labels, verbose=0, return_dict=True)["loss"])
+
+
+def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_path):
+    tokenizer = char_tokenizer()
+    base = kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size() - 3, num_layers=1, num_heads=2, hidden_dim=8,
+                            intermediate_dim=16, max_sequence_length=32)
+    base.save_to_preset(str(tmp_path / "lm"))
+    tokenizer.save_to_preset(str(tmp_path / "lm"))
+    task = TASKS["one segment"][0]
+    model = kgpt.GPTTaskModel.from_preset(str(tmp_path / "lm"), task=task)
+    assert model.backbone.vocabulary_size == tokenizer.vocabulary_size()
+    assert model.preprocessor.max_length == 32
+    with pytest.raises(ValueError, match="is not a fine-tuned task model: pass task=NAME"):
+        kgpt.GPTTaskModel.from_preset(str(tmp_path / "lm"))
+    model.save_to_preset(str(tmp_path / "tuned"))
+    with pytest.raises(ValueError, match=r"fine-tuned for task 'tone', not 'sst2'"):
+        kgpt.GPTTaskModel.from_preset(str(tmp_path / "tuned"), task="sst2")
+
+
+def test_text_needs_a_preprocessor(backbone):
+    model = kgpt.GPTTaskModel(backbone, head=heads.Classification(["a", "b"]))
+    with pytest.raises(ValueError, match="Text inputs need a preprocessor"):
+        model.predict(["some text"])
+
+
+def test_fit_labels_are_checked(tiny_preset):
+    task, texts, _ = TASKS["one segment"]
+    model = kgpt.GPTTaskModel.from_preset(tiny_preset, task=task)
+    with pytest.raises(kgpt.DataError, match=r"inputs label 1: label 'medium' is not one of 'calm', 'loud'"):
+        model.fit(texts, ["calm", "medium", "calm", "loud"], verbose=0)
+    with pytest.raises(ValueError, match="Got 4 examples but 3 labels"):
+        model.fit(texts, ["calm", "loud", "calm"], verbose=0)

@@ -7,6 +7,7 @@ being next-token cross-entropy over the real tokens of the same views.
 """
 
 import os
+import warnings
 
 import keras
 import numpy as np
@@ -311,7 +312,12 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
             targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
                                  self.head.target_dtype)
-        return self.preprocessor.encode_batch(x, targets, name=name)
+        split = self.preprocessor.encode_batch(x, targets, name=name)
+        if split.counts["truncated"]:
+            warnings.warn(f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
+                          f"max_length={self.preprocessor.max_length} tokens: {split.counts['tokens_cut']} tokens were "
+                          f"cut from the end of their longest segments.", stacklevel=3)
+        return split
 
     def _text_dataset(self, x, y, batch_size, seed=None, targets=True, name="inputs"):
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
@@ -399,7 +405,7 @@ def _is_text(x):
     if isinstance(x, np.ndarray):
         return x.dtype.kind in "OUS"
     if isinstance(x, list):
-        return bool(x) and (isinstance(x[0], (str, Example)) or _is_nested_text(x))
+        return not x or isinstance(x[0], (str, Example)) or _is_nested_text(x)
     return False
 
 

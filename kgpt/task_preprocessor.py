@@ -95,6 +95,9 @@ class GPTTaskPreprocessor(Preprocessor):
         problem = self.transform.check(tuple(segments), tuple(choices))
         if problem:
             raise ValueError(problem)
+        for text in (*segments, *choices):
+            if not isinstance(text, str):
+                raise ValueError(f"expected text, got {type(text).__name__} {text!r:.80}")
         encode = self.tokenizer.encode
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
         return transforms.build_views(self.transform, [encode(s) for s in segments], [encode(c) for c in choices],
@@ -149,6 +152,8 @@ class GPTTaskPreprocessor(Preprocessor):
         builder = batching.SplitBuilder(name, self.transform.num_views, self.max_length)
         truncated = tokens_cut = 0
         examples = self.examples(x)
+        if not examples:
+            raise ValueError(f"No examples in {name}.")
         if targets is not None and len(targets) != len(examples):
             raise ValueError(f"Got {len(examples)} examples but {len(targets)} labels.")
         for i, (segments, choices) in enumerate(examples):

@@ -91,6 +91,8 @@ def test_preprocessor_takes_keras_hub_style_inputs():
         (transforms.Entailment(), (["a", "b"], ["c"]), r"different lengths: \[1, 2\]"),
         (transforms.MultipleChoice(2), (["ctx"], [["only one"]]), r"needs 2 answer choices, got 1"),
         (transforms.MultipleChoice(2), (["ctx"],), r"\(contexts, ..., choices\)"),
+        (transforms.Classification(), ["fine", None], r"inputs example 1: expected text, got NoneType None"),
+        (transforms.Classification(), [], r"No examples in inputs"),
     ],
 )
 def test_preprocessor_errors_name_the_example(transform, inputs, message):
@@ -99,11 +101,14 @@ def test_preprocessor_errors_name_the_example(transform, inputs, message):
         preprocessor(inputs)
 
 
-def test_truncation_is_counted():
+def test_truncation_is_counted_and_reported(backbone):
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=8)
     split = preprocessor.encode_batch(["abcdefghij", "ab"])
     assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
     assert split.view_lengths.ravel().tolist() == [8, 4]
+    model = kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]), preprocessor=preprocessor)
+    with pytest.warns(UserWarning, match=r"1 of 2 examples in inputs are longer than max_length=8 tokens: 4 tokens"):
+        model.encode(["abcdefghij", "ab"])
 
 
 # --- GPTTaskModel on raw text ------------------------------------------------

@@ -1,0 +1,335 @@
+"""Fine-tuning compute on MNLI-like lengths: length-bucketed batches against padding to the longest.
+
+    KERAS_BACKEND=jax python benchmarks/finetune.py          # defaults: 2048 examples, 2 x 128, vocabulary 1024
+    KERAS_BACKEND=tensorflow python benchmarks/finetune.py   # ~2 min on 2 CPU cores (JAX ~3.5: 19 XLA compiles)
+    python benchmarks/finetune.py --vocabulary_size 40481     # GPT-1's vocabulary (~11 min on 2 CPU cores)
+    python benchmarks/finetune.py --num_examples 8192 --epochs 3            # several pools, median of 3 epochs
+    python benchmarks/finetune.py --num_layers 12 --hidden_dim 768 --num_heads 12 --intermediate_dim 3072 \
+        --vocabulary_size 40481 --sequence_length 512 --num_examples 32768 --epochs 3   # paper shape, accelerator
+
+A synthetic one-view (entailment-like) split, `[start] premise [delim]
+hypothesis [extract]` with random token ids, whose view lengths (special
+tokens included) are log-normal like MultiNLI's under the GPT-1 vocabulary
+(mean ~39, clipped to [8, 230]); the longest example is pinned at 230, the
+longest of MNLI's training split, so "padded to longest" pads to what it did
+on MNLI (`--nopin_longest` keeps the sample's own maximum). It is built with
+`kgpt.batching.SplitBuilder`, as `kgpt.finetune.encode_split` does, and a
+small `kgpt.GPTTaskModel` (classification head, `compile()` defaults:
+auxiliary LM loss, lm_coef 0.5) is trained on three feeds of it. Its default
+vocabulary is 1024, not GPT-1's 40481: the run stays short on a CPU, and the
+tied embedding keeps about the share of the weights (and of the matmul FLOPs
+per token) it has in GPT-1 (a quarter); with 40481 and hidden 128 it would be
+13x the two blocks and dominate every step.
+
+The feeds:
+
+- bucketed: `kgpt.batching.dataset(split, batch_size, seed)`, kgpt's feed;
+- padded to longest: every batch padded to the split's longest view, as kgpt
+  did before (shuffled `tf.data` slices of the fully padded arrays, built as
+  `EncodedSplit.batch` builds a batch);
+- all at max length: as many examples, every one as long as the longest,
+  fed the same way (the reference point: 100% real tokens at that length).
+
+Each feed gets a fresh model (same seed), an untimed warm-up `fit` over one
+batch of every shape `(rows, padded length)` the feed will give, which does
+all the tracing (TensorFlow) and XLA compiling (JAX) of the timed epochs, and
+then `--epochs` timed epochs, the feeds taking turns (so a change in the
+machine's load hits them alike); the table gives their median. On JAX
+the warm-up column also counts the XLA compilations and their seconds, and the
+run checks that no compilation happened in a timed epoch; on TensorFlow (no
+XLA on a CPU: Keras' `jit_compile="auto"`) it counts the traces of the
+training loop, and retraces in timed epochs. Reported:
+the padded lengths (shapes) a feed used, the share of computed positions that
+are real tokens (`EncodedSplit.real_share` / `padded_share`), seconds per
+epoch, real tokens and computed positions per second, and the epoch time as a
+fraction of the all-at-max-length epoch. The issue's targets: >= 90% real
+tokens and a bucketed epoch at most 0.35x the all-at-max-length epoch.
+"""
+
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import app, flags, logging
+
+import kgpt
+from kgpt import batching
+
+flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split.")
+flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")
+flags.DEFINE_float("length_sigma", 0.5, "Log-normal shape of the view lengths (sigma of log length).")
+flags.DEFINE_integer("min_length", 8, "Shortest view, in tokens.")
+flags.DEFINE_integer("max_length", 230, "Longest view, in tokens (MNLI train's longest).")
+flags.DEFINE_bool("pin_longest", True, "Make one example max_length long, as in the full MNLI split.")
+flags.DEFINE_integer("num_layers", 2, "Transformer blocks.")
+flags.DEFINE_integer("hidden_dim", 128, "Hidden size.")
+flags.DEFINE_integer("num_heads", 2, "Attention heads.")
+flags.DEFINE_integer("intermediate_dim", 512, "Feed-forward inner size.")
+flags.DEFINE_integer("vocabulary_size", 1024, "Vocabulary, the 3 special tokens included (GPT-1: 40481 = 40478 + 3).")
+flags.DEFINE_integer("sequence_length", 256, "Context of the model; also the split's view limit.")
+flags.DEFINE_integer("batch_size", 32, "Examples per batch.")
+flags.DEFINE_integer("epochs", 1, "Timed epochs per feed (after an untimed warm-up); the median is reported.")
+flags.DEFINE_list("feeds", ["bucketed", "padded_to_longest", "all_max_length"],
+                  "Feeds to time; ratios are to all_max_length when it is among them.")
+flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the batch order.")
+FLAGS = flags.FLAGS
+
+FEED_NAMES = {"bucketed": "bucketed", "padded_to_longest": "padded to longest", "all_max_length": "all at max length"}
+REAL_SHARE_TARGET = 0.90  # the issue: >= 90% of computed positions are real tokens
+TIME_RATIO_TARGET = 0.35  # the issue: a bucketed epoch takes at most 0.35x the all-at-max-length epoch
+
+
+def sample_lengths(num_examples, rng):
+    """`[num_examples]` view lengths: log-normal with mean `mean_length`, clipped to [min_length, max_length]."""
+    sigma = FLAGS.length_sigma
+    mu = np.log(FLAGS.mean_length) - sigma**2 / 2  # E[exp(N(mu, sigma^2))] = mean_length
+    lengths = np.clip(np.rint(rng.lognormal(mu, sigma, num_examples)), FLAGS.min_length, FLAGS.max_length)
+    if FLAGS.pin_longest and num_examples:
+        lengths[rng.integers(num_examples)] = FLAGS.max_length
+    return lengths.astype("int64")
+
+
+def synthetic_split(lengths, vocabulary_size, limit, rng, name="train"):
+    """An entailment-like `EncodedSplit`: `[start] premise [delim] hypothesis [extract]`, random ids and labels."""
+    start, delim, extract = vocabulary_size - 3, vocabulary_size - 2, vocabulary_size - 1  # added last, as in GPT-1
+    builder = batching.SplitBuilder(name, num_views=1, limit=limit)
+    for i, length in enumerate(lengths):
+        body = rng.integers(0, vocabulary_size - 3, int(length) - 3).tolist()  # [n - 3]
+        cut = int(rng.integers(1, max(len(body), 1) + 1))  # premise | hypothesis
+        view = [start, *body[:cut], delim, *body[cut:], extract]
+        builder.add([view], target=int(rng.integers(2)), uid=f"synthetic:{i}")
+    return builder.build(counts={"read": len(lengths), "used": len(lengths)})
+
+
+def padded_batch(split, indices, length):
+    """`(x, y, sample_weight)` as `EncodedSplit.batch` builds them, but every view padded to `length`."""
+    x = split.inputs(indices, length=length)  # [B, views, length]
+    y = {"task": split.targets[indices], "lm": x["token_ids"][..., 1:]}
+    sample_weight = {"task": np.ones(len(indices), "float32"), "lm": x["padding_mask"][..., 1:].astype("float32")}
+    return x, y, sample_weight
+
+
+def padded_dataset(split, batch_size, seed):
+    """Every example padded to the split's longest view, reshuffled each epoch: kgpt's feed before bucketing."""
+    arrays = padded_batch(split, np.arange(len(split)), int(split.lengths.max()))  # [N, views, longest]
+    data = tf.data.Dataset.from_tensor_slices(arrays)
+    data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
+    return data.batch(batch_size).prefetch(2)
+
+
+def feed_batches(feed, split, all_max, epochs):
+    """`(split fed, per epoch its batches as index arrays, per epoch each batch's padded length)`.
+
+    The padded feeds' batches are listed unshuffled: all have one length, so only their sizes matter.
+    """
+    if feed == "bucketed":
+        orders = [batching.batch_indices(split.lengths, FLAGS.batch_size, FLAGS.seed, epoch) for epoch in range(epochs)]
+        return split, orders, [[batching.bucket_length(split.lengths[b].max(), split.limit) for b in o] for o in orders]
+    data = all_max if feed == "all_max_length" else split
+    batches = [np.arange(i, min(i + FLAGS.batch_size, len(data))) for i in range(0, len(data), FLAGS.batch_size)]
+    return data, [batches] * epochs, [[int(data.lengths.max())] * len(batches)] * epochs
+
+
+def warmup_dataset(feed, data, fed, orders, padded):
+    """One batch of every shape `(rows, padded length)` the feed gives in `orders`, with `data`'s element spec."""
+    batches = {}
+    for order, lengths in zip(orders, padded):
+        for indices, length in zip(order, lengths):
+            batches.setdefault((len(indices), length), indices)
+
+    def generate():
+        for (_, length), indices in sorted(batches.items()):
+            yield fed.batch(indices) if feed == "bucketed" else padded_batch(fed, indices, length)
+
+    warmup = tf.data.Dataset.from_generator(generate, output_signature=data.element_spec)
+    return warmup.apply(tf.data.experimental.assert_cardinality(len(batches))), len(batches)
+
+
+def build_model():
+    keras.utils.set_random_seed(FLAGS.seed)
+    backbone = kgpt.GPTBackbone(
+        vocabulary_size=FLAGS.vocabulary_size,
+        num_layers=FLAGS.num_layers,
+        num_heads=FLAGS.num_heads,
+        hidden_dim=FLAGS.hidden_dim,
+        intermediate_dim=FLAGS.intermediate_dim,
+        max_sequence_length=FLAGS.sequence_length,
+    )
+    return kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b"]))  # compile() defaults
+
+
+class CompileLog:
+    """JAX: counts the XLA compilations (and seconds spent tracing, lowering, compiling) as they happen."""
+
+    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
+              "/jax/core/compile/backend_compile_duration")
+
+    def __init__(self):
+        self.compiles, self.seconds = 0, 0.0
+        if keras.config.backend() == "jax":
+            import jax
+
+            jax.monitoring.register_event_duration_secs_listener(self.record)
+
+    def record(self, event, duration, **kwargs):
+        if event in self.EVENTS:
+            self.seconds += duration
+            self.compiles += event == self.EVENTS[-1]
+
+
+class EpochTimer(keras.callbacks.Callback):
+    """Wall seconds, compilations and compile seconds of every epoch."""
+
+    def __init__(self, compile_log):
+        super().__init__()
+        self.compile_log = compile_log
+        self.epochs = []  # (seconds, compiles, compile seconds)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.start = (time.perf_counter(), self.compile_log.compiles, self.compile_log.seconds)
+
+    def on_epoch_end(self, epoch, logs=None):
+        start, compiles, seconds = self.start
+        self.epochs.append((time.perf_counter() - start, self.compile_log.compiles - compiles,
+                            self.compile_log.seconds - seconds))
+
+
+def tf_traces(model):
+    """TensorFlow: how many times the model's training loop was traced; None when Keras' internals differ."""
+    for cell in getattr(model.train_function, "__closure__", None) or ():
+        function = cell.cell_contents
+        if hasattr(function, "experimental_get_tracing_count"):
+            return function.experimental_get_tracing_count()
+    return None
+
+
+class Feed:
+    """One feed of the split with its own fresh model, warmed up: every shape it will give traced and compiled."""
+
+    def __init__(self, name, split, all_max, compile_log):
+        if name == "bucketed":
+            self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed)
+        elif name == "padded_to_longest":
+            self.data = padded_dataset(split, FLAGS.batch_size, FLAGS.seed)
+        elif name == "all_max_length":
+            self.data = padded_dataset(all_max, FLAGS.batch_size, FLAGS.seed)
+        else:
+            raise ValueError(f"Unknown feed {name!r}.")
+        self.name, self.compile_log = name, compile_log
+        self.fed, self.orders, self.padded = feed_batches(name, split, all_max, FLAGS.epochs)
+        warmup, self.num_shapes = warmup_dataset(name, self.data, self.fed, self.orders, self.padded)
+        self.model = build_model()
+        self.warmup = EpochTimer(compile_log)
+        self.model.fit(warmup, epochs=1, callbacks=[self.warmup], verbose=0)
+        self.warmup_traces = tf_traces(self.model) if keras.config.backend() == "tensorflow" else None
+        self.timer = EpochTimer(compile_log)
+
+    def epoch(self):
+        """One timed epoch (the dataset draws the next epoch's order)."""
+        self.model.fit(self.data, epochs=1, callbacks=[self.timer], verbose=0)
+
+    def summary(self):
+        seconds = float(np.median([t[0] for t in self.timer.epochs]))
+        fed, orders, padded = self.fed, self.orders, self.padded
+        computed = [sum(len(b) * fed.num_views * p for b, p in zip(o, ps)) for o, ps in zip(orders, padded)]
+        shares = [fed.real_share(o) for o in orders] if self.name == "bucketed" else [fed.padded_share()]
+        view_lengths = fed.view_lengths
+        longest = [sum(len(b) * fed.num_views * int(view_lengths[b].max()) for b in o) for o in orders]
+        return {
+            "feed": self.name,
+            "lengths": sorted({p for ps in padded for p in ps}),
+            "shapes": self.num_shapes,
+            "real_share": float(np.mean(shares)),
+            # Of the computed positions: padding up to each batch's longest view, then rounding up to its bucket.
+            "batch_padding": float(np.mean([(m - view_lengths.sum()) / c for m, c in zip(longest, computed)])),
+            "bucket_padding": float(np.mean([(c - m) / c for m, c in zip(longest, computed)])),
+            "seconds": seconds,
+            "epoch_seconds": [t[0] for t in self.timer.epochs],
+            "warmup_seconds": self.warmup.epochs[0][0],
+            "warmup_compiles": self.warmup.epochs[0][1],
+            "warmup_compile_seconds": self.warmup.epochs[0][2],
+            "timed_compiles": sum(t[1] for t in self.timer.epochs),
+            "warmup_traces": self.warmup_traces,
+            "traces": tf_traces(self.model) if keras.config.backend() == "tensorflow" else None,
+            "real_tokens_per_s": int(fed.view_lengths.sum()) / seconds,
+            "positions_per_s": float(np.median(computed)) / seconds,
+            "jit_compile": self.model.jit_compile,
+        }
+
+
+def main(argv):
+    logging.set_verbosity(logging.WARNING)
+    began = time.perf_counter()
+    unknown = [f for f in FLAGS.feeds if f not in FEED_NAMES]
+    if unknown:
+        raise app.UsageError(f"Unknown feed(s) {', '.join(unknown)}; choose from {', '.join(FEED_NAMES)}.")
+    rng = np.random.default_rng(FLAGS.seed)
+    limit = FLAGS.sequence_length
+    if FLAGS.max_length > limit:
+        raise app.UsageError(f"--max_length ({FLAGS.max_length}) exceeds --sequence_length ({limit}).")
+    lengths = sample_lengths(FLAGS.num_examples, rng)
+    split = synthetic_split(lengths, FLAGS.vocabulary_size, limit, rng)
+    all_max = synthetic_split(np.full_like(lengths, lengths.max()), FLAGS.vocabulary_size, limit, rng, "all_max")
+    compile_log = CompileLog()
+
+    config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
+                                                         "vocabulary_size", "sequence_length", "batch_size"))
+    print(f"backend={keras.config.backend()} keras={keras.__version__} {config}")
+    print(f"split: {len(split):,} one-view examples, {int(lengths.sum()):,} real tokens; view length mean "
+          f"{lengths.mean():.1f}, median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, max "
+          f"{lengths.max()} (log-normal, sigma {FLAGS.length_sigma}, clipped to [{FLAGS.min_length}, "
+          f"{FLAGS.max_length}]{', longest pinned' if FLAGS.pin_longest else ''}; seed {FLAGS.seed})")
+    print(f"timing: per feed a fresh model and an untimed warm-up fit over one batch of each of its shapes (every "
+          f"trace/compile); then {FLAGS.epochs} timed epoch(s) per feed, feeds interleaved; the median")
+
+    feeds = [Feed(name, split, all_max, compile_log) for name in FLAGS.feeds]
+    for _ in range(FLAGS.epochs):  # feeds interleaved, so a change in the machine's load hits them alike
+        for feed in feeds:
+            feed.epoch()
+    rows = [feed.summary() for feed in feeds]
+    print(f"jit_compile={rows[0]['jit_compile']}")
+    reference = next((r for r in rows if r["feed"] == "all_max_length"), None)
+    print()
+    print("| feed | padded lengths | shapes | real tokens | epoch s | real tok/s | positions/s | x all-max "
+          "| warm-up s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        ratio = f"{r['seconds'] / reference['seconds']:.2f}" if reference else "-"
+        lengths = r["lengths"]
+        lengths = str(lengths[0]) if len(lengths) == 1 else f"{len(lengths)}: {lengths[0]}..{lengths[-1]}"
+        warmup = f"{r['warmup_seconds']:.1f}"
+        if keras.config.backend() == "jax":
+            warmup += f" ({r['warmup_compiles']} compiles, {r['warmup_compile_seconds']:.0f} s)"
+        elif r["warmup_traces"] is not None:
+            warmup += f" ({r['warmup_traces']} trace{'s' * (r['warmup_traces'] != 1)})"
+        print(f"| {FEED_NAMES[r['feed']]} | {lengths} | {r['shapes']} | {r['real_share']:.1%} | {r['seconds']:.2f} | "
+              f"{r['real_tokens_per_s']:,.0f} | {r['positions_per_s']:,.0f} | {ratio} | {warmup} |")
+    print()
+    if FLAGS.epochs > 1:
+        epochs = (f"{FEED_NAMES[r['feed']]} " + ", ".join(f"{t:.2f}" for t in r["epoch_seconds"]) for r in rows)
+        print("epoch seconds: " + "; ".join(epochs))
+    bucketed = next((r for r in rows if r["feed"] == "bucketed"), None)
+    if bucketed:
+        print(f"bucketed feed: {len(bucketed['lengths'])} distinct padded lengths {bucketed['lengths']} "
+              f"({bucketed['shapes']} batch shapes) over {FLAGS.epochs} epoch(s)"
+              + (f"; {bucketed['timed_compiles']} XLA compiles in timed epochs" if keras.config.backend() == "jax"
+                 else "")
+              + (f"; {bucketed['traces'] - bucketed['warmup_traces']} retraces in timed epochs"
+                 if bucketed["traces"] is not None and bucketed["warmup_traces"] is not None else ""))
+        print(f"bucketed positions: {bucketed['real_share']:.2%} real tokens, {bucketed['batch_padding']:.2%} padding "
+              f"to each batch's longest view, {bucketed['bucket_padding']:.2%} rounding that up to a bucket length")
+        verdict = "met" if bucketed["real_share"] >= REAL_SHARE_TARGET else "MISSED"
+        print(f"target real tokens >= {REAL_SHARE_TARGET:.0%}: {bucketed['real_share']:.2%} ({verdict})")
+        if reference:
+            ratio = bucketed["seconds"] / reference["seconds"]
+            verdict = "met" if ratio <= TIME_RATIO_TARGET else "MISSED"
+            print(f"target bucketed epoch <= {TIME_RATIO_TARGET}x all-at-max-length epoch: {ratio:.2f}x ({verdict})")
+    print(f"whole run: {time.perf_counter() - began:.0f} s")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -20,6 +20,8 @@ split's order. Only the last pool of an epoch can give a partial batch.
 
 import array
 import dataclasses
+import functools
+import math
 
 import numpy as np
 
@@ -74,15 +76,20 @@ class EncodedSplit:
     def __len__(self):
         return (len(self.offsets) - 1) // self.num_views
 
-    @property
+    @functools.cached_property
     def view_lengths(self):
         """`[examples, num_views]` real tokens per view."""
         return np.diff(self.offsets).reshape(-1, self.num_views)
 
-    @property
+    @functools.cached_property
     def lengths(self):
         """`[examples]` the longest view of each example."""
         return self.view_lengths.max(axis=1)
+
+    @functools.cached_property
+    def starts(self):
+        """`[examples, num_views]` where each view starts in `tokens`."""
+        return self.offsets[:-1].reshape(-1, self.num_views)
 
     def inputs(self, indices, length=None):
         """`{"token_ids", "padding_mask"}` `[len(indices), num_views, length]` for these examples, right-padded.
@@ -94,7 +101,7 @@ class EncodedSplit:
         if length is None:
             length = bucket_length(lengths.max(), self.limit)
         token_ids = np.zeros((len(indices), self.num_views, length), "int32")
-        starts = self.offsets[:-1].reshape(-1, self.num_views)[indices]
+        starts = self.starts[indices]
         for row in range(len(indices)):
             for view in range(self.num_views):
                 n, start = lengths[row, view], starts[row, view]
@@ -202,9 +209,11 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
 def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
-    With a `seed`, every pass over the dataset (every Keras epoch) draws the
-    next epoch's order: epoch `first_epoch`, then `first_epoch + 1`, ...
-    Without, batches come sorted by length, the same on every pass.
+    With a `seed`, every complete pass over the dataset (every Keras epoch)
+    draws the next epoch's order: epoch `first_epoch`, then `first_epoch +
+    1`, ... A pass left unfinished (Keras reads one batch to build the model
+    before the first epoch) does not count. Without a seed, batches come
+    sorted by length, the same on every pass.
     """
     import tensorflow as tf
 
@@ -222,13 +231,13 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0):
     else:
         signature = x_spec
     epoch = [first_epoch]
-    num_batches = len(batch_indices(split.lengths, batch_size))  # the same count in every order
+    num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
 
     def generate():
         order = batch_indices(split.lengths, batch_size, seed, epoch[0])
-        if seed is not None:
-            epoch[0] += 1
-        for indices in order:
+        for i, indices in enumerate(order):
+            if seed is not None and i == len(order) - 1:
+                epoch[0] += 1  # the pass reached its last batch: the next one is the next epoch
             yield split.batch(indices, lm=lm, targets=targets)
 
     data = tf.data.Dataset.from_generator(generate, output_signature=signature)
@@ -237,7 +246,7 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0):
 
 def predict_outputs(predictor, split, batch_size):
     """`predictor`'s outputs for every example of `split`, in the split's order (batches sorted by length)."""
-    order = np.concatenate(batch_indices(split.lengths, batch_size)) if len(split) else np.zeros(0, "int64")
+    order = np.concatenate(batch_indices(split.lengths, batch_size))
     outputs = predictor.predict(dataset(split, batch_size, targets=False), verbose=0)
     result = np.empty_like(outputs)
     result[order] = outputs

@@ -312,6 +312,7 @@ def _finetune(config, task, data_dir, log):
         epochs=config.epochs,
         validation_data=batching.dataset(splits[dev_name], config.batch_size, lm=lm) if dev_name else None,
         callbacks=callbacks,
+        shuffle=False,  # the dataset draws each epoch's order itself
         verbose=1 if os.isatty(1) else 2,
     )
 

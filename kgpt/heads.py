@@ -127,7 +127,9 @@ class Categorical(Head):
 class Classification(Categorical):
     """One of `labels`: logits, cross-entropy, softmax probabilities.
 
-    Targets are label names; an integer index into `labels` is accepted too.
+    Targets are label names. An integer is read as a label name when the
+    names are numbers (`labels=("0", "1")`: `1` is `"1"`), and otherwise as
+    an index into `labels`; an integer that is neither is an error.
 
     Example:
     ```python
@@ -141,8 +143,10 @@ class Classification(Categorical):
     kind = "classification"
 
     def __init__(self, labels):
-        labels = tuple(labels) if labels is not None and not isinstance(labels, str) else labels
-        if not labels or len(labels) < 2:
+        if isinstance(labels, str) or labels is None:
+            raise ValueError(f"Classification labels must be a list of label names, got {labels!r}.")
+        labels = tuple(labels)
+        if len(labels) < 2:
             raise ValueError(f"A classification head needs at least 2 labels, got {labels!r}.")
         if len(set(labels)) != len(labels):
             raise ValueError(f"Classification labels repeat: {labels}.")
@@ -152,12 +156,18 @@ class Classification(Categorical):
         return len(self.labels)
 
     def target(self, label, source=""):
+        if isinstance(label, bytes):
+            label = label.decode("utf-8", "replace")
         if isinstance(label, str):
             stripped = label.strip()
             if stripped in self.labels:
                 return self.labels.index(stripped)
-        elif isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < len(self.labels):
-            return int(label)
+        elif isinstance(label, (int, np.integer)) and not isinstance(label, bool):
+            if str(int(label)) in self.labels:  # numeric label names: the integer is the name
+                return self.labels.index(str(int(label)))
+            numeric = any(name.lstrip("-").isdigit() for name in self.labels)
+            if not numeric and 0 <= label < len(self.labels):
+                return int(label)
         where = f"{source}: " if source else ""
         raise DataError(f"{where}label {label!r} is not one of {', '.join(map(repr, self.labels))}.")
 
@@ -192,6 +202,8 @@ class Regression(Head):
 
     def target(self, label, source=""):
         where = f"{source}: " if source else ""
+        if isinstance(label, bool):
+            raise DataError(f"{where}target {label!r} is not a number.")
         try:
             value = float(label)
         except (TypeError, ValueError):
@@ -229,6 +241,8 @@ class MultipleChoice(Categorical):
         return ops.squeeze(scores, axis=-1)  # [B, K, 1] -> [B, K]
 
     def target(self, label, source=""):
+        if isinstance(label, str) and label.strip().isdigit():
+            label = int(label)
         if isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < self.num_choices:
             return int(label)
         where = f"{source}: " if source else ""

@@ -177,7 +177,13 @@ class Task:
             problem = self.transform.check(item.segments, item.choices)
             if problem:
                 raise DataError(f"{item.source}: {problem} (task {self.name!r}).")
-            if any(not str(s).strip() for s in (*item.segments, *item.choices)):
+            texts = (*item.segments, *item.choices)
+            bad = [t for t in texts if not isinstance(t, str)]
+            if bad:
+                bad = bad[0]
+                raise DataError(f"{item.source}: a text field is {type(bad).__name__} {bad!r:.80}, not text "
+                                f"(task {self.name!r}).")
+            if any(not s.strip() for s in texts):
                 skipped["empty text field"] += 1
                 continue
             yield item

@@ -136,6 +136,12 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
     ):
         if isinstance(head, dict):
             head = keras.saving.deserialize_keras_object(head)
+        if isinstance(head, str):
+            raise ValueError(
+                f"head={head!r}: kgpt now takes head objects (kgpt.heads.Classification(labels), Regression(), "
+                f"MultipleChoice(k)). A preset fine-tuned by an earlier kgpt names its head this way in task.json: "
+                f"fine-tune it again (its backbone loads with kgpt-train --init DIR)."
+            )
         if not isinstance(head, heads_lib.Head):
             raise ValueError(f"head must be a kgpt.heads.Head (e.g. kgpt.heads.Classification(labels)), got {head!r}.")
         if head.pooling not in ("sum", "each"):
@@ -144,6 +150,16 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
         if lm_coef < 0:
             raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
+        if preprocessor is not None:
+            transform = preprocessor.transform
+            problem = head.check(transform) or (
+                f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
+                f"{num_views}" if transform.num_views != num_views else None)
+            if not problem and preprocessor.max_length > backbone.max_sequence_length:
+                problem = (f"the preprocessor's max_length={preprocessor.max_length} exceeds the model's context "
+                           f"max_sequence_length={backbone.max_sequence_length}")
+            if problem:
+                raise ValueError(f"The preprocessor does not fit the model: {problem}.")
 
         # === Layers ===
         self.backbone = backbone
@@ -200,7 +216,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         return config
 
     @classmethod
-    def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=0.5, classifier_dropout=0.1,
+    def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,
                     **kwargs):
         """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
 
@@ -218,14 +234,21 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
                 or its own task's name.
             registry: where names are looked up (default: every installed
                 task plugin).
-            max_length: tokens per view (default: the model's context).
-            lm_coef, classifier_dropout: for a new model (paper: 0.5, 0.1).
+            max_length: tokens per view (default: the model's context, or a
+                fine-tuned preset's own).
+            lm_coef, classifier_dropout: for a new model (default: the
+                paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
             **kwargs: overrides of the saved config (e.g. `dtype`).
         """
         config = os.path.join(preset, TASK_CONFIG_FILE) if isinstance(preset, (str, os.PathLike)) else None
         if config and os.path.isfile(config) and read_json(config, "a kgpt task config").get(
                 "registered_name") == keras.saving.get_registered_name(cls):
+            if lm_coef is not None or classifier_dropout is not None:
+                raise ValueError(f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "
+                                 f"chosen when fine-tuning starts from a pre-trained preset.")
             model = load_task_preset(cls, preset, **kwargs)
+            if max_length is not None and model.preprocessor is not None:
+                model.preprocessor.max_length = min(max_length, model.backbone.max_sequence_length)
             name = getattr(task, "name", task)
             if name is not None and name != model.task_name:
                 raise ValueError(f"{preset} is fine-tuned for task {model.task_name!r}, not {name!r}: load it without "
@@ -243,8 +266,10 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         backbone = with_special_tokens(backbone, tokenizer)
         limit = backbone.max_sequence_length
         preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=min(max_length or limit, limit))
-        return cls(backbone, head=task.head, num_views=task.transform.num_views, lm_coef=lm_coef,
-                   classifier_dropout=classifier_dropout, task_name=task.name, preprocessor=preprocessor, **kwargs)
+        return cls(backbone, head=task.head, num_views=task.transform.num_views,
+                   lm_coef=0.5 if lm_coef is None else lm_coef,
+                   classifier_dropout=0.1 if classifier_dropout is None else classifier_dropout,
+                   task_name=task.name, preprocessor=preprocessor, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
                 lm_loss_chunk_size=DEFAULT_CHUNK_SIZE, **kwargs):
@@ -307,8 +332,16 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         if self.preprocessor is None:
             raise ValueError("Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
                              "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        from kgpt.task import Example
+
         targets = None
-        if y is not None:
+        if y is None and isinstance(x, list) and x and all(isinstance(e, Example) for e in x):
+            if all(e.label is not None for e in x):  # labelled examples carry their labels and sources
+                targets = np.asarray([self.head.target(e.label, e.source or f"{name} example {i}")
+                                      for i, e in enumerate(x)], self.head.target_dtype)
+        elif y is not None:
+            if hasattr(y, "numpy") and not isinstance(y, np.ndarray):
+                y = y.numpy()
             labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
             targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
                                  self.head.target_dtype)
@@ -319,9 +352,11 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
                           f"cut from the end of their longest segments.", stacklevel=3)
         return split
 
-    def _text_dataset(self, x, y, batch_size, seed=None, targets=True, name="inputs"):
+    def _text_dataset(self, x, y, batch_size, seed=None, name="inputs"):
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
-        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output, targets=targets)
+        if split.targets is None:
+            raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}.")
+        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output)
 
     # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
     # task examples are tokenized in Python and batched by length instead.
@@ -336,10 +371,15 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
             x = self._text_dataset(x, y, batch_size, seed=seed)
+            if validation_data is not None:
+                if isinstance(validation_data, batching.EncodedSplit) or _is_text(validation_data):
+                    validation_data = (validation_data, None)
+                if len(validation_data) > 2 and validation_data[2] is not None:
+                    raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
+                validation_data = self._text_dataset(validation_data[0], validation_data[1], batch_size,
+                                                     name="validation_data")
             y = batch_size = None
-            if validation_data is not None and (_is_text(validation_data[0])
-                                                or isinstance(validation_data[0], batching.EncodedSplit)):
-                validation_data = self._text_dataset(*validation_data[:2], None, name="validation")
+            shuffle = False  # the dataset draws each epoch's order itself
         return keras.Model.fit(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
                                validation_data=validation_data, shuffle=shuffle, **kwargs)
 
@@ -404,6 +444,8 @@ def _is_text(x):
         return bool(x) and all(_is_text(c) or _is_nested_text(c) for c in x)
     if isinstance(x, np.ndarray):
         return x.dtype.kind in "OUS"
+    if getattr(getattr(x, "dtype", None), "name", None) == "string":  # a tf string tensor
+        return True
     if isinstance(x, list):
         return not x or isinstance(x[0], (str, Example)) or _is_nested_text(x)
     return False

@@ -42,7 +42,9 @@ class GPTTaskPreprocessor(Preprocessor):
       choices, `(contexts, [[answer_1, ..., answer_k], ...])` (more context
       segments may come before the choices, e.g. `(articles, questions,
       choices)`);
-    - or a list of `kgpt.Example`, or of per-example tuples.
+    - or a list of `kgpt.Example`, or of per-example tuples (`[(premise,
+      hypothesis), ...]`). A list of lists is refused as ambiguous (columns
+      or rows?).
 
     Calling it gives padded `{"token_ids", "padding_mask"}` of shape
     `[batch, views, length]` (with `y` and `sample_weight` passed through
@@ -65,7 +67,7 @@ class GPTTaskPreprocessor(Preprocessor):
 
     preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), kgpt.transforms.Entailment(), max_length=64)
     x = preprocessor((["A dog runs."], ["An animal moves."]))
-    x["token_ids"].shape  # (1, 1, 16): [start] premise [delimiter] hypothesis [extract], padded to 16
+    x["token_ids"].shape  # (1, 1, 12): [start] premise [delimiter] hypothesis [extract], 11 tokens, padded to 12
     ```
     """
 
@@ -115,8 +117,11 @@ class GPTTaskPreprocessor(Preprocessor):
             items = list(x) if not hasattr(x, "numpy") or isinstance(x, np.ndarray) else _texts(x, "x")
             if items and all(isinstance(i, Example) for i in items):
                 return [(tuple(e.segments), tuple(e.choices)) for e in items]
-            if items and all(isinstance(i, (tuple, list)) for i in items):  # one tuple per example
-                return [self._split_choices(tuple(i)) for i in items]
+            if items and all(isinstance(i, tuple) for i in items):  # one tuple per example
+                return [self._split_choices(i) for i in items]
+            if any(isinstance(i, list) for i in items):
+                raise ValueError("A list of lists is ambiguous: pass segments as a tuple of columns, "
+                                 "(premises, hypotheses), or examples as a list of tuples, [(premise, hypothesis), ...].")
             return [((text,), ()) for text in _texts(items, "x")]
         if isinstance(x, tuple):
             columns = list(x)

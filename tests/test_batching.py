@@ -81,10 +81,13 @@ def test_dataset_draws_a_new_order_each_epoch():
     def one_epoch():
         return [tuple(x["padding_mask"].numpy()[:, 0].sum(-1).tolist()) for x, _, _ in data]
 
+    next(iter(data))  # Keras reads a batch to build the model: not an epoch
     first, second = one_epoch(), one_epoch()
     for epoch in (first, second):
         assert sorted(n for batch in epoch for n in batch) == list(range(4, 40))  # every example once
     assert first != second  # each pass over the dataset is the next epoch's order
+    expected = [tuple(split.lengths[b].tolist()) for b in batching.batch_indices(split.lengths, 8, 3, epoch=0)]
+    assert first == expected  # the first complete pass is epoch 0
 
 
 def test_predictions_do_not_depend_on_batching(backbone):

@@ -130,7 +130,9 @@ def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
 def test_head_and_views_must_agree():
     with pytest.raises(ValueError, match=r"MultipleChoice\(num_choices=3\) needs num_views=3, got 2"):
         kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.heads.MultipleChoice(3), num_views=2)
-    with pytest.raises(ValueError, match="head must be a kgpt.heads.Head"):
+    with pytest.raises(ValueError, match="kgpt now takes head objects .* A preset fine-tuned by an earlier kgpt"):
         kgpt.GPTTaskModel(tiny_backbone(), head="classification")
+    with pytest.raises(ValueError, match="head must be a kgpt.heads.Head"):
+        kgpt.GPTTaskModel(tiny_backbone(), head=3)
     with pytest.raises(ValueError, match="lm_coef must be >= 0"):
         kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.heads.Regression(), lm_coef=-1)

@@ -21,7 +21,12 @@ def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
     np.testing.assert_allclose(head.probabilities(np.array([[0.0, np.log(3.0)]])), [[0.25, 0.75]], rtol=1e-6)
     assert head.prediction_name(1) == "positive" and head.output_names() == ["negative", "positive"]
     assert heads.Regression().target("3.5") == 3.5
-    assert heads.MultipleChoice(4).target(3) == 3
+    assert heads.MultipleChoice(4).target(3) == heads.MultipleChoice(4).target("3") == 3
+    # Numeric label names: an integer is the name, never a shifted index.
+    stars = heads.Classification(["1", "2", "3"])
+    assert stars.target(1) == stars.target("1") == 0 and stars.target(3) == 2
+    with pytest.raises(ValueError, match="must be a list of label names"):
+        heads.Classification("ab")
 
 
 @pytest.mark.parametrize(
@@ -30,6 +35,8 @@ def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
         (heads.Classification(["a", "b"]), "c", r"f.tsv:3: label 'c' is not one of 'a', 'b'"),
         (heads.Classification(["a", "b"]), 2, r"f.tsv:3: label 2 is not one of"),
         (heads.Classification(["a", "b"]), True, r"f.tsv:3: label True is not one of"),
+        (heads.Classification(["1", "2", "3"]), 0, r"f.tsv:3: label 0 is not one of '1', '2', '3'"),
+        (heads.Regression(), True, r"f.tsv:3: target True is not a number"),
         (heads.Regression(), "nan", r"f.tsv:3: target 'nan' is not a finite number"),
         (heads.Regression(), "inf", r"f.tsv:3: target 'inf' is not a finite number"),
         (heads.Regression(), "high", r"f.tsv:3: target 'high' is not a number"),
@@ -74,6 +81,9 @@ def test_preprocessor_takes_keras_hub_style_inputs():
     pair = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Entailment(), max_length=16)
     assert pair((["ab"], ["c"]))["token_ids"][0, 0].tolist() == [start, *a, delimiter, *b, extract, 0, 0]
     assert pair.examples([("ab", "c")]) == pair.examples((["ab"], ["c"])) == [(("ab", "c"), ())]
+    import tensorflow as tf
+
+    assert pair.examples((tf.constant(["ab"]), np.array(["c"]))) == [(("ab", "c"), ())]
     choice = kgpt.GPTTaskPreprocessor(tokenizer, transforms.MultipleChoice(2), max_length=16)
     assert choice.examples((["ctx"], [["yes", "no"]])) == [(("ctx",), ("yes", "no"))]
     assert choice.examples((["art"], ["q"], [["yes", "no"]])) == [(("art", "q"), ("yes", "no"))]
@@ -93,6 +103,7 @@ def test_preprocessor_takes_keras_hub_style_inputs():
         (transforms.MultipleChoice(2), (["ctx"],), r"\(contexts, ..., choices\)"),
         (transforms.Classification(), ["fine", None], r"inputs example 1: expected text, got NoneType None"),
         (transforms.Classification(), [], r"No examples in inputs"),
+        (transforms.Entailment(), [["p1", "p2"], ["h1", "h2"]], r"A list of lists is ambiguous"),
     ],
 )
 def test_preprocessor_errors_name_the_example(transform, inputs, message):
@@ -167,16 +178,39 @@ def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_pa
         kgpt.GPTTaskModel.from_preset(str(tmp_path / "tuned"), task="sst2")
 
 
-def test_text_needs_a_preprocessor(backbone):
+def test_text_needs_a_preprocessor_that_fits(backbone):
     model = kgpt.GPTTaskModel(backbone, head=heads.Classification(["a", "b"]))
     with pytest.raises(ValueError, match="Text inputs need a preprocessor"):
         model.predict(["some text"])
+    tokenizer = char_tokenizer()
+    with pytest.raises(ValueError, match=r"max_length=512 exceeds the model's context max_sequence_length=16"):
+        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
+                          preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification()))
+    with pytest.raises(ValueError, match=r"similarity transform makes 2 view\(s\), the model takes 1"):
+        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
+                          preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Similarity(), max_length=16))
 
 
 def test_fit_labels_are_checked(tiny_preset):
     task, texts, _ = TASKS["one segment"]
     model = kgpt.GPTTaskModel.from_preset(tiny_preset, task=task)
+    with pytest.raises(ValueError, match="Training or evaluating on text needs labels: pass y"):
+        model.fit(texts, verbose=0)
+    examples = [kgpt.Example(segments=("so calm",), label="calm", source="mine.tsv:2"),
+                kgpt.Example(segments=("so loud",), label="noisy", source="mine.tsv:3")]
+    with pytest.raises(kgpt.DataError, match=r"mine.tsv:3: label 'noisy' is not one of 'calm', 'loud'"):
+        model.fit(examples, verbose=0)
     with pytest.raises(kgpt.DataError, match=r"inputs label 1: label 'medium' is not one of 'calm', 'loud'"):
         model.fit(texts, ["calm", "medium", "calm", "loud"], verbose=0)
     with pytest.raises(ValueError, match="Got 4 examples but 3 labels"):
         model.fit(texts, ["calm", "loud", "calm"], verbose=0)
+
+
+def test_reader_rows_that_are_not_text_name_their_source():
+    rows = [kgpt.Example(segments=(None,), label="a", source="f.tsv:7")]
+    task = kgpt.Task(name="bad", transform=transforms.Classification(), labels=("a", "b"), read=lambda s, d: rows)
+    with pytest.raises(kgpt.DataError, match=r"f.tsv:7: a text field is NoneType None, not text \(task 'bad'\)"):
+        task.examples("train", "data")
+    silent = kgpt.Task(name="silent", transform=transforms.Classification(), labels=("a", "b"), read=lambda s, d: None)
+    with pytest.raises(TypeError, match=r"Task 'silent': read\('train', ...\) returned NoneType"):
+        silent.examples("train", "data")

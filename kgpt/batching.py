@@ -11,14 +11,20 @@ array. Each training epoch:
 3. the batches are shuffled across pools;
 4. each batch is padded to its longest view, rounded up to one of a fixed
    set of lengths (`bucket_length`: multiples of 4 up to 64, then 8 steps
-   per doubling), so XLA compiles a few dozen shapes at most, not one per
-   batch.
+   per doubling), never one shape per batch.
+
+Where every padded length costs a compilation (XLA: JAX, or TensorFlow with
+`jit_compile`), a split gets at most one length per `BATCHES_PER_LENGTH`
+batches of an epoch (`length_plan`), chosen to pad as little as possible:
+a small task compiles one or two programs, MNLI-sized ones all they use.
 
 Evaluation batches are sorted by length and the predictions put back in the
 split's order. Only the last pool of an epoch can give a partial batch.
 """
 
 import array
+import bisect
+import collections
 import dataclasses
 import functools
 import math
@@ -28,6 +34,7 @@ import numpy as np
 from kgpt.errors import DataError
 
 POOL_BATCHES = 100  # batches per length-sorted pool: larger packs tighter, smaller shuffles more
+BATCHES_PER_LENGTH = 32  # with compilation: batches of an epoch per padded length (one compile each)
 
 
 def bucket_length(length, limit=None):
@@ -91,6 +98,11 @@ class EncodedSplit:
         """`[examples, num_views]` where each view starts in `tokens`."""
         return self.offsets[:-1].reshape(-1, self.num_views)
 
+    def padded_length(self, indices, plan=None):
+        """The length a batch of these examples is padded to: its bucket length, or the next in `plan`."""
+        length = bucket_length(self.lengths[np.asarray(indices)].max(), self.limit)
+        return length if plan is None else plan[bisect.bisect_left(plan, length)]
+
     def inputs(self, indices, length=None):
         """`{"token_ids", "padding_mask"}` `[len(indices), num_views, length]` for these examples, right-padded.
 
@@ -109,13 +121,14 @@ class EncodedSplit:
         padding_mask = (np.arange(length) < lengths[..., None]).astype("int32")
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
-    def batch(self, indices, lm=True, targets=True):
+    def batch(self, indices, lm=True, targets=True, plan=None):
         """One training batch `(x, y, sample_weight)` for `GPTTaskModel`, or `x` alone without targets.
 
         `y = {"task": targets, "lm": next tokens}` and the LM's sample weight
         is 1 on real next tokens only (the auxiliary loss ignores padding).
+        Padded to `padded_length(indices, plan)`.
         """
-        x = self.inputs(indices)
+        x = self.inputs(indices, self.padded_length(indices, plan))
         if not targets:
             return x
         if self.targets is None:
@@ -127,11 +140,10 @@ class EncodedSplit:
             sample_weight["lm"] = x["padding_mask"][..., 1:].astype("float32")
         return x, y, sample_weight
 
-    def real_share(self, batches):
+    def real_share(self, batches, plan=None):
         """Real tokens / computed positions when the split is fed as `batches` (lists of indices)."""
-        view_lengths = self.view_lengths
-        computed = sum(len(b) * self.num_views * bucket_length(view_lengths[b].max(), self.limit) for b in batches)
-        return float(view_lengths.sum() / max(computed, 1))
+        computed = sum(len(b) * self.num_views * self.padded_length(b, plan) for b in batches)
+        return float(self.view_lengths.sum() / max(computed, 1))
 
     def padded_share(self):
         """Real tokens / computed positions when every example is padded to the split's longest view."""
@@ -206,14 +218,66 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0):
+def max_lengths_for(jit_compile, num_batches):
+    """How many padded lengths a feed of `num_batches` batches per epoch may use (None: no limit).
+
+    Without compilation (TensorFlow's default on a CPU) a new length costs
+    nothing; with it (JAX, XLA) each costs one compilation per function, so a
+    length must serve `BATCHES_PER_LENGTH` batches of an epoch on average.
+    """
+    return max(1, num_batches // BATCHES_PER_LENGTH) if jit_compile else None
+
+
+def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None):
+    """The padded lengths a feed's batches are rounded up to, at most `max_lengths` of them.
+
+    Takes the bucket lengths an epoch's batches need (epoch 0's order with a
+    `seed`, the length-sorted order without) and keeps the `max_lengths`
+    (`None`: all) that pad the fewest positions, the longest always among
+    them: an exact dynamic program over the few dozen bucket lengths. A
+    later epoch's batch rounds up to the next kept length.
+
+    Example:
+    ```python
+    length_plan(np.array([5, 6, 30, 31]), 1, max_lengths=2)  # (8, 32)
+    ```
+    """
+    rows = collections.Counter()
+    lengths = np.asarray(lengths)
+    for batch in batch_indices(lengths, batch_size, seed, 0):
+        rows[bucket_length(lengths[batch].max(), limit)] += len(batch)
+    needed = sorted(rows)
+    if max_lengths is None or len(needed) <= max_lengths:
+        return tuple(needed)
+    # cost[s][j]: fewest padded positions covering needed[:j + 1] with s lengths, the last needed[j].
+    count = len(needed)
+    pad = [[sum(rows[needed[m]] * (needed[j] - needed[m]) for m in range(i, j + 1)) for j in range(count)]
+           for i in range(count)]
+    cost = [[math.inf] * count for _ in range(max_lengths + 1)]
+    back = [[-1] * count for _ in range(max_lengths + 1)]
+    for j in range(count):
+        cost[1][j] = pad[0][j]
+    for s in range(2, max_lengths + 1):
+        for j in range(count):
+            for i in range(j):
+                if cost[s - 1][i] + pad[i + 1][j] < cost[s][j]:
+                    cost[s][j], back[s][j] = cost[s - 1][i] + pad[i + 1][j], i
+    kept, j, s = [], count - 1, max_lengths
+    while j >= 0:
+        kept.append(needed[j])
+        j, s = back[s][j], s - 1
+    return tuple(sorted(kept))
+
+
+def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
     draws the next epoch's order: epoch `first_epoch`, then `first_epoch +
     1`, ... A pass left unfinished (Keras reads one batch to build the model
     before the first epoch) does not count. Without a seed, batches come
-    sorted by length, the same on every pass.
+    sorted by length, the same on every pass. Batches are padded to the
+    lengths of `length_plan(..., max_lengths)`.
     """
     import tensorflow as tf
 
@@ -232,22 +296,27 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0):
         signature = x_spec
     epoch = [first_epoch]
     num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
+    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths)
 
     def generate():
         order = batch_indices(split.lengths, batch_size, seed, epoch[0])
         for i, indices in enumerate(order):
             if seed is not None and i == len(order) - 1:
                 epoch[0] += 1  # the pass reached its last batch: the next one is the next epoch
-            yield split.batch(indices, lm=lm, targets=targets)
+            yield split.batch(indices, lm=lm, targets=targets, plan=plan)
 
     data = tf.data.Dataset.from_generator(generate, output_signature=signature)
     return data.apply(tf.data.experimental.assert_cardinality(num_batches)).prefetch(2)
 
 
 def predict_outputs(predictor, split, batch_size):
-    """`predictor`'s outputs for every example of `split`, in the split's order (batches sorted by length)."""
+    """`predictor`'s outputs for every example of `split`, in the split's order (batches sorted by length).
+
+    With a compiling predictor, as few padded lengths as `max_lengths_for` allows.
+    """
     order = np.concatenate(batch_indices(split.lengths, batch_size))
-    outputs = predictor.predict(dataset(split, batch_size, targets=False), verbose=0)
+    max_lengths = max_lengths_for(getattr(predictor, "jit_compile", False), math.ceil(len(split) / batch_size))
+    outputs = predictor.predict(dataset(split, batch_size, targets=False, max_lengths=max_lengths), verbose=0)
     result = np.empty_like(outputs)
     result[order] = outputs
     return result

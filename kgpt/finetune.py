@@ -288,13 +288,16 @@ def _finetune(config, task, data_dir, log):
         ),
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
-    real_share = train.real_share(batching.batch_indices(train.lengths, config.batch_size, config.seed))
+    max_lengths = model.max_padded_lengths(train, config.batch_size)
+    plan = batching.length_plan(train.lengths, config.batch_size, config.seed, train.limit, max_lengths)
+    real_share = train.real_share(batching.batch_indices(train.lengths, config.batch_size, config.seed), plan)
     log(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics {', '.join(task.metric_names)}); "
         f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
         f"steps, batch {config.batch_size}, {train.num_views} view(s) of up to {int(train.lengths.max())} tokens, "
         f"lm_coef {config.lm_coef}.")
-    log(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens "
-        f"(padding every example to the longest would give {train.padded_share():.1%}).")
+    log(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
+        f"{len(plan)} padded length(s){' (one XLA compilation each)' if max_lengths else ''}; padding every "
+        f"example to the longest would give {train.padded_share():.1%}.")
 
     lm = config.lm_coef > 0
     dev_name = next((n for n, s in splits.items() if n != train_split and s.targets is not None), None)
@@ -307,17 +310,20 @@ def _finetune(config, task, data_dir, log):
             keras.callbacks.CSVLogger(os.path.join(config.output_dir, "history.csv")),
             keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")),
         ]
+    dev = splits[dev_name] if dev_name else None
     history = model.fit(
-        batching.dataset(train, config.batch_size, seed=config.seed, lm=lm),
+        batching.dataset(train, config.batch_size, seed=config.seed, lm=lm, max_lengths=max_lengths),
         epochs=config.epochs,
-        validation_data=batching.dataset(splits[dev_name], config.batch_size, lm=lm) if dev_name else None,
+        validation_data=None if dev is None else batching.dataset(
+            dev, config.batch_size, lm=lm, max_lengths=model.max_padded_lengths(dev, config.batch_size)),
         callbacks=callbacks,
         shuffle=False,  # the dataset draws each epoch's order itself
         verbose=1 if os.isatty(1) else 2,
     )
 
     results = {"task": task.name, "init": origin, "lm_coef": config.lm_coef,
-               "real_token_share": {"train": real_share, "train_padded_to_longest": train.padded_share()},
+               "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
+                                    "train_padded_to_longest": train.padded_share()},
                "history": {k: [float(v) for v in vs] for k, vs in history.history.items()}, "splits": {}}
     for name, split in splits.items():
         if name == train_split:

@@ -356,7 +356,12 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
         if split.targets is None:
             raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}.")
-        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output)
+        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output,
+                                max_lengths=self.max_padded_lengths(split, batch_size or 32))
+
+    def max_padded_lengths(self, split, batch_size):
+        """How many padded lengths batches of `split` may use: all without XLA, fewer with (`kgpt.batching`)."""
+        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size))
 
     # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
     # task examples are tokenized in Python and batched by length instead.

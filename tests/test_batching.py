@@ -102,3 +102,30 @@ def test_predictions_do_not_depend_on_batching(backbone):
     expected = model.predict_task(padded)
     np.testing.assert_allclose(batching.predict_outputs(model.task_predictor(), split, 3), expected,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_length_plan_pads_least_within_its_budget():
+    """The plan's lengths are the subset (with the longest) that pads the fewest positions: checked by brute force."""
+    import itertools
+
+    lengths = mnli_like_lengths(600, seed=3)
+    batches = batching.batch_indices(lengths, 16, seed=5)
+    needed = sorted({batching.bucket_length(lengths[b].max()) for b in batches})
+    split = split_of(lengths)
+
+    def positions(plan):
+        return sum(len(b) * split.padded_length(b, plan) for b in batches)
+
+    for budget in (1, 2, 3, 4):
+        plan = batching.length_plan(lengths, 16, seed=5, max_lengths=budget)
+        assert len(plan) == budget and plan[-1] == needed[-1]
+        best = min(positions(subset + (needed[-1],)) for k in range(budget)
+                   for subset in itertools.combinations(needed[:-1], k))
+        assert positions(plan) == best
+    assert batching.length_plan(lengths, 16, seed=5) == tuple(needed)  # no budget: every bucket length
+
+
+def test_compiling_backends_get_one_length_per_32_batches():
+    assert batching.max_lengths_for(False, 10_000) is None  # TensorFlow without XLA: lengths are free
+    assert batching.max_lengths_for(True, 17) == 1  # a small task: one compiled program
+    assert batching.max_lengths_for(True, 12_272) == 383  # MNLI: every bucket length it needs

@@ -52,7 +52,9 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
     assert metrics["history"]["val_accuracy"][-1] == pytest.approx(metrics["splits"]["dev"]["accuracy"])
     assert "val_accuracy" in (out / "history.csv").read_text().splitlines()[0].split(",")
     share = metrics["real_token_share"]
-    assert share["train_padded_to_longest"] < share["train"] <= 1.0
+    assert 0 < share["train"] <= 1.0 and share["train_padded_lengths"]
+    if not model.jit_compile:  # without XLA every bucket length is used: better than padding to the longest
+        assert share["train_padded_to_longest"] < share["train"]
     assert os.listdir(out / "logs")  # TensorBoard
     # The output is a preset that finds its task's plugin again and predicts identically.
     loaded, tokenizer, task = kgpt.load_finetuned(str(out))

@@ -151,6 +151,8 @@ def test_fit_and_predict_on_raw_strings(tiny_preset, tmp_path, kind):
     predictions = model.predict(texts)
     assert predictions.shape == (4, 2) and np.allclose(predictions.sum(-1), 1.0, atol=1e-5)
     assert len(model.predict_labels(texts)) == 4
+    if kind != "two segments":
+        return  # the round trip below compiles three more programs per kind on JAX: one kind covers it
     # Saved and loaded: same predictions on text, with no plugin registered anywhere.
     model.save_to_preset(str(tmp_path / "tuned"))
     loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path / "tuned"))

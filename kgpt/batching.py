@@ -101,7 +101,9 @@ class EncodedSplit:
     def padded_length(self, indices, plan=None):
         """The length a batch of these examples is padded to: its bucket length, or the next in `plan`."""
         length = bucket_length(self.lengths[np.asarray(indices)].max(), self.limit)
-        return length if plan is None else plan[bisect.bisect_left(plan, length)]
+        if plan is None:
+            return length
+        return plan[min(bisect.bisect_left(plan, length), len(plan) - 1)]  # the last is the split's longest
 
     def inputs(self, indices, length=None):
         """`{"token_ids", "padding_mask"}` `[len(indices), num_views, length]` for these examples, right-padded.
@@ -234,18 +236,22 @@ def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None):
     Takes the bucket lengths an epoch's batches need (epoch 0's order with a
     `seed`, the length-sorted order without) and keeps the `max_lengths`
     (`None`: all) that pad the fewest positions, the longest always among
-    them: an exact dynamic program over the few dozen bucket lengths. A
-    later epoch's batch rounds up to the next kept length.
+    them: an exact dynamic program over the few dozen bucket lengths. The
+    longest is the split's longest view itself, not rounded up (it is the
+    one length every plan has). A later epoch's batch rounds up to the next
+    kept length.
 
     Example:
     ```python
-    length_plan(np.array([5, 6, 30, 31]), 1, max_lengths=2)  # (8, 32)
+    length_plan(np.array([5, 6, 30, 31]), 1, max_lengths=2)  # (8, 31)
     ```
     """
     rows = collections.Counter()
     lengths = np.asarray(lengths)
+    top = bucket_length(lengths.max(), limit)
     for batch in batch_indices(lengths, batch_size, seed, 0):
-        rows[bucket_length(lengths[batch].max(), limit)] += len(batch)
+        length = bucket_length(lengths[batch].max(), limit)
+        rows[int(lengths.max()) if length == top else length] += len(batch)
     needed = sorted(rows)
     if max_lengths is None or len(needed) <= max_lengths:
         return tuple(needed)

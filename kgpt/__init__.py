@@ -3,7 +3,7 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import batching, heads, lm_loss, metrics, original, pretrained, readers, transforms, zero_shot
+from kgpt import batching, checkpoint, heads, lm_loss, metrics, original, predict, pretrained, readers, transforms, zero_shot
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -13,6 +13,7 @@ from kgpt.lstm import LSTMBackbone
 from kgpt.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
 from kgpt.presets import CheckpointError
 from kgpt.registry import RegistryError, TaskRegistry
+from kgpt.errors import ConfigError
 from kgpt.task import DataError, Example, Skipped, Task
 from kgpt.task_model import GPTTaskModel
 from kgpt.task_preprocessor import GPTTaskPreprocessor
@@ -24,6 +25,7 @@ __all__ = [
     "GPT1_CONFIG",
     "NUM_SPECIAL_TOKENS",
     "CheckpointError",
+    "ConfigError",
     "DataError",
     "Example",
     "GPTAdamW",
@@ -42,12 +44,14 @@ __all__ = [
     "gelu_tanh",
     "gpt_adamw",
     "batching",
+    "checkpoint",
     "heads",
     "hookimpl",
     "lm_loss",
     "load_finetuned",
     "metrics",
     "original",
+    "predict",
     "pretrained",
     "readers",
     "transforms",

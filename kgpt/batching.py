@@ -275,7 +275,7 @@ def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None):
     return tuple(sorted(kept))
 
 
-def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None):
+def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
@@ -283,7 +283,9 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     1`, ... A pass left unfinished (Keras reads one batch to build the model
     before the first epoch) does not count. Without a seed, batches come
     sorted by length, the same on every pass. Batches are padded to the
-    lengths of `length_plan(..., max_lengths)`.
+    lengths of `length_plan(..., max_lengths)`. `skip` leaves out the first
+    batches of epoch `first_epoch` (a run resumed mid-epoch); the dataset
+    then holds the rest of that epoch only.
     """
     import tensorflow as tf
 
@@ -302,27 +304,32 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
         signature = x_spec
     epoch = [first_epoch]
     num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
+    if not 0 <= skip < num_batches:
+        raise ValueError(f"skip must be in 0..{num_batches - 1} (batches per epoch), got {skip}.")
     plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths)
 
     def generate():
         order = batch_indices(split.lengths, batch_size, seed, epoch[0])
         for i, indices in enumerate(order):
+            if i < skip:
+                continue
             if seed is not None and i == len(order) - 1:
                 epoch[0] += 1  # the pass reached its last batch: the next one is the next epoch
             yield split.batch(indices, lm=lm, targets=targets, plan=plan)
 
     data = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    return data.apply(tf.data.experimental.assert_cardinality(num_batches)).prefetch(2)
+    return data.apply(tf.data.experimental.assert_cardinality(num_batches - skip)).prefetch(2)
 
 
-def predict_outputs(predictor, split, batch_size):
+def predict_outputs(predictor, split, batch_size, verbose=0):
     """`predictor`'s outputs for every example of `split`, in the split's order (batches sorted by length).
 
-    With a compiling predictor, as few padded lengths as `max_lengths_for` allows.
+    With a compiling predictor, as few padded lengths as `max_lengths_for`
+    allows. `verbose` is Keras' (1: a progress bar).
     """
     order = np.concatenate(batch_indices(split.lengths, batch_size))
     max_lengths = max_lengths_for(getattr(predictor, "jit_compile", False), math.ceil(len(split) / batch_size))
-    outputs = predictor.predict(dataset(split, batch_size, targets=False, max_lengths=max_lengths), verbose=0)
+    outputs = predictor.predict(dataset(split, batch_size, targets=False, max_lengths=max_lengths), verbose=verbose)
     result = np.empty_like(outputs)
     result[order] = outputs
     return result

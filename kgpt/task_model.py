@@ -240,9 +240,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
                 paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
             **kwargs: overrides of the saved config (e.g. `dtype`).
         """
-        config = os.path.join(preset, TASK_CONFIG_FILE) if isinstance(preset, (str, os.PathLike)) else None
-        if config and os.path.isfile(config) and read_json(config, "a kgpt task config").get(
-                "registered_name") == keras.saving.get_registered_name(cls):
+        if is_task_preset(preset, cls):
             if lm_coef is not None or classifier_dropout is not None:
                 raise ValueError(f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "
                                  f"chosen when fine-tuning starts from a pre-trained preset.")
@@ -437,6 +435,16 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         `[examples, views, length, hidden]`), which only the loss needs.
         """
         return self.task_predictor().predict(x, batch_size=batch_size, verbose=0)
+
+
+def is_task_preset(preset, cls=None):
+    """Whether `preset` is a directory holding a fine-tuned task model (`task.json` of a `GPTTaskModel`)."""
+    config = os.path.join(preset, TASK_CONFIG_FILE) if isinstance(preset, (str, os.PathLike)) else None
+    if not config or not os.path.isfile(config):
+        return False
+    saved = read_json(config, "a kgpt task config")
+    return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
+        cls or GPTTaskModel)
 
 
 def _is_text(x):

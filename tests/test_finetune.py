@@ -45,8 +45,14 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
     for split in ("dev", "test"):
         assert 0.0 <= metrics["splits"][split]["accuracy"] <= 1.0
         lines = (out / "predictions" / f"{split}.tsv").read_text().splitlines()
-        assert lines[0] == "id\tprediction\tlabel" and len(lines) == expected[split] + 1
-        assert {line.split("\t")[1] for line in lines[1:]} <= set(scitail.LABELS)
+        assert lines[0] == "id\tprediction\tp_entails\tp_neutral\tlabel" and len(lines) == expected[split] + 1
+        rows = [line.split("\t") for line in lines[1:]]
+        assert {r[1] for r in rows} <= set(scitail.LABELS)
+        # Ids are relative to the data directory, and the probabilities pick the prediction.
+        assert rows[0][0] == f"tsv_format/scitail_1.0_{split}.tsv:1"
+        for r in rows:
+            p = np.array([float(r[2]), float(r[3])])
+            assert abs(p.sum() - 1) < 1e-5 and r[1] == scitail.LABELS[int(p.argmax())]
     assert set(metrics["history"]) >= {"loss", "task_loss", "lm_loss", "val_task_accuracy", "val_accuracy"}
     # The task's own metric after the last epoch is the final dev score, in history.csv too.
     assert metrics["history"]["val_accuracy"][-1] == pytest.approx(metrics["splits"]["dev"]["accuracy"])

@@ -13,9 +13,8 @@ explicitly overrides.
 """
 
 import dataclasses
-import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
+from kgpt.cli import common  # first: quiet TensorFlow start-up
 
 from absl import app, flags, logging
 
@@ -32,7 +31,9 @@ def _both(name):
 
 flags.DEFINE_string("task", "lm", "'lm' to pre-train, or a task name (see --list_tasks).")
 flags.DEFINE_bool("list_tasks", False, "List every task with its plugin, kind, labels and metrics, then exit.")
-flags.DEFINE_string("output_dir", None, "Where the model, logs and metrics go (default: keep nothing).")
+flags.DEFINE_string("output_dir", None, "Where the model, logs and metrics go (default: keep nothing). A directory "
+                    "holding another run's outputs is refused unless --overwrite; the same command again resumes.")
+flags.DEFINE_bool("overwrite", False, "Replace the outputs of another run in --output_dir (other files stay).")
 flags.DEFINE_integer("seed", 0, "Random seed.")
 # Model size: pre-training and fine-tuning --init scratch.
 flags.DEFINE_integer("num_layers", _PRE.num_layers, "Transformer blocks.")
@@ -56,7 +57,9 @@ flags.DEFINE_enum("dtype", None, ["float32", "mixed_bfloat16", "mixed_float16", 
                   "Dtype policy: mixed_bfloat16 / mixed_float16 compute in 16 bits with float32 weights, "
                   "attention softmax and losses (mixed_float16 adds loss scaling).")
 # Optimisation: defaults depend on the task.
-flags.DEFINE_integer("batch_size", None, "Sequences (lm) or examples per update " + _both("batch_size") + ".")
+flags.DEFINE_integer("batch_size", None, "Sequences (lm) or examples per update (default "
+                     f"{_PRE.batch_size} for lm, 32 for fine-tuning, or what a fine-tuned --init was trained with).",
+                     lower_bound=1)
 flags.DEFINE_float("learning_rate", None, "Peak learning rate " + _both("learning_rate") + ".")
 flags.DEFINE_float("weight_decay", None, "Decoupled weight decay, not on biases/gains " + _both("weight_decay") + ".")
 # Pre-training.
@@ -70,8 +73,9 @@ flags.DEFINE_integer("max_steps", _PRE.max_steps, "lm: total updates; the cosine
 flags.DEFINE_integer("evaluations", _PRE.evaluations, "lm: validation passes during training.")
 flags.DEFINE_float("validation_fraction", _PRE.validation_fraction, "lm: share of tokens held out ...")
 flags.DEFINE_integer("validation_tokens", _PRE.validation_tokens, "lm: ... but at most this many tokens.")
-flags.DEFINE_integer("checkpoint_every", _PRE.checkpoint_every,
-                     "lm: steps between checkpoints in OUTPUT_DIR/checkpoint; a rerun resumes (0: none).")
+flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints in OUTPUT_DIR/checkpoint; rerunning the "
+                     f"same command resumes (default {_PRE.checkpoint_every} for lm; fine-tuning also checkpoints at "
+                     "every epoch end). 0: lm none, fine-tuning epoch ends only.", lower_bound=0)
 flags.DEFINE_string("shards_dir", None, "lm: token shards folder (default: OUTPUT_DIR/shards); reused when "
                     "the corpus and tokenizer are unchanged.")
 flags.DEFINE_string("prompt", None, "lm: prompt for the sample printed at the end.")
@@ -82,12 +86,16 @@ flags.DEFINE_integer("zero_shot_every", None, "lm: steps between zero-shot evalu
 flags.DEFINE_integer("zero_shot_examples", None, "lm: examples per zero-shot evaluation (default: all).")
 # Fine-tuning.
 flags.DEFINE_string("data_dir", None, "Task data in its distributed format (default: the task's embedded data).")
-flags.DEFINE_string("init", None, "Preset dir (a --task lm --output_dir), the original GPT-1 release's model/ dir "
+flags.DEFINE_string("init", None, "Preset dir (a --task lm --output_dir, or a fine-tuned --output_dir of the same "
+                    "task, whose head is kept), the original GPT-1 release's model/ dir "
                     "(params_*.npy; --num_heads gives its head count), Hugging Face openai-gpt files, "
                     "or 'scratch' for no pre-training. "
                     "Default without --data_dir: pre-train the demo model on the embedded text first.")
 flags.DEFINE_integer("transfer_layers", None, "Transfer the embeddings and only the first N blocks (default: all).")
-flags.DEFINE_integer("epochs", _FINE.epochs, "Fine-tuning epochs.")
+flags.DEFINE_integer("epochs", _FINE.epochs, "Fine-tuning epochs; 0 with a fine-tuned --init evaluates it and "
+                     "writes metrics.json and predictions without training.", lower_bound=0)
+flags.DEFINE_enum("keep", _FINE.keep, ["last", "best"], "Fine-tuning: the weights saved and scored, from the last "
+                  "epoch (the paper) or the epoch with the best dev score on the task's first metric.")
 flags.DEFINE_float("warmup_fraction", _FINE.warmup_fraction, "Share of fine-tuning updates for linear warm-up.")
 flags.DEFINE_float("lm_coef", _FINE.lm_coef, "Weight of the auxiliary LM loss (0 disables it).")
 flags.DEFINE_float("classifier_dropout", _FINE.classifier_dropout, "Dropout before the task head.")
@@ -127,7 +135,7 @@ def parse_task_dirs(items):
     for item in items:
         name, _, data_dir = item.partition("=")
         if not name:
-            raise app.UsageError(f"Expected NAME or NAME=DATA_DIR, got {item!r}.")
+            raise app.UsageError(f"--zero_shot: expected NAME or NAME=DATA_DIR, got {item!r}.", exitcode=2)
         parsed[name.strip()] = data_dir.strip() or None
     return parsed
 
@@ -137,15 +145,34 @@ def finetune_config_from_flags():
     values = _values(finetune_lib.FinetuneConfig)
     if FLAGS.data_dir is not None and FLAGS.init is None:
         raise app.UsageError("With --data_dir, pass --init PRESET_DIR (the --output_dir of kgpt-train --task lm) "
-                             "or --init scratch (no pre-training).")
+                             "or --init scratch (no pre-training).", exitcode=2)
+    sizes = [f"--{n}" for n in ("num_layers", "hidden_dim", "intermediate_dim") if FLAGS[n].present]
+    if sizes and FLAGS.init != "scratch":
+        raise app.UsageError(f"{', '.join(sizes)} set(s) the size of a new model (--init scratch); --init "
+                             f"{FLAGS.init or '(the demo model)'} has its own.", exitcode=2)
     if FLAGS.init is None:
         _apply_demo(values, finetune_lib.DEMO_SETTINGS, "Embedded run: fine-tuning the demo model with")
     return finetune_lib.FinetuneConfig(**values)
 
 
+# Flags every job takes; the others belong to the job whose config has a field of their name.
+_COMMON = {"task", "list_tasks", "seed", "output_dir", "verbose"}
+
+
+def check_stage_flags(config_cls, job):
+    """Refuses flags given on the command line that the chosen job would ignore."""
+    fields = {f.name for f in dataclasses.fields(config_cls)}
+    ignored = [f"--{flag.name}" for flag in FLAGS.get_flags_for_module(__name__)
+               if flag.present and flag.name not in fields and flag.name not in _COMMON]
+    if ignored:
+        other = "fine-tuning (--task NAME)" if job == "lm" else "pre-training (--task lm)"
+        raise app.UsageError(f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} to {other}; "
+                             f"remove {'them' if len(ignored) > 1 else 'it'}.", exitcode=2)
+
+
 def main(argv):
     if len(argv) > 1:
-        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
     logging.set_verbosity(logging.WARNING)  # keep JAX/TF start-up chatter out of the run log
     from kgpt.registry import RegistryError, TaskRegistry
 
@@ -159,18 +186,20 @@ def main(argv):
             registry.entry(FLAGS.task)
         except RegistryError as e:
             cause = f"\n  caused by {type(e.__cause__).__name__}: {e.__cause__}" if e.__cause__ else ""
-            raise app.UsageError(f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)")
+            raise app.UsageError(f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)", exitcode=2)
     import keras
 
     print(f"kgpt-train --task {FLAGS.task} on Keras {keras.__version__}, backend {keras.config.backend()}")
     if FLAGS.task == "lm":
+        check_stage_flags(pretrain_lib.PretrainConfig, "lm")
         pretrain_lib.pretrain(pretrain_config_from_flags())
     else:
+        check_stage_flags(finetune_lib.FinetuneConfig, FLAGS.task)
         finetune_lib.finetune(finetune_config_from_flags(), registry=registry)
 
 
 def run():
-    app.run(main)
+    common.run(main, "kgpt-train")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,84 @@
+"""`kgpt-predict`: a fine-tuned model's predictions on new text.
+
+    kgpt-predict --model runs/sst2 --input reviews.txt --output predictions.tsv
+    kgpt-predict --model runs/rte --input pairs.jsonl --columns premise,hypothesis --output -
+    kgpt-predict --model runs/rte --data_dir glue/RTE --split test --output rte_test.tsv
+
+`--model` is a `kgpt-train --task NAME --output_dir`. The output is a TSV:
+`id`, `prediction` and `p_<label>` per label (or the value, for regression);
+with `--data_dir` it also holds the labels and the task's metrics are printed.
+See `kgpt.predict` for the input formats.
+"""
+
+import os
+import sys
+
+from kgpt.cli import common  # first: quiet TensorFlow start-up
+
+from absl import app, flags
+
+flags.DEFINE_string("model", None, "A fine-tuned preset (the --output_dir of kgpt-train --task NAME).")
+flags.DEFINE_string("input", None, "Examples to predict: a text file (one per line, tabs between segments), "
+                    "a .tsv with a header row, or a .jsonl.")
+flags.DEFINE_enum("format", None, ["text", "tsv", "jsonl"], "Input format (default: from the extension).")
+flags.DEFINE_list("columns", None, "TSV/JSONL columns holding the segments, in order (default: all but "
+                  "id/index/idx/label).")
+flags.DEFINE_string("data_dir", None, "Instead of --input: the task's data in its own format (needs its plugin).")
+flags.DEFINE_string("split", "test", "With --data_dir: the split to predict.")
+flags.DEFINE_string("output", None, "The predictions TSV ('-': standard output).")
+flags.DEFINE_bool("overwrite", False, "Replace an existing --output file.")
+flags.DEFINE_integer("batch_size", 32, "Examples per batch (batches are formed by length).", lower_bound=1)
+flags.DEFINE_integer("max_length", None, "Tokens per view (default: the model's own); longer ones are cut and "
+                     "counted.", lower_bound=4)
+
+FLAGS = flags.FLAGS
+
+
+def _check_flags():
+    if not FLAGS.model:
+        raise app.UsageError("--model is required: the --output_dir of a kgpt-train --task NAME run.", exitcode=2)
+    if bool(FLAGS.input) == bool(FLAGS.data_dir):
+        raise app.UsageError("Pass either --input FILE or --data_dir DIR (with --split).", exitcode=2)
+    if not FLAGS.output:
+        raise app.UsageError("--output is required (a file, or - for standard output).", exitcode=2)
+    if FLAGS.output != "-" and os.path.exists(FLAGS.output) and not FLAGS.overwrite:
+        raise app.UsageError(f"--output {FLAGS.output} exists: pass --overwrite to replace it.", exitcode=2)
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
+    _check_flags()
+    import kgpt
+    from kgpt import finetune, predict
+
+    log = (lambda *a: print(*a, file=sys.stderr)) if FLAGS.output == "-" else print
+    model = kgpt.GPTTaskModel.from_preset(FLAGS.model, max_length=FLAGS.max_length)
+    log(f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
+        f"{model.preprocessor.transform.kind} input).")
+    verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
+    if FLAGS.input:
+        inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, FLAGS.columns)
+        if inputs.columns:
+            log(f"Segments from column(s) {', '.join(inputs.columns)}.")
+        count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose, log=log)
+    else:
+        task = kgpt.TaskRegistry().get(model.task_name)
+        split = finetune.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
+        evaluation = finetune.evaluate_split(task, model, split, FLAGS.batch_size)
+        if evaluation.metrics:
+            log(f"{FLAGS.split}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+        if FLAGS.output == "-":
+            sys.stdout.write(finetune.predictions_tsv(task, split, evaluation))
+        else:
+            finetune.write_predictions(FLAGS.output, task, split, evaluation)
+        count = len(split)
+    log(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
+
+
+def run():
+    common.run(main, "kgpt-predict")
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,182 @@
+"""Output directories that a crash, a second run or a typo cannot corrupt.
+
+A job's `--output_dir` is claimed with `RunDirectory`: an exclusive lock
+(`.lock`, released by the OS when the process dies, even by SIGKILL), and a
+`run.json` naming the job and the settings its outputs depend on. Running
+the same command again in the directory continues (or re-evaluates) that
+run; a directory holding another run's outputs, or files kgpt did not
+write, is refused unless `overwrite=True`, which clears kgpt's own outputs
+first. Every output is written under a temporary name and moved into place
+with `os.replace`, so a file is always either the old one or the new one.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+
+RUN_FILE = "run.json"
+LOCK_FILE = ".lock"
+# Everything a kgpt job writes into its output directory: what --overwrite clears.
+OUTPUTS = ("config.json", "model.weights.h5", "task.json", "task.weights.h5", "preprocessor.json", "tokenizer.json",
+           "metadata.json", "assets", "metrics.json", "history.csv", "logs", "predictions", "submission",
+           "checkpoint", "shards", "data", "pretrained", "zero_shot.csv", ".preset.partial", RUN_FILE)
+
+
+class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors
+    """An output directory is in use, or holds outputs this run would destroy."""
+
+
+def write_json(path, data):
+    """Writes JSON atomically: the file is the old one or the complete new one, never half of either."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def write_text(path, text):
+    """Writes text atomically (a temporary file in the same directory, then `os.replace`)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
+
+
+def save_preset(model, directory):
+    """`model.save_to_preset(directory)`, each file moved into place only once all are written.
+
+    A crash while saving leaves the previous preset's files (and a hidden
+    temporary folder that the next save removes), never a half-written file.
+    """
+    tmp = os.path.join(directory, ".preset.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_to_preset(tmp)
+    for name in sorted(os.listdir(tmp)):
+        source, target = os.path.join(tmp, name), os.path.join(directory, name)
+        if os.path.isdir(source):
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(source, target)
+    os.rmdir(tmp)
+
+
+def same_path(a, b):
+    """Whether two paths name the same existing directory (or the same path, when neither exists)."""
+    if a is None or b is None:
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+class RunDirectory:
+    """Claims `path` for one run of `job` with `settings` (a JSON-able dict); use as a context manager.
+
+    Args:
+        path: the output directory (created if missing).
+        job: the job's name, e.g. `"finetune"` or `"pretrain"`.
+        settings: what the outputs depend on; a rerun with other settings is
+            refused, listing the differences.
+        overwrite: replace another run's outputs (kgpt's `OUTPUTS`; other
+            files stay) instead of refusing.
+
+    Example:
+    ```python
+    with RunDirectory("out", "finetune", {"task": "rte", "seed": 0}) as run:
+        write_json(os.path.join(run.path, "metrics.json"), {"accuracy": 0.5})
+    ```
+    """
+
+    def __init__(self, path, job, settings, overwrite=False):
+        self.path, self.job, self.settings, self.overwrite = path, job, settings, overwrite
+        self._lock = None
+
+    def __enter__(self):
+        os.makedirs(self.path, exist_ok=True)
+        self._acquire()
+        try:
+            self._check()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def __exit__(self, *exc):
+        self._release()
+
+    def _acquire(self):
+        import fcntl
+
+        self._lock = open(os.path.join(self.path, LOCK_FILE), "a+")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.seek(0)
+            holder = self._lock.read().strip() or "another process"
+            self._lock.close()
+            self._lock = None
+            raise OutputDirError(f"{self.path} is in use by another kgpt run ({holder}): wait for it to finish, "
+                                 f"or pass another --output_dir.") from None
+        self._lock.seek(0)
+        self._lock.truncate()
+        self._lock.write(f"pid {os.getpid()}\n")
+        self._lock.flush()
+
+    def _release(self):
+        if self._lock is not None:
+            self._lock.close()  # closing drops the flock; the file stays, harmless
+            self._lock = None
+
+    def _check(self):
+        run_file = os.path.join(self.path, RUN_FILE)
+        theirs = None
+        if os.path.exists(run_file):
+            try:
+                with open(run_file, encoding="utf-8") as f:
+                    theirs = json.load(f)
+            except (OSError, ValueError) as e:
+                if not self.overwrite:
+                    raise OutputDirError(f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
+                                         f"directory's outputs, or another --output_dir.") from None
+        ours = {"job": self.job, "settings": self.settings}
+        if theirs == ours:
+            return  # the same run again: it resumes or re-evaluates
+        foreign = [n for n in os.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)]
+        if theirs is None and not foreign:
+            write_json(run_file, ours)
+            return
+        if not self.overwrite:
+            raise OutputDirError(self._refusal(theirs, foreign))
+        self._clear()
+        write_json(run_file, ours)
+
+    def _refusal(self, theirs, foreign):
+        if theirs is None:
+            shown = ", ".join(sorted(foreign)[:5]) + (", ..." if len(foreign) > 5 else "")
+            return (f"{self.path} already holds files that no kgpt {self.job} run wrote ({shown}): pass "
+                    f"--overwrite to write beside them (kgpt's outputs there are replaced), or another --output_dir.")
+        if not isinstance(theirs, dict) or theirs.get("job") != self.job:
+            job = theirs.get("job") if isinstance(theirs, dict) else "unknown"
+            return (f"{self.path} holds the outputs of a {job} run, not {self.job}: pass another --output_dir, or "
+                    f"--overwrite to replace them.")
+        old = theirs.get("settings") or {}
+        keys = sorted(set(old) | set(self.settings), key=str)
+        changed = [f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now" for k in keys
+                   if old.get(k) != self.settings.get(k)]
+        return (f"{self.path} holds a {self.job} run with other settings ({'; '.join(changed)}): pass another "
+                f"--output_dir, or --overwrite to replace its outputs.")
+
+    def _clear(self):
+        """Removes whatever kgpt jobs write (`OUTPUTS`); other files stay."""
+        for name in OUTPUTS:
+            target = os.path.join(self.path, name)
+            if os.path.isdir(target) and not os.path.islink(target):
+                shutil.rmtree(target)
+            elif os.path.lexists(target):
+                os.remove(target)

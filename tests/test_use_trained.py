@@ -1,0 +1,213 @@
+"""Using a fine-tuned model: --epochs 0, --init of a fine-tuned preset, resume after SIGKILL, --keep best,
+kgpt-predict, and output directories that are never silently destroyed."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import TINY, char_tokenizer
+
+import kgpt
+from kgpt import finetune as finetune_lib
+from kgpt import predict as predict_lib
+from kgpt.rundir import OutputDirError
+
+SUBJECTS = ["the sun", "ice", "a dog", "the moon", "salt", "iron", "a cat", "rain", "sand", "a fish", "wood", "gold"]
+FACTS = ["is hot", "is cold", "can swim", "is a star", "melts", "rusts", "is wet", "floats"]
+
+
+def write_data(folder, sizes=(("train", 24), ("dev", 8), ("test", 6))):
+    """A small SciTail-format dataset (premise, hypothesis, label); the label depends on the words."""
+    os.makedirs(folder / "tsv_format", exist_ok=True)
+    rng = np.random.default_rng(0)
+    for split, n in sizes:
+        rows = []
+        for _ in range(n):
+            subject, fact, other = rng.choice(SUBJECTS), rng.choice(FACTS), rng.choice(FACTS)
+            same = bool(rng.integers(2))
+            rows.append(f"{subject} {fact}.\t{subject} {fact if same else other}.\t{'entails' if same else 'neutral'}")
+        (folder / "tsv_format" / f"scitail_1.0_{split}.tsv").write_text("\n".join(rows) + "\n")
+    return str(folder)
+
+
+def make_preset(path):
+    tokenizer = char_tokenizer()
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64})
+    backbone.save_to_preset(str(path))
+    tokenizer.save_to_preset(str(path))
+    return str(path)
+
+
+def config(preset, data, out, **overrides):
+    fields = dict(task="scitail", data_dir=data, init=preset, output_dir=out, epochs=2, batch_size=8,
+                  learning_rate=1e-3, max_length=64, seed=3)
+    return finetune_lib.FinetuneConfig(**{**fields, **overrides})
+
+
+def quiet(*_):
+    pass
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """One fine-tuning run shared by the tests below: `(preset, data, out, results)`."""
+    root = tmp_path_factory.mktemp("trained")
+    preset, data = make_preset(root / "preset"), write_data(root / "data")
+    out = str(root / "out")
+    _, results = finetune_lib.finetune(config(preset, data, out, keep="best", epochs=3), log=quiet)
+    return preset, data, out, results
+
+
+def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions(trained, tmp_path):
+    preset, data, out, results = trained
+    lines = []
+    _, again = finetune_lib.finetune(config(out, data, str(tmp_path / "eval"), epochs=0, batch_size=None),
+                                     log=lines.append)
+    assert any("keeping its classification head, evaluating it without training" in line for line in lines)
+    assert again["splits"]["dev"]["accuracy"] == results["splits"]["dev"]["accuracy"]
+    assert "history" not in again and again["init_dir"] == os.path.abspath(out)
+    for split in ("dev", "test"):
+        assert (tmp_path / "eval" / "predictions" / f"{split}.tsv").read_text() == \
+            open(os.path.join(out, "predictions", f"{split}.tsv")).read()
+
+
+def test_init_must_be_fine_tuned_for_epochs_0_and_for_the_same_task(trained, tmp_path):
+    preset, data, out, _ = trained
+    with pytest.raises(ValueError, match="epochs=0 evaluates a fine-tuned model, but --init .* is not one"):
+        finetune_lib.finetune(config(preset, data, None, epochs=0), log=quiet)
+    with pytest.raises(ValueError, match=r"fine-tuned for task 'scitail', not 'snli': pass --task scitail .* "
+                                         rf"\(it was fine-tuned from {preset}\)"):
+        finetune_lib.finetune(config(out, data, None, task="snli"), log=quiet)
+    with pytest.raises(ValueError, match="is the --init model"):
+        finetune_lib.finetune(config(out, data, out, epochs=0), log=quiet)
+
+
+def test_keep_best_records_the_epoch_whose_dev_score_is_kept(trained):
+    _, _, out, results = trained
+    scores = results["history"]["val_accuracy"]
+    assert len(scores) == 3 and results["keep"] == "best"
+    best = int(np.argmax(scores))  # the first of equal scores, as a strict improvement keeps
+    assert results["kept_epoch"] == best + 1
+    assert results["splits"]["dev"]["accuracy"] == pytest.approx(scores[best])
+    history = open(os.path.join(out, "history.csv")).read().splitlines()
+    assert history[0].startswith("epoch,") and [r.split(",")[0] for r in history[1:]] == ["0", "1", "2"]
+
+
+def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
+    _, _, out, _ = trained
+    pairs = [("the sun is hot.", "the sun is hot."), ("ice melts.", "a cat can swim."), ("gold rusts.", "gold rusts.")]
+    text = tmp_path / "pairs.txt"
+    text.write_text("".join(f"{p}\t{h}\n" for p, h in pairs))
+    output = tmp_path / "p.tsv"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--input={text}",
+                           f"--output={output}"], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    lines = output.read_text().splitlines()
+    assert lines[0] == "id\tprediction\tp_entails\tp_neutral"
+    rows = [line.split("\t") for line in lines[1:]]
+    assert [r[0] for r in rows] == ["1", "2", "3"]
+    model = kgpt.GPTTaskModel.from_preset(out)
+    expected = model.predict(tuple(map(list, zip(*pairs))))
+    np.testing.assert_allclose(np.array([[float(r[2]), float(r[3])] for r in rows]), expected, atol=1e-4)
+    assert [r[1] for r in rows] == model.predict_labels(tuple(map(list, zip(*pairs))))
+    # A line with one segment for a two-segment task: one line naming the file and line, exit 1.
+    text.write_text("the sun is hot.\tthe sun is hot.\nonly one segment\n")
+    bad = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--input={text}",
+                          f"--output={tmp_path / 'q.tsv'}"], capture_output=True, text=True, env=env, timeout=600)
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert f"{text}:2: entailment needs 2 text segments, got 1" in bad.stderr
+    assert not (tmp_path / "q.tsv").exists()
+
+
+def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
+    transform = kgpt.transforms.Entailment()
+    jsonl = tmp_path / "x.jsonl"
+    jsonl.write_text('{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n{"id": "b", "premise": "q"}\n')
+    with pytest.raises(kgpt.DataError, match=r"x.jsonl:2: missing 'hypothesis'"):
+        predict_lib.read_inputs(str(jsonl), transform)
+    jsonl.write_text('{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n')
+    inputs = predict_lib.read_inputs(str(jsonl), transform)
+    assert inputs.examples == [(("p", "h"), ())] and inputs.ids == ["a7"] and inputs.columns == ["premise", "hypothesis"]
+    tsv = tmp_path / "x.tsv"
+    tsv.write_text("index\tq\tctx\tans\n3\tq?\tc\tyes\n")
+    inputs = predict_lib.read_inputs(str(tsv), transform, columns=["ctx", "ans"])
+    assert inputs.examples == [(("c", "yes"), ())] and inputs.ids == ["3"]
+    choice = kgpt.transforms.MultipleChoice(2)
+    assert predict_lib.read_inputs(str(tsv), choice, columns=["ctx", "q", "ans"]).examples == [(("c",), ("q?", "yes"))]
+    text = tmp_path / "x.txt"
+    text.write_text("a\tb\n\nc\td\n")
+    with pytest.raises(kgpt.DataError, match=r"x.txt:2: blank line inside the data"):
+        predict_lib.read_inputs(str(text), transform)
+
+
+def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp_path):
+    preset, data, out, _ = trained
+    # Another task's (or another setting's) outputs are refused, naming what differs.
+    with pytest.raises(OutputDirError, match=r"holds a finetune run with other settings \(.*seed: 3 there, 4 now"):
+        finetune_lib.finetune(config(preset, data, out, seed=4, keep="best", epochs=3), log=quiet)
+    # Files kgpt did not write are refused too; --overwrite writes beside them.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(OutputDirError, match=r"already holds files .*notes.txt"):
+        finetune_lib.finetune(config(preset, data, str(mine), epochs=1), log=quiet)
+    # A directory in use by a live run is refused.
+    from kgpt.rundir import RunDirectory
+
+    with RunDirectory(str(tmp_path / "busy"), "finetune", {"a": 1}):
+        with pytest.raises(OutputDirError, match=r"busy is in use by another kgpt run \(pid"):
+            with RunDirectory(str(tmp_path / "busy"), "finetune", {"a": 1}):
+                pass
+
+
+RUN = """
+import sys
+from kgpt import finetune
+config = finetune.FinetuneConfig(**__import__("json").loads(sys.argv[1]))
+finetune.finetune(config, log=lambda *a: None)
+"""
+
+
+def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(tmp_path):
+    preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
+    fields = dict(task="scitail", data_dir=data, init=preset, epochs=3, batch_size=8, learning_rate=1e-3,
+                  max_length=64, seed=5, checkpoint_every=2, classifier_dropout=0.3)
+    reference = tmp_path / "reference"
+    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(reference)), log=quiet)
+
+    killed = tmp_path / "killed"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-c", RUN, json.dumps({**fields, "output_dir": str(killed)})]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    pointer = killed / "checkpoint" / "latest.json"
+    deadline = time.time() + 600
+    while not pointer.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert pointer.exists() and not (killed / "metrics.json").exists(), "killed before the end"
+    step = json.loads((killed / "checkpoint" / json.loads(pointer.read_text())["checkpoint"] / "state.json").read_text())
+    assert 0 < step["step"] < 9
+
+    lines = []
+    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(killed)), log=lines.append)
+    assert any(line.startswith(f"Resuming from the checkpoint at step {step['step']}") for line in lines)
+    for split in ("dev", "test"):
+        assert (killed / "predictions" / f"{split}.tsv").read_bytes() == \
+            (reference / "predictions" / f"{split}.tsv").read_bytes()
+    a = kgpt.GPTTaskModel.from_preset(str(reference)).get_weights()
+    b = kgpt.GPTTaskModel.from_preset(str(killed)).get_weights()
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    history = json.loads((killed / "metrics.json").read_text())["history"]
+    assert len(history["loss"]) == 3
+    assert (killed / "history.csv").read_text().splitlines()[0] == (reference / "history.csv").read_text().splitlines()[0]
+    # Another learning rate with this checkpoint: refused, naming the difference.
+    with pytest.raises(OutputDirError, match=r"learning_rate: 0.001 there, 0.002 now"):
+        finetune_lib.finetune(finetune_lib.FinetuneConfig(**{**fields, "learning_rate": 2e-3},
+                                                          output_dir=str(killed)), log=quiet)

@@ -8,7 +8,10 @@ advertised through the `kgpt` entry-point group of its distribution:
 boolq = "kgpt_boolq"
 ```
 
-kgpt's built-in tasks are registered the same way (see `tasks/`).
+kgpt's built-in tasks are registered the same way (see `tasks/`). A
+`@kgpt.hookimpl` whose name is not a hook below refuses its plugin (it would
+do nothing); one meant for another kgpt version is marked
+`@kgpt.hookimpl(optionalhook=True)`.
 """
 
 from typing import Callable
@@ -28,7 +31,9 @@ hookimpl = pluggy.HookimplMarker(PROJECT)
 def register_tasks(register: Callable[[Task], None]) -> None:
     """Register fine-tuning tasks by calling `register(task)` once per `kgpt.Task`.
 
-    Called once per plugin when the registry is built. A task name may be
-    registered by one plugin only; a second claim is reported as a conflict
-    naming both plugins.
+    Called once per plugin when the registry is built; a plugin that
+    registers no task is reported. A task name belongs to one plugin: a
+    built-in task keeps its name (another plugin's claim is ignored and
+    reported), and a name two other plugins claim is refused for both,
+    naming them, until one is uninstalled.
     """

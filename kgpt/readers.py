@@ -7,8 +7,18 @@ decides what to skip and yields `kgpt.Skipped` so it is counted.
 
 import json
 import os
+import threading
 
 from kgpt.errors import DataError
+
+# The files read_lines opened in each thread, so that an error a task's own
+# code raises between rows can still name the file being read.
+_opened = threading.local()
+
+
+def opened():
+    """`(count, path)`: how many files `read_lines` has opened in this thread, and the latest one."""
+    return getattr(_opened, "count", 0), getattr(_opened, "path", None)
 
 
 def find_file(data_dir, candidates, what):
@@ -28,6 +38,7 @@ def find_file(data_dir, candidates, what):
 
 def read_lines(path):
     """Yields `(line_number, text)` of a UTF-8 file (BOM dropped, line ends stripped)."""
+    _opened.count, _opened.path = opened()[0] + 1, path
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:

@@ -25,11 +25,25 @@ from typing import Callable, Iterable
 
 from kgpt import heads as heads_lib
 from kgpt import metrics as metrics_lib
-from kgpt import transforms
+from kgpt import readers, transforms
 from kgpt.errors import DataError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
 RESERVED_NAMES = ("lm",)  # pre-training, built into kgpt-train
+_END = object()
+
+
+class ReaderTypeError(DataError, TypeError):
+    """A task's reader returned or yielded something else than `kgpt.Example`/`Skipped`.
+
+    A `TypeError` too: kgpt raised one for this before naming the plugin.
+    """
+
+
+def describe_error(error):
+    """`"KeyError: 'label'"`: an exception's type and message, for reports."""
+    text = str(error)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +106,8 @@ class Task:
             `--predict_test` writes (`index` TAB `prediction`), e.g. GLUE's.
         zero_shot: optional `kgpt.zero_shot.Heuristic` that solves the task
             with the pre-trained LM alone (`kgpt-analyze zero-shot`).
+        plugin: set by `kgpt.TaskRegistry`: the plugin that registered the
+            task and its entry point, named when its code fails on data.
     """
 
     name: str
@@ -106,6 +122,7 @@ class Task:
     paper_score: str = ""
     submissions: dict | None = None
     zero_shot: object = None
+    plugin: str = dataclasses.field(default="", init=False, compare=False, repr=False)
 
     def __post_init__(self):
         if self.labels is not None:
@@ -160,21 +177,30 @@ class Task:
         `tally["read"]` counts all rows, `tally["skipped"]` (a Counter) the
         rows left out by reason (`Skipped` rows and empty text fields). A row
         the transformation cannot take raises `DataError` with its source.
+        Whatever else the reader or the transformation raises, and a reader
+        result of the wrong type, becomes a `DataError` naming the task, its
+        plugin, the split, the file and the last row read, chained to the
+        original error.
         """
         tally.setdefault("read", 0)
         skipped = tally.setdefault("skipped", collections.Counter())
-        items = self.read(split, data_dir)
+        reading = _Reading(self, split, data_dir)
+        read = f"read({split!r}, ...)"
+        items = reading.call(read, self.read, split, data_dir)
         if items is None or isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
-            raise TypeError(f"Task {self.name!r}: read({split!r}, ...) returned {type(items).__name__}, not an "
-                            f"iterable of kgpt.Example/Skipped.")
-        for item in items:
+            raise reading.error(read, f"returned {type(items).__name__}, not an iterable of kgpt.Example/Skipped",
+                                ReaderTypeError)
+        rows = reading.call(read, iter, items)
+        while (item := reading.call(read, next, rows, _END)) is not _END:
             tally["read"] += 1
             if isinstance(item, Skipped):
                 skipped[item.reason] += 1
                 continue
             if not isinstance(item, Example):
-                raise TypeError(f"Task {self.name!r}: read() yielded {type(item).__name__}, not kgpt.Example/Skipped.")
-            problem = self.transform.check(item.segments, item.choices)
+                raise reading.error(read, f"yielded {type(item).__name__}, not kgpt.Example/Skipped", ReaderTypeError)
+            reading.row = item.source
+            problem = reading.call(f"{type(self.transform).__name__}.check()", self.transform.check, item.segments,
+                                   item.choices)
             if problem:
                 raise DataError(f"{item.source}: {problem} (task {self.name!r}).")
             texts = (*item.segments, *item.choices)
@@ -210,9 +236,54 @@ class Task:
         return [metrics_lib.resolve(m)[0] for m in self.metrics]
 
     def label_value(self, example):
-        """The example's label as the model's target (class or choice index, or float)."""
-        return self.head.target(example.label, example.source)
+        """The example's label as the model's target (class or choice index, or float).
+
+        A bad label is a `DataError` from the head; anything else a custom
+        head raises becomes one naming the example, the task and its plugin.
+        """
+        try:
+            return self.head.target(example.label, example.source)
+        except (DataError, KeyboardInterrupt):
+            raise
+        except BaseException as e:  # SystemExit too
+            raise DataError(f"{example.source}: {type(self.head).__name__}.target() raised {describe_error(e)} on "
+                            f"label {example.label!r} (task {self.name!r}{self._of_plugin()}).") from e
+
+    def _of_plugin(self):
+        return f" of {self.plugin}" if self.plugin else ""
 
     def prediction_name(self, value):
         """A prediction as written to the predictions file: label name, answer index or number."""
         return self.head.prediction_name(value)
+
+
+class _Reading:
+    """One pass of a task's reader over a split: where it is, for the errors of plugin code."""
+
+    # The reader contract's own errors: they name their file already, and a
+    # missing evaluation split's FileNotFoundError is how fine-tuning skips it.
+    PASSED_ON = (DataError, FileNotFoundError, KeyboardInterrupt)
+
+    def __init__(self, task, split, data_dir):
+        self.task, self.split, self.data_dir = task, split, data_dir
+        self.row = ""  # source of the last example read
+        self.opened_before, _ = readers.opened()
+
+    def call(self, what, fn, *args):
+        """`fn(*args)`; a failure, even `SystemExit`, becomes a `DataError` saying where."""
+        try:
+            return fn(*args)
+        except self.PASSED_ON:
+            raise
+        except BaseException as e:
+            raise self.error(what, f"raised {describe_error(e)}") from e
+
+    def error(self, what, problem, cls=DataError):
+        where = [f"split {self.split!r} of {self.data_dir}"]
+        count, path = readers.opened()
+        if count > self.opened_before:
+            where.append(f"file {path}")
+        if self.row:
+            where.append(f"last row read {self.row}")
+        return cls(f"Task {self.task.name!r}{self.task._of_plugin()}: {what} {problem} ({', '.join(where)}). "
+                   f"Report it to the plugin's authors, with the file if it is the cause.")

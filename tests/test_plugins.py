@@ -1,4 +1,5 @@
-"""The example third-party plugin, installed with pip and reached only through its entry point."""
+"""Third-party plugins, reached only through their entry points: the example one installed with pip, and
+broken or clashing ones as distributions written to a folder on sys.path."""
 
 import importlib.util
 import json
@@ -6,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -72,3 +74,95 @@ def test_installed_plugin_lists_and_trains_from_the_cli(site, tiny_preset, tmp_p
     assert "Split 'test' not evaluated: No BoolQ test file found" in trained.stdout
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert metrics["task"] == "boolq" and 0 <= metrics["splits"]["dev"]["accuracy"] <= 1
+
+
+def write_distribution(site, name, entry_points, modules):
+    """Writes distribution `name` 0.1 into `site`: `kgpt` entry points `{name: module}`, modules `{module: source}`."""
+    info = site / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kgpt]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    for module, source in modules.items():
+        (site / f"{module}.py").write_text(textwrap.dedent(source))
+
+
+CLAIMS = """
+import kgpt
+
+def task(name):
+    return kgpt.Task(name=name, transform=kgpt.transforms.Classification(), labels=("a", "b"), read=lambda s, d: [])
+
+@kgpt.hookimpl
+def register_tasks(register):
+    for name in {names!r}:
+        register(task(name))
+"""
+
+MISSPELT = """
+import kgpt
+
+@kgpt.hookimpl
+def register_task(register):
+    pass
+"""
+
+GLUE = {"cola", "sst2", "mrpc", "qqp", "stsb", "qnli", "rte"}
+
+
+@pytest.fixture
+def clashing_site(tmp_path, monkeypatch):
+    """A third-party `glue` entry point (sorting before the built-in one) and another plugin, both claiming mrpc."""
+    site = tmp_path / "clashing"
+    write_distribution(site, "kgpt-acme", {"glue": "kgpt_acme_glue"},
+                       {"kgpt_acme_glue": CLAIMS.format(names=("mrpc", "acme-extra"))})
+    write_distribution(site, "kgpt-other", {"other": "kgpt_other_tasks"},
+                       {"kgpt_other_tasks": CLAIMS.format(names=("mrpc", "other-extra"))})
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    for module in ("kgpt_acme_glue", "kgpt_other_tasks"):
+        sys.modules.pop(module, None)
+
+
+def test_third_party_plugin_named_like_a_builtin_hides_none_of_its_tasks(clashing_site):
+    registry = kgpt.TaskRegistry()
+    assert GLUE | {"acme-extra", "other-extra"} <= set(registry.names())
+    assert "kgpt_tasks.glue" in registry.entry("mrpc").origin
+    assert registry.problems() == [
+        "task 'mrpc' of plugin 'glue' (entry point glue = kgpt_acme_glue (kgpt-acme 0.1)) is ignored: the built-in "
+        "plugin 'glue' has that name; rename the task",
+        "task 'mrpc' of plugin 'other' (entry point other = kgpt_other_tasks (kgpt-other 0.1)) is ignored: the "
+        "built-in plugin 'glue' has that name; rename the task",
+    ]
+    table = registry.describe()
+    assert re.search(r"^acme-extra\s+glue \(kgpt-acme\)\s", table, re.M)
+    assert re.search(r"^mrpc\s+glue \(kgpt\)\s", table, re.M)
+    assert re.search(r"^other-extra\s+other\s", table, re.M)
+
+
+def test_distribution_with_unreadable_entry_points_is_reported(tmp_path, monkeypatch):
+    site = tmp_path / "unreadable"
+    write_distribution(site, "kgpt-garbled", {}, {})
+    (site / "kgpt_garbled-0.1.dist-info" / "entry_points.txt").write_text("[kgpt]\nno equals sign here\n")
+    monkeypatch.syspath_prepend(str(site))
+    registry = kgpt.TaskRegistry()
+    assert GLUE | {"scitail"} <= set(registry.names())
+    [problem] = registry.problems()
+    assert problem.startswith("plugin 'kgpt-garbled' (distribution kgpt-garbled 0.1): its entry_points.txt cannot be "
+                              "read (TypeError: ")
+    assert problem.endswith("); reinstall or uninstall it")
+
+
+def test_cli_lists_tasks_and_broken_plugins(clashing_site):
+    write_distribution(clashing_site, "kgpt-quits", {"quits": "kgpt_test_quits"},
+                       {"kgpt_test_quits": "raise SystemExit(3)\n"})
+    write_distribution(clashing_site, "kgpt-typo", {"typo": "kgpt_test_typo"}, {"kgpt_test_typo": MISSPELT})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(clashing_site), os.environ.get("PYTHONPATH", "")])}
+    listed = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--list_tasks"], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    listed_tasks = set(re.findall(r"^(\S+)  ", listed.stdout, re.M))
+    assert GLUE | {"scitail", "acme-extra", "other-extra"} <= listed_tasks
+    assert "plugin 'quits' (entry point quits = kgpt_test_quits (kgpt-quits 0.1)) failed in import: SystemExit: 3" \
+        in listed.stdout
+    assert ("plugin 'typo' (entry point typo = kgpt_test_typo (kgpt-typo 0.1)): @kgpt.hookimpl register_task (did "
+            "you mean register_tasks?) is no kgpt hook") in listed.stdout

@@ -27,6 +27,7 @@ import numpy as np
 from kgpt import batching
 from kgpt import checkpoint as checkpoint_lib
 from kgpt import metrics as metrics_lib
+from kgpt.callbacks import StopOnNonFiniteLoss
 from kgpt.backbone import GPTBackbone
 from kgpt.distribute import training_scope
 from kgpt.optimizers import gpt_adamw
@@ -586,7 +587,9 @@ class Training:
                                 max_lengths=self.model.max_padded_lengths(self.dev, self.batch_size))
 
     def _callbacks(self, progress):
-        callbacks = []
+        hint = (f"Lower --learning_rate ({self.config.learning_rate:g}) or check the data; the last checkpoint"
+                f"{' (' + self.directory + ')' if self.directory else ''} is kept.")
+        callbacks = [StopOnNonFiniteLoss(hint, progress.step)]
         if self.dev is not None:
             callbacks.append(TaskMetrics(self.task, self.dev, self.batch_size))
         callbacks.append(progress)

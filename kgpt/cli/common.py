@@ -18,13 +18,14 @@ flags.DEFINE_bool("verbose", False, "Show the full traceback of errors.")
 
 def user_errors():
     """The exception types that are a user's mistake rather than a bug in kgpt."""
+    from kgpt.callbacks import NonFiniteLossError
     from kgpt.errors import ConfigError, DataError
     from kgpt.presets import CheckpointError
     from kgpt.registry import RegistryError
     from kgpt.rundir import OutputDirError
 
     # Plain ValueErrors and TypeErrors keep their traceback: they are more often bugs than mistakes.
-    return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, OSError)
+    return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError)
 
 
 def run(main, prog):

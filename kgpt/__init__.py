@@ -3,7 +3,7 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import batching, heads, lm_loss, metrics, original, pretrained, readers, transforms, zero_shot
+from kgpt import batching, export, heads, lm_loss, metrics, original, pretrained, readers, transforms, zero_shot
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -42,6 +42,7 @@ __all__ = [
     "gelu_tanh",
     "gpt_adamw",
     "batching",
+    "export",
     "heads",
     "hookimpl",
     "lm_loss",

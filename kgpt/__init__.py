@@ -3,7 +3,8 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import batching, checkpoint, heads, lm_loss, metrics, original, predict, pretrained, readers, transforms, zero_shot
+from kgpt import (batching, checkpoint, export, heads, lm_loss, metrics, original, predict, pretrained, readers,
+                  transforms, zero_shot)
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -45,6 +46,7 @@ __all__ = [
     "gpt_adamw",
     "batching",
     "checkpoint",
+    "export",
     "heads",
     "hookimpl",
     "lm_loss",

@@ -275,12 +275,45 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
             cls, directory, num_heads=num_heads, num_special_tokens=num_special_tokens, seed=seed, **kwargs
         )
 
-    def save_original(self, directory, num_shards=10):
-        """Writes the weights in the original release's format (`from_original` reads it).
+    def save_original(self, directory, format="original", tokenizer=None, overwrite=False, num_shards=10):
+        """Writes the weights in the original release's or Hugging Face's format; `from_original` reads both.
 
-        Special-token rows are kept: the token array has `vocabulary_size` rows.
+        Special-token rows are kept: the token array has `vocabulary_size`
+        rows. Weights are written as float32 whatever the dtype policy.
+
+        Args:
+            directory: the folder to write (created when missing).
+            format: `"original"`: `params_shapes.json` + `params_0..{num_shards-1}.npy`,
+                the release's layout (an earlier export's shards are replaced).
+                `"huggingface"`: `config.json` + `model.safetensors`, which
+                `transformers.OpenAIGPTModel.from_pretrained(directory)` (or
+                `OpenAIGPTLMHeadModel`) loads; it needs `intermediate_dim == 4 * hidden_dim`.
+            tokenizer: optional `kgpt.GPTTokenizer` to write beside the
+                weights: `encoder_bpe_40000.json` + `vocab_40000.bpe`
+                (original), or `vocab.json` + `merges.txt` +
+                `tokenizer_config.json` (Hugging Face; with `added_tokens.json`
+                and `special_tokens_map.json` for `_start_`, `_delimiter_`,
+                `_classify_` when the backbone has their rows). Hugging Face's
+                `OpenAIGPTTokenizer` reads these files, but it splits words with
+                BERT's rules, not the original's: ids can differ around
+                clitics ("don't") and accents.
+            overwrite: `"huggingface"` only: replace the files of an earlier
+                export (else `FileExistsError`).
+            num_shards: `"original"` only: how many `params_*.npy` files.
+
+        Example:
+        ```python
+        backbone.save_original("release")                      # params_shapes.json + params_0..9.npy
+        backbone.save_original("hf", format="huggingface", tokenizer=kgpt.GPTTokenizer.gpt1())
+        kgpt.GPTBackbone.from_original("hf")                   # the same weights back
+        ```
         """
-        original.save_original(self, directory, num_shards=num_shards)
+        if format == "original":
+            original.save_original(self, directory, num_shards=num_shards, tokenizer=tokenizer)
+        elif format == "huggingface":
+            original.save_huggingface(self, directory, tokenizer=tokenizer, overwrite=overwrite)
+        else:
+            raise ValueError(f"format must be 'original' or 'huggingface', got {format!r}.")
 
     def transferred_layers(self, num_layers):
         """The layers copied when transferring the embeddings and the first `num_layers` blocks."""

@@ -104,6 +104,10 @@ class LSTMBackbone(AddedTokensMixin, PresetMixin, Backbone):
         )
         return config
 
+    def save_original(self, *args, **kwargs):
+        """Refused: the original release and Hugging Face formats hold a transformer, not an LSTM."""
+        raise TypeError("LSTMBackbone has no original or Hugging Face GPT-1 format: only a GPTBackbone can be written.")
+
     def transferred_layers(self, num_layers):
         """The layers copied when transferring the embedding and the first `num_layers` LSTMs."""
         head = [self.output_projection] if num_layers == self.num_layers else []

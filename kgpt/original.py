@@ -15,7 +15,8 @@ stores every weight as one float32 vector cut into `params_0.npy` ..
 Hugging Face's `model.safetensors` holds the same arrays under names such as
 `h.0.attn.c_attn.weight` (Conv1D weights, i.e. `w[0]`). Both load into a
 `GPTBackbone` whose forward pass equals the original's equations (checked
-against a NumPy implementation of them in the tests).
+against a NumPy implementation of them in the tests), and both are written
+back: `save_original` and `save_huggingface`.
 """
 
 import glob
@@ -32,15 +33,36 @@ SHAPES_FILE = "params_shapes.json"
 SHARD_PATTERN = "params_{}.npy"
 HF_CONFIG_FILE = "config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
+HF_VOCAB_FILE, HF_MERGES_FILE = "vocab.json", "merges.txt"
+HF_ADDED_TOKENS_FILE = "added_tokens.json"
+HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+# Files that decide what a directory loads as: ours, plus those that would be read
+# instead of them (a fast-tokenizer file, the original format's shapes file).
+HF_FILES = (HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_VOCAB_FILE, HF_MERGES_FILE, HF_ADDED_TOKENS_FILE,
+            HF_SPECIAL_TOKENS_FILE, HF_TOKENIZER_CONFIG_FILE, "tokenizer.json", SHAPES_FILE)
+ENCODER_FILE, BPE_FILE = "encoder_bpe_40000.json", "vocab_40000.bpe"  # the original release's names
+# The start, delimiter and extract tokens that GPTTokenizer appends after the vocabulary.
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 LAYER_ARRAYS = (
     "attn/c_attn/w", "attn/c_attn/b", "attn/c_proj/w", "attn/c_proj/b", "ln_1/g", "ln_1/b",
     "mlp/c_fc/w", "mlp/c_fc/b", "mlp/c_proj/w", "mlp/c_proj/b", "ln_2/g", "ln_2/b",
+)
+HF_LAYER_TENSORS = (  # the same arrays, as Hugging Face's OpenAIGPTModel names them
+    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_1.weight", "ln_1.bias",
+    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight", "ln_2.bias",
 )
 
 
 def array_names(num_layers):
     """Names of the original checkpoint's arrays, in file order."""
     return ["positions", "tokens"] + [f"h{i}/{n}" for i in range(num_layers) for n in LAYER_ARRAYS]
+
+
+def huggingface_names(num_layers):
+    """Hugging Face's names of the same arrays, in the original's order."""
+    names = ["positions_embed.weight", "tokens_embed.weight"]
+    return names + [f"h.{i}.{n}" for i in range(num_layers) for n in HF_LAYER_TENSORS]
 
 
 def expected_shapes(vocabulary_size, max_sequence_length, hidden_dim, intermediate_dim, num_layers):
@@ -142,12 +164,7 @@ def read_huggingface(directory):
         raise CheckpointError(f"{weights_path} is not a readable safetensors file (truncated or corrupt: {e}).") from e
     # Checkpoints saved from the LM-head model prefix names with "transformer.".
     tensors = {re.sub(r"^transformer\.", "", k): v for k, v in tensors.items()}
-    names = ["positions_embed.weight", "tokens_embed.weight"]
-    hf_layer = (
-        "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_1.weight", "ln_1.bias",
-        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight", "ln_2.bias",
-    )
-    names += [f"h.{i}.{n}" for i in range(config["n_layer"]) for n in hf_layer]
+    names = huggingface_names(config["n_layer"])
     missing = [n for n in names if n not in tensors]
     if missing:
         raise CheckpointError(
@@ -168,15 +185,36 @@ def read_huggingface(directory):
 
 
 def _check_vocabulary(directory, vocabulary_size):
-    for name in ("encoder_bpe_40000.json", "vocab.json"):
+    """The BPE files beside the weights fit the token embedding: their vocabulary, or it and the three special
+    tokens `GPTTokenizer` appends (a fine-tuned model's rows; `added_tokens.json` must then place them likewise)."""
+    for name in (ENCODER_FILE, HF_VOCAB_FILE):
         path = os.path.join(directory, name)
-        if os.path.isfile(path):
-            size = len(read_json(path, "the BPE encoder"))
-            if size != vocabulary_size:
-                raise CheckpointError(
-                    f"{path} has {size:,} tokens but the checkpoint's token embedding has "
-                    f"{vocabulary_size:,} rows: the files are from different models."
-                )
+        if not os.path.isfile(path):
+            continue
+        size = len(read_json(path, "the BPE encoder"))
+        added = _added_tokens(directory, size)
+        allowed = [size + len(added)] if added else [size, size + len(SPECIAL_TOKENS)]
+        if vocabulary_size not in allowed:
+            raise CheckpointError(
+                f"{path} has {size:,} tokens but the checkpoint's token embedding has {vocabulary_size:,} rows "
+                f"(expected {' or '.join(f'{n:,}' for n in allowed)}"
+                f"{', with ' + HF_ADDED_TOKENS_FILE if added else ''}): the files are from different models."
+            )
+
+
+def _added_tokens(directory, size):
+    """Hugging Face's `added_tokens.json`, checked to hold the special tokens where `GPTTokenizer` puts them."""
+    path = os.path.join(directory, HF_ADDED_TOKENS_FILE)
+    if not os.path.isfile(path):
+        return {}
+    added = read_json(path, "Hugging Face's added tokens")
+    expected = {token: size + i for i, token in enumerate(SPECIAL_TOKENS)}
+    if added != expected:
+        raise CheckpointError(
+            f"{path}: kgpt's tokenizer reads {expected} after the {size:,}-token vocabulary, "
+            f"but this file holds {added!r:.200}."
+        )
+    return added
 
 
 # --- mapping onto the Keras layers ------------------------------------------
@@ -273,8 +311,159 @@ def load_backbone(cls, directory, num_heads=None, num_special_tokens=0, seed=Non
     return backbone
 
 
-def save_original(backbone, directory, num_shards=10):
-    """Writes `backbone` as `params_shapes.json` + `params_0..{num_shards-1}.npy`."""
+# --- writing -------------------------------------------------------------------
+
+def _require_transformer(backbone, what):
+    if not hasattr(backbone, "transformer_layers"):
+        raise TypeError(f"{type(backbone).__name__} has no {what} format: only a GPTBackbone is GPT-1's architecture.")
+
+
+def _json_bytes(value, indent=None):
+    return json.dumps(value, ensure_ascii=False, indent=indent).encode("utf-8")
+
+
+def _write_atomically(path, data):
+    """Writes `data` under a temporary name, then renames: readers never see half a file."""
+    temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            f.write(data)
+        os.replace(temporary, path)
+    finally:
+        if os.path.exists(temporary):
+            os.remove(temporary)
+
+
+def _vocabulary(tokenizer, vocabulary_size):
+    """`(encoder without the special tokens, merges, whether the backbone has the special tokens' rows)`."""
+    total = tokenizer.vocabulary_size()  # also refuses a tokenizer without a vocabulary
+    base = {s: i for s, i in tokenizer.encoder.items() if s not in SPECIAL_TOKENS}
+    specials = [tokenizer.encoder.get(t) for t in SPECIAL_TOKENS]
+    if specials != list(range(len(base), total)) or vocabulary_size not in (len(base), total):
+        raise ValueError(
+            f"tokenizer: its {len(base):,} tokens (+ {len(SPECIAL_TOKENS)} special) do not fit the backbone's "
+            f"{vocabulary_size:,} token embeddings; pass the tokenizer the model was trained with."
+        )
+    return base, tokenizer.merges, vocabulary_size == total
+
+
+def _merges_bytes(merges):
+    return ("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode("utf-8")
+
+
+def huggingface_config(backbone):
+    """Hugging Face's `OpenAIGPTConfig` fields for `backbone` (the content of `config.json`)."""
+    attention_dropout = backbone.dropout if backbone.attention_dropout is None else backbone.attention_dropout
+    return {
+        "architectures": ["OpenAIGPTLMHeadModel"],  # the LM head is the tied token embedding, as in kgpt
+        "model_type": "openai-gpt",
+        "vocab_size": backbone.vocabulary_size,
+        "n_positions": backbone.max_sequence_length,
+        "n_ctx": backbone.max_sequence_length,
+        "n_embd": backbone.hidden_dim,
+        "n_layer": backbone.num_layers,
+        "n_head": backbone.num_heads,
+        "afn": "gelu",  # openai-gpt's "gelu" is the tanh approximation, as kgpt's
+        "resid_pdrop": backbone.dropout,
+        "embd_pdrop": backbone.dropout,
+        "attn_pdrop": attention_dropout,
+        "layer_norm_epsilon": 1e-5,
+        "initializer_range": 0.02,
+        "tie_word_embeddings": True,
+        "torch_dtype": "float32",
+    }
+
+
+def huggingface_tensors(backbone):
+    """`{name: float32 array}` as Hugging Face's `OpenAIGPTModel` state dict holds them."""
+    names = huggingface_names(backbone.num_layers)
+    # Conv1D weights are [in, out]: the original's w without its leading 1.
+    return {n: np.ascontiguousarray(a[0] if a.ndim == 3 else a) for n, a in zip(names, arrays_of(backbone))}
+
+
+def huggingface_tokenizer_files(tokenizer, vocabulary_size, max_length):
+    """`{file name: bytes}` of the tokenizer as Hugging Face's `OpenAIGPTTokenizer` reads it."""
+    base, merges, specials = _vocabulary(tokenizer, vocabulary_size)
+    unknown = next(s for s, i in base.items() if i == 0)  # kgpt maps unknown symbols to id 0
+    files = {HF_VOCAB_FILE: _json_bytes(base), HF_MERGES_FILE: _merges_bytes(merges)}
+    config = {"tokenizer_class": "OpenAIGPTTokenizer", "model_max_length": max_length, "do_lower_case": True,
+              "unk_token": unknown}
+    if specials:
+        added = {token: len(base) + i for i, token in enumerate(SPECIAL_TOKENS)}
+        # Both layouts: added_tokens_decoder (current transformers), added_tokens.json + the map (older ones).
+        files[HF_ADDED_TOKENS_FILE] = _json_bytes(added, indent=2)
+        files[HF_SPECIAL_TOKENS_FILE] = _json_bytes(
+            {"unk_token": unknown, "additional_special_tokens": list(SPECIAL_TOKENS)}, indent=2)
+        config["additional_special_tokens"] = list(SPECIAL_TOKENS)
+        config["added_tokens_decoder"] = {
+            str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
+                     "special": True}
+            for t, i in added.items()
+        }
+    files[HF_TOKENIZER_CONFIG_FILE] = _json_bytes(config, indent=2)
+    return files
+
+
+def _stale_files(directory):
+    """Files an earlier export left that would be replaced, or read instead of this one."""
+    present = [n for n in HF_FILES if os.path.exists(os.path.join(directory, n))]
+    if SHAPES_FILE in present:
+        present += sorted(os.path.basename(p) for p in glob.glob(os.path.join(directory, "params_*.npy")))
+    return present
+
+
+def save_huggingface(backbone, directory, tokenizer=None, overwrite=False):
+    """Writes `backbone` (and `tokenizer`) as Hugging Face `openai-gpt` files; `load_backbone` reads them back.
+
+    `config.json` + `model.safetensors` (float32, the `OpenAIGPTModel` names),
+    with a tokenizer `vocab.json` + `merges.txt` + `tokenizer_config.json`
+    (+ the special tokens as added tokens when the backbone has their rows).
+    Every file is written under a temporary name and renamed; files of an
+    earlier export (or an original-format checkpoint) are refused unless
+    `overwrite`, which replaces them and removes those this export has no
+    counterpart for.
+
+    Example:
+    ```python
+    kgpt.original.save_huggingface(backbone, "hf_out", tokenizer=kgpt.GPTTokenizer.gpt1())
+    ```
+    """
+    from safetensors.numpy import save as safetensors_bytes
+
+    _require_transformer(backbone, "Hugging Face openai-gpt")
+    if backbone.intermediate_dim != 4 * backbone.hidden_dim:
+        raise ValueError(
+            f"Hugging Face's openai-gpt has an inner size of 4 x hidden ({4 * backbone.hidden_dim}); this backbone's "
+            f"intermediate_dim is {backbone.intermediate_dim}. Use format='original', which stores any size."
+        )
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise NotADirectoryError(f"{directory} is a file: pass a directory to write the checkpoint into.")
+    stale = _stale_files(directory) if os.path.isdir(directory) else []
+    if stale and not overwrite:
+        raise FileExistsError(
+            f"{directory} already holds {', '.join(stale[:8])}{' ...' if len(stale) > 8 else ''}: "
+            f"pass overwrite=True to replace them, or choose an empty directory."
+        )
+    files = {HF_WEIGHTS_FILE: safetensors_bytes(huggingface_tensors(backbone), metadata={"format": "pt"})}
+    if tokenizer is not None:
+        files.update(huggingface_tokenizer_files(tokenizer, backbone.vocabulary_size, backbone.max_sequence_length))
+    files[HF_CONFIG_FILE] = _json_bytes(huggingface_config(backbone), indent=2)
+    os.makedirs(directory, exist_ok=True)
+    # The config goes last: config.json + model.safetensors make a complete checkpoint.
+    for name, data in files.items():
+        _write_atomically(os.path.join(directory, name), data)
+    for name in stale:
+        if name not in files:
+            os.remove(os.path.join(directory, name))
+
+
+def save_original(backbone, directory, num_shards=10, tokenizer=None):
+    """Writes `backbone` as `params_shapes.json` + `params_0..{num_shards-1}.npy` (and the tokenizer's two files)."""
+    _require_transformer(backbone, "original GPT-1")
+    tokenizer_files = {}
+    if tokenizer is not None:  # checked before anything is written
+        base, merges, _ = _vocabulary(tokenizer, backbone.vocabulary_size)
+        tokenizer_files = {ENCODER_FILE: _json_bytes(base), BPE_FILE: _merges_bytes(merges)}
     arrays = arrays_of(backbone)
     os.makedirs(directory, exist_ok=True)
     # Old shards would be read as part of the new checkpoint; the shapes file goes first.
@@ -283,6 +472,8 @@ def save_original(backbone, directory, num_shards=10):
         os.path.join(directory, "params_*.npy")
     ):
         os.remove(stale)
+    for name, data in tokenizer_files.items():
+        _write_atomically(os.path.join(directory, name), data)
     flat = np.concatenate([a.ravel() for a in arrays])
     for index, shard in enumerate(np.array_split(flat, num_shards)):
         np.save(os.path.join(directory, SHARD_PATTERN.format(index)), shard)

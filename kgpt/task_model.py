@@ -413,6 +413,30 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
         return batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
 
+    def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
+        """Exports a TensorFlow SavedModel whose `serve` endpoint returns the task output only.
+
+        `serve` (also `serving_default`) takes `{"token_ids", "padding_mask"}`,
+        int32 `[batch, num_views, length]` (any batch size, any length up to
+        `backbone.max_sequence_length`, right-padded) and returns the head's raw
+        outputs as `task_predictor()` does: logits `[batch, classes]` or
+        `[batch, choices]`, or values `[batch]`. The LM hidden states are not
+        exported. It takes token ids, not text: the GPT-1 tokenizer's exact
+        algorithm is Python, so text goes through `model.preprocessor` first.
+        Works on the TensorFlow and JAX backends (JAX through jax2tf); serving
+        needs only TensorFlow. See `kgpt.export.export_task_model`.
+
+        Example:
+        ```python
+        model.export("sst2_savedmodel")
+        served = tf.saved_model.load("sst2_savedmodel")
+        served.serve(model.preprocessor(["a joy to watch"]))  # logits [1, 2]
+        ```
+        """
+        from kgpt.export import export_task_model
+
+        return export_task_model(self, filepath, format=format, verbose=verbose, **kwargs)
+
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         return keras.Model.train_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 

@@ -11,6 +11,7 @@ import pytest
 import kgpt
 from kgpt.original import array_names
 import gpt1_reference
+from conftest import TINY, char_tokenizer, to_numpy
 
 SIZES = dict(vocab=120, n_ctx=16, hidden=24, inner=96, n_layer=2)
 HEADS = 3
@@ -75,6 +76,18 @@ def test_export_writes_the_original_format(checkpoint, tmp_path):
     assert sorted(os.listdir(out)) == sorted(["params_shapes.json"] + [f"params_{i}.npy" for i in range(10)])
     flat = np.concatenate([np.load(out / f"params_{i}.npy", allow_pickle=False) for i in range(10)])
     np.testing.assert_array_equal(flat, np.concatenate([a.ravel() for a in arrays]))
+
+
+def test_export_writes_the_tokenizer_files_beside_special_token_rows(tmp_path):
+    tokenizer = char_tokenizer()  # 95 BPE symbols + start, delimiter, extract
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
+    backbone.save_original(str(tmp_path / "release"), tokenizer=tokenizer)
+    encoder = json.loads((tmp_path / "release" / "encoder_bpe_40000.json").read_text())
+    assert len(encoder) == 95 and "_start_" not in encoder  # the release's files never hold the special tokens
+    loaded, loaded_tokenizer, _ = kgpt.pretrained.load_pretrained(str(tmp_path / "release"), num_heads=2)
+    assert loaded_tokenizer.fingerprint() == tokenizer.fingerprint()
+    for want, got in zip(backbone.weights, loaded.weights):
+        np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
 
 
 def write_huggingface(directory, arrays, n_head=HEADS, prefix=""):
@@ -183,6 +196,19 @@ def test_corrupt_hugging_face_files_fail_clearly(tmp_path):
     weights = tmp_path / "hf" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(kgpt.CheckpointError, match="model.safetensors is not a readable safetensors file"):
+        kgpt.GPTBackbone.from_original(str(tmp_path / "hf"))
+
+
+def test_added_tokens_elsewhere_than_kgpt_puts_them_fail_clearly(tmp_path):
+    _, arrays = gpt1_reference.random_checkpoint(**SIZES)  # 120 token rows
+    write_huggingface(tmp_path / "hf", arrays)
+    (tmp_path / "hf" / "vocab.json").write_text(json.dumps({f"t{i}": i for i in range(117)}))
+    added = {"_start_": 117, "_classify_": 118, "_delimiter_": 119}
+    (tmp_path / "hf" / "added_tokens.json").write_text(json.dumps(added))
+    with pytest.raises(kgpt.CheckpointError, match="added_tokens.json: kgpt's tokenizer reads .*'_delimiter_': 118"):
+        kgpt.GPTBackbone.from_original(str(tmp_path / "hf"))
+    (tmp_path / "hf" / "added_tokens.json").write_text(json.dumps({"_start_": 117}))
+    with pytest.raises(kgpt.CheckpointError, match="added_tokens.json"):
         kgpt.GPTBackbone.from_original(str(tmp_path / "hf"))
 
 

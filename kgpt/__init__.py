@@ -3,7 +3,7 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
-from kgpt import (batching, checkpoint, export, heads, lm_loss, metrics, original, predict, pretrained, readers,
+from kgpt import (batching, callbacks, checkpoint, export, heads, lm_loss, metrics, original, predict, pretrained, readers,
                   transforms, zero_shot)
 from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
 from kgpt.causal_lm import GPTCausalLM
@@ -45,6 +45,7 @@ __all__ = [
     "gelu_tanh",
     "gpt_adamw",
     "batching",
+    "callbacks",
     "checkpoint",
     "export",
     "heads",

@@ -211,3 +211,11 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     with pytest.raises(OutputDirError, match=r"learning_rate: 0.001 there, 0.002 now"):
         finetune_lib.finetune(finetune_lib.FinetuneConfig(**{**fields, "learning_rate": 2e-3},
                                                           output_dir=str(killed)), log=quiet)
+
+
+def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
+    preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data", (("train", 32), ("dev", 4)))
+    out = tmp_path / "out"
+    with pytest.raises(kgpt.callbacks.NonFiniteLossError, match=r"The training loss is (nan|inf) at step \d+"):
+        finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=2), log=quiet)
+    assert not (out / "config.json").exists() and not (out / "metrics.json").exists()

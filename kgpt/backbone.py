@@ -204,6 +204,23 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         self.dropout = dropout
         self.attention_dropout = attention_dropout
 
+    @staticmethod
+    def min_weight_count(config):
+        """A lower bound on the weights a config needs (embeddings, attention and MLP kernels).
+
+        Checked against a preset's weight file before building (`kgpt.presets.check_sizes`).
+        Raises `ValueError` when a size is not a positive integer.
+        """
+        sizes = {}
+        for key in ("vocabulary_size", "num_layers", "hidden_dim", "intermediate_dim", "max_sequence_length"):
+            value = config.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}.")
+            sizes[key] = value
+        hidden, inner = sizes["hidden_dim"], sizes["intermediate_dim"]
+        return ((sizes["vocabulary_size"] + sizes["max_sequence_length"]) * hidden
+                + sizes["num_layers"] * (4 * hidden * hidden + 2 * hidden * inner))
+
     def get_config(self):
         config = super().get_config()
         config.update(

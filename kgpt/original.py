@@ -164,6 +164,11 @@ def read_huggingface(directory):
         raise CheckpointError(f"{weights_path} is not a readable safetensors file (truncated or corrupt: {e}).") from e
     # Checkpoints saved from the LM-head model prefix names with "transformer.".
     tensors = {re.sub(r"^transformer\.", "", k): v for k, v in tensors.items()}
+    # Sizes come from the file before anything is built from the config (a config may lie).
+    layers = {int(m.group(1)) for m in map(re.compile(r"^h\.(\d+)\.").match, tensors) if m}
+    if config["n_layer"] != len(layers) or layers != set(range(len(layers))):
+        raise CheckpointError(f"{config_path} says n_layer={config['n_layer']}, but {weights_path} holds blocks "
+                              f"{_ranges(sorted(layers))}.")
     names = huggingface_names(config["n_layer"])
     missing = [n for n in names if n not in tensors]
     if missing:
@@ -182,6 +187,18 @@ def read_huggingface(directory):
             f"{config['vocab_size']}, n_embd={config['n_embd']}."
         )
     return sizes, arrays, config.get("n_head")
+
+
+def _ranges(numbers):
+    """`[0, 1, 2, 5]` -> `"0-2, 5"` (or "none")."""
+    if not numbers:
+        return "none"
+    spans, start = [], numbers[0]
+    for a, b in zip(numbers, numbers[1:] + [None]):
+        if b != a + 1:
+            spans.append(f"{start}-{a}" if a != start else f"{a}")
+            start = b
+    return ", ".join(spans)
 
 
 def _check_vocabulary(directory, vocabulary_size):

@@ -14,6 +14,7 @@ half-loading (Keras itself ignores surplus arrays silently).
 
 import collections
 import json
+import math
 import os
 import warnings
 
@@ -40,6 +41,38 @@ def read_json(path, what):
             return json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}); expected {what}.") from e
+    except RecursionError:
+        raise CheckpointError(f"{path} is nested too deeply to be {what}.") from None
+
+
+def deserialize(config, path, what):
+    """Keras' safe deserialisation, its many error types (and a config that asks for too much memory)
+    re-raised as one `CheckpointError` naming the file."""
+    try:
+        return keras.saving.deserialize_keras_object(config, safe_mode=True)
+    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, MemoryError,
+            OverflowError) as e:
+        raise CheckpointError(f"{path}: cannot build {what} from it ({type(e).__name__}: {str(e)[:300]}).") from e
+
+
+def check_sizes(config, path, weights_path):
+    """Refuses, before anything is built, a backbone config that needs more weights than the file holds.
+
+    A config whose sizes were tampered with (`vocabulary_size: 2e7`,
+    `num_layers: 1e9`) would otherwise allocate gigabytes before the
+    weights are compared. Classes without `min_weight_count` are not checked.
+    """
+    cls = keras.saving.get_registered_object(config.get("registered_name") or "")
+    if cls is None or not hasattr(cls, "min_weight_count"):
+        return
+    try:
+        needed = cls.min_weight_count(config["config"])
+    except (TypeError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: {e}") from None
+    held = sum(math.prod(shape) for shape in _file_shapes(weights_path))
+    if needed > held:
+        raise CheckpointError(f"{path} describes a model of at least {needed:,} weights, but {weights_path} holds "
+                              f"{held:,}: the config and the weights do not belong together.")
 
 
 def check_preset_dir(preset, config_file, expected_class):
@@ -121,8 +154,9 @@ def load_backbone_preset(cls, preset, **kwargs):
     """`cls.from_preset` for kgpt backbones: config and weights checked before loading."""
     config = check_preset_dir(preset, CONFIG_FILE, cls)
     config["config"].update(kwargs)
-    backbone = keras.saving.deserialize_keras_object(config, safe_mode=True)
     path = os.path.join(preset, MODEL_WEIGHTS_FILE)
+    check_sizes(config, os.path.join(preset, CONFIG_FILE), path)
+    backbone = deserialize(config, os.path.join(preset, CONFIG_FILE), f"a {cls.__name__}")
     check_weights_file(path, backbone.weights)
     load_weights(backbone.load_weights, path)
     return backbone
@@ -147,10 +181,14 @@ def load_task_preset(cls, preset, **kwargs):
     from keras_hub.models import Backbone
 
     config = check_preset_dir(preset, TASK_CONFIG_FILE, cls)
-    check_preset_dir(preset, CONFIG_FILE, Backbone)
+    backbone_config = check_preset_dir(preset, CONFIG_FILE, Backbone)
     config["config"].update(kwargs)
-    task = keras.saving.deserialize_keras_object(config, safe_mode=True)
     backbone_path = os.path.join(preset, MODEL_WEIGHTS_FILE)
+    check_sizes(backbone_config, os.path.join(preset, CONFIG_FILE), backbone_path)
+    nested = config["config"].get("backbone")
+    if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
+        check_sizes(nested, os.path.join(preset, TASK_CONFIG_FILE), backbone_path)
+    task = deserialize(config, os.path.join(preset, TASK_CONFIG_FILE), f"a {cls.__name__}")
     check_weights_file(backbone_path, task.backbone.weights)
     backbone_ids = {id(v) for v in task.backbone.weights}
     head = [v for v in task.weights if id(v) not in backbone_ids]

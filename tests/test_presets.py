@@ -128,12 +128,14 @@ def test_missing_head_weights(saved):
 
 @pytest.mark.parametrize("overrides, message", [
     ({"num_layers": 3}, r"the file holds 50 arrays, the model has 34 weights"),  # Keras alone loads this silently
-    ({"vocabulary_size": 50}, r"Only in the file: \[50, 16\] x1. Expected but missing: \[\d+, 16\] x1"),
+    # Fewer weights than the config needs: refused from the sizes, before the model is built.
+    ({"vocabulary_size": 50}, r"describes a model of at least [\d,]+ weights, but .*model.weights.h5 holds [\d,]+"),
 ])
 def test_weights_of_another_model_are_refused(saved, tmp_path, overrides, message):
     backbone(**overrides).save_to_preset(str(tmp_path / "other"))
     shutil.copy(tmp_path / "other" / "model.weights.h5", saved / "model.weights.h5")
-    with pytest.raises(kgpt.CheckpointError, match=r"model.weights.h5 does not fit the model its config describes"):
+    with pytest.raises(kgpt.CheckpointError, match=r"model.weights.h5 (does not fit the model its config describes|"
+                                                   r"holds [\d,]+: the config and the weights do not belong)"):
         kgpt.GPTBackbone.from_preset(str(saved))
     with pytest.raises(kgpt.CheckpointError, match=message):
         kgpt.GPTTaskModel.from_preset(str(saved))
@@ -146,3 +148,45 @@ def test_tokenizer_preset_errors(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"class_name": "Other"}))
     with pytest.raises(kgpt.CheckpointError, match=r"tokenizer.json: expected a kgpt GPTTokenizer config"):
         kgpt.GPTTokenizer.from_preset(str(tmp_path))
+
+
+def _edit_json(path, edit):
+    config = json.loads(path.read_text())
+    edit(config)
+    path.write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["config"].update(vocabulary_size=20_000_000), r"at least 320,[\d,]+ weights, but .* holds"),
+    (lambda c: c["config"].update(num_layers=10**9), r"at least [\d,]+ weights, but .*model.weights.h5 holds"),
+    (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be a positive integer, got 'abc'"),
+    (lambda c: c["config"].update(dropout=[1]), r"config.json: cannot build a GPTBackbone from it"),
+])
+def test_tampered_config_is_refused_before_anything_is_built(tmp_path, edit, message):
+    backbone().save_to_preset(str(tmp_path))
+    _edit_json(tmp_path / "config.json", edit)
+    with pytest.raises(kgpt.CheckpointError, match=message):
+        kgpt.GPTBackbone.from_preset(str(tmp_path))
+
+
+def test_config_nested_too_deeply_is_a_checkpoint_error(tmp_path):
+    backbone().save_to_preset(str(tmp_path))
+    (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(kgpt.CheckpointError, match="config.json is nested too deeply"):
+        kgpt.GPTBackbone.from_preset(str(tmp_path))
+
+
+def test_tampered_task_config_is_refused_before_anything_is_built(tmp_path):
+    model, _ = trained_task_model()
+    model.save_to_preset(str(tmp_path))
+    _edit_json(tmp_path / "task.json", lambda c: c["config"]["backbone"]["config"].update(num_layers=10**9))
+    with pytest.raises(kgpt.CheckpointError, match=r"task.json describes a model of at least"):
+        kgpt.GPTTaskModel.from_preset(str(tmp_path))
+
+
+def test_hugging_face_config_with_more_layers_than_the_file_is_refused(tmp_path):
+    model = backbone(intermediate_dim=4 * TINY["hidden_dim"])
+    model.save_original(str(tmp_path / "hf"), format="huggingface")
+    _edit_json(tmp_path / "hf" / "config.json", lambda c: c.update(n_layer=10**9))
+    with pytest.raises(kgpt.CheckpointError, match=r"says n_layer=1000000000, but .*model.safetensors holds blocks 0-1"):
+        kgpt.GPTBackbone.from_original(str(tmp_path / "hf"))

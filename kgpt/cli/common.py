@@ -11,9 +11,11 @@ import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
-from absl import app, flags
+from absl import app, flags, logging
 
-flags.DEFINE_bool("verbose", False, "Show the full traceback of errors.")
+from kgpt._quiet import Capture, quiet_stderr
+
+flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and TensorFlow's start-up log lines.")
 
 
 def user_errors():
@@ -28,10 +30,36 @@ def user_errors():
     return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError)
 
 
+def start_backends():
+    """Imports TensorFlow and the Keras backend and finds the devices, without their start-up noise."""
+    with quiet_stderr():
+        import keras
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+        if keras.config.backend() == "jax":
+            import jax
+
+            jax.devices()
+
+
 def run(main, prog):
     """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring)."""
+    # absl runs libraries' init callbacks between parsing the flags and main; TensorFlow's
+    # find the devices there, and print the start-up lines that this capture filters.
+    capture = Capture()
+
+    def parse(argv):
+        remaining = app.parse_flags_with_usage(argv)
+        if not flags.FLAGS.verbose:
+            capture.start()
+        return remaining
 
     def guarded(argv):
+        capture.stop()
+        logging.set_verbosity(logging.WARNING)  # absl INFO lines from JAX/TF start-up
+        if not flags.FLAGS.verbose:
+            start_backends()
         try:
             return main(argv)
         except app.UsageError:
@@ -42,4 +70,7 @@ def run(main, prog):
             print(f"{prog}: error: {e}", file=sys.stderr)
             sys.exit(1)
 
-    app.run(guarded)
+    try:
+        app.run(guarded, flags_parser=parse)
+    finally:
+        capture.stop()

@@ -53,6 +53,11 @@ def main(argv):
     from kgpt import finetune, predict
 
     log = (lambda *a: print(*a, file=sys.stderr)) if FLAGS.output == "-" else print
+    from kgpt.task_model import is_task_preset
+
+    if not os.path.isdir(FLAGS.model) or not is_task_preset(FLAGS.model):
+        raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
+                               f"pass the --output_dir of a kgpt-train --task NAME run.")
     model = kgpt.GPTTaskModel.from_preset(FLAGS.model, max_length=FLAGS.max_length)
     log(f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
         f"{model.preprocessor.transform.kind} input).")

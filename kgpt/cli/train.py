@@ -18,8 +18,11 @@ from kgpt.cli import common  # first: quiet TensorFlow start-up
 
 from absl import app, flags, logging
 
-from kgpt import finetune as finetune_lib
-from kgpt import pretrain as pretrain_lib
+from kgpt._quiet import quiet_stderr
+
+with quiet_stderr():  # pre-training's imports start TensorFlow's devices
+    from kgpt import finetune as finetune_lib
+    from kgpt import pretrain as pretrain_lib
 
 _PRE = pretrain_lib.PretrainConfig()
 _FINE = finetune_lib.FinetuneConfig()

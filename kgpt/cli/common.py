@@ -8,6 +8,7 @@ errors). `--verbose` or `KGPT_TRACEBACK=1` shows the traceback too.
 
 import os
 import sys
+import textwrap
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
@@ -43,8 +44,42 @@ def start_backends():
             jax.devices()
 
 
-def run(main, prog):
-    """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring)."""
+HELP_FLAGS = ("-h", "--help", "--helpshort", "-?")
+
+
+def _describe(flag):
+    default = "" if flag.default is None else f" (default: {flag.default_as_str.strip(chr(39))})"
+    text = " ".join(flag.help.split()) + default
+    lines = textwrap.wrap(text, width=96, initial_indent="      ", subsequent_indent="      ")
+    return [f"  --{flag.name}"] + lines
+
+
+def print_help(prog, doc, groups, module):
+    """The command's own flags, grouped as `groups` (`{title: [flag names]}`); the rest under "Other"."""
+    own = {f.name: f for f in flags.FLAGS.get_flags_for_module(module)}
+    own.update({f.name: f for f in flags.FLAGS.get_flags_for_module(__name__)})
+    out = [doc.strip(), ""]
+    for title, names in [*groups.items(), ("Other", [n for n in own if not any(n in g for g in groups.values())])]:
+        names = [n for n in names if n in own]
+        if not names:
+            continue
+        out.append(f"{title}:")
+        for name in names:
+            out += _describe(own[name])
+        out.append("")
+    out.append(f"{prog} --helpfull lists every flag, TensorFlow's and absl's included.")
+    print("\n".join(out))
+
+
+def run(main, prog, doc=None, groups=None):
+    """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring).
+
+    With `groups`, `--help` prints the command's flags grouped (`print_help`)
+    and exits before any job starts.
+    """
+    if groups is not None and any(a in HELP_FLAGS for a in sys.argv[1:]):
+        print_help(prog, doc or "", groups, main.__module__)
+        sys.exit(0)
     # absl runs libraries' init callbacks between parsing the flags and main; TensorFlow's
     # find the devices there, and print the start-up lines that this capture filters.
     capture = Capture()

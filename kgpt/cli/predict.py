@@ -81,8 +81,16 @@ def main(argv):
     log(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
 
 
+GROUPS = {
+    "Model and inputs": ["model", "input", "format", "columns", "data_dir", "split"],
+    "Output": ["output", "overwrite"],
+    "Batching": ["batch_size", "max_length"],
+    "Errors": ["verbose"],
+}
+
+
 def run():
-    common.run(main, "kgpt-predict")
+    common.run(main, "kgpt-predict", __doc__, GROUPS)
 
 
 if __name__ == "__main__":

@@ -201,8 +201,22 @@ def main(argv):
         finetune_lib.finetune(finetune_config_from_flags(), registry=registry)
 
 
+GROUPS = {
+    "Common": ["task", "list_tasks", "output_dir", "overwrite", "seed", "batch_size", "learning_rate", "weight_decay",
+               "checkpoint_every", "verbose"],
+    "Pre-training (--task lm)": ["corpus", "tokenizer", "num_merges", "sequence_length", "warmup_steps", "max_steps",
+                                 "evaluations", "validation_fraction", "validation_tokens", "shards_dir", "prompt",
+                                 "zero_shot", "zero_shot_every", "zero_shot_examples", "architecture", "lstm_units"],
+    "Fine-tuning (--task NAME)": ["data_dir", "init", "epochs", "keep", "transfer_layers", "warmup_fraction", "lm_coef",
+                                  "classifier_dropout", "max_length", "predict_test"],
+    "Model (lm, and fine-tuning --init scratch)": ["num_layers", "num_heads", "hidden_dim", "intermediate_dim",
+                                                   "dropout", "attention_dropout", "lm_loss_chunk_size"],
+    "Devices and precision": ["distribution", "dtype"],
+}
+
+
 def run():
-    common.run(main, "kgpt-train")
+    common.run(main, "kgpt-train", __doc__, GROUPS)
 
 
 if __name__ == "__main__":

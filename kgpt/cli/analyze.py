@@ -1,4 +1,8 @@
-"""kgpt-analyze: the paper's section 5 analyses from the command line.
+"""kgpt-analyze MODE: the paper's section 5 analyses from the command line.
+
+Modes: zero-shot (Table 4-style zero-shot scores of one model), zero-shot-curve
+(Figure 2 right: zero-shot scores during pre-training), transfer (Figure 2
+left: fine-tuning with 0..N transferred blocks), ablations (Table 5).
 
     kgpt-analyze zero-shot --init PRESET --tasks sst2=glue/SST-2,cola=glue/CoLA
     kgpt-analyze zero-shot-curve --tasks sst2,cola          # Figure 2 (right)
@@ -15,8 +19,8 @@ import dataclasses
 
 from absl import app, flags, logging
 
+from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
 from kgpt import analysis
-from kgpt.cli import train
 
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
 DEFAULT_TASKS = {"zero-shot": ["sst2", "cola"], "zero-shot-curve": ["sst2", "cola"], "transfer": ["scitail"],
@@ -35,7 +39,7 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     if len(argv) != 2 or argv[1] not in MODES:
-        raise app.UsageError(f"Give one mode: {', '.join(MODES)} (kgpt-analyze MODE [flags]).")
+        raise app.UsageError(f"Give one mode: {', '.join(MODES)} (kgpt-analyze MODE [flags]).", exitcode=2)
     mode = argv[1]
     logging.set_verbosity(logging.WARNING)
     output_dir = FLAGS.output_dir or "analysis"
@@ -46,7 +50,7 @@ def main(argv):
           f"outputs in {output_dir}")
     if mode == "zero-shot":
         if FLAGS.init is None:
-            raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.")
+            raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
         analysis.zero_shot_table(FLAGS.init, tasks, output_dir=output_dir)
     elif mode == "zero-shot-curve":
         FLAGS.zero_shot = None  # the tasks come from --tasks here
@@ -64,7 +68,8 @@ def main(argv):
 
 
 def run():
-    app.run(main)
+    groups = {"Analysis": ["tasks", "layers", "rows", "lstm_init", "architectures"], **train.GROUPS}
+    common.run(main, "kgpt-analyze", __doc__, groups, modules=(train.__name__,))
 
 
 if __name__ == "__main__":

@@ -54,10 +54,11 @@ def _describe(flag):
     return [f"  --{flag.name}"] + lines
 
 
-def print_help(prog, doc, groups, module):
-    """The command's own flags, grouped as `groups` (`{title: [flag names]}`); the rest under "Other"."""
-    own = {f.name: f for f in flags.FLAGS.get_flags_for_module(module)}
-    own.update({f.name: f for f in flags.FLAGS.get_flags_for_module(__name__)})
+def print_help(prog, doc, groups, modules):
+    """The flags `modules` define, grouped as `groups` (`{title: [flag names]}`); the rest under "Other"."""
+    own = {}
+    for module in (*modules, __name__):
+        own.update({f.name: f for f in flags.FLAGS.get_flags_for_module(module)})
     out = [doc.strip(), ""]
     for title, names in [*groups.items(), ("Other", [n for n in own if not any(n in g for g in groups.values())])]:
         names = [n for n in names if n in own]
@@ -71,14 +72,14 @@ def print_help(prog, doc, groups, module):
     print("\n".join(out))
 
 
-def run(main, prog, doc=None, groups=None):
+def run(main, prog, doc=None, groups=None, modules=()):
     """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring).
 
-    With `groups`, `--help` prints the command's flags grouped (`print_help`)
-    and exits before any job starts.
+    With `groups`, `--help` prints the flags of `main`'s module (and of
+    `modules`) grouped (`print_help`) and exits before any job starts.
     """
     if groups is not None and any(a in HELP_FLAGS for a in sys.argv[1:]):
-        print_help(prog, doc or "", groups, main.__module__)
+        print_help(prog, doc or "", groups, (main.__module__, *modules))
         sys.exit(0)
     # absl runs libraries' init callbacks between parsing the flags and main; TensorFlow's
     # find the devices there, and print the start-up lines that this capture filters.

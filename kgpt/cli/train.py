@@ -74,6 +74,8 @@ flags.DEFINE_integer("checkpoint_every", _PRE.checkpoint_every,
                      "lm: steps between checkpoints in OUTPUT_DIR/checkpoint; a rerun resumes (0: none).")
 flags.DEFINE_string("shards_dir", None, "lm: token shards folder (default: OUTPUT_DIR/shards); reused when "
                     "the corpus and tokenizer are unchanged.")
+flags.DEFINE_bool("prepare_only", False, "lm: learn or load the tokenizer, build the token shards (on every core), "
+                  "print tokens and tokens/s, and exit without training.")
 flags.DEFINE_string("prompt", None, "lm: prompt for the sample printed at the end.")
 flags.DEFINE_list("zero_shot", None, "lm: tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
                   "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "
@@ -163,7 +165,11 @@ def main(argv):
     import keras
 
     print(f"kgpt-train --task {FLAGS.task} on Keras {keras.__version__}, backend {keras.config.backend()}")
-    if FLAGS.task == "lm":
+    if FLAGS.prepare_only:
+        if FLAGS.task != "lm":
+            raise app.UsageError("--prepare_only prepares pre-training data: use it with --task lm.")
+        pretrain_lib.prepare(pretrain_config_from_flags())
+    elif FLAGS.task == "lm":
         pretrain_lib.pretrain(pretrain_config_from_flags())
     else:
         finetune_lib.finetune(finetune_config_from_flags(), registry=registry)

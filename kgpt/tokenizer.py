@@ -34,7 +34,6 @@ import heapq
 import importlib
 import itertools
 import json
-import operator
 import os
 import re
 import warnings
@@ -64,6 +63,7 @@ MAX_WORD_CHARS = 1000  # longer runs of non-space characters are cut into pieces
 _CACHE_WORDS = 1 << 18  # distinct words kept per TextEncoder before its caches start over
 _HEAP_BPE_CHARS = 48  # longer words go through the O(n log n) BPE
 _UNKNOWN = float("inf")  # the rank of a pair no merge makes
+_LONG_WORD = re.compile(r"\S{%d}" % (MAX_WORD_CHARS + 1))
 _HEADER = "#version: 0.2"
 # The original reads the merges file from its second line on, so the splitter
 # rides on the first: "#version: 0.2 kgpt-splitter: regex".
@@ -82,11 +82,11 @@ _WORDS = re.compile(
     re.IGNORECASE,
 )
 # Lines made only of these characters are ones ftfy.fix_text leaves alone
-# apart from straightening curly quotes: printable ASCII without "&" (HTML
-# entities), tab, newline, dashes, ellipsis and curly quotes. None of them can
-# start a UTF-8 sequence, so no mojibake fix applies (the tests check this
-# against ftfy itself).
-_FTFY_NEEDED = re.compile(r"[^\t\n\x20-\x25\x27-\x7e\u2013\u2014\u2018\u2019\u201c\u201d\u2026]")
+# apart from straightening curly quotes and turning "\r\n" into "\n":
+# printable ASCII without "&" (HTML entities), tab, line ends, dashes, ellipsis
+# and curly quotes. None of them can start a UTF-8 sequence, so no mojibake
+# fix applies (the tests check this against ftfy itself).
+_FTFY_NEEDED = re.compile(r"[^\t\n\r\x20-\x25\x27-\x7e\u2013\u2014\u2018\u2019\u201c\u201d\u2026]|\r(?!\n)")
 _UNCURL = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
 
 
@@ -112,7 +112,7 @@ def fix_text(text, after_lt=False):
     """
     found = _FTFY_NEEDED.search(text)
     if found is None:
-        return text.translate(_UNCURL)
+        return _fix_plain(text)
     lt = text.find("<")
     out, done = [], 0
     while found is not None:
@@ -123,10 +123,16 @@ def fix_text(text, after_lt=False):
             end = text.find("\n", found.end()) + 1 or len(text)
             found = _FTFY_NEEDED.search(text, end)
         html = False if after_lt or 0 <= lt < start else "auto"
-        out += [text[done:start].translate(_UNCURL), ftfy.fix_text(text[start:end], unescape_html=html)]
+        out += [_fix_plain(text[done:start]), ftfy.fix_text(text[start:end], unescape_html=html)]
         done = end
-    out.append(text[done:].translate(_UNCURL))
+    out.append(_fix_plain(text[done:]))
     return "".join(out)
+
+
+def _fix_plain(text):
+    """What ftfy.fix_text makes of text without a character `_FTFY_NEEDED` matches."""
+    text = text.translate(_UNCURL)
+    return text.replace("\r\n", "\n") if "\r" in text else text
 
 
 def _bpe_short(word, ranks, merges):
@@ -187,21 +193,6 @@ def _bpe_long(word, ranks, merges):
     return [s for s in symbols if s is not None]
 
 
-_second = operator.itemgetter(1)
-
-
-class _Memo(dict):
-    """A dict that computes missing values with `compute(key)` and keeps them."""
-
-    def __init__(self, compute):
-        super().__init__()
-        self.compute = compute
-
-    def __missing__(self, key):
-        value = self[key] = self.compute(key)
-        return value
-
-
 class TextEncoder:
     """Text -> token ids for one BPE vocabulary, with no Keras in it (what worker processes run).
 
@@ -235,7 +226,8 @@ class TextEncoder:
     def _reset(self):
         self.word_ids = {}
         self.bpe_cache = {}
-        self.word_edges = _Memo(self._edges)
+        self.word_edges = {}  # word -> _edges(word), with spaCy
+        self.joiners = set()  # the words whose edges may join the next word
         self._nlp = None  # spaCy's vocabulary also grows with every new word
 
     # --- words -----------------------------------------------------------------
@@ -254,26 +246,25 @@ class TextEncoder:
     def _edges(self, word):
         """`(first piece, tokens that may follow the word's end in one spaCy special case)` of one word."""
         pieces = _pieces(word)
-        return pieces[0], self._spacy().joins(pieces[-1])
+        joins = self._spacy().joins(pieces[-1])
+        if joins:
+            self.joiners.add(word)
+        return pieces[0], joins
 
-    def _keys(self, line):
-        """The cache keys of one line: its words, cut to `MAX_WORD_CHARS`, grouped where spaCy needs context."""
-        words = line.split()
-        if len(line) > MAX_WORD_CHARS and max(map(len, words)) > MAX_WORD_CHARS:
-            words = self._cut(words)
-        if self.splitter != "spacy" or len(words) < 2:
-            return words
-        edges = list(map(self.word_edges.__getitem__, words))
-        if not any(map(_second, edges[:-1])):
-            return words
-        keys, start = [], 0
+    def _group(self, words):
+        """Space-joined runs of the words spaCy may read together; the others alone."""
+        edges, keys, start = self.word_edges, [], 0
         for i in range(1, len(words) + 1):
-            if i == len(words) or not (edges[i - 1][1] and edges[i][0].startswith(edges[i - 1][1])):
-                keys.append(" ".join(words[start:i]))
-                start = i
+            if i < len(words) and words[i - 1] in self.joiners:
+                if _starts_with_token(edges[words[i]][0], edges[words[i - 1]][1]):
+                    continue
+            keys.append(" ".join(words[start:i]))
+            start = i
         return keys
 
     def _cut(self, words):
+        if max(map(len, words)) <= MAX_WORD_CHARS:
+            return words
         out = []
         for word in words:
             if len(word) > MAX_WORD_CHARS:
@@ -284,8 +275,18 @@ class TextEncoder:
         return out
 
     def lines(self, text):
-        """Cache keys per line of already fixed text; lines without words are skipped."""
-        return [self._keys(line) for line in text.split("\n") if line and not line.isspace()]
+        """Cache keys per line of already fixed text: its words, cut to `MAX_WORD_CHARS`, grouped where
+        spaCy needs context; lines without words are left out."""
+        lines = [words for words in map(str.split, text.split("\n")) if words]
+        if _LONG_WORD.search(text):
+            lines = [self._cut(words) for words in lines]
+        if self.splitter == "spacy":
+            seen = set(itertools.chain.from_iterable(lines))
+            for word in seen.difference(self.word_edges):
+                self.word_edges[word] = self._edges(word)
+            if not self.joiners.isdisjoint(seen):
+                lines = [self._group(w) if len(w) > 1 and not self.joiners.isdisjoint(w[:-1]) else w for w in lines]
+        return lines
 
     def words(self, text, after_lt=False):
         """The lower-cased words BPE sees, with `"\\n"` between lines (`after_lt`: see `fix_text`)."""
@@ -375,12 +376,25 @@ class _SpacyRules:
         return piece.isascii() and piece.isalpha() and piece not in self.rules
 
     def joins(self, piece):
-        """The tuple of tokens that may follow `piece` across a space inside one special-case match."""
+        """Tokens that may follow `piece` across a space inside one special-case match (a tuple)."""
         found = ()
         for end, follows in self._joins.get(piece[-1:], ()):
-            if piece.endswith(end):
+            if piece.endswith(end) and not _inside_run(piece, len(piece) - len(end)):
                 found += follows
         return found
+
+
+def _inside_run(text, i):
+    """Whether `text[i - 1]` and `text[i]` are both ASCII letters or both digits: no spaCy rule splits there."""
+    if i <= 0 or i >= len(text):
+        return False
+    a, b = text[i - 1], text[i]
+    return a.isascii() and b.isascii() and ((a.isalpha() and b.isalpha()) or (a.isdigit() and b.isdigit()))
+
+
+def _starts_with_token(piece, tokens):
+    """Whether `piece` may start with one of `tokens` as a whole spaCy token."""
+    return any(piece.startswith(t) and not _inside_run(piece, len(t)) for t in tokens)
 
 
 @functools.cache

@@ -91,7 +91,8 @@ def text_chunks(path, chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None
                 if not block:
                     return
     except OSError as e:
-        raise OSError(e.errno, f"cannot read {path}: {e.strerror or e}") from e
+        message = f"cannot read {path}: {e.strerror or e}"
+        raise (OSError(e.errno, message) if e.errno else OSError(message)) from e
 
 
 def _cut_point(data):

@@ -11,8 +11,9 @@ Two word splitters: `splitter="spacy"`, the original's (spaCy's English
 tokenizer rules; no model is downloaded), which `gpt1()`, `from_original()`
 and the original files use; and `splitter="regex"`, a regular expression
 that follows spaCy's rules for the common cases (punctuation, `n't` and
-`'s`-style clitics) but not its exception list (e.g. "U.S."), about twice as
-fast on cache misses, the default of vocabularies learned with `train()`.
+`'s`-style clitics) but not its exception list (e.g. "Mrs."), faster on
+words seen for the first time, the default of vocabularies learned with
+`train()`.
 Both splitters record themselves in the files `save()` writes, so a
 vocabulary always loads with the splitter it was made with.
 
@@ -246,16 +247,14 @@ class TextEncoder:
     def _edges(self, word):
         """`(first piece, tokens that may follow the word's end in one spaCy special case)` of one word."""
         pieces = _pieces(word)
-        joins = self._spacy().joins(pieces[-1])
-        if joins:
-            self.joiners.add(word)
-        return pieces[0], joins
+        return pieces[0], self._spacy().joins(pieces[-1])
 
-    def _group(self, words):
+    @staticmethod
+    def _group(words, edges, joiners):
         """Space-joined runs of the words spaCy may read together; the others alone."""
-        edges, keys, start = self.word_edges, [], 0
+        keys, start = [], 0
         for i in range(1, len(words) + 1):
-            if i < len(words) and words[i - 1] in self.joiners:
+            if i < len(words) and words[i - 1] in joiners:
                 if _starts_with_token(edges[words[i]][0], edges[words[i - 1]][1]):
                     continue
             keys.append(" ".join(words[start:i]))
@@ -281,11 +280,15 @@ class TextEncoder:
         if _LONG_WORD.search(text):
             lines = [self._cut(words) for words in lines]
         if self.splitter == "spacy":
+            edges, joiners = self.word_edges, self.joiners  # the same two all along, even if caches start over
             seen = set(itertools.chain.from_iterable(lines))
-            for word in seen.difference(self.word_edges):
-                self.word_edges[word] = self._edges(word)
-            if not self.joiners.isdisjoint(seen):
-                lines = [self._group(w) if len(w) > 1 and not self.joiners.isdisjoint(w[:-1]) else w for w in lines]
+            for word in seen.difference(edges):
+                edges[word] = self._edges(word)
+                if edges[word][1]:
+                    joiners.add(word)
+            if not joiners.isdisjoint(seen):
+                lines = [self._group(w, edges, joiners) if len(w) > 1 and not joiners.isdisjoint(w[:-1]) else w
+                         for w in lines]
         return lines
 
     def words(self, text, after_lt=False):
@@ -309,21 +312,22 @@ class TextEncoder:
                 symbols = self.bpe_cache[word] = _bpe_short(word, self.bpe_ranks, self.merges)
         return symbols
 
-    def _add(self, keys):
-        """Caches the ids of keys not seen yet (spaCy runs once for all of them)."""
+    def _add(self, keys, cache):
+        """Puts the ids of keys not seen yet in `cache` (spaCy runs once for all of them)."""
         keys, lookup, bpe = list(keys), self.encoder.get, self.bpe
         for key, words in zip(keys, self._split(keys)):
-            self.word_ids[key] = tuple(lookup(s, 0) for w in words for s in bpe(w.lower()))
+            cache[key] = tuple(lookup(s, 0) for w in words for s in bpe(w.lower()))
 
     def encode_fixed(self, text):
         """Token ids of text that `fix_text` already went through."""
         if len(self.word_ids) > _CACHE_WORDS:
             self._reset()
+        cache = self.word_ids  # this call's, even if another thread (tf.data) starts the caches over
         lines = self.lines(text)
-        new = set(itertools.chain.from_iterable(lines)).difference(self.word_ids)
+        new = set(itertools.chain.from_iterable(lines)).difference(cache)
         if new:
-            self._add(new)
-        ids, lookup = [], self.word_ids.__getitem__
+            self._add(new, cache)
+        ids, lookup = [], cache.__getitem__
         for keys in lines:
             if ids:
                 ids.append(self.newline_id)
@@ -543,7 +547,7 @@ class GPTTokenizer(Tokenizer):
     def gpt1(cls, splitter="spacy"):
         """The original GPT-1 vocabulary (MIT licence) and tokenization, shipped with kgpt.
 
-        `splitter="regex"` trades exactness (about 1 word in 100 split
+        `splitter="regex"` trades exactness (1 to 3 tokens in 100 split
         differently, see `benchmarks/tokenizer.py`) for a faster first sight of each word.
         """
         assets = resources.files("kgpt") / "assets" / "gpt1_bpe"

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import tempfile
+import time
 from importlib import resources
 
 import keras
@@ -87,11 +88,30 @@ def demo_corpus_path():
     return str(resources.files("kgpt") / "assets" / "demo_corpus.txt")
 
 
-def corpus_files(pattern):
-    """Sorted files of a glob or folder; a clear error if there are none."""
+def corpus_files(pattern, log=print):
+    """Sorted files of a glob or folder (`*.txt` in a folder); a clear error if there are none.
+
+    A match that is a broken or looping symbolic link, or that cannot be
+    read, is an error naming it; folders that match are skipped and counted.
+    """
     if os.path.isdir(pattern):
         pattern = os.path.join(pattern, "*.txt")
-    files = sorted(f for f in glob.glob(pattern) if os.path.isfile(f))
+    files, folders = [], []
+    for path in sorted(glob.glob(pattern)):
+        try:
+            os.stat(path)  # follows symbolic links
+        except OSError as e:
+            target = f" (a link to {os.readlink(path)!r})" if os.path.islink(path) else ""
+            raise OSError(e.errno, f"{path}{target}: {e.strerror}") from e
+        if os.path.isdir(path):
+            folders.append(path)
+        elif not os.access(path, os.R_OK):
+            raise PermissionError(f"{path}: cannot be read (permission denied).")
+        else:
+            files.append(path)
+    if folders:
+        log(f"Skipped {len(folders)} folder(s) matching {pattern!r}: {', '.join(folders[:3])}"
+            + (" ..." if len(folders) > 3 else ""))
     if not files:
         raise FileNotFoundError(f"No corpus files match {pattern!r}.")
     return files
@@ -239,22 +259,51 @@ def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, log):
     )
 
 
-def pretrain(config, log=print):
-    """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
-    with training_scope(config.distribution, config.dtype, config.batch_size, log=log) as replicas:
-        if config.shards_dir or config.output_dir:
-            return _pretrain(config, config.shards_dir or os.path.join(config.output_dir, "shards"), replicas, log)
-        with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing kept without output_dir
-            return _pretrain(config, shards_dir, replicas, log)
+def prepare(config, log=print):
+    """Learns or loads the tokenizer and builds the token shards, then stops (`kgpt-train --prepare_only`).
+
+    Returns the `ShardIndex`. Without `shards_dir` or `output_dir` the shards
+    go to a temporary folder that is deleted (a measure of speed only).
+    """
+    start = time.perf_counter()
+    if config.shards_dir or config.output_dir:
+        index, _ = _prepare(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    else:
+        log("No --output_dir or --shards_dir: the shards are deleted at exit.")
+        with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:
+            index, _ = _prepare(config, shards_dir, log)
+    log(f"Prepared {index.total_tokens:,} tokens (tokenizer and shards) in {time.perf_counter() - start:.1f} s.")
+    return index
 
 
-def _pretrain(config, shards_dir, replicas, log):
-    keras.utils.set_random_seed(config.seed)
-    files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
+def _prepare(config, shards_dir, log):
+    """`(ShardIndex, tokenizer)` of the run's corpus."""
+    files = corpus_files(config.corpus, log=log) if config.corpus else [demo_corpus_path()]
     tokenizer = load_tokenizer(config, files, log=log)
     index = build_shards(files, tokenizer, shards_dir, log=log)
+    log(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens (vocabulary {tokenizer.vocabulary_size():,}).")
+    return index, tokenizer
+
+
+def pretrain(config, log=print):
+    """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
+    if config.shards_dir or config.output_dir:
+        return _prepare_and_train(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing kept without output_dir
+        return _prepare_and_train(config, shards_dir, log)
+
+
+def _prepare_and_train(config, shards_dir, log):
+    # The shards first: their worker processes are forked before JAX or
+    # TensorFlow start threads for the devices.
+    index, tokenizer = _prepare(config, shards_dir, log)
+    with training_scope(config.distribution, config.dtype, config.batch_size, log=log) as replicas:
+        return _pretrain(config, index, tokenizer, replicas, log)
+
+
+def _pretrain(config, index, tokenizer, replicas, log):
+    keras.utils.set_random_seed(config.seed)
     total = index.total_tokens
-    log(f"Corpus: {len(files)} file(s), {total:,} tokens (vocabulary {tokenizer.vocabulary_size():,}).")
     train_end = split_point(total, config)
 
     backbone = build_backbone(config, tokenizer.vocabulary_size())
@@ -303,7 +352,7 @@ def _pretrain(config, shards_dir, replicas, log):
         ]
         if config.checkpoint_every:
             callbacks.append(StepCheckpoint(checkpoint_dir, config.checkpoint_every, state))
-    zero_shot = zero_shot_callback(config, tokenizer, steps_per_eval, shards_dir, log)
+    zero_shot = zero_shot_callback(config, tokenizer, steps_per_eval, index.directory, log)
     if zero_shot is not None:
         callbacks.append(zero_shot)
 

@@ -1,5 +1,6 @@
 """Token shards: exact streaming tokenization, reuse, and random windows read from disk."""
 
+import collections
 import json
 
 import numpy as np
@@ -9,6 +10,8 @@ import kgpt
 from kgpt import shards
 
 TEXT = "First line of the tale.\n\n  Second, after a blank line;\nthird -- with   spaces \n\n\nend\n"
+# What ftfy changes across lines: "\r\n", entities (decoded until a line holds a "<"), curly quotes, mojibake.
+TRICKY = "Fish &amp; chips\r\n\u201cQuoted,\u201d caf\u00c3\u00a9.\n<b>bold</b>\nTom &amp; Jerry \u00e9\n  \n"
 
 
 @pytest.fixture(scope="module")
@@ -19,27 +22,110 @@ def tokenizer():
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 16, 1 << 20])
 def test_chunked_encoding_equals_whole_text(tokenizer, tmp_path, chunk_bytes):
     path = tmp_path / "a.txt"
-    path.write_text(TEXT * 3, encoding="utf-8")
+    text = TEXT * 2 + TRICKY + TEXT
+    path.write_bytes(text.encode("utf-8"))
     pieces = list(shards.encode_file(tokenizer, str(path), chunk_bytes=chunk_bytes))
-    assert np.concatenate(pieces).tolist() == tokenizer.encode(TEXT * 3)
+    assert np.concatenate(pieces).tolist() == tokenizer.encode(text)
 
 
-def build(tokenizer, tmp_path, shard_tokens=40, log=None):
+def test_long_lines_are_cut_at_spaces_and_counted(tokenizer, tmp_path):
+    path = tmp_path / "one_line.txt"
+    line = " ".join(f"word{i}, said the keeper" for i in range(2000))  # about 45 KB, no newline
+    path.write_text(line, encoding="utf-8")
+    cuts = collections.Counter()
+    chunks = list(shards.text_chunks(str(path), chunk_bytes=1024, line_bytes=4096, cuts=cuts))
+    assert "".join(chunks) == line
+    assert max(len(c) for c in chunks) <= 4096 + 1024  # memory stays bounded on a one-line corpus
+    assert cuts["at a space"] > 8 and not cuts["mid-word"]
+    ids = np.concatenate(list(shards.encode_file(tokenizer, str(path), chunk_bytes=1024, line_bytes=4096)))
+    assert ids.tolist() == tokenizer.encode(line)  # a cut at a space changes no token
+
+
+def test_a_line_without_spaces_is_cut_mid_word_and_counted(tokenizer, tmp_path):
+    path = tmp_path / "letters.txt"
+    path.write_text("x" * 5000, encoding="utf-8")
+    cuts = collections.Counter()
+    chunks = list(shards.text_chunks(str(path), chunk_bytes=1024, line_bytes=4096, cuts=cuts))
+    assert [len(c) for c in chunks] == [4095, 905] and cuts == {"mid-word": 1}
+    with pytest.warns(UserWarning, match="Cut 1 word"):  # 4,095 letters are over 1,000 characters too
+        expected = tokenizer.encode("x" * 4095 + " " + "x" * 905)
+    ids = np.concatenate(list(shards.encode_file(tokenizer, str(path), chunk_bytes=1024, line_bytes=4096)))
+    assert ids.tolist() == expected
+
+
+def test_an_io_error_names_the_file(tmp_path, monkeypatch):
+    path = tmp_path / "a.txt"
+    path.write_text("text\n", encoding="utf-8")
+
+    class Failing:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def read(self, size):
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(shards, "open", lambda *a, **k: Failing(), raising=False)
+    with pytest.raises(OSError, match=r"cannot read .*a.txt: Input/output error"):
+        list(shards.text_chunks(str(path)))
+
+
+def build(tokenizer, tmp_path, shard_tokens=40, log=None, directory="shards", **kwargs):
     corpus = tmp_path / "corpus"
     if not corpus.exists():  # written once: rewriting would change the files' times
         corpus.mkdir()
         for i in range(3):
-            (corpus / f"{i}.txt").write_text(f"Book {i}. " + TEXT * (i + 1), encoding="utf-8")
+            (corpus / f"{i}.txt").write_text(f"Book {i}. " + TEXT * (i + 1) + TRICKY * i, encoding="utf-8")
         (corpus / "empty.txt").write_text("  \n", encoding="utf-8")
     files = sorted(str(p) for p in corpus.iterdir())
-    return files, shards.build_shards(files, tokenizer, str(tmp_path / "shards"), shard_tokens=shard_tokens,
-                                      log=log or (lambda *_: None))
+    return files, shards.build_shards(files, tokenizer, str(tmp_path / directory), shard_tokens=shard_tokens,
+                                      log=log or (lambda *_: None), **kwargs)
+
+
+def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path):
+    lines = []
+    files, one = build(tokenizer, tmp_path, directory="one", workers=1, chunk_bytes=32)
+    _, two = build(tokenizer, tmp_path, directory="two", workers=2, chunk_bytes=32, log=lines.append)
+    assert "with 2 worker(s)" in lines[-1] and len(two.shards) > 3
+    for a, b in zip(one.shards, two.shards):
+        assert (tmp_path / "one" / a["file"]).read_bytes() == (tmp_path / "two" / b["file"]).read_bytes()
+    assert one.shards == two.shards and [s["tokens"] for s in one.sources] == [s["tokens"] for s in two.sources]
+    expected = [i for f in files for i in tokenizer.encode(open(f, encoding="utf-8", newline="").read())]
+    assert two.tokens(0, two.total_tokens).tolist() == expected
+
+
+def test_a_changed_shard_is_refused_by_name(tokenizer, tmp_path):
+    _, index = build(tokenizer, tmp_path)
+    shard = tmp_path / "shards" / index.shards[1]["file"]
+    data = bytearray(shard.read_bytes())
+    data[0:2] = (65535).to_bytes(2, "little")  # an id outside the vocabulary, same size
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"tokens_00001.bin: its CRC-32 is not the one index.json records"):
+        build(tokenizer, tmp_path)
+    shard.write_bytes(bytes(data[:-2]))
+    with pytest.raises(ValueError, match=r"tokens_00001.bin: 78 bytes, but index.json records 80 bytes"):
+        build(tokenizer, tmp_path)
+
+
+def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path):
+    _, index = build(tokenizer, tmp_path)
+    path = tmp_path / "shards" / "index.json"
+    old = json.loads(path.read_text())
+    del old["format"], old["cuts"]
+    for shard in old["shards"]:
+        del shard["crc32"]
+    path.write_text(json.dumps(old))
+    lines = []
+    _, again = build(tokenizer, tmp_path, log=lines.append)
+    assert lines[-1].startswith("Tokenized 4 file(s)") and again.shards == index.shards
 
 
 def test_shards_hold_the_token_stream(tokenizer, tmp_path):
     lines = []
     files, index = build(tokenizer, tmp_path, log=lines.append)
-    expected = np.concatenate([np.asarray(tokenizer.encode(open(f).read()), np.int32) for f in files])
+    expected = np.concatenate([np.asarray(tokenizer.encode(open(f, newline="").read()), np.int32) for f in files])
     assert index.dtype == "uint16" and len(index.shards) > 3
     assert all(s["tokens"] == 40 for s in index.shards[:-1])
     assert index.tokens(0, index.total_tokens).tolist() == expected.tolist()
@@ -47,14 +133,14 @@ def test_shards_hold_the_token_stream(tokenizer, tmp_path):
     assert any("Skipped 1 empty file(s)" in line and "empty.txt" in line for line in lines)
     on_disk = json.loads((tmp_path / "shards" / "index.json").read_text())
     assert on_disk["total_tokens"] == len(expected)
-    assert [s["tokens"] for s in on_disk["sources"]] == [len(tokenizer.encode(open(f).read())) for f in files]
+    assert [s["tokens"] for s in on_disk["sources"]] == [len(tokenizer.encode(open(f, newline="").read())) for f in files]
 
 
 def test_shards_are_reused_until_the_corpus_changes(tokenizer, tmp_path):
     build(tokenizer, tmp_path)
     lines = []
     build(tokenizer, tmp_path, log=lines.append)
-    assert lines[0].startswith("Reusing")
+    assert lines[0].startswith("Reusing") and "CRC-32 checked" in lines[0]
     with open(tmp_path / "corpus" / "0.txt", "a") as f:
         f.write("More text.\n")
     lines.clear()

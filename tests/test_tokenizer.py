@@ -1,9 +1,13 @@
 import json
+import os
+import shutil
 
 import pytest
 
 import kgpt
 from kgpt.tokenizer import GPTTokenizer, standardize
+
+ASSETS = os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe")
 
 
 @pytest.fixture(scope="module")
@@ -127,22 +131,116 @@ def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path):
     assert len(small.merges) < 5000 and lines[0].startswith(f"Learned {len(small.merges):,} of 5,000 merges")
 
 
-def test_exact_path_needs_the_extra_or_matches_the_regex_on_plain_text():
-    import importlib.util
-
-    if importlib.util.find_spec("spacy") is None or importlib.util.find_spec("ftfy") is None:
-        with pytest.raises(ImportError, match=r'pip install "kgpt\[exact\]"'):
-            kgpt.GPTTokenizer.gpt1(splitter="spacy")
-        return
-    exact = kgpt.GPTTokenizer.gpt1(splitter="spacy")
+def test_gpt1_is_the_original_algorithm_and_regex_a_choice(gpt1):
+    assert gpt1.splitter == "spacy" and GPTTokenizer.from_original(ASSETS).splitter == "spacy"
+    regex = GPTTokenizer.gpt1(splitter="regex")
     text = "The keeper didn't climb the steps; he wrote the date -- 12.5 miles away!\nNext line."
-    assert exact.encode(text) == kgpt.GPTTokenizer.gpt1().encode(text)
-    assert exact.words("U.S. troops") == ["u.s.", "troops"]  # spaCy's exception list, which the regex lacks
+    assert regex.encode(text) == gpt1.encode(text)
+    # spaCy's exception list, which the regex lacks.
+    assert gpt1.words("Mrs. Marrow") == ["mrs.", "marrow"] and regex.words("Mrs. Marrow") == ["mrs", ".", "marrow"]
+    assert gpt1.fingerprint() != regex.fingerprint()  # the shards of one are not the other's
 
 
 def test_unknown_splitter():
-    with pytest.raises(ValueError, match="splitter must be 'regex' or 'spacy'"):
+    with pytest.raises(ValueError, match="splitter must be 'spacy' or 'regex'"):
         kgpt.GPTTokenizer({"a": 0}, [], splitter="nltk")
+
+
+def test_files_record_the_splitter_they_were_made_with(gpt1, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("Mrs. Marrow kept the log. Mr. Hollis wrote it up.\n" * 20, encoding="utf-8")
+    learned = GPTTokenizer.train([str(corpus)], num_merges=40, directory=str(tmp_path / "bpe"), log=lambda *_: None)
+    assert learned.splitter == "regex"
+    header = (tmp_path / "bpe" / "vocab_40000.bpe").read_text(encoding="utf-8").split("\n")[0]
+    assert header == "#version: 0.2 kgpt-splitter: regex"
+    again = GPTTokenizer.load(str(tmp_path / "bpe"))
+    assert again.splitter == "regex" and again.encode("Mrs. Marrow") == learned.encode("Mrs. Marrow")
+    assert GPTTokenizer.from_original(str(tmp_path / "bpe"), splitter="spacy").splitter == "spacy"  # an override
+    exact = GPTTokenizer.train([str(corpus)], num_merges=40, splitter="spacy", log=lambda *_: None)
+    assert exact.words("Mrs. Marrow") == ["mrs.", "marrow"]
+    gpt1.save(tmp_path / "copy")
+    assert GPTTokenizer.load(str(tmp_path / "copy")).splitter == "spacy"
+    merges = tmp_path / "copy" / "vocab_40000.bpe"
+    merges.write_text(merges.read_text(encoding="utf-8").replace("spacy", "nltk", 1), encoding="utf-8")
+    with pytest.raises(kgpt.CheckpointError, match="vocab_40000.bpe:1: unknown splitter 'nltk'"):
+        GPTTokenizer.load(str(tmp_path / "copy"))
+
+
+def test_a_merges_file_cut_short_is_refused(tmp_path):
+    shutil.copy(os.path.join(ASSETS, "encoder_bpe_40000.json"), tmp_path)
+    lines = open(os.path.join(ASSETS, "vocab_40000.bpe"), encoding="utf-8").read().split("\n")
+    (tmp_path / "vocab_40000.bpe").write_text("\n".join(lines[:20001]) + "\n", encoding="utf-8")  # a line end
+    with pytest.raises(kgpt.CheckpointError, match=r"vocab_40000.bpe:20001: the merges end here, after 20,000, "
+                                                   r"but 20,000 symbol\(s\) of .*encoder_bpe_40000.json come from no merge"):
+        GPTTokenizer.from_original(str(tmp_path))
+    (tmp_path / "vocab_40000.bpe").write_text("\n".join(lines[:20001] + ["bachel"]), encoding="utf-8")
+    with pytest.raises(kgpt.CheckpointError, match="vocab_40000.bpe:20002: expected two symbols"):
+        GPTTokenizer.from_original(str(tmp_path))
+
+
+def test_over_long_words_are_cut_and_counted(gpt1):
+    import random
+    import string
+    import time
+
+    rng = random.Random(0)
+    word = "".join(rng.choice(string.ascii_lowercase) for _ in range(300_000))
+    start = time.perf_counter()
+    with pytest.warns(UserWarning, match="Cut 1 word.s. longer than 1,000 characters"):
+        ids = gpt1.encode(f"A run: {word} ends.")
+    assert time.perf_counter() - start < 60  # 214 s before words were cut and BPE ran on a heap
+    pieces = " ".join(word[i : i + 1000] for i in range(0, len(word), 1000))
+    assert ids == gpt1.encode(f"A run: {pieces} ends.")
+    assert gpt1.text_encoder.cut_words == 1
+
+
+def test_heap_bpe_equals_the_original_loop():
+    import random
+
+    from kgpt.tokenizer import _bpe_long, _bpe_short
+
+    def original(word, ranks):  # text_utils.py's loop, as written there
+        word = tuple(word[:-1]) + (word[-1] + "</w>",)
+        pairs = set(zip(word, word[1:]))
+        while pairs:
+            bigram = min(pairs, key=lambda pair: ranks.get(pair, float("inf")))
+            if bigram not in ranks:
+                break
+            first, second = bigram
+            new_word, i = [], 0
+            while i < len(word):
+                try:
+                    j = word.index(first, i)
+                    new_word.extend(word[i:j])
+                    i = j
+                except ValueError:
+                    new_word.extend(word[i:])
+                    break
+                if word[i] == first and i < len(word) - 1 and word[i + 1] == second:
+                    new_word.append(first + second)
+                    i += 2
+                else:
+                    new_word.append(word[i])
+                    i += 1
+            word = tuple(new_word)
+            pairs = set(zip(word, word[1:])) if len(word) > 1 else set()
+        return list(word)
+
+    rng = random.Random(0)
+    for trial in range(300):
+        alphabet = "ab" if trial % 2 else "abc"
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 40))) for _ in range(20)]
+        # Merges from pairs of symbols seen in the words, in random order (not only a trainer's order).
+        merges = []
+        for word in words:
+            symbols = original(word, {p: r for r, p in enumerate(merges)})
+            for pair in zip(symbols, symbols[1:]):
+                if pair not in merges and rng.random() < 0.5:
+                    merges.insert(rng.randint(0, len(merges)), pair)
+        ranks = {p: r for r, p in enumerate(merges)}
+        for word in words:
+            expected = original(word, ranks)
+            assert _bpe_short(word, ranks, merges) == expected and _bpe_long(word, ranks, merges) == expected, word
 
 
 # --- the keras-hub Tokenizer surface ------------------------------------------
@@ -157,9 +255,9 @@ def test_is_a_registered_keras_hub_tokenizer(gpt1):
     assert isinstance(gpt1, keras_hub.tokenizers.Tokenizer)
     assert keras.saving.get_registered_name(GPTTokenizer) == "kgpt>GPTTokenizer"
     assert GPTTokenizer.backbone_cls is kgpt.GPTBackbone
-    assert gpt1.get_config()["splitter"] == "regex"
+    assert gpt1.get_config()["splitter"] == "spacy"
     # Keras attribute tracking would wrap these in (slower) tracked copies.
-    assert type(gpt1.encoder) is dict and type(gpt1._cache) is dict and type(gpt1.merges) is list
+    assert type(gpt1.encoder) is dict and type(gpt1.text_encoder.word_ids) is dict and type(gpt1.merges) is list
 
 
 def test_callable_on_a_string_a_list_and_string_tensors(gpt1):
@@ -233,7 +331,7 @@ def test_vocabulary_lookups_and_special_tokens(gpt1):
 
 
 def test_an_empty_tokenizer_is_filled_by_load_assets(gpt1, tmp_path):
-    empty = GPTTokenizer(splitter="regex")
+    empty = GPTTokenizer(splitter="spacy")
     assert empty.special_tokens and empty.start_token_id is None
     with pytest.raises(ValueError, match="no vocabulary yet"):
         empty.encode("hello")

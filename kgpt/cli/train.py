@@ -81,6 +81,8 @@ flags.DEFINE_integer("checkpoint_every", None, "Steps between checkpoints in OUT
                      "every epoch end). 0: lm none, fine-tuning epoch ends only.", lower_bound=0)
 flags.DEFINE_string("shards_dir", None, "lm: token shards folder (default: OUTPUT_DIR/shards); reused when "
                     "the corpus and tokenizer are unchanged.")
+flags.DEFINE_bool("prepare_only", False, "lm: learn or load the tokenizer, build the token shards (on every core), "
+                  "print tokens and tokens/s, and exit without training.")
 flags.DEFINE_string("prompt", None, "lm: prompt for the sample printed at the end.")
 flags.DEFINE_list("zero_shot", None, "lm: tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
                   "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "
@@ -164,7 +166,7 @@ _COMMON = {"task", "list_tasks", "seed", "output_dir", "verbose"}
 
 def check_stage_flags(config_cls, job):
     """Refuses flags given on the command line that the chosen job would ignore."""
-    fields = {f.name for f in dataclasses.fields(config_cls)}
+    fields = {f.name for f in dataclasses.fields(config_cls)} | ({"prepare_only"} if job == "lm" else set())
     ignored = [f"--{flag.name}" for flag in FLAGS.get_flags_for_module(__name__)
                if flag.present and flag.name not in fields and flag.name not in _COMMON]
     if ignored:
@@ -195,6 +197,9 @@ def main(argv):
     print(f"kgpt-train --task {FLAGS.task} on Keras {keras.__version__}, backend {keras.config.backend()}")
     if FLAGS.task == "lm":
         check_stage_flags(pretrain_lib.PretrainConfig, "lm")
+        if FLAGS.prepare_only:
+            pretrain_lib.prepare(pretrain_config_from_flags())
+            return
         pretrain_lib.pretrain(pretrain_config_from_flags())
     else:
         check_stage_flags(finetune_lib.FinetuneConfig, FLAGS.task)
@@ -205,7 +210,7 @@ GROUPS = {
     "Common": ["task", "list_tasks", "output_dir", "overwrite", "seed", "batch_size", "learning_rate", "weight_decay",
                "checkpoint_every", "verbose"],
     "Pre-training (--task lm)": ["corpus", "tokenizer", "num_merges", "sequence_length", "warmup_steps", "max_steps",
-                                 "evaluations", "validation_fraction", "validation_tokens", "shards_dir", "prompt",
+                                 "evaluations", "validation_fraction", "validation_tokens", "shards_dir", "prepare_only", "prompt",
                                  "zero_shot", "zero_shot_every", "zero_shot_examples", "architecture", "lstm_units"],
     "Fine-tuning (--task NAME)": ["data_dir", "init", "epochs", "keep", "transfer_layers", "warmup_fraction", "lm_coef",
                                   "classifier_dropout", "max_length", "predict_test"],

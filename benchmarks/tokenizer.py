@@ -1,0 +1,161 @@
+"""GPT-1 tokenizer benchmarks: agreement with the original algorithm, and tokens/s of shard building.
+
+    # Agreement, line by line, with reference ids from benchmarks/tokenizer_reference.py:
+    python benchmarks/tokenizer.py agreement --text tests/data/prose.txt --reference tests/data/prose_ids.json
+
+    # Shard building: tokens/s for each splitter and worker count, CPU time per token, where the time goes:
+    python benchmarks/tokenizer.py speed --files 'books/*.txt' --workers 1,2,4
+
+`agreement` prints, per splitter, the share of lines encoded exactly as the
+reference and the share of tokens that agree (difflib alignment), with the
+most frequent disagreements. `speed` builds the shards of the files with
+`kgpt.shards.build_shards` once per worker count (caches cold, as a real
+run starts), and reports wall-clock tokens/s, the ratio to one process,
+tokens per CPU-second of all processes (the per-core rate) and the load
+average, since other programs on the machine change every wall-clock figure.
+It then times the stages of one process on the same text: ftfy, finding
+words and the groups spaCy reads together, spaCy (or the regex) and BPE on
+words not seen before, and the cache lookups for the rest.
+"""
+
+import argparse
+import collections
+import difflib
+import glob
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def agreement(args):
+    import kgpt
+
+    with open(args.text, encoding="utf-8", newline="") as f:
+        lines = f.read().split("\n")
+    with open(args.reference, encoding="utf-8") as f:
+        reference = json.load(f)["lines"]
+    if len(reference) != len(lines):
+        sys.exit(f"{args.reference} has {len(reference)} lines, {args.text} {len(lines)}: regenerate the reference.")
+    print(f"{len(lines):,} lines of {args.text}; reference {args.reference}")
+    print("| splitter | lines identical | tokens in agreement |\n| --- | --- | --- |")
+    for splitter in ("regex", "spacy"):
+        tokenizer = kgpt.GPTTokenizer.gpt1(splitter=splitter)
+        same = matched = total = 0
+        differences = collections.Counter()
+        for line, expected in zip(lines, reference):
+            ids = tokenizer.encode(line)
+            total += max(len(ids), len(expected))
+            if ids == expected:
+                same += 1
+                matched += len(ids)
+                continue
+            blocks = difflib.SequenceMatcher(None, ids, expected, autojunk=False).get_matching_blocks()
+            matched += sum(block.size for block in blocks)
+            for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(None, ids, expected, autojunk=False).get_opcodes():
+                if tag != "equal":
+                    ours = " ".join(tokenizer.decoder[i] for i in ids[i1:i2])
+                    theirs = " ".join(tokenizer.decoder[i] for i in expected[j1:j2])
+                    differences[(ours, theirs)] += 1
+        print(f"| {splitter} | {same / len(lines):.1%} ({same:,}/{len(lines):,}) | {matched / max(total, 1):.2%} |")
+        for (ours, theirs), n in differences.most_common(args.examples):
+            print(f"|   | {n:,} x | {ours!r} where the reference has {theirs!r} |")
+
+
+def _load():
+    return os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+
+
+def speed(args):
+    import kgpt
+    from kgpt.shards import build_shards, text_chunks
+
+    files = sorted(itertools.chain.from_iterable(glob.glob(p) for p in args.files.split(",")))
+    if not files:
+        sys.exit(f"No files match {args.files!r}.")
+    size = sum(os.path.getsize(f) for f in files)
+    print(f"{len(files)} file(s), {size / 1e6:.1f} MB; load average {_load()[0]:.2f} at the start")
+    print("| splitter | workers | tokens | seconds | tokens/s | vs 1 | tokens per CPU-second | load |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for splitter in args.splitters.split(","):
+        rates = {}
+        for workers in (int(w) for w in args.workers.split(",")):
+            tokenizer = kgpt.GPTTokenizer.gpt1(splitter=splitter)
+            tokenizer.encode("Loads spaCy's rules before the clock starts.")
+            with tempfile.TemporaryDirectory() as directory:
+                before, start = os.times(), time.perf_counter()
+                index = build_shards(files, tokenizer, directory, workers=workers, log=lambda *_: None)
+                seconds, after = time.perf_counter() - start, os.times()
+            cpu = sum(getattr(after, k) - getattr(before, k) for k in ("user", "system", "children_user",
+                                                                       "children_system"))
+            tokens = index.total_tokens
+            rates[workers] = tokens / seconds
+            ratio = rates[workers] / rates[min(rates)]
+            print(f"| {splitter} | {workers} | {tokens:,} | {seconds:.2f} | {rates[workers]:,.0f} | {ratio:.2f}x "
+                  f"| {tokens / cpu:,.0f} | {_load()[0]:.2f} |")
+    chunks = [c for path in files for c in text_chunks(path)]
+    for splitter in args.splitters.split(","):
+        print(f"\nWhere one process spends its time ({splitter}, caches cold, then warm):")
+        for name, passes in (("cold", 1), ("warm", 2)):
+            encoder = kgpt.GPTTokenizer.gpt1(splitter=splitter).text_encoder
+            encoder.encode("Loads spaCy's rules before the clock starts.")
+            for _ in range(passes):
+                times, tokens = stage_times(encoder, chunks)
+            total = sum(times.values())
+            parts = ", ".join(f"{stage} {t:.2f} s ({t / total:.0%})" for stage, t in times.items())
+            print(f"  {name}: {tokens / total:,.0f} tokens per CPU-second; {parts}")
+
+
+def stage_times(encoder, chunks):
+    """CPU seconds per stage of `TextEncoder.encode` over `chunks` (the same steps, timed one by one)."""
+    from kgpt.tokenizer import fix_text
+
+    clock, times, tokens = time.process_time, collections.Counter(), 0
+    for chunk in chunks:
+        start = clock()
+        fixed = fix_text(chunk)
+        times["ftfy"] += clock() - start
+        start = clock()
+        lines = encoder.lines(fixed)
+        times["words and groups"] += clock() - start
+        start = clock()
+        new = list(set(itertools.chain.from_iterable(lines)).difference(encoder.word_ids))
+        split = encoder._split(new)
+        times["standardise + spaCy/regex (new words)"] += clock() - start
+        start = clock()
+        for key, words in zip(new, split):
+            encoder.word_ids[key] = tuple(encoder.encoder.get(s, 0) for w in words for s in encoder.bpe(w.lower()))
+        times["BPE (new words)"] += clock() - start
+        start = clock()
+        ids = []
+        for keys in lines:
+            if ids:
+                ids.append(encoder.newline_id)
+            ids.extend(itertools.chain.from_iterable(map(encoder.word_ids.__getitem__, keys)))
+        times["cache lookups"] += clock() - start
+        tokens += len(ids)
+    return times, tokens
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    agree = commands.add_parser("agreement", help="lines encoded as the reference")
+    agree.add_argument("--text", default="tests/data/prose.txt")
+    agree.add_argument("--reference", default="tests/data/prose_ids.json")
+    agree.add_argument("--examples", type=int, default=5, help="disagreements to print per splitter")
+    fast = commands.add_parser("speed", help="tokens/s of shard building")
+    fast.add_argument("--files", required=True, help="glob(s) of UTF-8 text files, comma-separated")
+    fast.add_argument("--workers", default=f"1,{os.cpu_count()}", help="worker counts, comma-separated")
+    fast.add_argument("--splitters", default="spacy,regex")
+    args = parser.parse_args()
+    agreement(args) if args.command == "agreement" else speed(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -27,6 +27,7 @@ import numpy as np
 from kgpt import batching
 from kgpt import checkpoint as checkpoint_lib
 from kgpt import metrics as metrics_lib
+from kgpt import callbacks as callbacks_lib
 from kgpt.callbacks import StopOnNonFiniteLoss
 from kgpt.backbone import GPTBackbone
 from kgpt.distribute import training_scope
@@ -338,7 +339,7 @@ def _describe_counts(name, counts):
 def run_settings(config):
     """What a fine-tuning run's outputs depend on (`run.json`, checkpoints): the config without its place."""
     settings = dataclasses.asdict(config)
-    for key in ("output_dir", "overwrite"):
+    for key in ("output_dir", "overwrite", "checkpoint_every"):  # none changes the outputs
         settings.pop(key)
     for key in ("data_dir", "init"):
         if settings[key] not in (None, "scratch"):
@@ -598,42 +599,23 @@ class Training:
         return callbacks
 
 
-class Progress(keras.callbacks.Callback):
-    """Per-epoch history (`history.csv`), the best epoch, and checkpoints; survives a resume.
+class Progress(callbacks_lib.Progress):
+    """`kgpt.callbacks.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
 
-    List it after `TaskMetrics`, whose scores it records.
-    """
+    keep = ("best",)
 
     def __init__(self, training, state=None):
-        super().__init__()
+        config = training.config
+        super().__init__(training.directory, training.settings, training.steps_per_epoch, config.checkpoint_every,
+                         os.path.join(config.output_dir, "history.csv") if config.output_dir else None, state)
         self.training = training
-        state = state or {}
-        self.step = state.get("step", 0)
-        self.epochs = state.get("epochs", [])  # one dict of logs per finished epoch
-        self.best = state.get("best")  # {"epoch": 1-based, "score": value} or None
+        self.best = (state or {}).get("best")  # {"epoch": from 1, "score": value} or None
         self._best_weights = None
 
-    @property
-    def history(self):
-        """`{name: [value per epoch]}`, like Keras' `History.history`."""
-        names = sorted({k for logs in self.epochs for k in logs})
-        return {k: [logs.get(k) for logs in self.epochs] for k in names}
+    def extra_state(self):
+        return {"best": self.best}
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.step += 1  # counted here: reading the model's step would sync JAX state every batch
-        every = self.training.config.checkpoint_every
-        if every and self.step % every == 0 and self.step % self.training.steps_per_epoch:
-            self._save()
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = {k: float(v) for k, v in (logs or {}).items()}
-        del self.epochs[epoch:]
-        self.epochs.append(logs)
-        self._track_best(epoch + 1, logs)
-        self._write_history()
-        self._save()
-
-    def _track_best(self, epoch, logs):
+    def epoch_done(self, epoch, logs):
         if self.training.config.keep != "best":
             return
         score = logs.get(f"val_{self.training.metric}")
@@ -642,23 +624,8 @@ class Progress(keras.callbacks.Callback):
         if self.best is None or score > self.best["score"]:
             self.best = {"epoch": epoch, "score": score}
             self._best_weights = [np.array(v) for v in self.model.get_weights()]
-            if self.training.directory:
-                checkpoint_lib.save_weights(self.model, self.training.directory, "best")
-
-    def _write_history(self):
-        if not self.training.config.output_dir:
-            return
-        names = list(dict.fromkeys(k for logs in self.epochs for k in logs))
-        rows = [",".join(["epoch", *names])]
-        rows += [",".join([str(i), *(repr(logs[k]) if k in logs else "" for k in names)])
-                 for i, logs in enumerate(self.epochs)]
-        write_text(os.path.join(self.training.config.output_dir, "history.csv"), "\n".join(rows) + "\n")
-
-    def _save(self):
-        if self.training.directory is None:
-            return
-        state = {"settings": self.training.settings, "step": self.step, "epochs": self.epochs, "best": self.best}
-        checkpoint_lib.save(self.model, self.training.directory, state, keep=("best",))
+            if self.directory:
+                checkpoint_lib.save_weights(self.model, self.directory, "best")
 
     def finish(self):
         """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""

@@ -10,7 +10,6 @@ with the same settings resumes from it.
 
 import dataclasses
 import glob
-import json
 import math
 import os
 import tempfile
@@ -20,7 +19,11 @@ from importlib import resources
 import keras
 import numpy as np
 
+from kgpt import checkpoint as checkpoint_lib
 from kgpt import zero_shot as zero_shot_lib
+from kgpt.callbacks import Progress, StopOnNonFiniteLoss
+from kgpt.errors import ConfigError
+from kgpt.rundir import RunDirectory, save_preset, write_json
 from kgpt.backbone import GPTBackbone
 from kgpt.causal_lm import GPTCausalLM
 from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -39,6 +42,7 @@ class PretrainConfig:
     tokenizer: str | None = None  # None = the original GPT-1 BPE; "train" = learn one from the corpus; or a folder
     num_merges: int = 40_000  # with tokenizer="train"
     output_dir: str | None = None  # the preset, checkpoints and logs go here; None = keep nothing
+    overwrite: bool = False  # replace another run's outputs in output_dir instead of refusing
     architecture: str = "transformer"  # or "lstm": the Table 5 ablation (kgpt.LSTMBackbone)
     num_layers: int = 12  # transformer blocks (LSTM layers with architecture="lstm"; the paper's LSTM has 1)
     num_heads: int = 12
@@ -150,70 +154,76 @@ def split_point(total, config):
     return train
 
 
-# Settings a checkpoint must share with the run that resumes it.
-_RESUME_KEYS = ("architecture", "lstm_units", "attention_dropout", "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "dropout", "sequence_length",
-                "batch_size", "learning_rate", "warmup_steps", "weight_decay", "max_steps", "evaluations", "seed")
+def run_settings(config):
+    """What a pre-training run's outputs depend on (`run.json`, checkpoints): the config without its place."""
+    settings = dataclasses.asdict(config)
+    for key in ("output_dir", "overwrite", "shards_dir", "checkpoint_every"):  # none changes the outputs
+        settings.pop(key)
+    if settings["corpus"]:
+        settings["corpus"] = os.path.abspath(settings["corpus"])
+    if settings["tokenizer"] not in (None, "train"):
+        settings["tokenizer"] = os.path.abspath(settings["tokenizer"])
+    return settings
 
 
-class StepCheckpoint(keras.callbacks.Callback):
-    """Saves weights + optimizer state every `every` steps, replacing the previous checkpoint.
+def check_config(config):
+    """Raises `ConfigError` for settings that cannot run, before anything is read or built."""
+    at_least = {"batch_size": 1, "sequence_length": 1, "max_steps": 1, "evaluations": 1, "num_layers": 1,
+                "num_heads": 1, "hidden_dim": 1, "intermediate_dim": 1, "num_merges": 0, "warmup_steps": 0,
+                "checkpoint_every": 0, "validation_tokens": 0, "sample_tokens": 0, "lm_loss_chunk_size": 0}
+    for name, low in at_least.items():
+        value = getattr(config, name, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}.")
+    for name in ("learning_rate", "weight_decay"):
+        value = getattr(config, name)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}.")
+    for name in ("dropout", "validation_fraction"):
+        value = getattr(config, name)
+        if not 0 <= value < 1:
+            raise ConfigError(f"{name} must be in [0, 1), got {value}.")
 
-    The step is the optimizer's own iteration count, saved inside the weights
-    file, so a kill at any moment leaves a consistent checkpoint.
+
+class PretrainProgress(Progress):
+    """`kgpt.callbacks.Progress` that also keeps the zero-shot evaluations in the checkpoint."""
+
+    def __init__(self, *args, zero_shot=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.zero_shot = zero_shot
+
+    def extra_state(self):
+        return {"zero_shot": self.zero_shot.rows()} if self.zero_shot is not None else {}
+
+
+def _progress(config, lm, steps_per_eval, total, tokenizer, zero_shot, log):
+    """`(progress callback, step to start from)`, restoring the run's checkpoint when there is one."""
+    settings = run_settings(config) | {"corpus_tokens": int(total), "tokenizer": tokenizer.fingerprint()}
+    directory = os.path.join(config.output_dir, "checkpoint") if config.output_dir else None
+    state = checkpoint_lib.restore(lm, directory, settings) if directory else None
+    if state is not None:
+        log(f"Resuming from the checkpoint at step {state['step']:,} of {config.max_steps:,} ({directory}).")
+        if zero_shot is not None:
+            zero_shot.restore([row for row in state.get("zero_shot", []) if row[0] <= state["step"]])
+    history = os.path.join(config.output_dir, "history.csv") if config.output_dir else None
+    every = config.checkpoint_every if directory else 0
+    progress = PretrainProgress(directory if config.checkpoint_every else None, settings, steps_per_eval, every,
+                                history, state, zero_shot=zero_shot)
+    return progress, progress.step
+
+
+def _segments(start, steps_per_eval, evaluations):
+    """`(initial_epoch, epochs, steps_per_epoch, first_batch)` fit calls from step `start`.
+
+    A resumed run first finishes its interrupted evaluation period, so that
+    validation still falls every `steps_per_eval` steps.
     """
-
-    def __init__(self, directory, every, state):
-        super().__init__()
-        self.directory, self.every, self.state = directory, every, state
-
-    @property
-    def weights_path(self):
-        return os.path.join(self.directory, "checkpoint.weights.h5")
-
-    def on_train_batch_end(self, batch, logs=None):
-        step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
-        if step % self.every == 0:
-            self.save(step)
-
-    def save(self, step):
-        os.makedirs(self.directory, exist_ok=True)
-        tmp = os.path.join(self.directory, "partial.weights.h5")
-        self.model.save_weights(tmp)
-        os.replace(tmp, self.weights_path)  # atomic: the old checkpoint stays valid until here
-        _write_json(os.path.join(self.directory, "state.json"), {**self.state, "step": step})
-
-
-def _write_json(path, data):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2)
-    os.replace(tmp, path)
-
-
-def resume(lm, directory, state, log=print):
-    """Loads the checkpoint in `directory` into `lm`; returns the step to continue from (0 if none)."""
-    weights = os.path.join(directory, "checkpoint.weights.h5")
-    state_path = os.path.join(directory, "state.json")
-    if not os.path.exists(weights) or not os.path.exists(state_path):
-        return 0
-    with open(state_path, encoding="utf-8") as f:
-        saved = json.load(f)
-    different = {k: (saved.get(k), v) for k, v in state.items() if saved.get(k) != v}
-    if different:
-        raise ValueError(
-            f"{directory} holds a checkpoint of a run with other settings ("
-            + ", ".join(f"{k}: {old} there, {new} now" for k, (old, new) in different.items())
-            + "). Use another --output_dir, or delete the checkpoint folder to start over."
-        )
-    lm.optimizer.build(lm.trainable_variables)
-    try:
-        lm.load_weights(weights)
-    except Exception as e:  # h5py/Keras raise many types for a damaged file
-        raise ValueError(f"{weights}: the checkpoint cannot be read ({type(e).__name__}: {e}); "
-                         "delete it to start over.") from e
-    step = int(keras.ops.convert_to_numpy(lm.optimizer.iterations))
-    log(f"Resuming from the checkpoint at step {step:,} of {state['max_steps']:,} ({directory}).")
-    return step
+    epoch, done = divmod(start, steps_per_eval)
+    if done:
+        yield epoch, epoch + 1, steps_per_eval - done, start
+        epoch += 1
+    if epoch < evaluations:
+        yield epoch, evaluations, steps_per_eval, epoch * steps_per_eval
 
 
 def validation_windows(val, sequence_length):
@@ -266,8 +276,12 @@ def prepare(config, log=print):
     go to a temporary folder that is deleted (a measure of speed only).
     """
     start = time.perf_counter()
-    if config.shards_dir or config.output_dir:
-        index, _ = _prepare(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    check_config(config)
+    if config.output_dir:
+        with RunDirectory(config.output_dir, "pretrain", run_settings(config), overwrite=config.overwrite):
+            index, _ = _prepare(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    elif config.shards_dir:
+        index, _ = _prepare(config, config.shards_dir, log)
     else:
         log("No --output_dir or --shards_dir: the shards are deleted at exit.")
         with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:
@@ -287,8 +301,12 @@ def _prepare(config, shards_dir, log):
 
 def pretrain(config, log=print):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
-    if config.shards_dir or config.output_dir:
-        return _prepare_and_train(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    check_config(config)
+    if config.output_dir:
+        with RunDirectory(config.output_dir, "pretrain", run_settings(config), overwrite=config.overwrite):
+            return _prepare_and_train(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
+    if config.shards_dir:
+        return _prepare_and_train(config, config.shards_dir, log)
     with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing kept without output_dir
         return _prepare_and_train(config, shards_dir, log)
 
@@ -339,51 +357,23 @@ def _pretrain(config, index, tokenizer, replicas, log):
         log(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
             + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
 
-    state = {k: getattr(config, k) for k in _RESUME_KEYS} | {"corpus_tokens": total,
-                                                            "tokenizer": tokenizer.fingerprint()}
-    callbacks, start = [], 0
-    if config.output_dir:
-        os.makedirs(config.output_dir, exist_ok=True)
-        checkpoint_dir = os.path.join(config.output_dir, "checkpoint")
-        start = resume(lm, checkpoint_dir, state, log=log)
-        callbacks += [
-            keras.callbacks.CSVLogger(os.path.join(config.output_dir, "history.csv"), append=start > 0),
-            keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")),
-        ]
-        if config.checkpoint_every:
-            callbacks.append(StepCheckpoint(checkpoint_dir, config.checkpoint_every, state))
     zero_shot = zero_shot_callback(config, tokenizer, steps_per_eval, index.directory, log)
+    progress, start = _progress(config, lm, steps_per_eval, total, tokenizer, zero_shot, log)
+    callbacks = [StopOnNonFiniteLoss(f"Lower --learning_rate ({config.learning_rate:g}); the last checkpoint is "
+                                     f"kept.", start), progress]
+    if config.output_dir:
+        callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")))
     if zero_shot is not None:
         callbacks.append(zero_shot)
-
-    history = {}
-    # A resumed run first finishes the interrupted evaluation period, so that
-    # validation still falls every steps_per_eval steps.
-    segments = []
-    if start % steps_per_eval:
-        segments.append((start // steps_per_eval, 1 + start // steps_per_eval, steps_per_eval - start % steps_per_eval))
-    first_full = math.ceil(start / steps_per_eval)
-    if first_full < evaluations:
-        segments.append((first_full, evaluations, steps_per_eval))
-    step = start
-    for initial_epoch, epochs, steps in segments:
+    for initial_epoch, epochs, steps, first_batch in _segments(start, steps_per_eval, evaluations):
         train = index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
-                              first_batch=step)
-        run = lm.fit(
-            train,
-            initial_epoch=initial_epoch,
-            epochs=epochs,
-            steps_per_epoch=steps,
-            validation_data=validation,
-            callbacks=callbacks,
-            shuffle=False,  # windows are already drawn at random
-            verbose=1 if os.isatty(1) else 2,
-        )
-        step += (epochs - initial_epoch) * steps
-        for key, values in run.history.items():
-            history.setdefault(key, []).extend(values)
+                              first_batch=first_batch)
+        lm.fit(train, initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=steps, validation_data=validation,
+               callbacks=callbacks, shuffle=False,  # windows are already drawn at random
+               verbose=1 if os.isatty(1) else 2)
+    history = progress.history
     metrics = {"train_loss": [float(v) for v in history.get("loss", [])], "tokens": int(total),
-               "resumed_from_step": start, "optimizer_steps": int(keras.ops.convert_to_numpy(lm.optimizer.iterations))}
+               "resumed_from_step": start, "optimizer_steps": progress.step}
     if zero_shot is not None:
         metrics["zero_shot"] = {f"{task}/{metric}": points for (task, metric), points in zero_shot.history.items()}
     if validation and "val_loss" in history:
@@ -407,9 +397,8 @@ def _pretrain(config, index, tokenizer, replicas, log):
     if config.output_dir:
         # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir)
         # load it (the preprocessor saves the tokenizer); fine-tuning takes --init dir.
-        lm.save_to_preset(config.output_dir)
-        with open(os.path.join(config.output_dir, "metrics.json"), "w") as f:
-            json.dump(metrics, f, indent=2)
+        save_preset(lm, config.output_dir)
+        write_json(os.path.join(config.output_dir, "metrics.json"), metrics)  # last: the preset is complete
         log(f"Saved the preset (config.json, model.weights.h5, task.json, preprocessor.json, tokenizer.json, assets/), "
             f"history.csv, logs/ and metrics.json in {config.output_dir}")
     return lm, tokenizer, metrics

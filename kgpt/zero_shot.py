@@ -338,6 +338,22 @@ class ZeroShotCallback(keras.callbacks.Callback):
                 for step_, name, metric, value in rows:
                     tf.summary.scalar(f"zero_shot/{name}/{metric}", value, step=step_)
 
+    def rows(self):
+        """Every evaluation so far as `[step, task, metric, value]` rows (a checkpoint keeps them)."""
+        return sorted([step, name, metric, value] for (name, metric), points in self.history.items()
+                      for step, value in points)
+
+    def restore(self, rows):
+        """Continues a resumed run: its evaluations before the checkpoint, and the CSV rewritten to hold only those."""
+        self.history = collections.defaultdict(list)
+        for step, name, metric, value in rows:
+            self.history[(name, metric)].append((step, value))
+        if self.csv_path:
+            from kgpt.rundir import write_text
+
+            lines = ["step,task,metric,value"] + [f"{step},{name},{metric},{value!r}" for step, name, metric, value in rows]
+            write_text(self.csv_path, "\n".join(lines) + "\n")
+
     def on_train_batch_end(self, batch, logs=None):
         step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
         if step % self.every == 0:

@@ -135,18 +135,24 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
             "--batch_size=4", "--max_steps=200", "--evaluations=4", "--warmup_steps=10", "--learning_rate=0.01",
             "--checkpoint_every=10"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    state = tmp_path / "run" / "checkpoint" / "state.json"
+    checkpoints = tmp_path / "run" / "checkpoint"
+
+    def checkpoint_step():
+        try:
+            name = json.loads((checkpoints / "latest.json").read_text())["checkpoint"]
+            return json.loads((checkpoints / name / "state.json").read_text())["step"]
+        except (OSError, ValueError, KeyError):  # not written yet (each file is replaced atomically)
+            return 0
+
     first = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 300
-    while time.time() < deadline and first.poll() is None:
-        if state.exists() and json.loads(state.read_text())["step"] >= 20:
-            break
+    while time.time() < deadline and first.poll() is None and checkpoint_step() < 20:
         time.sleep(0.02)
     assert first.poll() is None, "the first run ended before it could be killed"
     first.send_signal(signal.SIGKILL)
     first.wait()
-    saved = json.loads(state.read_text())["step"]
+    saved = checkpoint_step()
     assert 20 <= saved < 200
 
     second = run_cli(*args, cwd=tmp_path)
@@ -157,12 +163,25 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
     assert metrics["resumed_from_step"] == resumed
     assert metrics["optimizer_steps"] == 200
     assert "Reusing" in second.stdout  # the shards were not tokenized again
+    # The whole run's record, not only what came after the resume: 4 evaluations, one history row each.
+    assert len(metrics["validation_perplexity"]) == 4 and len(metrics["train_loss"]) == 4
+    rows = (tmp_path / "run" / "history.csv").read_text().splitlines()
+    assert [r.split(",")[0] for r in rows[1:]] == ["0", "1", "2", "3"]
+    # Rerunning the finished command trains nothing and changes nothing.
+    weights = kgpt.GPTBackbone.from_preset(str(tmp_path / "run")).get_weights()
+    third = run_cli(*args, cwd=tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "Resuming from the checkpoint at step 200" in third.stdout
+    again = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert again["validation_perplexity"] == metrics["validation_perplexity"]
+    assert all(np.array_equal(a, b) for a, b in
+               zip(weights, kgpt.GPTBackbone.from_preset(str(tmp_path / "run")).get_weights()))
 
 
 def test_checkpoint_of_other_settings_is_refused(tmp_path):
     config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, checkpoint_every=5)
     pretrain(config, log=lambda *_: None)
-    with pytest.raises(ValueError, match=r"holds a checkpoint of a run with other settings \(batch_size: 8 there, "
+    with pytest.raises(ValueError, match=r"holds a pretrain run with other settings \(batch_size: 8 there, "
                                          r"4 now\)"):
         pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4),
                  log=lambda *_: None)

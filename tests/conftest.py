@@ -1,10 +1,30 @@
 """Shared fixtures: tiny models (2 layers, hidden 16) so the suite runs in minutes."""
 
-import keras
-import numpy as np
-import pytest
+import atexit
+import os
+import shutil
+import tempfile
 
-import kgpt
+# JAX: keep every XLA program compiled during the session on disk and reuse it
+# when the same program comes again (each new model's train step is a new trace
+# but often the same program), here and in the subprocesses tests start (they
+# inherit the variable). Set before JAX is imported; the results do not change.
+# Each pytest process (each xdist worker) gets its own folder: JAX writes cache
+# entries in place, so two processes must not share one while both write.
+_cache, _worker = os.environ.get("JAX_COMPILATION_CACHE_DIR"), os.environ.get("PYTEST_XDIST_WORKER")
+if _cache is None:
+    _cache = tempfile.mkdtemp(prefix="kgpt-tests-xla-")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+if _worker and os.path.basename(_cache) != _worker:  # under the main process's folder, removed with it
+    _cache = os.path.join(_cache, _worker)
+os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+import kgpt  # noqa: E402
 
 TINY = dict(
     vocabulary_size=97,
@@ -16,8 +36,21 @@ TINY = dict(
 )
 
 
+# Files whose tests take longest (minutes on a 2-core CPU), run first: with pytest-xdist
+# (`--dist loadfile`, files in this order) the last files to start are short ones, so
+# neither worker is left alone with a long file at the end.
+SLOW_FILES = ("test_distribute.py", "test_analysis.py", "test_paper_tasks.py", "test_pretrain.py",
+              "test_finetune.py", "test_causal_lm.py", "test_task_contract.py", "test_text_task.py",
+              "test_plugins.py", "test_backbone.py", "test_task_model.py", "test_lm_loss.py")
+
+
+def pytest_collection_modifyitems(items):
+    slow = {name: rank for rank, name in enumerate(SLOW_FILES)}
+    items.sort(key=lambda item: slow.get(item.path.name, len(slow)))  # stable: the rest keep their order
+
+
 def pytest_report_header(config):
-    return f"keras backend: {keras.config.backend()}"
+    return f"keras backend: {keras.config.backend()}; XLA compilation cache: {os.environ['JAX_COMPILATION_CACHE_DIR']}"
 
 
 @pytest.fixture(autouse=True)

@@ -46,7 +46,7 @@ import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.backbone import GPTBackbone
-from kgpt.presets import CheckpointError, read_json
+from kgpt.presets import CheckpointError, deserialize, read_json
 
 try:  # the tf.data path; keras-hub's own preprocessing needs TensorFlow there too
     import tensorflow as tf
@@ -691,7 +691,7 @@ class GPTTokenizer(Tokenizer):
         ):
             raise CheckpointError(f"{path}: expected a kgpt {cls.__name__} config, got {config!r:.200}.")
         config["config"].update(kwargs)
-        tokenizer = keras.saving.deserialize_keras_object(config, safe_mode=True)
+        tokenizer = deserialize(config, path, f"a {cls.__name__}")
         tokenizer.load_assets(os.path.join(preset, PRESET_ASSETS))
         return tokenizer
 

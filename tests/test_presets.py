@@ -190,3 +190,11 @@ def test_hugging_face_config_with_more_layers_than_the_file_is_refused(tmp_path)
     _edit_json(tmp_path / "hf" / "config.json", lambda c: c.update(n_layer=10**9))
     with pytest.raises(kgpt.CheckpointError, match=r"says n_layer=1000000000, but .*model.safetensors holds blocks 0-1"):
         kgpt.GPTBackbone.from_original(str(tmp_path / "hf"))
+
+
+@pytest.mark.parametrize("edit", [lambda c: c["config"].update(foo=1), lambda c: c["config"].update(splitter=7)])
+def test_tampered_tokenizer_config_is_a_checkpoint_error(tmp_path, edit):
+    char_tokenizer().save_to_preset(str(tmp_path))
+    _edit_json(tmp_path / "tokenizer.json", edit)
+    with pytest.raises(kgpt.CheckpointError, match=r"tokenizer.json: cannot build a GPTTokenizer from it"):
+        kgpt.GPTTokenizer.from_preset(str(tmp_path))

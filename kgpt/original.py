@@ -364,8 +364,10 @@ def _vocabulary(tokenizer, vocabulary_size):
     return base, tokenizer.merges, vocabulary_size == total
 
 
-def _merges_bytes(merges):
-    return ("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode("utf-8")
+def _merges_bytes(merges, splitter):
+    # The splitter rides on the header line, which transformers and the original code skip,
+    # so that kgpt reads the files back with the word splitter they were made with.
+    return (f"#version: 0.2 kgpt-splitter: {splitter}\n" + "".join(f"{a} {b}\n" for a, b in merges)).encode("utf-8")
 
 
 def huggingface_config(backbone):
@@ -402,7 +404,7 @@ def huggingface_tokenizer_files(tokenizer, vocabulary_size, max_length):
     """`{file name: bytes}` of the tokenizer as Hugging Face's `OpenAIGPTTokenizer` reads it."""
     base, merges, specials = _vocabulary(tokenizer, vocabulary_size)
     unknown = next(s for s, i in base.items() if i == 0)  # kgpt maps unknown symbols to id 0
-    files = {HF_VOCAB_FILE: _json_bytes(base), HF_MERGES_FILE: _merges_bytes(merges)}
+    files = {HF_VOCAB_FILE: _json_bytes(base), HF_MERGES_FILE: _merges_bytes(merges, tokenizer.splitter)}
     config = {"tokenizer_class": "OpenAIGPTTokenizer", "model_max_length": max_length, "do_lower_case": True,
               "unk_token": unknown}
     if specials:
@@ -480,7 +482,7 @@ def save_original(backbone, directory, num_shards=10, tokenizer=None):
     tokenizer_files = {}
     if tokenizer is not None:  # checked before anything is written
         base, merges, _ = _vocabulary(tokenizer, backbone.vocabulary_size)
-        tokenizer_files = {ENCODER_FILE: _json_bytes(base), BPE_FILE: _merges_bytes(merges)}
+        tokenizer_files = {ENCODER_FILE: _json_bytes(base), BPE_FILE: _merges_bytes(merges, tokenizer.splitter)}
     arrays = arrays_of(backbone)
     os.makedirs(directory, exist_ok=True)
     # Old shards would be read as part of the new checkpoint; the shapes file goes first.

@@ -13,7 +13,7 @@ tokens included) are log-normal like MultiNLI's under the GPT-1 vocabulary
 (mean ~39, clipped to [8, 230]); the longest example is pinned at 230, the
 longest of MNLI's training split, so "padded to longest" pads to what it did
 on MNLI (`--nopin_longest` keeps the sample's own maximum). It is built with
-`kgpt.batching.SplitBuilder`, as `kgpt.finetune.encode_split` does, and a
+`kgpt.data.batching.SplitBuilder`, as `kgpt.jobs.finetune.encode_split` does, and a
 small `kgpt.GPTTaskModel` (classification head, `compile()` defaults:
 auxiliary LM loss, lm_coef 0.5) is trained on three feeds of it. Its default
 vocabulary is 1024, not GPT-1's 40481: the run stays short on a CPU, and the
@@ -23,7 +23,7 @@ per token) it has in GPT-1 (a quarter); with 40481 and hidden 128 it would be
 
 The feeds:
 
-- bucketed: `kgpt.batching.dataset(split, batch_size, seed)`, kgpt's feed;
+- bucketed: `kgpt.data.batching.dataset(split, batch_size, seed)`, kgpt's feed;
 - padded to longest: every batch padded to the split's longest view, as kgpt
   did before (shuffled `tf.data` slices of the fully padded arrays, built as
   `EncodedSplit.batch` builds a batch);
@@ -57,7 +57,7 @@ import tensorflow as tf
 from absl import app, flags, logging
 
 import kgpt
-from kgpt import batching
+from kgpt.data import batching
 
 flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split.")
 flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")
@@ -159,7 +159,7 @@ def build_model():
         intermediate_dim=FLAGS.intermediate_dim,
         max_sequence_length=FLAGS.sequence_length,
     )
-    return kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b"]))  # compile() defaults
+    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]))  # compile() defaults
 
 
 class CompileLog:

@@ -9,7 +9,7 @@
 `agreement` prints, per splitter, the share of lines encoded exactly as the
 reference and the share of tokens that agree (difflib alignment), with the
 most frequent disagreements. `speed` builds the shards of the files with
-`kgpt.shards.build_shards` once per worker count (caches cold, as a real
+`kgpt.data.shards.build_shards` once per worker count (caches cold, as a real
 run starts), and reports wall-clock tokens/s, the ratio to one process,
 tokens per CPU-second of all processes (the per-core rate) and the load
 average, since other programs on the machine change every wall-clock figure.
@@ -73,7 +73,7 @@ def _load():
 
 def speed(args):
     import kgpt
-    from kgpt.shards import build_shards, text_chunks
+    from kgpt.data.shards import build_shards, text_chunks
 
     files = sorted(itertools.chain.from_iterable(glob.glob(p) for p in args.files.split(",")))
     if not files:
@@ -113,7 +113,7 @@ def speed(args):
 
 def stage_times(encoder, chunks):
     """CPU seconds per stage of `TextEncoder.encode` over `chunks` (the same steps, timed one by one)."""
-    from kgpt.tokenizer import fix_text
+    from kgpt.data.tokenizer import fix_text
 
     clock, times, tokens = time.process_time, collections.Counter(), 0
     for chunk in chunks:

@@ -6,22 +6,27 @@ Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 from kgpt._quiet import quiet_stderr
 
 with quiet_stderr():  # TensorFlow's C++ start-up lines; see kgpt._quiet
-    from kgpt import (batching, callbacks, checkpoint, export, heads, lm_loss, metrics, original, predict, pretrained,
-                          readers, transforms, zero_shot)
-    from kgpt.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
-    from kgpt.causal_lm import GPTCausalLM
-    from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
-    from kgpt.finetune import load_finetuned
-    from kgpt.hookspecs import hookimpl
-    from kgpt.lstm import LSTMBackbone
-    from kgpt.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
+    from kgpt.data import batching, readers
+    from kgpt.train import callbacks, checkpoint
+    from kgpt.io import export, original, pretrained
+    from kgpt.tasks import heads, metrics, transforms
+    from kgpt.models import lm_loss
+    from kgpt.jobs import predict
+    from kgpt.analysis import zero_shot
+    from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
+    from kgpt.models.causal_lm import GPTCausalLM
+    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.jobs.finetune import load_finetuned
+    from kgpt.tasks.hookspecs import hookimpl
+    from kgpt.models.lstm import LSTMBackbone
+    from kgpt.train.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
     from kgpt.errors import ConfigError
-    from kgpt.presets import CheckpointError
-    from kgpt.registry import RegistryError, TaskRegistry
-    from kgpt.task import DataError, Example, Skipped, Task
-    from kgpt.task_model import GPTTaskModel
-    from kgpt.task_preprocessor import GPTTaskPreprocessor
-    from kgpt.tokenizer import GPTTokenizer
+    from kgpt.io.presets import CheckpointError
+    from kgpt.tasks.registry import RegistryError, TaskRegistry
+    from kgpt.tasks.task import DataError, Example, Skipped, Task
+    from kgpt.models.task_model import GPTTaskModel
+    from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+    from kgpt.data.tokenizer import GPTTokenizer
 
 __version__ = "0.1.0"
 

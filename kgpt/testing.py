@@ -20,13 +20,13 @@ import tempfile
 
 import numpy as np
 
-from kgpt import metrics as metrics_lib
-from kgpt.backbone import GPTBackbone
-from kgpt.registry import TaskRegistry
-from kgpt.task import Example, Skipped, Task
-from kgpt.task_model import GPTTaskModel
-from kgpt.task_preprocessor import GPTTaskPreprocessor
-from kgpt.tokenizer import GPTTokenizer
+from kgpt.tasks import metrics as metrics_lib
+from kgpt.models.backbone import GPTBackbone
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.tasks.task import Example, Skipped, Task
+from kgpt.models.task_model import GPTTaskModel
+from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+from kgpt.data.tokenizer import GPTTokenizer
 
 _TEXT = ["the cat sat on the mat", "a dog ran", "rain falls in spring", "why is the sky blue"]
 

@@ -12,9 +12,9 @@ fine-tuning sees `[start] before after [delim] candidate [extract]`.
 import re
 
 import kgpt
-from kgpt import readers
-from kgpt.transforms import MultipleChoice
-from kgpt.zero_shot import PronounSubstitution
+from kgpt.data import readers
+from kgpt.tasks.transforms import MultipleChoice
+from kgpt.analysis.zero_shot import PronounSubstitution
 
 FILES = {"train": ["train.c.txt"], "test": ["test.c.txt"]}
 

@@ -9,8 +9,8 @@ consensus) are skipped and counted, as is usual for these datasets.
 """
 
 import kgpt
-from kgpt import readers
-from kgpt.transforms import Entailment
+from kgpt.data import readers
+from kgpt.tasks.transforms import Entailment
 
 LABELS = ("entailment", "neutral", "contradiction")
 NO_CONSENSUS = "gold label '-' (no annotator consensus)"

@@ -19,9 +19,9 @@ import json
 import os
 
 import kgpt
-from kgpt import readers
-from kgpt.transforms import MultipleChoice
-from kgpt.zero_shot import AnswerLogProb
+from kgpt.data import readers
+from kgpt.tasks.transforms import MultipleChoice
+from kgpt.analysis.zero_shot import AnswerLogProb
 
 LETTERS = "ABCD"
 

@@ -8,7 +8,7 @@ header), or else `snli_format/scitail_1.0_{split}.txt` (JSON lines with
 """
 
 import kgpt
-from kgpt import readers
+from kgpt.data import readers
 from kgpt_tasks import scitail_demo
 
 LABELS = ("entails", "neutral")

@@ -16,9 +16,9 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import keras  # noqa: E402
 
-from kgpt import distribute  # noqa: E402
-from kgpt.finetune import FinetuneConfig, finetune  # noqa: E402
-from kgpt.pretrain import PretrainConfig, pretrain  # noqa: E402
+from kgpt.train import distribute  # noqa: E402
+from kgpt.jobs.finetune import FinetuneConfig, finetune  # noqa: E402
+from kgpt.jobs.pretrain import PretrainConfig, pretrain  # noqa: E402
 
 corpus, steps = sys.argv[1], [step.split(":") for step in sys.argv[2].split(",")]  # job:mode,...
 results = {"backend": keras.config.backend(), "devices": len(distribute.local_devices())}

@@ -8,9 +8,9 @@ import pytest
 from conftest import TINY, char_tokenizer
 
 import kgpt
-from kgpt import analysis
-from kgpt import finetune as finetune_lib
-from kgpt.pretrain import PretrainConfig
+from kgpt.analysis import experiments as analysis
+from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs.pretrain import PretrainConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt import batching
+from kgpt.data import batching
 
 
 def split_of(lengths, num_views=1, targets=True):
@@ -92,7 +92,7 @@ def test_dataset_draws_a_new_order_each_epoch():
 
 def test_predictions_do_not_depend_on_batching(backbone):
     """Bucketed, length-sorted batches give each example the outputs of one padded array, in split order."""
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b", "c"]), num_views=1)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b", "c"]), num_views=1)
     rng = np.random.default_rng(0)
     builder = batching.SplitBuilder("dev", 1, limit=16)
     for n in (9, 3, 14, 5, 3, 11, 7):

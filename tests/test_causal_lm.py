@@ -172,7 +172,7 @@ def newline_tokenizer():
 
 
 def text_lm(tokenizer, sequence_length=16):
-    from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     return kgpt.GPTCausalLM(backbone, preprocessor=GPTCausalLMPreprocessor(tokenizer, sequence_length))
@@ -209,7 +209,7 @@ def test_generate_text_errors():
 
 def test_score_text_matches_score_ids():
     from conftest import char_tokenizer
-    from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     lm = text_lm(newline_tokenizer())
     texts = ["a cab", "the dog ran"]

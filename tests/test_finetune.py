@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY, char_tokenizer, to_numpy
 
 import kgpt
-from kgpt import finetune as finetune_lib
+from kgpt.jobs import finetune as finetune_lib
 from kgpt_tasks import scitail, scitail_demo
 
 
@@ -149,10 +149,10 @@ def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
 
 def test_special_tokens_are_added_when_missing(backbone):
     tokenizer = kgpt.GPTTokenizer({f"t{i}": i for i in range(backbone.vocabulary_size)}, [])
-    grown = kgpt.pretrained.with_special_tokens(backbone, tokenizer)
+    grown = kgpt.io.pretrained.with_special_tokens(backbone, tokenizer)
     assert grown.vocabulary_size == backbone.vocabulary_size + 3 == tokenizer.vocabulary_size()
     with pytest.raises(ValueError, match="do not belong together"):
-        kgpt.pretrained.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
+        kgpt.io.pretrained.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
 
 
 def test_init_must_be_a_preset_or_a_checkpoint(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 from conftest import TINY, to_numpy
 
 import kgpt
-from kgpt.lm_loss import TiedLMLoss, chunked_lm_loss
+from kgpt.models.lm_loss import TiedLMLoss, chunked_lm_loss
 
 RNG = np.random.default_rng(0)
 HIDDEN = RNG.normal(size=(3, 7, 8)).astype("float32")
@@ -107,8 +107,8 @@ def test_chunked_loss_under_mixed_bfloat16_tracks_plain_logits():
 def test_compile_chooses_chunking_only_with_the_default_loss():
     lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY))
     lm.compile()
-    assert lm._chunked_loss.chunk_size == kgpt.lm_loss.DEFAULT_CHUNK_SIZE
-    assert lm.get_compile_config()["lm_loss_chunk_size"] == kgpt.lm_loss.DEFAULT_CHUNK_SIZE
+    assert lm._chunked_loss.chunk_size == kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE
+    assert lm.get_compile_config()["lm_loss_chunk_size"] == kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE
     lm.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # "auto": plain logits
     assert lm._chunked_loss is None
     with pytest.raises(ValueError, match="leave loss and weighted_metrics at 'auto'"):
@@ -117,7 +117,7 @@ def test_compile_chooses_chunking_only_with_the_default_loss():
 
 def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b"]), num_views=2, classifier_dropout=0.0, compile=False)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), num_views=2, classifier_dropout=0.0, compile=False)
     ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 2, 9)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     x["padding_mask"][0, 1, 5:] = 0
@@ -134,5 +134,5 @@ def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     logits = hidden @ to_numpy(backbone.token_embedding.embeddings).T
     nll = to_numpy(keras.losses.sparse_categorical_crossentropy(y["lm"], logits, from_logits=True))
     np.testing.assert_allclose(losses[0]["lm_loss"], (nll * weights["lm"]).sum() / weights["lm"].sum(), rtol=1e-5)
-    with pytest.raises(ValueError, match="must be a kgpt.lm_loss.TiedLMLoss"):
+    with pytest.raises(ValueError, match="must be a kgpt.models.lm_loss.TiedLMLoss"):
         model.compile(loss={"task": "sparse_categorical_crossentropy", "lm": "sparse_categorical_crossentropy"})

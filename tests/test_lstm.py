@@ -6,7 +6,7 @@ import pytest
 from conftest import random_inputs, to_numpy
 
 import kgpt
-from kgpt import finetune as finetune_lib
+from kgpt.jobs import finetune as finetune_lib
 
 SIZES = dict(vocabulary_size=97, hidden_dim=16, lstm_units=24, max_sequence_length=16, dropout=0.0)
 
@@ -51,7 +51,7 @@ def test_added_tokens_and_transfer_keep_the_learned_weights():
 
 
 def test_task_model_trains_on_an_lstm_backbone():
-    model = kgpt.GPTTaskModel(kgpt.LSTMBackbone(**SIZES), head=kgpt.heads.Classification(["a", "b"]))
+    model = kgpt.GPTTaskModel(kgpt.LSTMBackbone(**SIZES), head=kgpt.tasks.heads.Classification(["a", "b"]))
     ids = np.random.default_rng(0).integers(1, 97, (8, 1, 10)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     history = model.fit(x, {"task": np.arange(8) % 2, "lm": ids[..., 1:]}, epochs=2, verbose=0)

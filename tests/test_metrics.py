@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from kgpt import metrics
+from kgpt.tasks import metrics
 
 
 def test_accuracy_and_f1():

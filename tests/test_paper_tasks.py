@@ -6,7 +6,7 @@ import os
 import pytest
 
 import kgpt
-from kgpt import finetune as finetune_lib
+from kgpt.jobs import finetune as finetune_lib
 
 REGISTRY = kgpt.TaskRegistry()
 SENTENCES = ["the cat sat on the mat.", "a dog ran far away!", "rain falls in spring.", "why is the sky blue?",
@@ -147,7 +147,7 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
         lines = (tmp_path / "out" / "submission" / file_name).read_text().splitlines()
         assert lines[0] == "index\tprediction"
         assert len(lines) == 1 + results["splits"][split]["examples"]["used"]
-        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == kgpt.heads.Regression()
+        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == kgpt.tasks.heads.Regression()
 
 
 def encode(name, data, split="train"):

@@ -90,7 +90,7 @@ CLAIMS = """
 import kgpt
 
 def task(name):
-    return kgpt.Task(name=name, transform=kgpt.transforms.Classification(), labels=("a", "b"), read=lambda s, d: [])
+    return kgpt.Task(name=name, transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"), read=lambda s, d: [])
 
 @kgpt.hookimpl
 def register_tasks(register):

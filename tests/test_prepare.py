@@ -7,8 +7,8 @@ import sys
 import pytest
 
 import kgpt
-from kgpt.pretrain import PretrainConfig, corpus_files, prepare
-from kgpt.shards import build_shards
+from kgpt.jobs.pretrain import PretrainConfig, corpus_files, prepare
+from kgpt.data.shards import build_shards
 
 PARAGRAPH = ("The keeper\u2019s log for 3 January: \u201cWind SW, force 6 \u2014 glass falling\u2026\u201d "
              "Mrs. Marrow lit the lamp at 16:42.\n")

@@ -26,7 +26,7 @@ def inputs(views=None, seed=0):
 
 
 def trained_task_model():
-    model = kgpt.GPTTaskModel(backbone(), head=kgpt.heads.MultipleChoice(2), num_views=2, task_name="toy")
+    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.MultipleChoice(2), num_views=2, task_name="toy")
     x = inputs(views=2)
     y = {"task": np.array([0, 1, 1]), "lm": x["token_ids"][:, :, 1:]}
     model.fit(x, y, epochs=2, verbose=0)  # the weights move away from their initial values
@@ -57,7 +57,7 @@ def test_task_model_round_trip_is_exact(tmp_path):
     model.save_to_preset(str(tmp_path))
     assert (tmp_path / "task.weights.h5").exists()
     loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path))
-    assert loaded.task_name == "toy" and loaded.head == kgpt.heads.MultipleChoice(2)
+    assert loaded.task_name == "toy" and loaded.head == kgpt.tasks.heads.MultipleChoice(2)
     np.testing.assert_array_equal(loaded.predict_task(x), model.predict_task(x))
 
 
@@ -74,7 +74,7 @@ def test_tokenizer_round_trip_keeps_the_splitter(tmp_path):
 
 @pytest.fixture
 def saved(tmp_path):
-    model = kgpt.GPTTaskModel(backbone(), head=kgpt.heads.Classification(["a", "b", "c"]), task_name="toy")
+    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.Classification(["a", "b", "c"]), task_name="toy")
     model.save_to_preset(str(tmp_path / "p"))
     return tmp_path / "p"
 

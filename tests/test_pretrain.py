@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt.pretrain import PretrainConfig, pretrain
+from kgpt.jobs.pretrain import PretrainConfig, pretrain
 
 TEXT = "The keeper climbed the steps of the tower and wrote the date in the notebook.\n" * 30
 
@@ -52,7 +52,7 @@ def test_pretrain_learns_and_saves(tmp_path):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(backbone(x)),
                                keras.ops.convert_to_numpy(lm.backbone(x)), atol=1e-6)
     # ... and fine-tuning starts from it (--init).
-    from kgpt.finetune import FinetuneConfig, finetune
+    from kgpt.jobs.finetune import FinetuneConfig, finetune
 
     _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16),
                               log=lines.append)
@@ -71,7 +71,7 @@ def test_every_requested_step_is_trained(tmp_path):
 
 
 def test_evaluation_count():
-    from kgpt.pretrain import evaluation_count
+    from kgpt.jobs.pretrain import evaluation_count
 
     assert [evaluation_count(200, 5), evaluation_count(10, 3), evaluation_count(7, 3), evaluation_count(3, 10)] == [5, 2, 1, 3]
     with pytest.raises(ValueError, match="max_steps must be >= 1"):

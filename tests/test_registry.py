@@ -8,7 +8,7 @@ import types
 import pytest
 
 import kgpt
-from kgpt import transforms
+from kgpt.tasks import transforms
 
 
 def make_task(name="demo", **overrides):
@@ -268,11 +268,11 @@ def test_list_table_shows_tasks_and_problems():
         (dict(labels=("a",)), "at least 2 labels"),
         (dict(labels=("a", "a")), "labels repeat"),
         (dict(metrics=("bleu",)), "Unknown metric 'bleu'"),
-        (dict(transform="entailment"), "transform must be a kgpt.transforms.Transform"),
-        (dict(head=kgpt.heads.MultipleChoice(2)), "scores answer choices, which the classification transform has not"),
-        (dict(head="classification"), "head must be a kgpt.heads.Head"),
-        (dict(head=kgpt.heads.Classification(["x", "y"])), r"labels \('no', 'yes'\) differ from the head's"),
-        (dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.heads.MultipleChoice(4)),
+        (dict(transform="entailment"), "transform must be a kgpt.tasks.transforms.Transform"),
+        (dict(head=kgpt.tasks.heads.MultipleChoice(2)), "scores answer choices, which the classification transform has not"),
+        (dict(head="classification"), "head must be a kgpt.tasks.heads.Head"),
+        (dict(head=kgpt.tasks.heads.Classification(["x", "y"])), r"labels \('no', 'yes'\) differ from the head's"),
+        (dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.tasks.heads.MultipleChoice(4)),
          "the head has 4 choices but the transform makes 3 views"),
     ],
 )
@@ -282,21 +282,21 @@ def test_task_validation(overrides, message):
 
 
 def test_heads_are_inferred():
-    assert make_task().head == kgpt.heads.Classification(make_task().labels)
-    assert make_task(labels=None).head == kgpt.heads.Regression()
-    assert make_task(labels=None, transform=transforms.MultipleChoice(4)).head == kgpt.heads.MultipleChoice(4)
+    assert make_task().head == kgpt.tasks.heads.Classification(make_task().labels)
+    assert make_task(labels=None).head == kgpt.tasks.heads.Regression()
+    assert make_task(labels=None, transform=transforms.MultipleChoice(4)).head == kgpt.tasks.heads.MultipleChoice(4)
 
 
 # --- plugin code failing on data: the task, plugin, split and file are named ---
 
 
 def jsonl_reader(split, data_dir):
-    path = kgpt.readers.find_file(data_dir, [f"{split}.jsonl"], f"{split} file")
-    for line_no, row in kgpt.readers.read_jsonl(path):
+    path = kgpt.data.readers.find_file(data_dir, [f"{split}.jsonl"], f"{split} file")
+    for line_no, row in kgpt.data.readers.read_jsonl(path):
         yield kgpt.Example(segments=(row["text"],), label=row["label"], source=f"{path}:{line_no}")
 
 
-class StrictHead(kgpt.heads.Classification):
+class StrictHead(kgpt.tasks.heads.Classification):
     def target(self, label, source=""):
         return {"no": 0, "yes": 1}[label.strip()]
 

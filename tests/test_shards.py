@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt import shards
+from kgpt.data import shards
 
 TEXT = "First line of the tale.\n\n  Second, after a blank line;\nthird -- with   spaces \n\n\nend\n"
 # What ftfy changes across lines: "\r\n", entities (decoded until a line holds a "<"), curly quotes, mojibake.

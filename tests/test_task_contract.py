@@ -5,7 +5,7 @@ from conftest import char_tokenizer
 
 import kgpt
 import kgpt.testing
-from kgpt import transforms
+from kgpt.tasks import transforms
 
 REGISTRY = kgpt.TaskRegistry()
 

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import kgpt
 from conftest import TINY, char_tokenizer, to_numpy
-from kgpt.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 
 TEXTS = ["a cab", "the dog ran to the cab!"]
 
@@ -57,7 +57,7 @@ def test_preprocessor_special_tokens():
 
 
 def tiny_pretrained_preset(tmp_path, **overrides):
-    from kgpt.pretrain import PretrainConfig, pretrain
+    from kgpt.jobs.pretrain import PretrainConfig, pretrain
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -9,7 +9,7 @@ from conftest import char_tokenizer
 
 import kgpt
 import kgpt.testing
-from kgpt import heads, transforms
+from kgpt.tasks import heads, transforms
 
 
 # --- heads -------------------------------------------------------------------

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kgpt import transforms
+from kgpt.tasks import transforms
 
 S, D, E = 100, 101, 102  # start, delimiter, extract
 LAYOUT = transforms.Layout(S, D, E)

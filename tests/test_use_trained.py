@@ -13,9 +13,9 @@ import pytest
 from conftest import TINY, char_tokenizer
 
 import kgpt
-from kgpt import finetune as finetune_lib
-from kgpt import predict as predict_lib
-from kgpt.rundir import OutputDirError
+from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import predict as predict_lib
+from kgpt.jobs.rundir import OutputDirError
 
 SUBJECTS = ["the sun", "ice", "a dog", "the moon", "salt", "iron", "a cat", "rain", "sand", "a fish", "wood", "gold"]
 FACTS = ["is hot", "is cold", "can swim", "is a star", "melts", "rusts", "is wet", "floats"]
@@ -126,7 +126,7 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
 
 
 def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
-    transform = kgpt.transforms.Entailment()
+    transform = kgpt.tasks.transforms.Entailment()
     jsonl = tmp_path / "x.jsonl"
     jsonl.write_text('{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n{"id": "b", "premise": "q"}\n')
     with pytest.raises(kgpt.DataError, match=r"x.jsonl:2: missing 'hypothesis'"):
@@ -138,7 +138,7 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     tsv.write_text("index\tq\tctx\tans\n3\tq?\tc\tyes\n")
     inputs = predict_lib.read_inputs(str(tsv), transform, columns=["ctx", "ans"])
     assert inputs.examples == [(("c", "yes"), ())] and inputs.ids == ["3"]
-    choice = kgpt.transforms.MultipleChoice(2)
+    choice = kgpt.tasks.transforms.MultipleChoice(2)
     assert predict_lib.read_inputs(str(tsv), choice, columns=["ctx", "q", "ans"]).examples == [(("c",), ("q?", "yes"))]
     text = tmp_path / "x.txt"
     text.write_text("a\tb\n\nc\td\n")
@@ -158,7 +158,7 @@ def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp
     with pytest.raises(OutputDirError, match=r"already holds files .*notes.txt"):
         finetune_lib.finetune(config(preset, data, str(mine), epochs=1), log=quiet)
     # A directory in use by a live run is refused.
-    from kgpt.rundir import RunDirectory
+    from kgpt.jobs.rundir import RunDirectory
 
     with RunDirectory(str(tmp_path / "busy"), "finetune", {"a": 1}):
         with pytest.raises(OutputDirError, match=r"busy is in use by another kgpt run \(pid"):
@@ -168,7 +168,7 @@ def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp
 
 RUN = """
 import sys
-from kgpt import finetune
+from kgpt.jobs import finetune
 config = finetune.FinetuneConfig(**__import__("json").loads(sys.argv[1]))
 finetune.finetune(config, log=lambda *a: None)
 """
@@ -216,6 +216,6 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
 def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
     preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data", (("train", 32), ("dev", 4)))
     out = tmp_path / "out"
-    with pytest.raises(kgpt.callbacks.NonFiniteLossError, match=r"The training loss is (nan|inf) at step \d+"):
+    with pytest.raises(kgpt.train.callbacks.NonFiniteLossError, match=r"The training loss is (nan|inf) at step \d+"):
         finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=2), log=quiet)
     assert not (out / "config.json").exists() and not (out / "metrics.json").exists()

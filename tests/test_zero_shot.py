@@ -8,7 +8,7 @@ import pytest
 from conftest import TINY, char_tokenizer
 
 import kgpt
-from kgpt import zero_shot
+from kgpt.analysis import zero_shot
 from kgpt_tasks import dprd
 
 

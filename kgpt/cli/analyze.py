@@ -20,7 +20,7 @@ import dataclasses
 from absl import app, flags, logging
 
 from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
-from kgpt import analysis
+from kgpt.analysis import experiments as analysis
 
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
 DEFAULT_TASKS = {"zero-shot": ["sst2", "cola"], "zero-shot-curve": ["sst2", "cola"], "transfer": ["scitail"],

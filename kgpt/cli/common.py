@@ -21,11 +21,11 @@ flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and Tens
 
 def user_errors():
     """The exception types that are a user's mistake rather than a bug in kgpt."""
-    from kgpt.callbacks import NonFiniteLossError
+    from kgpt.train.callbacks import NonFiniteLossError
     from kgpt.errors import ConfigError, DataError
-    from kgpt.presets import CheckpointError
-    from kgpt.registry import RegistryError
-    from kgpt.rundir import OutputDirError
+    from kgpt.io.presets import CheckpointError
+    from kgpt.tasks.registry import RegistryError
+    from kgpt.jobs.rundir import OutputDirError
 
     # Plain ValueErrors and TypeErrors keep their traceback: they are more often bugs than mistakes.
     return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError)

@@ -7,7 +7,7 @@
 `--model` is a `kgpt-train --task NAME --output_dir`. The output is a TSV:
 `id`, `prediction` and `p_<label>` per label (or the value, for regression);
 with `--data_dir` it also holds the labels and the task's metrics are printed.
-See `kgpt.predict` for the input formats.
+See `kgpt.jobs.predict` for the input formats.
 """
 
 import os
@@ -50,10 +50,10 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
     _check_flags()
     import kgpt
-    from kgpt import finetune, predict
+    from kgpt.jobs import finetune, predict
 
     log = (lambda *a: print(*a, file=sys.stderr)) if FLAGS.output == "-" else print
-    from kgpt.task_model import is_task_preset
+    from kgpt.models.task_model import is_task_preset
 
     if not os.path.isdir(FLAGS.model) or not is_task_preset(FLAGS.model):
         raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "

@@ -21,8 +21,8 @@ from absl import app, flags, logging
 from kgpt._quiet import quiet_stderr
 
 with quiet_stderr():  # pre-training's imports start TensorFlow's devices
-    from kgpt import finetune as finetune_lib
-    from kgpt import pretrain as pretrain_lib
+    from kgpt.jobs import finetune as finetune_lib
+    from kgpt.jobs import pretrain as pretrain_lib
 
 _PRE = pretrain_lib.PretrainConfig()
 _FINE = finetune_lib.FinetuneConfig()
@@ -51,7 +51,7 @@ flags.DEFINE_enum("architecture", _PRE.architecture, ["transformer", "lstm"],
 flags.DEFINE_integer("lstm_units", _PRE.lstm_units, "lm: units per LSTM layer with --architecture lstm.")
 flags.DEFINE_integer("lm_loss_chunk_size", _PRE.lm_loss_chunk_size,
                      "Tokens whose logits the LM loss holds at once, so training never keeps the whole "
-                     "[batch, length, vocabulary] array (kgpt.lm_loss); 0: all at once.", lower_bound=0)
+                     "[batch, length, vocabulary] array (kgpt.models.lm_loss); 0: all at once.", lower_bound=0)
 # Devices and precision.
 flags.DEFINE_enum("distribution", "none", ["none", "data_parallel"],
                   "data_parallel: split every batch over all local GPUs/TPU cores (CPUs without them): "
@@ -179,7 +179,7 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
     logging.set_verbosity(logging.WARNING)  # keep JAX/TF start-up chatter out of the run log
-    from kgpt.registry import RegistryError, TaskRegistry
+    from kgpt.tasks.registry import RegistryError, TaskRegistry
 
     registry = TaskRegistry()
     if FLAGS.list_tasks:

@@ -8,7 +8,7 @@ Each example becomes `[start] passage [delim] question [extract]`
 """
 
 import kgpt
-from kgpt import readers
+from kgpt.data import readers
 
 LABELS = ("false", "true")
 

@@ -1,0 +1,267 @@
+"""The paper's analyses (section 5): transfer depth, zero-shot curves, Table 5 ablations.
+
+Each function runs the experiments with `kgpt.jobs.finetune`/`kgpt.jobs.pretrain`,
+writes its table as CSV and Markdown and, where the paper has a figure, a
+PNG (matplotlib, no display needed). `kgpt-analyze` is the command line.
+"""
+
+import csv
+import dataclasses
+import json
+import os
+
+import numpy as np
+
+from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import pretrain as pretrain_lib
+from kgpt.io import pretrained as pretrained_lib
+from kgpt.analysis import zero_shot as zero_shot_lib
+from kgpt.tasks.registry import TaskRegistry
+
+# Table 5 of the paper (dev sets; mc = Matthews, pc = Pearson, F1, else accuracy).
+TABLE5_COLUMNS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
+TABLE5 = {
+    "full": (74.7, (45.4, 91.3, 82.3, 82.0, 70.3, 81.8, 88.1, 56.0)),
+    "no_pretraining": (59.9, (18.9, 84.0, 79.4, 30.9, 65.5, 75.7, 71.2, 53.8)),
+    "no_aux_lm": (75.0, (47.9, 92.0, 84.9, 83.2, 69.8, 81.1, 86.9, 54.4)),
+    "lstm": (69.1, (30.3, 90.5, 83.2, 71.8, 68.1, 73.7, 81.1, 54.6)),
+}
+ROW_TITLES = {
+    "full": "Transformer w/ aux LM (full)",
+    "no_pretraining": "Transformer w/o pre-training",
+    "no_aux_lm": "Transformer w/o aux LM",
+    "lstm": "LSTM w/ aux LM",
+}
+# The LSTM the demo pre-trains beside the demo transformer (the paper's has 2048 units).
+DEMO_LSTM = dict(architecture="lstm", num_layers=1, lstm_units=512)
+
+
+def paper_value(row, task):
+    """The paper's Table 5 number for `row` and `task`, or None."""
+    if task not in TABLE5_COLUMNS:
+        return None
+    return TABLE5[row][1][TABLE5_COLUMNS.index(task)]
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; works without a display
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_table(path_stem, header, rows):
+    """Writes `rows` as `path_stem.csv` and a Markdown table `path_stem.md`; returns the Markdown."""
+    os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
+    with open(path_stem + ".csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(header)
+        writer.writerows(rows)
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    markdown = "\n".join(lines) + "\n"
+    with open(path_stem + ".md", "w") as f:
+        f.write(markdown)
+    return markdown
+
+
+def _cell(value):
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def headline(task, results, split=None):
+    """`(metric name, value x 100)` of the task's first metric on its evaluation split."""
+    split = split or (task.splits[1] if len(task.splits) > 1 else task.splits[0])
+    name = task.metric_names[0]
+    scores = results["splits"].get(split, {})
+    if name not in scores:
+        raise ValueError(f"Task {task.name!r}: no {name} on split {split!r} (is it labelled and present?).")
+    return name, 100.0 * scores[name]
+
+
+def _demo_pretrained(output_dir, architecture, seed, log):
+    """Pre-trains the demo model of `architecture` on the embedded text (reused if already there)."""
+    out = os.path.join(output_dir, "pretrained", architecture)
+    if os.path.exists(os.path.join(out, "task.json")):
+        log(f"Reusing the demo {architecture} pre-trained in {out}.")
+        return out
+    settings = dict(pretrain_lib.DEMO_SETTINGS, **(DEMO_LSTM if architecture == "lstm" else {}))
+    log(f"Pre-training the demo {architecture} on the embedded text ({settings}).")
+    pretrain_lib.pretrain(pretrain_lib.PretrainConfig(**settings, output_dir=out, seed=seed), log=log)
+    return out
+
+
+# --- Figure 2 (left): transfer depth ------------------------------------------
+
+def transfer_depth(base, layers=None, output_dir="analysis", log=print):
+    """Fine-tunes `base.task` with the embeddings + first n blocks transferred, for each n in `layers`.
+
+    Args:
+        base: a `FinetuneConfig` (task, data_dir, schedule); `init` None =
+            pre-train the demo model first.
+        layers: numbers of blocks to transfer (default 0..num_layers).
+
+    Writes `transfer_depth.{csv,md,png}` to `output_dir`; returns the rows
+    `(layers, metric, value x 100)`.
+    """
+    task = TaskRegistry().get(base.task)
+    init = base.init or _demo_pretrained(output_dir, "transformer", base.seed, log)
+    total = pretrained_lib.load_pretrained(init, num_heads=base.num_heads)[0].num_layers
+    layers = list(range(total + 1)) if layers is None else sorted(set(layers))
+    if not all(0 <= n <= total for n in layers):
+        raise ValueError(f"layers must be within 0..{total} (the model has {total} blocks), got {layers}.")
+    rows = []
+    for n in layers:
+        log(f"--- transfer depth: embeddings + {n} of {total} block(s) ---")
+        config = dataclasses.replace(base, init=init, transfer_layers=n,
+                                  output_dir=os.path.join(output_dir, "runs", f"transfer_{n}"))
+        _, results = finetune_lib.finetune(config, log=log)
+        metric, value = headline(task, results)
+        rows.append((n, metric, value))
+    stem = os.path.join(output_dir, "transfer_depth")
+    markdown = write_table(stem, ["layers transferred", "metric", f"{task.name} dev"], rows)
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([r[0] for r in rows], [r[2] for r in rows], marker="o", label=f"{task.name} dev")
+    ax.set(xlabel="# of layers transferred", ylabel=f"{rows[0][1]} (x100)",
+           title=f"Transfer depth: {task.name} (paper Figure 2, left)")
+    ax.set_xticks([r[0] for r in rows])
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+    plt.close(fig)
+    log(markdown + f"Wrote {stem}.csv, .md and .png")
+    return rows
+
+
+# --- Figure 2 (right): zero-shot performance during pre-training ---------------
+
+def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="analysis", log=print):
+    """Pre-trains each architecture with zero-shot evaluations every `base.zero_shot_every` steps.
+
+    Args:
+        base: a `PretrainConfig` with `zero_shot` set (tasks and data dirs);
+            the LSTM run replaces the architecture (demo LSTM sizes when the
+            base is the demo model).
+
+    Writes `zero_shot_curve.{csv,md,png}`; returns the rows
+    `(architecture, step, task, metric, value)`.
+    """
+    if not base.zero_shot:
+        raise ValueError("zero_shot_curve needs base.zero_shot: the tasks to evaluate.")
+    rows = []
+    for architecture in architectures:
+        overrides = {"architecture": architecture}
+        if architecture == "lstm" and base.corpus is None:
+            overrides.update(DEMO_LSTM)
+        out = os.path.join(output_dir, "runs", f"curve_{architecture}")
+        config = dataclasses.replace(base, output_dir=out, **overrides)
+        log(f"--- zero-shot curve: pre-training the {architecture} ---")
+        _, _, metrics = pretrain_lib.pretrain(config, log=log)
+        for key, points in metrics.get("zero_shot", {}).items():
+            task, metric = key.split("/")
+            rows += [(architecture, step, task, metric, value) for step, value in points]
+    stem = os.path.join(output_dir, "zero_shot_curve")
+    markdown = write_table(stem, ["architecture", "step", "task", "metric", "value (x100)"],
+                           [(a, s, t, m, round(100 * v, 2)) for a, s, t, m, v in rows])
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    tasks = sorted({(r[2], r[3]) for r in rows})
+    colours = dict(zip(tasks, plt.rcParams["axes.prop_cycle"].by_key()["color"] * 4))
+    for architecture, style in zip(architectures, ("-", "--", ":", "-.")):
+        for task, metric in tasks:
+            points = [(r[1], r[4]) for r in rows if r[0] == architecture and r[2] == task]
+            if points:
+                ax.plot(*zip(*points), style, marker="o", color=colours[(task, metric)],
+                        label=f"{task} {metric} ({architecture})")
+    ax.set(xlabel="pre-training updates", ylabel="zero-shot metric (accuracy, Matthews, ...)",
+           title="Zero-shot performance during pre-training (paper Figure 2, right)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(stem + ".png", dpi=120)
+    plt.close(fig)
+    log(markdown + f"Wrote {stem}.csv, .md and .png")
+    return rows
+
+
+def zero_shot_table(init, tasks, output_dir=None, batch_size=32, log=print):
+    """Evaluates a pre-trained preset zero-shot on `tasks` (`{name: data_dir or None}`); returns results."""
+    from kgpt.models.causal_lm import GPTCausalLM
+
+    registry = TaskRegistry()
+    backbone, tokenizer, origin = pretrained_lib.load_pretrained(init)
+    lm = GPTCausalLM(backbone)
+    log(f"Zero-shot with the model from {origin}.")
+    results, rows = {}, []
+    for name, (task, data_dir) in zero_shot_lib.resolve_tasks(tasks, output_dir or ".", registry, log).items():
+        result = zero_shot_lib.evaluate(lm, tokenizer, task, data_dir, batch_size=batch_size)
+        results[name] = result
+        for metric in task.metric_names:
+            rows.append((name, metric, round(100 * result[metric], 2), task.zero_shot.description))
+        log(f"{name}: " + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
+            + f" ({result['examples']['used']} examples)")
+    if output_dir:
+        write_table(os.path.join(output_dir, "zero_shot"), ["task", "metric", "value (x100)", "heuristic"], rows)
+        with open(os.path.join(output_dir, "zero_shot.json"), "w") as f:
+            json.dump(results, f, indent=2)
+    return results
+
+
+# --- Table 5: ablations --------------------------------------------------------
+
+def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analysis", log=print):
+    """Runs the chosen Table 5 rows over `tasks` (`{name: data_dir or None}`).
+
+    Rows: `full` (pre-trained transformer, aux LM 0.5), `no_pretraining`
+    (same model and vocabulary, fresh weights), `no_aux_lm` (`lm_coef=0`),
+    `lstm` (the pre-trained LSTM of `lstm_init`, aux LM 0.5). Without
+    `base.init`, the demo transformer and a demo LSTM are pre-trained on the
+    embedded text first.
+
+    Writes `ablations.{csv,md}` (ours beside the paper's numbers); returns
+    `{row: {task: value x 100}}`.
+    """
+    unknown = [r for r in rows if r not in TABLE5]
+    if unknown:
+        raise ValueError(f"Unknown ablation row(s) {unknown}; choose from {', '.join(TABLE5)}.")
+    registry = TaskRegistry()
+    init = base.init or _demo_pretrained(output_dir, "transformer", base.seed, log)
+    if "lstm" in rows and lstm_init is None:
+        if base.init is not None:
+            raise ValueError("The lstm row needs --lstm_init: an LSTM pre-trained on the same corpus "
+                             "(kgpt-train --task lm --architecture lstm --output_dir DIR).")
+        lstm_init = _demo_pretrained(output_dir, "lstm", base.seed, log)
+    settings = {
+        "full": {"init": init},
+        "no_pretraining": {"init": init, "pretrained_weights": False},
+        "no_aux_lm": {"init": init, "lm_coef": 0.0},
+        "lstm": {"init": lstm_init},
+    }
+    scores = {row: {} for row in rows}
+    for name, data_dir in tasks.items():
+        task = registry.get(name)
+        for row in rows:
+            log(f"--- ablation {row} on {name} ---")
+            config = dataclasses.replace(base, task=name, data_dir=data_dir, **settings[row],
+                                      output_dir=os.path.join(output_dir, "runs", f"{row}_{name}"))
+            _, results = finetune_lib.finetune(config, log=log)
+            scores[row][name] = headline(task, results)[1]
+    header = ["method", "avg"] + [f"{n} ({registry.get(n).metric_names[0]})" for n in tasks]
+    table = []
+    for row in rows:
+        ours = [scores[row][n] for n in tasks]
+        table.append([ROW_TITLES[row], float(np.mean(ours))] + ours)
+        paper = [paper_value(row, n) for n in tasks]
+        if any(v is not None for v in paper):
+            average = TABLE5[row][0] if set(tasks) == set(TABLE5_COLUMNS) else None
+            table.append([f"  paper: {ROW_TITLES[row]}", average] + paper)
+    markdown = write_table(os.path.join(output_dir, "ablations"), header, table)
+    log(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev sets; "
+        "'-' where the paper has no number).")
+    return scores

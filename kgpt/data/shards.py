@@ -1,0 +1,439 @@
+"""Token shards on disk: a corpus tokenized once, then sampled without loading it.
+
+`build_shards(files, tokenizer, directory)` reads each file in line-aligned
+chunks of about 1 MiB, tokenizes the chunks in worker processes (one per
+core by default) and writes the results in order into flat binary shards of
+`uint16` ids (`uint32` for vocabularies over 65,536), `SHARD_TOKENS` each: the
+shards are byte for byte those of a one-process build, and each file's ids
+are `tokenizer.encode(whole file)`. Lines longer than `LINE_BYTES` are cut
+(after their last space, or mid-word when they have none) and counted.
+
+`index.json` is written last: token counts and a CRC-32 per shard, token
+counts per source file, the tokenizer's fingerprint and every source's size
+and modification time. A rerun with the same files and tokenizer checks the
+shards against their CRCs and reuses them (a changed shard is an error that
+names it); anything else rebuilds them. An interrupted build has no index
+and is rebuilt.
+
+`ShardIndex.windows(...)` is a `tf.data` stream of random contiguous windows
+read from memory-mapped shards: memory use does not grow with the corpus.
+Batch `k` is a pure function of `(seed, k)`, so a resumed run sees exactly the
+batches an uninterrupted one would have.
+"""
+
+import collections
+import dataclasses
+import itertools
+import json
+import multiprocessing
+import os
+import sys
+import time
+import zlib
+
+import numpy as np
+
+from kgpt.data.tokenizer import MAX_WORD_CHARS, fix_text
+
+INDEX_FILE = "index.json"
+INDEX_FORMAT = 2  # 2: CRC-32 per shard
+SHARD_TOKENS = 1 << 24  # 16M tokens: 32 MiB per shard as uint16
+LINE_BYTES = 1 << 20  # longer lines are cut
+_CHUNK_BYTES = 1 << 20
+
+
+def token_dtype(vocabulary_size):
+    return np.uint16 if vocabulary_size <= 1 << 16 else np.uint32
+
+
+def _source(path):
+    stat = os.stat(path)
+    return {"path": os.path.abspath(path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def default_workers():
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+# --- reading ------------------------------------------------------------------
+
+def text_chunks(path, chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None):
+    """Yields the UTF-8 text of `path` in pieces of at most about `chunk_bytes` that end at line ends.
+
+    A line longer than `line_bytes` is cut after its last space or tab in that
+    length, which changes no token, or, with none, mid-word at a character
+    boundary; `cuts` (a `collections.Counter`) counts them as `"at a space"`
+    and `"mid-word"`. A byte that is not UTF-8 raises `ValueError` naming the
+    file and its byte offset; an I/O error raises `OSError` naming the file.
+    """
+    offset, pending = 0, b""
+    try:
+        with open(path, "rb") as f:
+            while True:
+                block = f.read(chunk_bytes)
+                pending += block
+                end = pending.rfind(b"\n") + 1
+                if not block:
+                    end = len(pending)
+                elif not end:
+                    if len(pending) < line_bytes:
+                        continue  # read on to the line's end
+                    end, kind = _cut_point(pending)
+                    if cuts is not None:
+                        cuts[kind] += 1
+                if end:
+                    yield _decode(pending[:end], path, offset)
+                    offset, pending = offset + end, pending[end:]
+                if not block:
+                    return
+    except OSError as e:
+        message = f"cannot read {path}: {e.strerror or e}"
+        raise (OSError(e.errno, message) if e.errno else OSError(message)) from e
+
+
+def _cut_point(data):
+    """Where to cut a line with no newline: after its last space or tab, else before its last character."""
+    end = max(data.rfind(b" "), data.rfind(b"\t")) + 1
+    if end:
+        return end, "at a space"
+    end = len(data) - 1
+    while end > 0 and 0x80 <= data[end] < 0xC0:  # a UTF-8 continuation byte: inside a character
+        end -= 1
+    return end, "mid-word"
+
+
+def _decode(raw, path, offset):
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(
+            f"{path}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not valid UTF-8; re-encode the file as UTF-8."
+        ) from None
+
+
+# --- encoding -----------------------------------------------------------------
+
+_Piece = collections.namedtuple("_Piece", "source ids starts_line ends_line has_newline cut_words")
+
+
+def _jobs(files, chunk_bytes, line_bytes, cuts):
+    """`(source index, chunk text, whether an earlier chunk of the file had a "<")` for every chunk."""
+    for source, path in enumerate(files):
+        after_lt = False
+        for text in text_chunks(path, chunk_bytes, line_bytes, cuts):
+            yield source, text, after_lt
+            after_lt = after_lt or "<" in text  # ftfy stops decoding HTML entities after one
+
+
+def _encode_job(engine, job):
+    """A `_Piece`: the ids of one chunk and the newlines around its words."""
+    source, text, after_lt = job
+    fixed = fix_text(text, after_lt)
+    cut = engine.cut_words
+    ids = np.asarray(engine.encode_fixed(fixed), token_dtype(len(engine.encoder)))
+    lead, trail = fixed[: len(fixed) - len(fixed.lstrip())], fixed[len(fixed.rstrip()) :]
+    return _Piece(source, ids, "\n" in lead, "\n" in trail, "\n" in fixed, engine.cut_words - cut)
+
+
+_WORKER_ENGINE = []
+
+
+def _start_worker(engine):
+    _WORKER_ENGINE.append(engine)
+
+
+def _encode_in_worker(job):
+    return _encode_job(_WORKER_ENGINE[0], job)
+
+
+def _encoded(jobs, engine, workers):
+    """Yields `_encode_job` of every job, in order, from `workers` processes (this one alone for 1)."""
+    jobs = iter(jobs)
+    first = next(jobs, None)
+    if first is None:
+        return
+    # The first chunk is encoded here, so that the workers start with its
+    # words cached instead of each finding the common words anew.
+    yield _encode_job(engine, first)
+    second = next(jobs, None)
+    if second is None:
+        return
+    jobs = itertools.chain([second], jobs)
+    if workers <= 1:
+        for job in jobs:
+            yield _encode_job(engine, job)
+        return
+    # fork shares the loaded vocabulary and caches with the workers at no cost;
+    # elsewhere the TextEncoder is pickled (it leaves its caches and spaCy behind).
+    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+    with context.Pool(workers, initializer=_start_worker, initargs=(engine,)) as pool:
+        pending = collections.deque()
+        for job in jobs:
+            pending.append(pool.apply_async(_encode_in_worker, (job,)))
+            if len(pending) > 2 * workers:  # bounded: the corpus is never all in memory
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+def _file_ids(pieces, newline_id):
+    """Joins the chunks of one file as `encode()` joins its lines: one newline token where whitespace holds one."""
+    seen_words = newline = False
+    for piece in pieces:
+        if not len(piece.ids):
+            newline = newline or piece.has_newline
+            continue
+        if seen_words and (newline or piece.starts_line):
+            yield np.asarray([newline_id], piece.ids.dtype)
+        yield piece.ids
+        seen_words, newline = True, piece.ends_line
+
+
+def encode_file(tokenizer, path, chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None):
+    """Yields int arrays of `path`'s token ids; together they equal `tokenizer.encode(whole text)`.
+
+    (Except where a line longer than `line_bytes` was cut mid-word, counted in `cuts`.)
+    """
+    engine = tokenizer.text_encoder
+    pieces = (_encode_job(engine, job) for job in _jobs([path], chunk_bytes, line_bytes, cuts))
+    yield from _file_ids(pieces, engine.newline_id)
+
+
+# --- the shards -----------------------------------------------------------------
+
+@dataclasses.dataclass
+class ShardIndex:
+    """The shards of one corpus: read with `tokens(start, stop)` or `windows(...)`."""
+
+    directory: str
+    dtype: str
+    shards: list  # [{"file": name, "tokens": n, "crc32": c}, ...]
+    sources: list  # [{"path", "bytes", "mtime_ns", "tokens"}, ...]
+    tokenizer: str  # fingerprint
+    cuts: dict = dataclasses.field(default_factory=dict)  # what was cut while reading, with counts
+    format: int = 1  # indexes written before CRCs name none
+
+    @property
+    def total_tokens(self):
+        return sum(s["tokens"] for s in self.shards)
+
+    def arrays(self):
+        """Read-only memory maps of the shards."""
+        if not hasattr(self, "_maps"):
+            self._maps = [
+                np.memmap(os.path.join(self.directory, s["file"]), dtype=self.dtype, mode="r", shape=(s["tokens"],))
+                for s in self.shards
+                if s["tokens"]
+            ]
+        return self._maps
+
+    def tokens(self, start, stop):
+        """Token ids `[start, stop)` of the whole stream as an int32 array (crosses shards)."""
+        pieces, base = [], 0
+        for array in self.arrays():
+            lo, hi = max(start - base, 0), min(stop - base, len(array))
+            if lo < hi:
+                pieces.append(np.asarray(array[lo:hi], np.int32))
+            base += len(array)
+        return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
+
+    def windows(self, sequence_length, batch_size, seed, stop=None, first_batch=0):
+        """Endless `tf.data` stream of `(x, y)` batches of random windows inside `[0, stop)`.
+
+        A window never crosses a shard boundary. Batch `k` depends only on
+        `(seed, k)`; `first_batch` starts the stream there (for resuming).
+        """
+        import tensorflow as tf
+
+        stop = self.total_tokens if stop is None else stop
+        arrays, bases, counts, base = [], [], [], 0
+        for array in self.arrays():
+            usable = min(len(array), stop - base) - sequence_length  # window starts in this shard
+            if usable > 0:
+                arrays.append(array)
+                bases.append(base)
+                counts.append(usable)
+            base += len(array)
+        if not counts:
+            raise ValueError(f"No shard holds a window of sequence_length={sequence_length} + 1 tokens.")
+        ends = np.cumsum(counts)
+        begins = ends - np.asarray(counts)
+        length = sequence_length + 1
+
+        def batch(k):
+            rng = np.random.default_rng([seed, int(k)])
+            picks = rng.integers(0, ends[-1], batch_size)
+            which = np.searchsorted(ends, picks, side="right")
+            offsets = picks - begins[which]
+            return np.stack([arrays[w][o : o + length] for w, o in zip(which, offsets)]).astype(np.int32)
+
+        def to_xy(windows):
+            windows.set_shape([batch_size, length])
+            x = {"token_ids": windows[:, :-1], "padding_mask": tf.ones([batch_size, sequence_length], tf.int32)}
+            return x, windows[:, 1:]
+
+        return (
+            tf.data.Dataset.counter(first_batch)
+            .map(lambda k: tf.numpy_function(batch, [k], tf.int32), num_parallel_calls=tf.data.AUTOTUNE)
+            .map(to_xy)
+            .prefetch(tf.data.AUTOTUNE)
+        )
+
+    def check(self):
+        """Raises `ValueError` naming the first shard whose size or CRC-32 is not the recorded one."""
+        for shard in self.shards:
+            path = os.path.join(self.directory, shard["file"])
+            expected = shard["tokens"] * np.dtype(self.dtype).itemsize
+            if not os.path.isfile(path) or os.path.getsize(path) != expected:
+                found = f"{os.path.getsize(path):,} bytes" if os.path.isfile(path) else "missing"
+                raise ValueError(f"{path}: {found}, but {INDEX_FILE} records {expected:,} bytes. " + _CHANGED)
+            if _crc32(path) != shard["crc32"]:
+                raise ValueError(f"{path}: its CRC-32 is not the one {INDEX_FILE} records. " + _CHANGED)
+
+    @classmethod
+    def load(cls, directory):
+        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
+            data = json.load(f)
+        fields = {f.name for f in dataclasses.fields(cls)} - {"directory"}
+        return cls(directory, **{k: v for k, v in data.items() if k in fields})
+
+
+_CHANGED = (
+    "The shard changed after it was written (a copy, a disk or another program); delete the shards "
+    "folder to tokenize the corpus again."
+)
+
+
+def _crc32(path):
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _matching_index(directory, sources, fingerprint):
+    """The index of shards built from exactly `sources` with this tokenizer, checked; None to rebuild."""
+    try:
+        index = ShardIndex.load(directory)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    previous = [{k: s[k] for k in ("path", "bytes", "mtime_ns")} for s in index.sources]
+    if index.format != INDEX_FORMAT or previous != sources or index.tokenizer != fingerprint:
+        return None
+    index.check()
+    return index
+
+
+class _ShardWriter:
+    """Writes a stream of id arrays into shards of `shard_tokens`, with a CRC-32 each."""
+
+    def __init__(self, directory, dtype, shard_tokens):
+        self.directory, self.dtype, self.shard_tokens = directory, dtype, shard_tokens
+        self.shards, self._file, self._filled = [], None, shard_tokens
+
+    def write(self, ids):
+        while len(ids):
+            if self._filled == self.shard_tokens:
+                self._open()
+            take = ids[: self.shard_tokens - self._filled]
+            data = take.astype(self.dtype, copy=False).tobytes()
+            self._file.write(data)
+            shard = self.shards[-1]
+            shard["tokens"] += len(take)
+            shard["crc32"] = zlib.crc32(data, shard["crc32"])
+            self._filled += len(take)
+            ids = ids[len(take) :]
+
+    def _open(self):
+        self.close()
+        name = f"tokens_{len(self.shards):05d}.bin"
+        self.shards.append({"file": name, "tokens": 0, "crc32": 0})
+        self._file, self._filled = open(os.path.join(self.directory, name), "wb"), 0
+
+    def close(self):
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None, log=print,
+                 chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES):
+    """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
+
+    Args:
+        files: UTF-8 text files, concatenated in this order.
+        tokenizer: a `GPTTokenizer`.
+        directory: where the shards and `index.json` go.
+        shard_tokens: tokens per shard file.
+        workers: processes that tokenize (default: one per core this
+            process may use); the shards are the same for any number.
+        log: where progress lines go.
+        chunk_bytes, line_bytes: the reading sizes (see `text_chunks`).
+
+    Empty files (no tokens) and cut lines and words are counted and
+    reported; a corpus with no tokens at all is an error.
+    """
+    os.makedirs(directory, exist_ok=True)
+    sources = [_source(p) for p in files]
+    fingerprint = tokenizer.fingerprint()
+    index = _matching_index(directory, sources, fingerprint)
+    if index is not None:
+        log(f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked).")
+        return index
+    index_path = os.path.join(directory, INDEX_FILE)
+    if os.path.exists(index_path):
+        os.remove(index_path)  # stale: the corpus or tokenizer changed
+    workers = default_workers() if workers is None else max(1, int(workers))
+    engine = tokenizer.text_encoder
+    dtype = token_dtype(tokenizer.vocabulary_size())
+    start, cuts, counts = time.perf_counter(), collections.Counter(), [0] * len(files)
+    pieces = _encoded(_jobs(files, chunk_bytes, line_bytes, cuts), engine, workers)
+    writer = _ShardWriter(directory, dtype, shard_tokens)
+    try:
+        for source, group in itertools.groupby(_counting(pieces, cuts), key=lambda piece: piece.source):
+            for ids in _file_ids(group, engine.newline_id):
+                writer.write(ids)
+                counts[source] += len(ids)
+    finally:
+        writer.close()
+    seconds = time.perf_counter() - start
+    for source, count in zip(sources, counts):
+        source["tokens"] = count
+    _report(files, counts, cuts, line_bytes, log)
+    index = ShardIndex(directory, np.dtype(dtype).name, writer.shards, sources, fingerprint, dict(cuts), INDEX_FORMAT)
+    if not index.total_tokens:
+        raise ValueError(f"All {len(files)} corpus file(s) are empty.")
+    tmp = index_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(dataclasses.asdict(index) | {"total_tokens": index.total_tokens}, f, indent=1)
+    os.replace(tmp, index_path)  # the index appears only once every shard is complete
+    log(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(writer.shards)} shard(s) in "
+        f"{directory}: {seconds:.1f} s, {index.total_tokens / max(seconds, 1e-9):,.0f} tokens/s with "
+        f"{workers} worker(s).")
+    return index
+
+
+def _counting(pieces, cuts):
+    """Passes the pieces through, adding up the words the workers cut."""
+    for piece in pieces:
+        if piece.cut_words:
+            cuts[f"words over {MAX_WORD_CHARS:,} characters"] += piece.cut_words
+        yield piece
+
+
+def _report(files, counts, cuts, line_bytes, log):
+    empty = [path for path, count in zip(files, counts) if not count]
+    if empty:
+        log(f"Skipped {len(empty)} empty file(s): {', '.join(empty[:5])}" + (" ..." if len(empty) > 5 else ""))
+    lines = {kind: n for kind, n in cuts.items() if kind in ("at a space", "mid-word")}
+    if lines:
+        log(f"Cut lines longer than {line_bytes:,} bytes: " + ", ".join(f"{n:,} {kind}" for kind, n in lines.items())
+            + " (a cut at a space changes no token).")
+    words = {kind: n for kind, n in cuts.items() if kind not in lines}
+    for kind, n in words.items():
+        log(f"Cut {n:,} {kind} into pieces of that length (the original tokenizes them whole).")

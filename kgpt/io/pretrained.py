@@ -1,0 +1,40 @@
+"""Starting points for fine-tuning: a pre-trained model and its tokenizer, from any format kgpt reads."""
+
+import os
+
+from kgpt.io import original
+from kgpt.models.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
+from kgpt.io.presets import load_any_backbone
+from kgpt.data.tokenizer import GPTTokenizer
+
+
+def with_special_tokens(backbone, tokenizer, seed=None):
+    """The backbone, grown by the 3 special tokens when its vocabulary lacks them."""
+    if backbone.vocabulary_size == tokenizer.vocabulary_size():
+        return backbone
+    if backbone.vocabulary_size == tokenizer.vocabulary_size() - NUM_SPECIAL_TOKENS:
+        return backbone.with_added_tokens(NUM_SPECIAL_TOKENS, seed=seed)
+    raise ValueError(
+        f"The backbone has {backbone.vocabulary_size} token embeddings but the tokenizer "
+        f"{tokenizer.vocabulary_size()} ids (with start/delimiter/extract); they do not belong together."
+    )
+
+
+def load_pretrained(path, num_heads=12, dtype=None):
+    """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
+    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it).
+    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`)."""
+    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
+        backbone = GPTBackbone.from_original(path, num_heads=num_heads, dtype=dtype)
+        return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
+    if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
+        backbone = GPTBackbone.from_original(path, dtype=dtype)
+        return backbone, GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(
+            f"{path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
+            f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
+            f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
+        )
+    backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
+    return backbone, GPTTokenizer.from_preset(path), f"preset {path}"

@@ -1,0 +1,643 @@
+"""Discriminative fine-tuning (paper section 3.2) of any registered task.
+
+`finetune(config)` is what `kgpt-train --task NAME` runs; tests call it with
+a tiny config. Data flow: `task.read(split, data_dir)` -> examples, streamed
+through the `GPTTaskPreprocessor` (the task's input transformation) into real
+tokens (`kgpt.data.batching.EncodedSplit`) -> length-bucketed batches ->
+`GPTTaskModel.fit` on task loss + `lm_coef` x LM loss, the task's metrics on
+dev after every epoch (a checkpoint after each, `kgpt.train.checkpoint`) -> the
+task's metrics on every other split, a predictions file per split,
+`metrics.json` and a preset that predicts on text
+(`GPTTaskModel.from_preset`).
+
+`--init` may also be a fine-tuned preset of the same task: its head is kept,
+and `epochs=0` evaluates it without training.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import math
+import os
+import tempfile
+
+import keras
+import numpy as np
+
+from kgpt.data import batching
+from kgpt.train import checkpoint as checkpoint_lib
+from kgpt.tasks import metrics as metrics_lib
+from kgpt.train import callbacks as callbacks_lib
+from kgpt.train.callbacks import StopOnNonFiniteLoss
+from kgpt.models.backbone import GPTBackbone
+from kgpt.train.distribute import training_scope
+from kgpt.train.optimizers import gpt_adamw
+from kgpt.io.presets import read_json
+from kgpt.io.pretrained import load_pretrained, with_special_tokens
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.jobs.rundir import RunDirectory, same_path, save_preset, write_json, write_text
+from kgpt.errors import ConfigError, DataError
+from kgpt.models.task_model import GPTTaskModel, is_task_preset
+from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+from kgpt.data.tokenizer import GPTTokenizer
+
+DEFAULT_BATCH_SIZE = 32
+
+
+@dataclasses.dataclass
+class FinetuneConfig:
+    """Fine-tuning settings; defaults are the paper's (section 4.1)."""
+
+    task: str = "scitail"
+    data_dir: str | None = None  # the dataset's files; None = the task's embedded default data
+    # A pre-trained preset (kgpt-train --task lm output), a fine-tuned one of the same task (its head is
+    # kept), the original release or Hugging Face files, "scratch", or None = demo pre-training.
+    init: str | None = None
+    output_dir: str | None = None  # the preset, metrics.json, predictions/, logs/, checkpoint/; None = keep nothing
+    overwrite: bool = False  # replace another run's outputs in output_dir instead of refusing
+    transfer_layers: int | None = None  # copy embeddings + the first N blocks only (Figure 2 left); None = all
+    distribution: str = "none"  # or "data_parallel": every local GPU/TPU core (kgpt.train.distribute)
+    dtype: str | None = None  # e.g. "mixed_bfloat16"; None = Keras' global policy (float32)
+    pretrained_weights: bool = True  # False: init's architecture and tokenizer, fresh weights (Table 5 ablation)
+    learning_rate: float = 6.25e-5
+    batch_size: int | None = None  # None = 32, or the batch size a fine-tuned init was trained with
+    epochs: int = 3  # 0: evaluate a fine-tuned init without training
+    warmup_fraction: float = 0.002  # linear warm-up over 0.2% of the updates, then linear decay to 0
+    weight_decay: float = 0.01
+    lm_coef: float = 0.5  # lambda of L3 = L2 + lambda * L1; 0 disables the auxiliary LM loss
+    classifier_dropout: float = 0.1
+    max_length: int | None = None  # tokens per view; None = the model's context (a fine-tuned init's own)
+    predict_test: bool = False  # also write the benchmark's submission files (GLUE format) to output_dir/submission
+    keep: str = "last"  # "last" (the paper) or "best": the epoch with the best dev score (the task's first metric)
+    checkpoint_every: int = 0  # steps between checkpoints besides every epoch end; 0 = epoch ends only
+    # Model size for --init scratch (the paper's "no pre-training" ablation); num_heads also for an
+    # original-format --init, whose shapes cannot tell the head count.
+    num_layers: int = 12
+    num_heads: int = 12
+    hidden_dim: int = 768
+    intermediate_dim: int = 3072
+    dropout: float = 0.1
+    attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
+    lm_loss_chunk_size: int = 1024  # tokens whose logits the auxiliary LM loss holds at once; 0 = all
+    seed: int = 0
+
+
+# The embedded run: settings for the small demo model, not the paper's 117M one.
+DEMO_SETTINGS = dict(learning_rate=5e-4, batch_size=16, epochs=5)
+KEEP = ("last", "best")
+
+
+def encode_split(task, split, data_dir, preprocessor):
+    """Reads and encodes a split through `preprocessor` into a `kgpt.data.batching.EncodedSplit` (real tokens only).
+
+    Streams the task's reader; every row is counted (read, used, skipped by
+    reason, truncated and tokens cut); a malformed row raises `DataError`
+    naming its file and line. Example ids are made relative to `data_dir`
+    (`dev.tsv:12`), so predictions files do not depend on where the data is.
+
+    Example:
+    ```python
+    preprocessor = kgpt.GPTTaskPreprocessor(tokenizer, task.transform, max_length=512)
+    split = kgpt.jobs.finetune.encode_split(task, "dev", "glue/RTE", preprocessor)
+    ```
+    """
+    builder = batching.SplitBuilder(split, task.transform.num_views, preprocessor.max_length)
+    tally = {}
+    truncated = tokens_cut = used = 0
+    for item in task.iter_examples(split, data_dir, tally):
+        views, cut = preprocessor.encode(item.segments, item.choices)
+        truncated += cut > 0
+        tokens_cut += cut
+        used += 1
+        target = None if item.label is None else task.label_value(item)
+        builder.add(views, target, uid=relative_id(item.uid or item.source, data_dir))
+    if not used:
+        raise task.no_examples(split, data_dir, tally)
+    counts = {
+        "read": tally["read"],
+        "used": used,
+        "skipped": sum(tally["skipped"].values()),
+        "skipped_reasons": dict(tally["skipped"]),
+        "truncated": truncated,
+        "tokens_cut": tokens_cut,
+    }
+    return builder.build(counts, target_dtype=task.head.target_dtype)
+
+
+def relative_id(uid, data_dir):
+    """`uid` with a leading `data_dir` path taken off: `/data/RTE/dev.tsv:12` -> `dev.tsv:12`."""
+    uid = str(uid)
+    for prefix in {data_dir, os.path.abspath(data_dir), os.path.realpath(data_dir)}:
+        prefix = os.path.join(prefix, "")
+        if uid.startswith(prefix):
+            return uid[len(prefix):]
+    return uid
+
+
+def transfer(pretrained, num_layers):
+    """A fresh backbone of the same shape with the embeddings and first `num_layers` blocks copied.
+
+    `num_layers=None` copies everything. The paper's Figure 2 (left) varies this.
+    """
+    if num_layers is None:
+        return pretrained
+    if not 0 <= num_layers <= pretrained.num_layers:
+        raise ConfigError(f"transfer_layers must be in 0..{pretrained.num_layers}, got {num_layers}.")
+    fresh = type(pretrained).from_config(pretrained.get_config())
+    for src, dst in zip(pretrained.transferred_layers(num_layers), fresh.transferred_layers(num_layers)):
+        dst.set_weights(src.get_weights())
+    return fresh
+
+
+Start = collections.namedtuple("Start", "backbone tokenizer origin finetuned")
+
+
+def initial_model(config, log=print):
+    """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init`."""
+    if config.init == "scratch":
+        tokenizer = GPTTokenizer.gpt1()
+        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), config.max_length or 512)
+        return backbone, tokenizer, "random initialisation (no pre-training)"
+    if config.init is None:
+        return _demo_model(config, log)
+    return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
+
+
+def _demo_model(config, log):
+    from kgpt.jobs import pretrain as pretrain_lib
+
+    out = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+    if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete
+        log(f"No --init: using the demo model pre-trained in {out} by an earlier run of this command.")
+        backbone, tokenizer, _ = load_pretrained(out, dtype=config.dtype)
+        return backbone, tokenizer, "the demo model pre-trained on the embedded text"
+    log("No --init: pre-training the small demo model on the embedded text first "
+        f"({', '.join(f'{k}={v}' for k, v in pretrain_lib.DEMO_SETTINGS.items())}).")
+    pre = pretrain_lib.PretrainConfig(**pretrain_lib.DEMO_SETTINGS, output_dir=out, seed=config.seed)
+    lm, tokenizer, _ = pretrain_lib.pretrain(pre, log=log)
+    return lm.backbone, tokenizer, "the demo model pre-trained on the embedded text"
+
+
+def starting_point(config, task, log=print):
+    """What fine-tuning starts from: a `Start(backbone, tokenizer, origin, finetuned)`.
+
+    `finetuned` is the loaded `GPTTaskModel` when `config.init` is a
+    fine-tuned preset of `task` (its head is kept), else None.
+    """
+    if config.init not in (None, "scratch") and is_task_preset(config.init):
+        model = _finetuned_init(config, task)
+        action = "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
+        log(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, {action}.")
+        return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model)
+    if config.epochs == 0:
+        raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
+                         f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
+    backbone, tokenizer, origin = initial_model(config, log=log)
+    if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
+        backbone = type(backbone).from_config(backbone.get_config())
+        log("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
+    backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
+    return Start(backbone, tokenizer, origin, None)
+
+
+def _finetuned_init(config, task):
+    kwargs = {"dtype": config.dtype} if config.dtype else {}
+    model = GPTTaskModel.from_preset(config.init, **kwargs)
+    if model.task_name != task.name:
+        source = _recorded_init(config.init)
+        raise ConfigError(f"--init {config.init} is fine-tuned for task {model.task_name!r}, not {task.name!r}: pass "
+                         f"--task {model.task_name} to evaluate or train it further, or --init the pre-trained model "
+                         f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
+    if keras.saving.serialize_keras_object(model.head) != keras.saving.serialize_keras_object(task.head):
+        raise ConfigError(f"--init {config.init}: its head ({model.head.get_config()}) differs from task "
+                         f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved.")
+    if config.transfer_layers is not None or not config.pretrained_weights:
+        raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
+                         f"{config.init} is fine-tuned.")
+    return model
+
+
+def _recorded_init(preset):
+    path = os.path.join(preset, "metrics.json")
+    try:
+        return read_json(path, "").get("init_dir") if os.path.exists(path) else None
+    except ValueError:
+        return None
+
+
+Finetuned = collections.namedtuple("Finetuned", "model tokenizer task")
+
+
+def load_finetuned(preset, registry=None):
+    """Reads a fine-tuned preset back: `Finetuned(model, tokenizer, task)`.
+
+    The task is found by the name saved with the model, so its plugin must be
+    installed; `registry` defaults to every installed plugin. To predict on
+    text, `kgpt.GPTTaskModel.from_preset(preset)` needs no plugin.
+
+    Example:
+    ```python
+    model, tokenizer, task = kgpt.load_finetuned("runs/rte")
+    split = kgpt.jobs.finetune.encode_split(task, "dev", "glue/RTE", model.preprocessor)
+    evaluation = kgpt.jobs.finetune.evaluate_split(task, model, split, batch_size=32)
+    ```
+    """
+    model = GPTTaskModel.from_preset(preset)
+    if not model.task_name:
+        raise ValueError(f"{preset}/task.json names no task (task_name): it was not saved by kgpt fine-tuning.")
+    task = (registry or TaskRegistry()).get(model.task_name)
+    return Finetuned(model, model.preprocessor.tokenizer, task)
+
+
+Evaluation = collections.namedtuple("Evaluation", "predictions probabilities metrics")
+
+
+def evaluate_split(task, model, split, batch_size):
+    """`Evaluation(predictions, probabilities, metrics)` of `model` on `split`, in split order.
+
+    `probabilities` are what `model.predict` gives on text (probabilities or
+    values); `metrics` are the task's, when the split is labeled.
+    """
+    outputs = batching.predict_outputs(model.task_predictor(), split, batch_size)
+    predictions = task.head.decode(outputs)
+    metrics = {}
+    if split.targets is not None:
+        for metric in task.metrics:
+            name, fn = metrics_lib.resolve(metric)
+            metrics[name] = fn(split.targets, predictions)
+    return Evaluation(predictions, task.head.probabilities(outputs), metrics)
+
+
+class TaskMetrics(keras.callbacks.Callback):
+    """Scores the task's own metrics (F1, Matthews, Pearson, ...) on a split after every epoch.
+
+    They join the epoch's logs as `val_<metric>`, so the progress line,
+    `history.csv`, TensorBoard and `History` show them. List it before the
+    loggers.
+    """
+
+    def __init__(self, task, split, batch_size):
+        super().__init__()
+        self.task, self.split, self.batch_size = task, split, batch_size
+
+    def on_epoch_end(self, epoch, logs=None):
+        scores = evaluate_split(self.task, self.model, self.split, self.batch_size).metrics
+        if logs is not None:
+            logs.update({f"val_{name}": value for name, value in scores.items()})
+
+
+def _format(value, digits=6):
+    return f"{value:.{digits}g}" if isinstance(value, (float, np.floating)) else str(value)
+
+
+def prediction_columns(head):
+    """Column names after `id` and `prediction`: `p_<label>` per class or choice, none for one value."""
+    return [f"p_{name}" for name in head.output_names()]
+
+
+def prediction_rows(head, uids, predictions, probabilities, labels=None):
+    """TSV rows: id, prediction (label name, choice or value), one probability per output name[, label]."""
+    names = head.output_names()
+    for i, (uid, value) in enumerate(zip(uids, predictions)):
+        row = [str(uid), _format(head.prediction_name(value))]
+        if names:
+            row += [f"{p:.6f}" for p in np.asarray(probabilities[i]).reshape(-1)]
+        if labels is not None:
+            row.append(_format(head.prediction_name(labels[i])))
+        yield "\t".join(row)
+
+
+def predictions_tsv(task, split, evaluation):
+    """The text of a predictions file: `id, prediction, p_<label>...[, label]`, one row per example."""
+    labeled = split.targets is not None
+    header = ["id", "prediction", *prediction_columns(task.head), *(["label"] if labeled else [])]
+    rows = prediction_rows(task.head, split.uids, evaluation.predictions, evaluation.probabilities,
+                           split.targets if labeled else None)
+    return "\n".join(["\t".join(header), *rows]) + "\n"
+
+
+def write_predictions(path, task, split, evaluation):
+    """Writes `predictions_tsv` atomically; ids are relative to the data directory."""
+    write_text(path, predictions_tsv(task, split, evaluation))
+
+
+def write_submission(path, task, split, predictions):
+    """A benchmark submission file: `index` TAB `prediction` (GLUE's format), written atomically."""
+    lines = ["index\tprediction"] + [f"{uid}\t{task.prediction_name(v)}" for uid, v in zip(split.uids, predictions)]
+    write_text(path, "\n".join(lines) + "\n")
+
+
+def _describe_counts(name, counts):
+    text = f"{name}: {counts['read']:,} read, {counts['used']:,} used"
+    if counts["skipped"]:
+        text += f", {counts['skipped']:,} skipped (" + ", ".join(f"{r}: {n}" for r, n in counts["skipped_reasons"].items()) + ")"
+    if counts["truncated"]:
+        text += f", {counts['truncated']:,} truncated ({counts['tokens_cut']:,} tokens cut)"
+    return text + "."
+
+
+def run_settings(config):
+    """What a fine-tuning run's outputs depend on (`run.json`, checkpoints): the config without its place."""
+    settings = dataclasses.asdict(config)
+    for key in ("output_dir", "overwrite", "checkpoint_every"):  # none changes the outputs
+        settings.pop(key)
+    for key in ("data_dir", "init"):
+        if settings[key] not in (None, "scratch"):
+            settings[key] = os.path.abspath(settings[key])
+    return settings
+
+
+def check_config(config):
+    """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
+    positive = {"batch_size": config.batch_size, "max_length": config.max_length}
+    for name, value in positive.items():
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be positive, got {value}.")
+    if config.epochs < 0 or config.checkpoint_every < 0:
+        raise ConfigError(f"epochs and checkpoint_every must be >= 0, got {config.epochs} and {config.checkpoint_every}.")
+    if config.keep not in KEEP:
+        raise ConfigError(f"keep must be one of {', '.join(KEEP)}, got {config.keep!r}.")
+    for name in ("learning_rate", "weight_decay", "lm_coef", "warmup_fraction", "classifier_dropout"):
+        value = getattr(config, name)
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(f"{name} must be a finite number >= 0, got {value}.")
+    if config.init not in (None, "scratch") and not os.path.exists(config.init):
+        raise ConfigError(f"--init {config.init}: no such preset, release folder or file.")
+    if config.output_dir and config.init and same_path(config.output_dir, config.init):
+        raise ConfigError(f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
+                         f"another --output_dir.")
+
+
+def finetune(config, registry=None, log=print):
+    """Fine-tunes on `config.task`; returns `(model, metrics)`."""
+    check_config(config)
+    registry = registry or TaskRegistry()
+    task = registry.get(config.task)
+    if config.data_dir is None and task.default_data is None:
+        raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
+    if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
+        raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
+                         f"{task.splits[0]!r}.")
+    with training_scope(config.distribution, config.dtype, config.batch_size or DEFAULT_BATCH_SIZE, log=log):
+        if not config.output_dir:
+            with tempfile.TemporaryDirectory(prefix=f"kgpt-{task.name}-") as target:  # nothing kept
+                data_dir = config.data_dir or _embedded_data(task, target, log)
+                return _finetune(config, task, data_dir, log)
+        with RunDirectory(config.output_dir, "finetune", run_settings(config), overwrite=config.overwrite):
+            data_dir = config.data_dir or _embedded_data(task, os.path.join(config.output_dir, "data"), log)
+            return _finetune(config, task, data_dir, log)
+
+
+def _embedded_data(task, target, log):
+    data_dir = task.default_data(target)
+    log(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
+    return data_dir
+
+
+def _read_splits(task, data_dir, preprocessor, log, train=True):
+    """The task's splits, encoded; the training split (first) only when `train`."""
+    train_split, *eval_names = task.splits
+    splits = {train_split: encode_split(task, train_split, data_dir, preprocessor)} if train else {}
+    for name in eval_names:
+        try:
+            splits[name] = encode_split(task, name, data_dir, preprocessor)
+        except FileNotFoundError as e:
+            log(f"Split {name!r} not evaluated: {e}")
+    for name, split in splits.items():
+        log(_describe_counts(name, split.counts))
+    if not splits:
+        raise DataError(f"Task {task.name!r}: no split besides {train_split!r} was found in {data_dir} to evaluate.")
+    if train and splits[train_split].targets is None:
+        raise DataError(f"Task {task.name!r}: the training split {train_split!r} has no labels.")
+    return splits
+
+
+def _batch_size(config, start, log):
+    if config.batch_size is not None:
+        return config.batch_size
+    if start.finetuned is not None:
+        saved = _recorded_batch_size(config.init)
+        if saved:
+            log(f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced exactly).")
+            return saved
+    return DEFAULT_BATCH_SIZE
+
+
+def _recorded_batch_size(preset):
+    path = os.path.join(preset, "metrics.json")
+    try:
+        value = read_json(path, "").get("batch_size") if os.path.exists(path) else None
+    except ValueError:
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _build_model(config, task, start, preprocessor):
+    model = GPTTaskModel(start.backbone, head=task.head, num_views=task.transform.num_views, lm_coef=config.lm_coef,
+                         classifier_dropout=config.classifier_dropout, task_name=task.name,
+                         preprocessor=preprocessor, compile=False)
+    if start.finetuned is not None:
+        model.classifier.set_weights(start.finetuned.classifier.get_weights())
+    return model
+
+
+def _finetune(config, task, data_dir, log):
+    keras.utils.set_random_seed(config.seed)
+    start = starting_point(config, task, log=log)
+    keras.utils.set_random_seed(config.seed)  # the head starts the same whether or not the demo model was trained
+    limit = start.backbone.max_sequence_length
+    default_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else limit
+    preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
+                                       max_length=min(config.max_length or default_length, limit))
+    splits = _read_splits(task, data_dir, preprocessor, log, train=config.epochs > 0)
+    batch_size = _batch_size(config, start, log)
+    model = _build_model(config, task, start, preprocessor)
+    results = {"task": task.name, "init": start.origin, "init_dir": run_settings(config)["init"],
+               "lm_coef": config.lm_coef, "batch_size": batch_size, "keep": config.keep}
+    if config.epochs > 0:
+        results.update(_train(config, task, model, splits, batch_size, start.origin, log))
+    else:
+        model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)
+    results["splits"] = _evaluate_splits(config, task, model, splits, batch_size, log)
+    if config.output_dir:
+        save_preset(model, config.output_dir)  # GPTTaskModel.from_preset(dir) predicts on text again
+        write_json(os.path.join(config.output_dir, "metrics.json"), results)
+        log(f"Saved the preset (task.json, task.weights.h5, config.json, model.weights.h5, preprocessor.json, "
+            f"tokenizer.json, assets/), predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
+    return model, results
+
+
+def _train(config, task, model, splits, batch_size, origin, log):
+    """Compiles and fits `model` (resuming a checkpoint); returns the results it adds to metrics.json."""
+    train_name = task.splits[0]
+    train = splits[train_name]
+    steps_per_epoch = math.ceil(len(train) / batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    model.compile(
+        optimizer=gpt_adamw(config.learning_rate, warmup_steps=math.ceil(config.warmup_fraction * total_steps),
+                            total_steps=total_steps, decay="linear", weight_decay=config.weight_decay),
+        lm_loss_chunk_size=config.lm_loss_chunk_size or None,
+    )
+    dev_name = next((n for n, s in splits.items() if n != train_name and s.targets is not None), None)
+    if config.keep == "best" and dev_name is None:
+        raise ConfigError(f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} "
+                         f"was found.")
+    plan = batching.length_plan(train.lengths, batch_size, config.seed, train.limit,
+                                model.max_padded_lengths(train, batch_size))
+    real_share = train.real_share(batching.batch_indices(train.lengths, batch_size, config.seed), plan)
+    log(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics {', '.join(task.metric_names)}); "
+        f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
+        f"steps, batch {batch_size}, {train.num_views} view(s) of up to {int(train.lengths.max())} tokens, "
+        f"lm_coef {config.lm_coef}.")
+    log(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
+        f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding every "
+        f"example to the longest would give {train.padded_share():.1%}.")
+    history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size, log).fit()
+    return {"kept_epoch": kept, "history": history,
+            "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
+                                 "train_padded_to_longest": train.padded_share()}}
+
+
+def _evaluate_splits(config, task, model, splits, batch_size, log):
+    """Scores every split but the training one; writes predictions (and submissions) with an output dir."""
+    results = {}
+    for name, split in splits.items():
+        if name == task.splits[0]:
+            results[name] = {"examples": split.counts}
+            continue
+        evaluation = evaluate_split(task, model, split, batch_size)
+        results[name] = {**evaluation.metrics, "examples": split.counts}
+        if evaluation.metrics:
+            log(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+        if config.output_dir:
+            write_predictions(os.path.join(config.output_dir, "predictions", f"{name}.tsv"), task, split, evaluation)
+            if config.predict_test and name in (task.submissions or {}):
+                path = os.path.join(config.output_dir, "submission", task.submissions[name])
+                write_submission(path, task, split, evaluation.predictions)
+                log(f"{name}: submission file {path}")
+    if config.predict_test and not task.submissions:
+        log(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
+    return results
+
+
+def split_fingerprint(split):
+    """A hash of a split's tokens and targets: a checkpoint is refused when the training data changed."""
+    digest = hashlib.sha256()
+    for array in (split.tokens, split.offsets, split.targets):
+        if array is not None:
+            digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.hexdigest()[:16]
+
+
+class Training:
+    """Runs `model.fit` for a fine-tuning config: resumable, with per-epoch history and `keep`.
+
+    With an output directory, a checkpoint (`kgpt.train.checkpoint`) is written at
+    every epoch end and every `checkpoint_every` steps, and a rerun of the
+    same command resumes from it: same seed, same data order, same dropout
+    masks, so it ends with the weights of an uninterrupted run.
+    """
+
+    def __init__(self, config, task, model, splits, train_name, dev_name, batch_size, log):
+        self.config, self.task, self.model, self.log = config, task, model, log
+        self.train, self.dev = splits[train_name], splits.get(dev_name)
+        self.batch_size = batch_size
+        self.settings = run_settings(config) | {"batch_size": batch_size,
+                                                "train_data": split_fingerprint(self.train)}
+        self.directory = os.path.join(config.output_dir, "checkpoint") if config.output_dir else None
+        self.steps_per_epoch = math.ceil(len(self.train) / batch_size)
+        self.metric = task.metric_names[0]
+
+    def fit(self):
+        """Trains (or resumes) to the end; returns `(history, kept_epoch)` (epochs counted from 1)."""
+        progress = Progress(self, self._restore())
+        if progress.step < self.config.epochs * self.steps_per_epoch:
+            for dataset, first, last in self._segments(progress.step):
+                self.model.fit(dataset, initial_epoch=first, epochs=last, callbacks=self._callbacks(progress),
+                               validation_data=self._validation(), shuffle=False,
+                               verbose=1 if os.isatty(1) else 2)
+        return progress.history, progress.finish()
+
+    def _restore(self):
+        if self.directory is None:
+            return None
+        state = checkpoint_lib.restore(self.model, self.directory, self.settings)
+        if state is not None:
+            epoch, done = divmod(state["step"], self.steps_per_epoch)
+            self.log(f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) of "
+                     f"{self.config.epochs * self.steps_per_epoch:,} in {self.directory}.")
+        return state
+
+    def _segments(self, step):
+        """`(dataset, initial_epoch, epochs)` fit calls: the rest of an interrupted epoch, then whole ones."""
+        epoch, done = divmod(step, self.steps_per_epoch)
+        lm = self.config.lm_coef > 0
+        max_lengths = self.model.max_padded_lengths(self.train, self.batch_size)
+        make = lambda first, skip=0: batching.dataset(self.train, self.batch_size, seed=self.config.seed, lm=lm,
+                                                      first_epoch=first, max_lengths=max_lengths, skip=skip)
+        if done:
+            yield make(epoch, done), epoch, epoch + 1
+            epoch += 1
+        if epoch < self.config.epochs:
+            yield make(epoch), epoch, self.config.epochs
+
+    def _validation(self):
+        if self.dev is None:
+            return None
+        return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0,
+                                max_lengths=self.model.max_padded_lengths(self.dev, self.batch_size))
+
+    def _callbacks(self, progress):
+        hint = (f"Lower --learning_rate ({self.config.learning_rate:g}) or check the data; the last checkpoint"
+                f"{' (' + self.directory + ')' if self.directory else ''} is kept.")
+        callbacks = [StopOnNonFiniteLoss(hint, progress.step)]
+        if self.dev is not None:
+            callbacks.append(TaskMetrics(self.task, self.dev, self.batch_size))
+        callbacks.append(progress)
+        if self.config.output_dir:
+            callbacks.append(keras.callbacks.TensorBoard(os.path.join(self.config.output_dir, "logs")))
+        return callbacks
+
+
+class Progress(callbacks_lib.Progress):
+    """`kgpt.train.callbacks.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
+
+    keep = ("best",)
+
+    def __init__(self, training, state=None):
+        config = training.config
+        super().__init__(training.directory, training.settings, training.steps_per_epoch, config.checkpoint_every,
+                         os.path.join(config.output_dir, "history.csv") if config.output_dir else None, state)
+        self.training = training
+        self.best = (state or {}).get("best")  # {"epoch": from 1, "score": value} or None
+        self._best_weights = None
+
+    def extra_state(self):
+        return {"best": self.best}
+
+    def epoch_done(self, epoch, logs):
+        if self.training.config.keep != "best":
+            return
+        score = logs.get(f"val_{self.training.metric}")
+        if score is None or not math.isfinite(score):
+            return
+        if self.best is None or score > self.best["score"]:
+            self.best = {"epoch": epoch, "score": score}
+            self._best_weights = [np.array(v) for v in self.model.get_weights()]
+            if self.directory:
+                checkpoint_lib.save_weights(self.model, self.directory, "best")
+
+    def finish(self):
+        """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""
+        if self.training.config.keep != "best" or self.best is None:
+            return len(self.epochs) or None
+        model = self.training.model
+        if len(self.epochs) != self.best["epoch"]:
+            if self._best_weights is not None:
+                model.set_weights(self._best_weights)
+            else:  # resumed after the best epoch: its weights are on disk
+                model.load_weights(os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
+        metric = self.training.metric
+        self.training.log(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
+                          f"({self.best['score']:.4f}).")
+        return self.best["epoch"]

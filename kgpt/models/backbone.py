@@ -1,0 +1,337 @@
+"""The GPT-1 decoder: token ids in, last hidden states out.
+
+Paper section 3.1/4.1, checked against the original release: learned
+position embeddings, post-layer-norm blocks (`h = LN(x + attn(x))`,
+`out = LN(h + mlp(h))`, epsilon 1e-5), tanh-approximated GELU, N(0, 0.02)
+initialisation and dropout 0.1 on embeddings, attention weights and residuals.
+There is no final layer norm (that is GPT-2).
+"""
+
+import keras
+import numpy as np
+from keras_hub.layers import PositionEmbedding
+from keras_hub.layers import ReversibleEmbedding
+from keras_hub.layers import TransformerDecoder
+from keras_hub.models import Backbone
+
+from kgpt.io import original
+from kgpt.io.presets import PresetMixin
+
+# The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
+GPT1_CONFIG = {
+    "vocabulary_size": 40478,
+    "num_layers": 12,
+    "num_heads": 12,
+    "hidden_dim": 768,
+    "intermediate_dim": 3072,
+    "max_sequence_length": 512,
+    "dropout": 0.1,
+}
+
+# start, delimiter, extract (paper section 3.3), appended after the vocabulary.
+NUM_SPECIAL_TOKENS = 3
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+def gelu_tanh(x):
+    """GELU in the tanh approximation the original GPT used."""
+    return keras.activations.gelu(x, approximate=True)
+
+
+def _normal(stddev=0.02):
+    return keras.initializers.RandomNormal(stddev=stddev)
+
+
+class AddedTokensMixin:
+    """`with_added_tokens` for backbones with a `token_embedding` and a flat config."""
+
+    def with_added_tokens(self, num_tokens=NUM_SPECIAL_TOKENS, seed=None):
+        """Returns a copy with `num_tokens` new embedding rows after the vocabulary.
+
+        Every existing weight is copied; the new rows (ids `vocabulary_size`
+        onwards, e.g. start/delimiter/extract for fine-tuning) are drawn from
+        N(0, 0.02) as in the original fine-tuning code. `self` is unchanged.
+
+        Example:
+        ```python
+        tuned = backbone.with_added_tokens(3)
+        tuned.vocabulary_size == backbone.vocabulary_size + 3  # True
+        ```
+        """
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
+        config = self.get_config()
+        config["vocabulary_size"] = self.vocabulary_size + num_tokens
+        grown = type(self).from_config(config)
+        old = keras.ops.convert_to_numpy(self.token_embedding.embeddings)
+        rng = np.random.default_rng(seed)
+        new_rows = rng.normal(0.0, 0.02, (num_tokens, self.hidden_dim))
+        table = np.concatenate([old, new_rows.astype(old.dtype)], axis=0)
+        for src, dst in zip(self.layers, grown.layers):
+            if src is self.token_embedding:
+                dst.embeddings.assign(table)
+            else:
+                dst.set_weights(src.get_weights())
+        return grown
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
+    """The GPT-1 transformer decoder as a Keras functional model.
+
+    Maps `{"token_ids", "padding_mask"}` (both `[batch, length]`) to the last
+    layer's hidden states `[batch, length, hidden_dim]`. Attention is causal
+    and `padding_mask` (1 = real token) also hides padded keys. Positions are
+    absolute from 0, as in the original, so pad on the right: the states at
+    real positions are then exactly those of the unpadded sequence.
+
+    Args:
+        vocabulary_size: int. Rows of the token embedding (tied to the LM head).
+        num_layers: int. Number of transformer blocks.
+        num_heads: int. Attention heads per block.
+        hidden_dim: int. Width of the residual stream.
+        intermediate_dim: int. Width of the feed-forward inner layer.
+        max_sequence_length: int. Context length (learned positions).
+        dropout: float. Embedding, attention and residual dropout.
+        attention_dropout: optional float. Dropout on the attention
+            probabilities when it should differ from `dropout`. 0 lets Keras
+            run attention through `keras.ops.dot_product_attention` (flash
+            attention where the device has it) in training too; the paper
+            uses 0.1 (`None`: same as `dropout`).
+        dtype: optional dtype policy, e.g. `"mixed_bfloat16"`.
+
+    Example:
+    ```python
+    import numpy as np
+    import kgpt
+
+    backbone = kgpt.GPTBackbone(
+        vocabulary_size=100, num_layers=2, num_heads=2, hidden_dim=16,
+        intermediate_dim=32, max_sequence_length=16,
+    )
+    x = {"token_ids": np.ones((1, 8), "int32"),
+         "padding_mask": np.ones((1, 8), "int32")}
+    backbone(x).shape  # (1, 8, 16)
+    ```
+    """
+
+    def __init__(
+        self,
+        vocabulary_size,
+        num_layers,
+        num_heads,
+        hidden_dim,
+        intermediate_dim,
+        max_sequence_length=512,
+        dropout=0.1,
+        attention_dropout=None,
+        dtype=None,
+        **kwargs,
+    ):
+        if hidden_dim % num_heads:
+            raise ValueError(
+                f"hidden_dim ({hidden_dim}) must be divisible by num_heads "
+                f"({num_heads})."
+            )
+        # === Layers ===
+        self.token_embedding = ReversibleEmbedding(
+            input_dim=vocabulary_size,
+            output_dim=hidden_dim,
+            embeddings_initializer=_normal(),
+            dtype=dtype,
+            name="token_embedding",
+        )
+        self.position_embedding = PositionEmbedding(
+            sequence_length=max_sequence_length,
+            initializer=_normal(),
+            dtype=dtype,
+            name="position_embedding",
+        )
+        self.embeddings_add = keras.layers.Add(dtype=dtype, name="embeddings_add")
+        self.embeddings_dropout = keras.layers.Dropout(
+            dropout, dtype=dtype, name="embeddings_dropout"
+        )
+        self.transformer_layers = [
+            TransformerDecoder(
+                intermediate_dim=intermediate_dim,
+                num_heads=num_heads,
+                dropout=dropout,
+                activation=gelu_tanh,
+                layer_norm_epsilon=1e-5,
+                kernel_initializer=_normal(),
+                normalize_first=False,  # post-LN, as GPT-1
+                dtype=dtype,
+                name=f"transformer_layer_{i}",
+            )
+            for i in range(num_layers)
+        ]
+
+        # === Functional Model ===
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(shape=(None,), dtype="int32", name="padding_mask")
+        tokens = self.token_embedding(token_ids)  # [B, T, H]
+        positions = self.position_embedding(tokens)  # [B, T, H]
+        x = self.embeddings_dropout(self.embeddings_add((tokens, positions)))
+        for layer in self.transformer_layers:
+            x = layer(x, decoder_padding_mask=padding_mask)
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask},
+            outputs=x,
+            dtype=dtype,
+            **kwargs,
+        )
+
+        # Mixed precision: attention probabilities in float32 (Keras' MHA
+        # would take its softmax in the compute dtype, e.g. bfloat16).
+        if self.dtype_policy.compute_dtype != "float32":
+            for layer in self.transformer_layers:
+                layer._self_attention_layer._softmax.dtype_policy = keras.DTypePolicy("float32")
+        # keras-hub gives attention the block's dropout; Keras' attention takes
+        # the fused dot_product_attention path only when its dropout is 0.
+        if attention_dropout is not None and attention_dropout != dropout:
+            for layer in self.transformer_layers:
+                attention = layer._self_attention_layer
+                attention._dropout = attention_dropout
+                attention._dropout_layer.rate = attention_dropout
+
+        # === Config ===
+        self.vocabulary_size = vocabulary_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.hidden_dim = hidden_dim
+        self.intermediate_dim = intermediate_dim
+        self.max_sequence_length = max_sequence_length
+        self.dropout = dropout
+        self.attention_dropout = attention_dropout
+
+    @staticmethod
+    def min_weight_count(config):
+        """A lower bound on the weights a config needs (embeddings, attention and MLP kernels).
+
+        Checked against a preset's weight file before building (`kgpt.io.presets.check_sizes`).
+        Raises `ValueError` when a size is not a positive integer.
+        """
+        sizes = {}
+        for key in ("vocabulary_size", "num_layers", "hidden_dim", "intermediate_dim", "max_sequence_length"):
+            value = config.get(key)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{key} must be a positive integer, got {value!r}.")
+            sizes[key] = value
+        hidden, inner = sizes["hidden_dim"], sizes["intermediate_dim"]
+        return ((sizes["vocabulary_size"] + sizes["max_sequence_length"]) * hidden
+                + sizes["num_layers"] * (4 * hidden * hidden + 2 * hidden * inner))
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "vocabulary_size": self.vocabulary_size,
+                "num_layers": self.num_layers,
+                "num_heads": self.num_heads,
+                "hidden_dim": self.hidden_dim,
+                "intermediate_dim": self.intermediate_dim,
+                "max_sequence_length": self.max_sequence_length,
+                "dropout": self.dropout,
+                "attention_dropout": self.attention_dropout,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_sizes(cls, sizes, vocabulary_size, max_sequence_length):
+        """Builds from any object with `num_layers`, `num_heads`, `hidden_dim`,
+        `intermediate_dim` and `dropout` attributes (e.g. a training config)."""
+        return cls(
+            vocabulary_size=vocabulary_size,
+            num_layers=sizes.num_layers,
+            num_heads=sizes.num_heads,
+            hidden_dim=sizes.hidden_dim,
+            intermediate_dim=sizes.intermediate_dim,
+            max_sequence_length=max_sequence_length,
+            dropout=sizes.dropout,
+            attention_dropout=getattr(sizes, "attention_dropout", None),
+        )
+
+    @classmethod
+    def gpt1(cls, num_special_tokens=0, **overrides):
+        """Builds the paper's model: 12 x 768, 12 heads, 3072 inner, 512 context.
+
+        Randomly initialised (116,534,784 weights, plus `hidden_dim` per
+        special token); `overrides` replaces any constructor argument.
+
+        Example:
+        ```python
+        backbone = kgpt.GPTBackbone.gpt1()
+        backbone.count_params()  # 116534784
+        ```
+        """
+        config = dict(GPT1_CONFIG, **overrides)
+        config["vocabulary_size"] += num_special_tokens
+        return cls(**config)
+
+    @classmethod
+    def from_original(cls, directory, num_heads=None, num_special_tokens=0, seed=None, **kwargs):
+        """Loads the original GPT-1 release, or Hugging Face's `openai-gpt` files.
+
+        `directory` holds either `params_shapes.json` + `params_0..9.npy` (read
+        with `allow_pickle=False`) or `config.json` + `model.safetensors`. The
+        sizes come from the shapes; the head count, which shapes cannot tell,
+        is `num_heads` (default: Hugging Face's `n_head`, else 12).
+        `num_special_tokens` appends new N(0, 0.02) embedding rows (3 for
+        start/delimiter/extract). `kwargs` go to the constructor (`dropout`,
+        `dtype`). Every file, shape and count is checked first; errors name
+        the file and what was expected.
+
+        Example:
+        ```python
+        backbone = kgpt.GPTBackbone.from_original("finetune-transformer-lm/model")
+        tokenizer = kgpt.GPTTokenizer.from_original("finetune-transformer-lm/model")
+        ```
+        """
+        return original.load_backbone(
+            cls, directory, num_heads=num_heads, num_special_tokens=num_special_tokens, seed=seed, **kwargs
+        )
+
+    def save_original(self, directory, format="original", tokenizer=None, overwrite=False, num_shards=10):
+        """Writes the weights in the original release's or Hugging Face's format; `from_original` reads both.
+
+        Special-token rows are kept: the token array has `vocabulary_size`
+        rows. Weights are written as float32 whatever the dtype policy.
+
+        Args:
+            directory: the folder to write (created when missing).
+            format: `"original"`: `params_shapes.json` + `params_0..{num_shards-1}.npy`,
+                the release's layout (an earlier export's shards are replaced).
+                `"huggingface"`: `config.json` + `model.safetensors`, which
+                `transformers.OpenAIGPTModel.from_pretrained(directory)` (or
+                `OpenAIGPTLMHeadModel`) loads; it needs `intermediate_dim == 4 * hidden_dim`.
+            tokenizer: optional `kgpt.GPTTokenizer` to write beside the
+                weights: `encoder_bpe_40000.json` + `vocab_40000.bpe`
+                (original), or `vocab.json` + `merges.txt` +
+                `tokenizer_config.json` (Hugging Face; with `added_tokens.json`
+                and `special_tokens_map.json` for `_start_`, `_delimiter_`,
+                `_classify_` when the backbone has their rows). Hugging Face's
+                `OpenAIGPTTokenizer` reads these files, but it splits words with
+                BERT's rules, not the original's: ids can differ around
+                clitics ("don't") and accents.
+            overwrite: `"huggingface"` only: replace the files of an earlier
+                export (else `FileExistsError`).
+            num_shards: `"original"` only: how many `params_*.npy` files.
+
+        Example:
+        ```python
+        backbone.save_original("release")                      # params_shapes.json + params_0..9.npy
+        backbone.save_original("hf", format="huggingface", tokenizer=kgpt.GPTTokenizer.gpt1())
+        kgpt.GPTBackbone.from_original("hf")                   # the same weights back
+        ```
+        """
+        if format == "original":
+            original.save_original(self, directory, num_shards=num_shards, tokenizer=tokenizer)
+        elif format == "huggingface":
+            original.save_huggingface(self, directory, tokenizer=tokenizer, overwrite=overwrite)
+        else:
+            raise ValueError(f"format must be 'original' or 'huggingface', got {format!r}.")
+
+    def transferred_layers(self, num_layers):
+        """The layers copied when transferring the embeddings and the first `num_layers` blocks."""
+        return [self.token_embedding, self.position_embedding, *self.transformer_layers[:num_layers]]

@@ -1,0 +1,512 @@
+"""The GPT-1 language model: backbone + LM head tied to the token embedding."""
+
+import os
+
+import keras
+import numpy as np
+from keras import ops
+from keras_hub.models import CausalLM
+
+from kgpt.models.backbone import GPTBackbone
+from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
+from kgpt.train.optimizers import gpt_adamw
+from kgpt.io.presets import PresetMixin
+from kgpt.data.tokenizer import PRESET_CONFIG
+
+try:
+    import tensorflow as tf
+except ImportError:
+    tf = None
+
+_NO_PREPROCESSOR = (
+    "This GPTCausalLM has no preprocessor, so it takes token ids only. Load it with "
+    "kgpt.GPTCausalLM.from_preset(dir) from a preset that holds a tokenizer, or attach one: "
+    "lm.preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=lm.backbone.max_sequence_length)."
+)
+
+
+def _is_text(inputs):
+    """Whether `inputs` are strings (one, a list, or a string tensor/array), not token ids."""
+    if isinstance(inputs, (str, bytes)):
+        return True
+    if isinstance(inputs, (list, tuple)):
+        return bool(inputs) and all(isinstance(t, (str, bytes)) for t in inputs)
+    if tf is not None and isinstance(inputs, tf.Tensor):
+        return inputs.dtype == tf.string
+    return isinstance(inputs, np.ndarray) and inputs.dtype.kind in "US"
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class GPTCausalLM(PresetMixin, CausalLM):
+    """Next-token prediction with a `GPTBackbone` (paper equation 2).
+
+    Outputs logits `[batch, length, vocabulary_size]` from
+    `{"token_ids", "padding_mask"}`. Train it like keras-hub's causal LMs
+    without a preprocessor: `x` holds the windows, `y` the next-token ids and
+    `sample_weight` (optional) zeroes the padded targets. `compile()` defaults
+    to the paper's optimiser (`kgpt.gpt_adamw`) and to the memory-lean loss:
+    `fit()` never holds the `[batch, length, vocabulary]` logits, as its
+    forward pass stops at the hidden states and the loss projects them
+    through the tied embedding 1024 tokens at a time (`kgpt.models.lm_loss`).
+    `predict()`, `evaluate()`, `score()` and `generate()` use logits.
+
+    With a `kgpt.GPTCausalLMPreprocessor` (`from_preset` attaches one when
+    the preset holds a tokenizer) the model also takes raw text:
+    `generate("prompt")` returns a string, `fit(texts)`, `evaluate(texts)`
+    and `predict(texts)` tokenize and pack on the fly, and `score(text)`
+    gives each token's log-probability. Token-id inputs work the same with
+    or without a preprocessor.
+
+    Args:
+        backbone: a `kgpt.GPTBackbone`.
+        preprocessor: optional `kgpt.GPTCausalLMPreprocessor`, for text.
+
+    Example:
+    ```python
+    import numpy as np
+    import kgpt
+
+    backbone = kgpt.GPTBackbone(vocabulary_size=64, num_layers=2, num_heads=2,
+                                hidden_dim=16, intermediate_dim=32,
+                                max_sequence_length=16)
+    lm = kgpt.GPTCausalLM(backbone)
+    lm.compile(total_steps=100)  # Adam, warm-up 2000 then cosine by default
+    ids = np.random.randint(0, 64, (8, 17)).astype("int32")
+    x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((8, 16), "int32")}
+    lm.fit(x, ids[:, 1:], batch_size=4, epochs=1, verbose=0)
+    lm.score(ids[:, :16]).shape  # (8, 15): log P(token t+1 | tokens <= t)
+    ```
+
+    Text in, text out, from a preset (e.g. `kgpt-train --task lm --output_dir out`):
+    ```python
+    lm = kgpt.GPTCausalLM.from_preset("out")
+    lm.compile(sampler="greedy")
+    lm.generate("The keeper", max_length=20)  # 'the keeper climbed ...'
+    lm.fit(["Some text.", "More text."], batch_size=2)
+    lm.score("The keeper climbed.")  # log P of each token, the first after a newline
+    ```
+    """
+
+    backbone_cls = GPTBackbone
+    preprocessor_cls = GPTCausalLMPreprocessor
+
+    def __init__(self, backbone, preprocessor=None, **kwargs):
+        length = getattr(preprocessor, "sequence_length", None)
+        if isinstance(length, int) and length > backbone.max_sequence_length:
+            raise ValueError(
+                f"The preprocessor packs sequence_length={length} tokens, more than the backbone's "
+                f"max_sequence_length={backbone.max_sequence_length}."
+            )
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+
+        # === Functional Model ===
+        inputs = backbone.input
+        hidden_states = backbone(inputs)  # [B, T, H]
+        logits = backbone.token_embedding(hidden_states, reverse=True)  # [B, T, V]
+        super().__init__(inputs=inputs, outputs=logits, **kwargs)
+
+        # === Compile state ===
+        self._chunked_loss = None  # TiedLMLoss when compile(lm_loss_chunk_size=...)
+        self._token_accuracy = None  # its next-token accuracy tracker
+
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        *,
+        weighted_metrics="auto",
+        sampler="top_k",
+        total_steps=None,
+        lm_loss_chunk_size="auto",
+        **kwargs,
+    ):
+        """Configures training and generation, with the paper's defaults.
+
+        Args:
+            optimizer: `"auto"` for `kgpt.gpt_adamw(total_steps=total_steps)`
+                (Adam 2.5e-4, 2000 warm-up steps, cosine to 0 at
+                `total_steps`, decoupled weight decay 0.01), or any optimizer.
+            loss: `"auto"` for sparse categorical cross-entropy on logits.
+            weighted_metrics: `"auto"` for next-token accuracy.
+            sampler: `"greedy"`, `"top_k"`, `"top_p"` or a
+                `keras_hub.samplers.Sampler`, used by `generate()`.
+            total_steps: horizon of the cosine decay for `optimizer="auto"`;
+                `None` holds the peak rate after warm-up.
+            lm_loss_chunk_size: train with the memory-lean loss, computing
+                the logits of this many tokens at a time instead of all
+                `[batch, length, vocabulary]` of them; it needs the `"auto"`
+                loss and metrics. `"auto"`: 1024 tokens with those, plain
+                logits with any other loss or metric. `None`: plain logits.
+        """
+        if optimizer == "auto":
+            optimizer = gpt_adamw(total_steps=total_steps)
+        custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
+        if lm_loss_chunk_size == "auto":
+            lm_loss_chunk_size = None if custom else DEFAULT_CHUNK_SIZE
+        chunked = None
+        if lm_loss_chunk_size is not None:
+            if custom:
+                raise ValueError(
+                    "lm_loss_chunk_size trains without logits, so it computes the loss and next-token accuracy "
+                    "itself: leave loss and weighted_metrics at 'auto' and metrics unset."
+                )
+            # Keras' loss stays compiled for evaluate(), whose forward pass gives logits.
+            chunked = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size, reduction="sum_over_batch_size")
+            weighted_metrics = None
+        super().compile(
+            optimizer=optimizer,
+            loss=loss,
+            weighted_metrics=weighted_metrics,
+            sampler=sampler,
+            **kwargs,
+        )
+        # Plain attributes, not tracked layer state: reported through `metrics`.
+        object.__setattr__(self, "_chunked_loss", chunked)
+        accuracy = None if chunked is None else keras.metrics.Mean(name="sparse_categorical_accuracy")
+        object.__setattr__(self, "_token_accuracy", accuracy)
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        if config:
+            config["sampler"] = keras.saving.serialize_keras_object(self.sampler)
+            chunked = self._chunked_loss
+            if chunked is not None:
+                config.update(loss="auto", weighted_metrics="auto", lm_loss_chunk_size=chunked.chunk_size)
+            else:
+                config["lm_loss_chunk_size"] = None
+        return config
+
+    def compile_from_config(self, config):
+        # Keras skips this for models with a custom compile(); without it a
+        # loaded model would lose its optimizer state and schedule.
+        self.compile(**keras.saving.deserialize_keras_object(config))
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    # --- the memory-lean training loss -------------------------------------
+
+    def call(self, inputs, training=None, mask=None):
+        if training and self._chunked_loss is not None:
+            return self.backbone(inputs, training=training)  # [B, T, H]; compute_loss projects them
+        return super().call(inputs, training=training, mask=mask)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        if sample_weight is not None:  # the text preprocessor's weights are the boolean padding mask
+            sample_weight = ops.cast(sample_weight, "float32")
+        chunked = self._chunked_loss
+        if chunked is None:
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        if training:
+            sums = chunked.sums(y, y_pred, sample_weight)  # y_pred: hidden states
+            loss = chunked.reduce(sums[0], y, sample_weight)
+            weight = ops.sum(ops.ones_like(y, "float32") if sample_weight is None else sample_weight)
+            self._token_accuracy.update_state(ops.divide_no_nan(sums[1], weight)[None], sample_weight=weight[None])
+            for extra in self.losses:  # regularisers and add_loss(), as Keras adds them
+                loss = loss + ops.cast(ops.sum(extra), loss.dtype)
+            return loss
+        predicted = ops.cast(ops.argmax(y_pred, axis=-1), "int32")
+        hits = ops.cast(ops.equal(predicted, ops.cast(y, "int32")), "float32")
+        self._token_accuracy.update_state(hits, sample_weight=sample_weight)
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+    @property
+    def metrics(self):
+        metrics = super().metrics
+        return metrics if self._token_accuracy is None else [*metrics, self._token_accuracy]
+
+    # --- text ----------------------------------------------------------------
+
+    @classmethod
+    def from_preset(cls, preset, **kwargs):
+        """Loads a local kgpt preset, with a text preprocessor when it holds a tokenizer.
+
+        The preprocessor is the one saved with the model (`preprocessor.json`,
+        as `save_to_preset` writes when one is attached), or else one built
+        around the preset's `tokenizer.json` with the model's context as
+        `sequence_length`. A preset without a tokenizer loads without one
+        (token ids only); so does `preprocessor=None`. `kwargs` override
+        config entries (e.g. `dropout`).
+        """
+        lm = super().from_preset(preset, **kwargs)
+        if lm.preprocessor is None and "preprocessor" not in kwargs:
+            if os.path.isfile(os.path.join(preset, PRESET_CONFIG)):
+                preprocessor = cls.preprocessor_cls.from_preset(preset)
+                limit = lm.backbone.max_sequence_length
+                preprocessor.sequence_length = min(preprocessor.sequence_length, limit)
+                lm.preprocessor = preprocessor
+        return lm
+
+    def preprocess_samples(self, x, y=None, sample_weight=None):
+        # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.
+        if self.preprocessor is None or not _is_text(x):
+            return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
+        return super().preprocess_samples(x, y, sample_weight)
+
+    # --- scoring -----------------------------------------------------------
+
+    def score(self, token_ids, padding_mask=None, batch_size=32):
+        """Log-probability of every token given the tokens before it.
+
+        Args:
+            token_ids: int array `[batch, length]`; or, with a preprocessor,
+                a text or a list of texts.
+            padding_mask: optional `[batch, length]`, 1 for real tokens
+                (token ids only).
+            batch_size: rows per forward pass.
+
+        Returns:
+            For token ids, a float32 NumPy array `[batch, length - 1]`: entry
+            `t` is `log P(token_ids[:, t + 1] | token_ids[:, :t + 1])`, and 0
+            where token `t + 1` is padding. Sums and means over a span give
+            the sequence scores of the paper's zero-shot heuristics (section
+            5). For a text, a float32 array with one entry per token of the
+            text: its log-probability given the tokens before it, the first
+            one given the newline token (a document boundary) when the
+            vocabulary has one (else the first token is not scored), as
+            `kgpt.analysis.zero_shot.Scorer` does; for a list of texts, a list of them.
+
+        Example:
+        ```python
+        lm.score("The keeper climbed the tower.")  # array([-3.1, -7.9, ...], dtype=float32)
+        ```
+        """
+        if _is_text(token_ids):
+            return self._score_text(token_ids, batch_size)
+        token_ids = np.asarray(token_ids, dtype="int32")
+        if token_ids.ndim != 2 or token_ids.shape[1] < 2:
+            raise ValueError(
+                "score() needs token_ids of shape [batch, length >= 2], got "
+                f"{token_ids.shape}."
+            )
+        if padding_mask is None:
+            padding_mask = np.ones_like(token_ids)
+        self._check_length(token_ids.shape[1])
+        inputs = {"token_ids": token_ids, "padding_mask": np.asarray(padding_mask, "int32")}
+        return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
+
+    def _score_text(self, texts, batch_size):
+        from kgpt.analysis.zero_shot import Scorer
+
+        if self.preprocessor is None:
+            raise ValueError(_NO_PREPROCESSOR)
+        if tf is not None and isinstance(texts, tf.Tensor):
+            texts = texts.numpy()
+        if isinstance(texts, np.ndarray):
+            texts = texts.item() if texts.ndim == 0 else texts.reshape(-1).tolist()
+        single = isinstance(texts, (str, bytes))
+        texts = [texts] if single else list(texts)
+        texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in texts]
+        tokenizer = self.preprocessor.tokenizer
+        scorer = Scorer(self, tokenizer, batch_size=batch_size)
+        limit = self.backbone.max_sequence_length
+        pairs = []
+        for text in texts:
+            context, tokens = list(scorer.prefix), tokenizer.encode(text)
+            if not context:  # no newline token: the first token only conditions
+                context, tokens = tokens[:1], tokens[1:]
+            if not tokens:
+                raise ValueError(f"Nothing to score in {text!r:.80}: it has too few tokens.")
+            if len(context) + len(tokens) > limit:
+                newline = " with the newline before it" if scorer.prefix else ""
+                raise ValueError(
+                    f"The text {text!r:.40} is {len(context) + len(tokens)} tokens long{newline}, more than the "
+                    f"model's context max_sequence_length={limit}; split it."
+                )
+            pairs.append((context, tokens))
+        scores = [s.astype("float32") for s in scorer.log_probs_of_ids(pairs)]
+        return scores[0] if single else scores
+
+    def _scorer(self):
+        scorer = getattr(self, "_score_model", None)
+        if scorer is None:
+            ids, mask = self.input["token_ids"], self.input["padding_mask"]
+            logits = ops.cast(self.output[:, :-1, :], "float32")
+            log_probs = ops.log_softmax(logits, axis=-1)
+            targets = ops.expand_dims(ids[:, 1:], -1)
+            picked = ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+            picked = picked * ops.cast(mask[:, 1:], "float32")
+            scorer = keras.Model(self.input, picked, name="scorer")
+            # Plain attribute: the scorer shares our layers and must not be
+            # tracked (it would be saved twice).
+            object.__setattr__(self, "_score_model", scorer)
+        return scorer
+
+    # --- generation --------------------------------------------------------
+
+    def _check_length(self, length):
+        limit = self.backbone.max_sequence_length
+        if length > limit:
+            raise ValueError(
+                f"Sequence length {length} exceeds the model's context "
+                f"max_sequence_length={limit}."
+            )
+
+    def generate(self, inputs, max_length=None, stop_token_ids=None, strip_prompt=False):
+        """Continues prompts token by token with the compiled sampler.
+
+        Args:
+            inputs: text (needs a preprocessor): a prompt string or a list of
+                them; or token ids: a list of prompts (lists of token ids),
+                padded here to `max_length`, or keras-hub's dict
+                `{"token_ids", "padding_mask"}` of right-padded
+                `[batch, max_length]` arrays where `padding_mask` marks the
+                prompt. Token ids never go through the preprocessor.
+            max_length: total length (prompt + continuation), at most
+                `max_sequence_length`; for text, default the preprocessor's
+                `sequence_length`, for lists of ids the model's context.
+            stop_token_ids: token ids that end a sequence, or `None` (the
+                default: GPT-1 has no end-of-text token, so `"auto"` means
+                `None` too).
+            strip_prompt: return only the continuation.
+
+        Returns:
+            For a string, a string (words joined by spaces, lower-cased, as
+            `GPTTokenizer.decode` gives them); for a list of strings, a list.
+            For token ids, a dict of NumPy `token_ids` and `padding_mask` (0
+            after a stop token).
+
+        Example:
+        ```python
+        lm.compile(sampler="greedy")
+        out = lm.generate([[5, 6, 7]], max_length=12)
+        out["token_ids"].shape  # (1, 12)
+        lm.generate("The keeper", max_length=20)  # a str (needs a preprocessor)
+        ```
+        """
+        if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
+            stop_token_ids = None  # keras-hub's "auto" is the end token, which GPT-1 lacks
+        if _is_text(inputs):
+            if self.preprocessor is None:
+                raise ValueError(_NO_PREPROCESSOR)
+            self._check_length(max_length or self.preprocessor.sequence_length)
+            return super().generate(
+                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
+            )
+        if tf is not None and isinstance(inputs, tf.data.Dataset):
+            return super().generate(
+                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
+            )
+        if not isinstance(inputs, dict):
+            inputs = self._pack_prompts(inputs, max_length)
+        self._check_length(np.shape(inputs["token_ids"])[1])
+        # Token ids skip the preprocessor, which would try to tokenize them.
+        preprocessor = self.preprocessor
+        object.__setattr__(self, "_preprocessor", None)  # untracked swap, restored below
+        try:
+            return super().generate(
+                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
+            )
+        finally:
+            object.__setattr__(self, "_preprocessor", preprocessor)
+
+    def _pack_prompts(self, prompts, max_length):
+        prompts = [list(p) for p in prompts]
+        if max_length is None:
+            max_length = self.backbone.max_sequence_length
+        self._check_length(max_length)
+        if not prompts or any(not p for p in prompts):
+            raise ValueError("generate() needs at least one token in every prompt.")
+        longest = max(len(p) for p in prompts)
+        if longest >= max_length:
+            raise ValueError(
+                f"A prompt has {longest} tokens, leaving no room to generate "
+                f"within max_length={max_length}."
+            )
+        token_ids = np.zeros((len(prompts), max_length), "int32")
+        # Boolean, as the text preprocessor gives it: text and id prompts of
+        # one shape then share one compiled generate function.
+        padding_mask = np.zeros((len(prompts), max_length), "bool")
+        for row, prompt in enumerate(prompts):
+            token_ids[row, : len(prompt)] = prompt
+            padding_mask[row, : len(prompt)] = 1
+        return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """Forward pass over `token_ids` reusing cached keys/values.
+
+        Args:
+            token_ids: int `[batch, n]`, the tokens at positions
+                `cache_update_index .. cache_update_index + n - 1`.
+            cache: float `[batch, num_layers, 2, max_length, num_heads, head_dim]`.
+            cache_update_index: position of `token_ids[:, 0]`.
+
+        Returns:
+            `(logits [batch, n, vocab], hidden_states [batch, n, hidden], cache)`.
+        """
+        backbone = self.backbone
+        tokens = backbone.token_embedding(token_ids)
+        positions = backbone.position_embedding(tokens, start_index=cache_update_index)
+        x = backbone.embeddings_dropout(backbone.embeddings_add((tokens, positions)))
+        caches = []
+        for i, layer in enumerate(backbone.transformer_layers):
+            x, layer_cache = layer(
+                x,
+                self_attention_cache=cache[:, i, ...],
+                self_attention_cache_update_index=cache_update_index,
+            )
+            caches.append(layer_cache)
+        logits = backbone.token_embedding(x, reverse=True)
+        return logits, x, ops.stack(caches, axis=1)
+
+    def _build_cache(self, token_ids):
+        backbone = self.backbone
+        batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
+        head_dim = backbone.hidden_dim // backbone.num_heads
+        shape = [batch_size, backbone.num_layers, 2, max_length, backbone.num_heads, head_dim]
+        cache = ops.zeros(shape, dtype=self.compute_dtype)
+        _, hidden_states, cache = self.call_with_cache(token_ids, cache, 0)
+        return hidden_states, cache
+
+    def generate_step(self, inputs, stop_token_ids=None):
+        """One compiled generation pass over a batch (see keras-hub CausalLM)."""
+        token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+        # Generation starts where the shortest prompt ends; longer prompts keep
+        # their own tokens (the sampler only writes where the mask is 0).
+        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+
+        if hasattr(self.backbone, "transformer_layers"):
+            hidden_states, cache = self._build_cache(token_ids)
+
+            def step(prompt, cache, index):
+                batch_size = ops.shape(prompt)[0]
+                current = ops.slice(prompt, [0, index - 1], [batch_size, 1])
+                logits, hidden, cache = self.call_with_cache(current, cache, index - 1)
+                return ops.squeeze(logits, 1), ops.squeeze(hidden, 1), cache
+        else:
+            # Backbones without a key/value cache (the LSTM ablation) rerun the
+            # whole sequence each step: quadratic, fine for samples.
+            mask = ops.ones_like(token_ids)
+            hidden_states = self.backbone({"token_ids": token_ids, "padding_mask": mask})
+            cache = ops.zeros((1,), dtype=self.compute_dtype)
+
+            def step(prompt, cache, index):
+                hidden = self.backbone({"token_ids": prompt, "padding_mask": mask})
+                hidden = ops.take(hidden, index - 1, axis=1)  # [B, H]
+                logits = self.backbone.token_embedding(hidden, reverse=True)
+                return logits, hidden, cache
+
+        token_ids = self.sampler(
+            next=step,
+            prompt=token_ids,
+            cache=cache,
+            index=index,
+            mask=padding_mask,
+            stop_token_ids=stop_token_ids,
+            hidden_states=hidden_states,
+            model=self,
+        )
+        if stop_token_ids is None:
+            padding_mask = ops.ones_like(token_ids, dtype="bool")
+        else:
+            # Keep every generated token up to and including the first stop.
+            generated = ops.logical_not(ops.cast(padding_mask, "bool"))
+            is_stop = ops.zeros_like(generated)
+            for stop in stop_token_ids:
+                is_stop = ops.logical_or(is_stop, ops.equal(token_ids, stop))
+            is_stop = ops.cast(ops.logical_and(is_stop, generated), "int32")
+            stops_before = ops.cumsum(is_stop, axis=-1) - is_stop
+            padding_mask = ops.equal(stops_before, 0)
+        return {"token_ids": token_ids, "padding_mask": padding_mask}

@@ -1,0 +1,246 @@
+"""Next-token cross-entropy through a tied output embedding, a chunk of tokens at a time.
+
+The plain LM loss multiplies the hidden states `[batch, length, hidden]` by
+the embedding matrix into logits `[batch, length, vocabulary]`, takes a float32
+log-softmax, and autodiff keeps those arrays alive until the backward pass.
+With GPT-1's 40,478-token vocabulary and 64 x 512 tokens per batch that is
+5.3 GB per float32 copy: more than all of the model's weights and optimizer
+state. `chunked_lm_loss` loops over chunks of `chunk_size` tokens and, while
+it has a chunk's logits, computes that chunk's gradients too (the loss is a
+weighted sum, so they do not depend on anything after it). Nothing of size
+`tokens x vocabulary` outlives one chunk, and there are no extra FLOPs: the
+backward pass only scales the stored gradients.
+"""
+
+import keras
+from keras import ops
+
+# Small enough that a chunk's unfused float32 temporaries (TensorFlow without
+# XLA keeps about six [chunk, vocabulary] arrays) stay far below the full
+# logits, large enough for efficient matrix multiplies: see kgpt.bench.
+DEFAULT_CHUNK_SIZE = 1024
+REDUCTIONS = ("mean_with_sample_weight", "sum_over_batch_size", "sum")
+
+
+def check_tied(embedding):
+    """Raises unless `embedding` is a `ReversibleEmbedding` whose reverse pass is a plain tied matmul."""
+    if not isinstance(embedding, keras.layers.ReversibleEmbedding) or not embedding.tie_weights:
+        raise ValueError(f"The chunked LM loss needs a tied ReversibleEmbedding, got {embedding!r}.")
+    if embedding.reverse_dtype is not None or embedding.logit_soft_cap is not None:
+        raise ValueError(
+            f"The chunked LM loss computes plain logits; {embedding.name!r} has reverse_dtype="
+            f"{embedding.reverse_dtype!r}, logit_soft_cap={embedding.logit_soft_cap!r}."
+        )
+    return embedding
+
+
+def scale_for_replicas(loss):
+    """Divides a replica's loss by the replica count under `tf.distribute`, as Keras' own losses do.
+
+    The strategy sums the replicas' gradients, so each replica's share of the
+    global mean is its own mean over the replica count.
+    """
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if replicas > 1:
+            loss = loss / replicas
+    return loss
+
+
+def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHUNK_SIZE, training=True):
+    """Weighted sums of next-token cross-entropies and of correct argmax predictions.
+
+    Equal, up to float rounding, to computing `logits = hidden @ embeddings.T`
+    and summing `weights * sparse_categorical_crossentropy(targets, logits)`,
+    and `weights * (argmax(logits) == targets)`.
+
+    Args:
+        hidden: float `[..., hidden_dim]`, in the compute dtype (bfloat16
+            under mixed precision); the logits are its product with
+            `embeddings` in that dtype, then float32 for the softmax.
+        embeddings: `[vocabulary, hidden_dim]`, the tied embedding matrix
+            (its float32 variable value; gradients come back in its dtype).
+        targets: int `[...]`, the next-token ids.
+        weights: `[...]`, per-token weights (0 for padding).
+        chunk_size: tokens per chunk: the peak extra memory is a few float32
+            `[chunk_size, vocabulary]` arrays. `None`: one chunk of all the
+            tokens (the memory of plain logits, freed before the backward
+            pass).
+        training: compute the gradients with the loss; `False` for
+            evaluation (no gradient can be taken then).
+
+    Returns:
+        float32 `[2]`: the weighted loss sum (differentiable in `hidden` and
+        `embeddings`) and the weighted count of correct predictions.
+
+    Example:
+    ```python
+    import numpy as np
+    from kgpt.models.lm_loss import chunked_lm_loss
+
+    rng = np.random.default_rng(0)
+    hidden = rng.normal(size=(2, 5, 8)).astype("float32")
+    embeddings = rng.normal(size=(11, 8)).astype("float32")
+    targets = rng.integers(0, 11, (2, 5))
+    loss_sum, correct = chunked_lm_loss(hidden, embeddings, targets, np.ones((2, 5)), chunk_size=4)
+    ```
+    """
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size}.")
+    hidden = ops.convert_to_tensor(hidden)
+    embeddings = ops.convert_to_tensor(embeddings)
+    if embeddings.shape[-1] != hidden.shape[-1]:
+        raise ValueError(f"hidden {hidden.shape} and embeddings {embeddings.shape} differ in the last axis.")
+    chunks = _Chunks(hidden, targets, weights, chunk_size)
+    if not training:
+        return _loop(chunks, chunks.flat_hidden, ops.cast(embeddings, hidden.dtype), gradients=False)[0]
+
+    @ops.custom_gradient
+    def fused(flat_hidden, embeddings):
+        compute = ops.cast(embeddings, flat_hidden.dtype)
+        sums, grad_hidden, grad_embeddings = _loop(chunks, flat_hidden, compute, gradients=True)
+
+        def grad(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            scale = upstream[0]  # d(total loss) / d(loss sum); the correct count has no gradient
+            return (
+                ops.cast(ops.cast(grad_hidden, "float32") * scale, flat_hidden.dtype),
+                ops.cast(grad_embeddings * scale, embeddings.dtype),
+            )
+
+        return sums, grad
+
+    return fused(chunks.flat_hidden, embeddings)
+
+
+class _Chunks:
+    """Rows `[n, hidden]` padded to `chunks x rows` and laid out `[chunks, rows, ...]`.
+
+    Chunk `c` holds tokens `c, c + chunks, c + 2 * chunks, ...` (strided, not
+    contiguous): under data parallelism the token axis is split over devices
+    and stays split in the `rows` axis, so each device loops over its share.
+    """
+
+    def __init__(self, hidden, targets, weights, chunk_size):
+        self.flat_hidden = ops.reshape(hidden, (-1, hidden.shape[-1]))
+        n = ops.shape(self.flat_hidden)[0]  # a tensor when the batch size is dynamic (TF graphs)
+        self.n = n
+        if chunk_size is None:
+            self.count = 1
+        else:
+            count = (n + chunk_size - 1) // chunk_size
+            self.count = max(count, 1) if isinstance(n, int) else ops.maximum(count, 1)
+        self.rows = (n + self.count - 1) // self.count
+        self.pad = self.count * self.rows - n
+        self.targets = self.layout(ops.cast(ops.reshape(targets, (-1,)), "int32"))
+        self.weights = self.layout(ops.cast(ops.reshape(weights, (-1,)), "float32"))
+
+    def layout(self, x):
+        """`[n, ...]` -> `[chunks, rows, ...]`, zero-padded (padding has weight 0)."""
+        tail = tuple(x.shape[1:])
+        x = ops.pad(x, [[0, self.pad]] + [[0, 0]] * len(tail))
+        x = ops.reshape(x, (self.rows, self.count, *tail))
+        return ops.swapaxes(x, 0, 1)
+
+    def restore(self, x):
+        """Inverse of `layout`: `[chunks, rows, ...]` -> `[n, ...]`."""
+        tail = tuple(x.shape[2:])
+        x = ops.reshape(ops.swapaxes(x, 0, 1), (-1, *tail))
+        return x[: self.n]
+
+
+def _loop(chunks, flat_hidden, embeddings, gradients):
+    """`(sums, d sums[0] / d flat_hidden, d sums[0] / d embeddings)`; the gradients are None without `gradients`."""
+    hidden = chunks.layout(flat_hidden)  # [C, R, H]
+    vocabulary = embeddings.shape[0]
+    kernel = ops.transpose(embeddings)  # [H, V]
+
+    def body(i, carry):
+        sums, grad_hidden, grad_embeddings = carry
+        h, t, w = hidden[i], chunks.targets[i], chunks.weights[i]  # [R, H], [R], [R]
+        logits = ops.cast(ops.matmul(h, kernel), "float32")  # [R, V]
+        log_z = ops.logsumexp(logits, axis=-1)  # [R]
+        picked = ops.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
+        hits = ops.cast(ops.equal(ops.argmax(logits, axis=-1), t), "float32")
+        sums = sums + ops.stack([ops.sum(w * (log_z - picked)), ops.sum(w * hits)])
+        if gradients:
+            probs = ops.exp(logits - log_z[:, None])
+            dlogits = (probs - ops.one_hot(t, vocabulary, dtype="float32")) * w[:, None]
+            dlogits = ops.cast(dlogits, h.dtype)  # [R, V]
+            grad_hidden = ops.slice_update(grad_hidden, (i, 0, 0), ops.matmul(dlogits, embeddings)[None])
+            grad_embeddings = grad_embeddings + ops.cast(ops.matmul(ops.transpose(dlogits), h), "float32")
+        return sums, grad_hidden, grad_embeddings
+
+    if gradients:
+        init = (ops.zeros((2,), "float32"), ops.zeros_like(hidden), ops.zeros(embeddings.shape, "float32"))
+    else:  # scalar placeholders: nothing of their size is carried
+        init = (ops.zeros((2,), "float32"), ops.zeros((), hidden.dtype), ops.zeros((), "float32"))
+    sums, grad_hidden, grad_embeddings = ops.fori_loop(0, chunks.count, body, init)
+    if not gradients:
+        return sums, None, None
+    return sums, chunks.restore(grad_hidden), grad_embeddings
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class TiedLMLoss(keras.losses.Loss):
+    """Next-token cross-entropy of hidden states through a tied embedding, by `chunked_lm_loss`.
+
+    A Keras loss whose `y_pred` is the final hidden states `[..., hidden]`
+    (not logits) and `y_true` the next-token ids `[...]`; `sample_weight`
+    masks padding. Compile a model whose output is hidden states with it.
+
+    Args:
+        embedding: the backbone's tied `ReversibleEmbedding`
+            (`backbone.token_embedding`).
+        chunk_size: tokens whose logits exist at once (`None`: all).
+        reduction: `"mean_with_sample_weight"` (mean over weighted tokens),
+            `"sum_over_batch_size"` (sum over the number of tokens) or `"sum"`.
+
+    Set `training = False` for evaluation-only graphs (models do this in
+    `compute_loss`): the gradients are then not computed.
+
+    Example:
+    ```python
+    loss = kgpt.models.lm_loss.TiedLMLoss(backbone.token_embedding, chunk_size=2048)
+    value = loss(next_ids, backbone(inputs), sample_weight=padding_mask)
+    ```
+    """
+
+    def __init__(self, embedding=None, chunk_size=DEFAULT_CHUNK_SIZE, reduction="mean_with_sample_weight",
+                 name="tied_lm_loss", dtype=None):
+        if reduction not in REDUCTIONS:
+            raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}.")
+        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        self.embedding = None if embedding is None else check_tied(embedding)
+        self.chunk_size = chunk_size
+        self.training = True
+
+    def sums(self, y_true, y_pred, sample_weight=None):
+        """float32 `[2]`: the weighted loss sum and the weighted count of correct argmaxes."""
+        if self.embedding is None:
+            raise ValueError("TiedLMLoss needs the tied embedding layer (a loss restored from a config has none).")
+        weights = ops.ones(ops.shape(y_true), "float32") if sample_weight is None else sample_weight
+        return chunked_lm_loss(y_pred, self.embedding.embeddings, y_true, weights, self.chunk_size,
+                               training=self.training)
+
+    def reduce(self, loss_sum, y_true, sample_weight=None):
+        """The loss of a weighted sum, reduced as `reduction` says and shared over replicas."""
+        if self.reduction == "sum":
+            return scale_for_replicas(loss_sum)
+        if self.reduction == "mean_with_sample_weight" and sample_weight is not None:
+            divisor = ops.sum(ops.cast(sample_weight, "float32"))
+        else:
+            divisor = ops.cast(ops.size(y_true), "float32")
+        return scale_for_replicas(ops.divide_no_nan(loss_sum, divisor))
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        return self.reduce(self.sums(y_true, y_pred, sample_weight)[0], y_true, sample_weight)
+
+    def call(self, y_true, y_pred):
+        raise NotImplementedError("TiedLMLoss reduces inside __call__: its per-token losses never exist.")
+
+    def get_config(self):
+        return {"chunk_size": self.chunk_size, "reduction": self.reduction, "name": self.name}

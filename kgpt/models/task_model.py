@@ -1,0 +1,494 @@
+"""Fine-tuning model: backbone + task head at the extract token + tied LM head.
+
+Paper section 3.2: the head is a linear layer on the last layer's hidden
+state at each view's extract token (its last real token), after classifier
+dropout; training minimises `task loss + lm_coef * LM loss`, the LM loss
+being next-token cross-entropy over the real tokens of the same views.
+"""
+
+import os
+import warnings
+
+import keras
+import numpy as np
+from keras import ops
+from keras_hub.models import Task as KerasHubTask
+
+from kgpt.data import batching
+from kgpt.tasks import heads as heads_lib
+from kgpt.models.backbone import GPTBackbone
+from kgpt.models.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
+from kgpt.train.optimizers import gpt_adamw
+from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, load_task_preset, read_json
+from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class FoldViews(keras.layers.Layer):
+    """`[batch, views, length]` -> `[batch * views, length]`."""
+
+    def call(self, x):
+        return ops.reshape(x, (-1, ops.shape(x)[-1]))
+
+    def compute_output_shape(self, input_shape):
+        batch, views = input_shape[0], input_shape[1]
+        return (None if batch is None or views is None else batch * views, input_shape[-1])
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class ExtractStates(keras.layers.Layer):
+    """Hidden state at each view's last real token: `[B*K, L, H]` -> `[B, K, H]`."""
+
+    def __init__(self, num_views, **kwargs):
+        super().__init__(**kwargs)
+        self.num_views = num_views
+
+    def call(self, hidden, padding_mask):
+        last = ops.sum(ops.cast(padding_mask, "int32"), axis=-1) - 1  # [B*K]
+        last = ops.maximum(last, 0)
+        states = ops.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B*K, H]
+        return ops.reshape(states, (-1, self.num_views, ops.shape(hidden)[-1]))
+
+    def compute_output_shape(self, hidden_shape, padding_mask_shape=None):
+        return (None, self.num_views, hidden_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "num_views": self.num_views}
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class UnfoldViews(keras.layers.Layer):
+    """`[batch * views, ...]` -> `[batch, views, ...]`."""
+
+    def __init__(self, num_views, **kwargs):
+        super().__init__(**kwargs)
+        self.num_views = num_views
+
+    def call(self, x):
+        shape = ops.shape(x)
+        return ops.reshape(x, (-1, self.num_views, *shape[1:]))
+
+    def compute_output_shape(self, input_shape):
+        return (None, self.num_views, *input_shape[1:])
+
+    def get_config(self):
+        return {**super().get_config(), "num_views": self.num_views}
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class GPTTaskModel(PresetMixin, KerasHubTask):
+    """A `GPTBackbone` fine-tuned on a task, with the auxiliary LM loss.
+
+    Inputs `{"token_ids", "padding_mask"}` of shape `[batch, num_views,
+    length]`. Outputs a dict: `"task"`, what the head outputs (logits
+    `[batch, classes]`, a value `[batch]`, or one logit per choice `[batch,
+    choices]`); and, when `lm_coef > 0`, `"lm"`: the final hidden states
+    `[batch, num_views, length - 1, hidden]` that predict the next tokens.
+    The LM loss (`kgpt.models.lm_loss.TiedLMLoss`) projects them through the tied
+    embedding a chunk of tokens at a time, so the `[batch, views, length,
+    vocabulary]` logits never exist at once.
+
+    With a preprocessor (`from_preset` attaches one), `fit`, `evaluate` and
+    `predict` take raw text, batched by length (`kgpt.data.batching`); `predict`
+    then returns probabilities (classification, multiple choice) or values
+    (regression). Arrays and `tf.data` datasets of token ids work as for any
+    Keras model, with targets `y = {"task": ..., "lm": token_ids[..., 1:]}`
+    and `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`.
+
+    Args:
+        backbone: a `kgpt.GPTBackbone` whose vocabulary includes the start,
+            delimiter and extract tokens.
+        head: a `kgpt.tasks.heads.Head`: what the model outputs, its loss, how a
+            prediction is decoded (e.g. `kgpt.tasks.heads.Classification(labels)`).
+        num_views: views per example (1; 2 for similarity; the choices for
+            multiple choice).
+        lm_coef: weight of the auxiliary LM loss (paper: 0.5); 0 removes it
+            and its output.
+        classifier_dropout: dropout before the linear layer (paper: 0.1).
+        task_name: the registered task it was fine-tuned for, saved with it.
+        preprocessor: a `kgpt.GPTTaskPreprocessor`, or None.
+
+    Example:
+    ```python
+    import kgpt
+
+    model = kgpt.GPTTaskModel.from_preset("lm_out", task="sst2")   # a kgpt-train --task lm preset
+    model.fit(["a joy to watch", "dull and long"], ["1", "0"], batch_size=2)
+    model.predict(["what a film"])                                 # [[p("0"), p("1")]]
+    model.predict_labels(["what a film"])                          # ['1']
+    model.save_to_preset("sst2_out")    # GPTTaskModel.from_preset("sst2_out") predicts on text again
+    ```
+    """
+
+    backbone_cls = GPTBackbone
+    preprocessor_cls = GPTTaskPreprocessor
+
+    def __init__(
+        self,
+        backbone,
+        head,
+        num_views=1,
+        lm_coef=0.5,
+        classifier_dropout=0.1,
+        task_name=None,
+        preprocessor=None,
+        **kwargs,
+    ):
+        if isinstance(head, dict):
+            head = keras.saving.deserialize_keras_object(head)
+        if isinstance(head, str):
+            raise ValueError(
+                f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.Classification(labels), Regression(), "
+                f"MultipleChoice(k)). A preset fine-tuned by an earlier kgpt names its head this way in task.json: "
+                f"fine-tune it again (its backbone loads with kgpt-train --init DIR)."
+            )
+        if not isinstance(head, heads_lib.Head):
+            raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.Classification(labels)), got {head!r}.")
+        if head.pooling not in ("sum", "each"):
+            raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
+        if isinstance(head, heads_lib.MultipleChoice) and head.num_choices != num_views:
+            raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
+        if lm_coef < 0:
+            raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
+        if preprocessor is not None:
+            transform = preprocessor.transform
+            problem = head.check(transform) or (
+                f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
+                f"{num_views}" if transform.num_views != num_views else None)
+            if not problem and preprocessor.max_length > backbone.max_sequence_length:
+                problem = (f"the preprocessor's max_length={preprocessor.max_length} exceeds the model's context "
+                           f"max_sequence_length={backbone.max_sequence_length}")
+            if problem:
+                raise ValueError(f"The preprocessor does not fit the model: {problem}.")
+
+        # === Layers ===
+        self.backbone = backbone
+        self.preprocessor = preprocessor
+        self.fold_ids = FoldViews(name="fold_token_ids")
+        self.fold_mask = FoldViews(name="fold_padding_mask")
+        self.extract_states = ExtractStates(num_views, name="extract_states")
+        self.classifier_dropout_layer = keras.layers.Dropout(classifier_dropout, name="classifier_dropout")
+        self.classifier = keras.layers.Dense(
+            head.units(num_views),
+            kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
+            name="classifier",
+        )
+        self.unfold_lm = UnfoldViews(num_views, name="unfold_lm_states")
+
+        # === Functional Model ===
+        token_ids = keras.Input(shape=(num_views, None), dtype="int32", name="token_ids")
+        padding_mask = keras.Input(shape=(num_views, None), dtype="int32", name="padding_mask")
+        flat_mask = self.fold_mask(padding_mask)  # [B*K, L]
+        hidden = backbone({"token_ids": self.fold_ids(token_ids), "padding_mask": flat_mask})  # [B*K, L, H]
+        states = self.extract_states(hidden, flat_mask)  # [B, K, H]
+        if head.pooling == "sum":
+            states = ops.sum(states, axis=1)  # [B, H]
+        scores = self.classifier(self.classifier_dropout_layer(states))  # [B, units] or [B, K, units]
+        outputs = {"task": head.outputs(scores)}
+        if lm_coef > 0:
+            outputs["lm"] = self.unfold_lm(hidden[:, :-1])  # [B, K, L-1, H]
+        compile_now = kwargs.pop("compile", True)  # after the config below, which compile() reads
+        super().__init__(
+            inputs={"token_ids": token_ids, "padding_mask": padding_mask}, outputs=outputs, compile=False, **kwargs
+        )
+
+        # === Config ===
+        # Plain attribute: a head is configuration, not a tracked layer.
+        object.__setattr__(self, "head", head)
+        self.num_views = num_views
+        self.lm_coef = lm_coef
+        self.classifier_dropout = classifier_dropout
+        self.task_name = task_name
+        if compile_now:
+            self.compile()
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "head": keras.saving.serialize_keras_object(self.head),
+                "num_views": self.num_views,
+                "lm_coef": self.lm_coef,
+                "classifier_dropout": self.classifier_dropout,
+                "task_name": self.task_name,
+            }
+        )
+        return config
+
+    @classmethod
+    def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,
+                    **kwargs):
+        """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
+
+        Args:
+            preset: a fine-tuned preset (`kgpt-train --task NAME --output_dir`,
+                or `save_to_preset`): loaded with its head, label names and
+                input transformation, so it predicts on text without the
+                task's plugin. Or a starting point to fine-tune: a kgpt
+                preset (`kgpt-train --task lm --output_dir`), the original
+                GPT-1 release's `model/` folder or Hugging Face openai-gpt
+                files; the start, delimiter and extract tokens are added
+                when the vocabulary lacks them.
+            task: with a starting point, the task: a registered name
+                (`"sst2"`) or a `kgpt.Task`. With a fine-tuned preset, None
+                or its own task's name.
+            registry: where names are looked up (default: every installed
+                task plugin).
+            max_length: tokens per view (default: the model's context, or a
+                fine-tuned preset's own).
+            lm_coef, classifier_dropout: for a new model (default: the
+                paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
+            **kwargs: overrides of the saved config (e.g. `dtype`).
+        """
+        if is_task_preset(preset, cls):
+            if lm_coef is not None or classifier_dropout is not None:
+                raise ValueError(f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "
+                                 f"chosen when fine-tuning starts from a pre-trained preset.")
+            model = load_task_preset(cls, preset, **kwargs)
+            if max_length is not None and model.preprocessor is not None:
+                model.preprocessor.max_length = min(max_length, model.backbone.max_sequence_length)
+            name = getattr(task, "name", task)
+            if name is not None and name != model.task_name:
+                raise ValueError(f"{preset} is fine-tuned for task {model.task_name!r}, not {name!r}: load it without "
+                                 f"task=, or fine-tune its pre-trained model (kgpt-train --init) for {name!r}.")
+            return model
+        if task is None:
+            raise ValueError(f"{preset} is not a fine-tuned task model: pass task=NAME (a registered task or a "
+                             f"kgpt.Task) to fine-tune it.")
+        from kgpt.io.pretrained import load_pretrained, with_special_tokens
+        from kgpt.tasks.registry import TaskRegistry
+
+        if isinstance(task, str):
+            task = (registry or TaskRegistry()).get(task)
+        backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
+        backbone = with_special_tokens(backbone, tokenizer)
+        limit = backbone.max_sequence_length
+        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=min(max_length or limit, limit))
+        return cls(backbone, head=task.head, num_views=task.transform.num_views,
+                   lm_coef=0.5 if lm_coef is None else lm_coef,
+                   classifier_dropout=0.1 if classifier_dropout is None else classifier_dropout,
+                   task_name=task.name, preprocessor=preprocessor, **kwargs)
+
+    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
+                lm_loss_chunk_size=DEFAULT_CHUNK_SIZE, **kwargs):
+        """Configures fine-tuning with the paper's defaults.
+
+        Args:
+            optimizer: `"auto"` for `kgpt.gpt_adamw(6.25e-5)` with 0.2% linear
+                warm-up and linear decay to 0 at `total_steps` (constant
+                after warm-up when `None`), or any optimizer.
+            loss: `"auto"` for the head's loss plus `lm_coef` x the LM
+                cross-entropy averaged over real tokens; or a Keras loss spec.
+            weighted_metrics: `"auto"` for the head's metrics (accuracy for
+                classification and multiple choice).
+            total_steps: the fine-tuning run's number of updates.
+            lm_loss_chunk_size: tokens whose logits the `"auto"` LM loss
+                computes at once; `None` for all of them at once.
+        """
+        if optimizer == "auto":
+            warmup = int(0.002 * total_steps) if total_steps else 0
+            optimizer = gpt_adamw(6.25e-5, warmup_steps=warmup, total_steps=total_steps, decay="linear")
+        loss_weights = kwargs.pop("loss_weights", None)
+        if loss == "auto":
+            loss = {"task": self.head.loss()}
+            loss_weights = {"task": 1.0}
+            if "lm" in self.output:
+                loss["lm"] = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size)
+                loss_weights["lm"] = self.lm_coef
+        elif isinstance(loss, dict) and "lm" in loss and not isinstance(loss["lm"], TiedLMLoss):
+            raise ValueError(
+                "The 'lm' output holds hidden states, not logits: its loss must be a kgpt.models.lm_loss.TiedLMLoss."
+            )
+        if weighted_metrics == "auto":
+            weighted_metrics = {"task": self.head.metrics()}
+        super().compile(
+            optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics, **kwargs
+        )
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        lm_loss = self.loss.get("lm") if isinstance(self.loss, dict) else None
+        if isinstance(lm_loss, TiedLMLoss):
+            lm_loss.training = training  # evaluation graphs skip the gradient computation
+        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+
+    def task_loss(self):
+        """The head's loss (cross-entropy on logits, mean squared error, ...)."""
+        return self.head.loss()
+
+    def compile_from_config(self, config):
+        # Keras skips this for models with a custom compile(); restore the
+        # optimizer (and its state, loaded after this) with our default losses.
+        optimizer = keras.saving.deserialize_keras_object(config["optimizer"])
+        self.compile(optimizer=optimizer)
+        if self.built:
+            self.optimizer.build(self.trainable_variables)
+
+    # --- raw text in ---------------------------------------------------------
+
+    def encode(self, x, y=None, name="inputs"):
+        """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""
+        if self.preprocessor is None:
+            raise ValueError("Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
+                             "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        from kgpt.tasks.task import Example
+
+        targets = None
+        if y is None and isinstance(x, list) and x and all(isinstance(e, Example) for e in x):
+            if all(e.label is not None for e in x):  # labelled examples carry their labels and sources
+                targets = np.asarray([self.head.target(e.label, e.source or f"{name} example {i}")
+                                      for i, e in enumerate(x)], self.head.target_dtype)
+        elif y is not None:
+            if hasattr(y, "numpy") and not isinstance(y, np.ndarray):
+                y = y.numpy()
+            labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
+            targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
+                                 self.head.target_dtype)
+        split = self.preprocessor.encode_batch(x, targets, name=name)
+        if split.counts["truncated"]:
+            warnings.warn(f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
+                          f"max_length={self.preprocessor.max_length} tokens: {split.counts['tokens_cut']} tokens were "
+                          f"cut from the end of their longest segments.", stacklevel=3)
+        return split
+
+    def _text_dataset(self, x, y, batch_size, seed=None, name="inputs"):
+        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
+        if split.targets is None:
+            raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}.")
+        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output,
+                                max_lengths=self.max_padded_lengths(split, batch_size or 32))
+
+    def max_padded_lengths(self, split, batch_size):
+        """How many padded lengths batches of `split` may use: all without XLA, fewer with (`kgpt.data.batching`)."""
+        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size))
+
+    # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
+    # task examples are tokenized in Python and batched by length instead.
+    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_data=None,
+            shuffle=True, **kwargs):
+        """Keras `fit`; on raw text (see the class docstring), `y` holds labels (names or indices).
+
+        Text batches are drawn by length (`kgpt.data.batching`), shuffled from
+        NumPy's global seed (`keras.utils.set_random_seed`) when `shuffle`.
+        `validation_data=(texts, labels)` is encoded the same way.
+        """
+        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+            seed = int(np.random.randint(2**31)) if shuffle else None
+            x = self._text_dataset(x, y, batch_size, seed=seed)
+            if validation_data is not None:
+                if isinstance(validation_data, batching.EncodedSplit) or _is_text(validation_data):
+                    validation_data = (validation_data, None)
+                if len(validation_data) > 2 and validation_data[2] is not None:
+                    raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
+                validation_data = self._text_dataset(validation_data[0], validation_data[1], batch_size,
+                                                     name="validation_data")
+            y = batch_size = None
+            shuffle = False  # the dataset draws each epoch's order itself
+        return keras.Model.fit(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
+                               validation_data=validation_data, shuffle=shuffle, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
+        """Keras `evaluate`; on raw text, `y` holds labels."""
+        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+            x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
+        return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
+
+    def predict(self, x, batch_size=None, verbose="auto", **kwargs):
+        """On raw text: probabilities `[examples, classes or choices]` or values `[examples]`.
+
+        On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
+        """
+        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+            split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
+            outputs = batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
+            return self.head.probabilities(outputs)
+        return keras.Model.predict(self, x, batch_size=batch_size, verbose=verbose, **kwargs)
+
+    def predict_labels(self, x, batch_size=None):
+        """Predictions on raw text as the task names them: label names, choice indices or values."""
+        outputs = self.predict_outputs(x, batch_size)
+        return [self.head.prediction_name(p) for p in self.head.decode(outputs)]
+
+    def predict_outputs(self, x, batch_size=None):
+        """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
+        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
+        return batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
+
+    def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
+        """Exports a TensorFlow SavedModel whose `serve` endpoint returns the task output only.
+
+        `serve` (also `serving_default`) takes `{"token_ids", "padding_mask"}`,
+        int32 `[batch, num_views, length]` (any batch size, any length up to
+        `backbone.max_sequence_length`, right-padded) and returns the head's raw
+        outputs as `task_predictor()` does: logits `[batch, classes]` or
+        `[batch, choices]`, or values `[batch]`. The LM hidden states are not
+        exported. It takes token ids, not text: the GPT-1 tokenizer's exact
+        algorithm is Python, so text goes through `model.preprocessor` first.
+        Works on the TensorFlow and JAX backends (JAX through jax2tf); serving
+        needs only TensorFlow. See `kgpt.io.export.export_task_model`.
+
+        Example:
+        ```python
+        model.export("sst2_savedmodel")
+        served = tf.saved_model.load("sst2_savedmodel")
+        served.serve(model.preprocessor(["a joy to watch"]))  # logits [1, 2]
+        ```
+        """
+        from kgpt.io.export import export_task_model
+
+        return export_task_model(self, filepath, format=format, verbose=verbose, **kwargs)
+
+    def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        return keras.Model.train_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
+
+    def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
+
+    def task_predictor(self):
+        """A Keras model of the same layers with the task output only (no LM hidden states)."""
+        predictor = getattr(self, "_task_predictor", None)
+        if predictor is None:
+            predictor = keras.Model(self.input, self.output["task"], name="task_predictor")
+            # Plain attribute: it shares our layers and must not be tracked or saved.
+            object.__setattr__(self, "_task_predictor", predictor)
+        return predictor
+
+    def predict_task(self, x, batch_size=32):
+        """Task outputs only, as NumPy, for token-id inputs `{"token_ids", "padding_mask"}`.
+
+        Unlike `predict()`, skips the LM output (hidden states
+        `[examples, views, length, hidden]`), which only the loss needs.
+        """
+        return self.task_predictor().predict(x, batch_size=batch_size, verbose=0)
+
+
+def is_task_preset(preset, cls=None):
+    """Whether `preset` is a directory holding a fine-tuned task model (`task.json` of a `GPTTaskModel`)."""
+    config = os.path.join(preset, TASK_CONFIG_FILE) if isinstance(preset, (str, os.PathLike)) else None
+    if not config or not os.path.isfile(config):
+        return False
+    saved = read_json(config, "a kgpt task config")
+    return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
+        cls or GPTTaskModel)
+
+
+def _is_text(x):
+    """Whether `x` is raw text for the preprocessor rather than token ids or a dataset."""
+    from kgpt.tasks.task import Example
+
+    if isinstance(x, str):
+        return True
+    if isinstance(x, tuple):
+        return bool(x) and all(_is_text(c) or _is_nested_text(c) for c in x)
+    if isinstance(x, np.ndarray):
+        return x.dtype.kind in "OUS"
+    if getattr(getattr(x, "dtype", None), "name", None) == "string":  # a tf string tensor
+        return True
+    if isinstance(x, list):
+        return not x or isinstance(x[0], (str, Example)) or _is_nested_text(x)
+    return False
+
+
+def _is_nested_text(x):
+    while isinstance(x, (list, tuple)) and x:
+        x = x[0]
+    return isinstance(x, str)

@@ -1,0 +1,271 @@
+"""Task heads: what a fine-tuned model outputs, its loss, and how a prediction is decoded.
+
+The model (`kgpt.GPTTaskModel`) reads each view's last-layer state at the
+extract token, pools the views as the head asks (`"sum"`: the views' states
+are added, as the paper does for similarity; `"each"`: one score per view, as
+for multiple choice), and applies one linear layer of `head.units(num_views)`
+outputs. The head does the rest:
+
+| head             | output `[batch, ...]`  | loss                  | prediction     | probabilities |
+|------------------|------------------------|-----------------------|----------------|---------------|
+| `Classification` | logits `[C]`           | cross-entropy         | label index    | softmax       |
+| `Regression`     | a value `[]`           | mean squared error    | the value      | the value     |
+| `MultipleChoice` | one logit per choice   | cross-entropy         | choice index   | softmax       |
+
+A plugin brings a new head by subclassing `Head` and registering it with
+`keras.saving.register_keras_serializable`, so a fine-tuned preset can be
+loaded again:
+
+```python
+import keras
+import kgpt
+
+@keras.saving.register_keras_serializable(package="my_plugin")
+class Ordinal(kgpt.tasks.heads.Regression):
+    kind = "ordinal"
+
+    def decode(self, outputs):
+        return outputs.round().clip(0, 4)
+
+task = kgpt.Task(name="stars", transform=kgpt.tasks.transforms.Classification(), head=Ordinal(),
+                 read=lambda split, data_dir: [], metrics=("pearson",))
+```
+"""
+
+import math
+
+import keras
+import numpy as np
+from keras import ops
+
+from kgpt.tasks.configurable import Configurable
+from kgpt.errors import DataError
+
+
+def _softmax(logits):
+    logits = np.asarray(logits, "float64")
+    shifted = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return (shifted / shifted.sum(axis=-1, keepdims=True)).astype("float32")
+
+
+class Head(Configurable):
+    """Base class of task heads; subclasses set `kind` and override what differs.
+
+    Attributes:
+        kind: a short name shown in logs and `kgpt-train --list_tasks`.
+        pooling: `"sum"` (the views' extract states are added before the
+            linear layer) or `"each"` (the linear layer scores every view).
+        target_dtype: dtype of the model's task targets.
+    """
+
+    kind = "head"
+    pooling = "sum"
+    target_dtype = "int32"
+
+    def units(self, num_views):
+        """Width of the linear layer on the pooled extract states."""
+        raise NotImplementedError
+
+    def outputs(self, scores):
+        """The task output from the linear layer's `scores` (Keras ops, in the model graph)."""
+        return scores
+
+    def loss(self):
+        """The Keras loss of the task output."""
+        raise NotImplementedError
+
+    def metrics(self):
+        """Keras metrics tracked on the task output during `fit` (the task's own run after each epoch)."""
+        return []
+
+    def target(self, label, source=""):
+        """A label as read from a dataset (or given to `fit`) -> the model's target; `DataError` if invalid."""
+        raise NotImplementedError
+
+    def decode(self, outputs):
+        """Task outputs (NumPy, `[examples, ...]`) -> predictions, what the task's metrics take."""
+        raise NotImplementedError
+
+    def probabilities(self, outputs):
+        """Task outputs -> what `model.predict(texts)` returns: probabilities, or values."""
+        return np.asarray(outputs, "float32")
+
+    def prediction_name(self, value):
+        """A prediction or target as written to predictions files: a label name, an index, a number."""
+        return value
+
+    def output_names(self):
+        """Names of the columns of `probabilities` (`[]` for a single value per example)."""
+        return []
+
+    def check(self, transform):
+        """A problem with using this head after `transform`, or None."""
+        if (self.pooling == "each") != transform.takes_choices:
+            if self.pooling == "each":
+                return f"the {self.kind} head scores answer choices, which the {transform.kind} transform has not"
+            return f"the {transform.kind} transform has answer choices: use a head that scores each one"
+        return None
+
+
+class Categorical(Head):
+    """A choice among several: logits, cross-entropy, accuracy, argmax, softmax probabilities."""
+
+    def loss(self):
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def metrics(self):
+        return ["accuracy"]
+
+    def decode(self, outputs):
+        return np.argmax(outputs, axis=-1)
+
+    def probabilities(self, outputs):
+        return _softmax(outputs)
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
+class Classification(Categorical):
+    """One of `labels`: logits, cross-entropy, softmax probabilities.
+
+    Targets are label names. An integer is read as a label name when the
+    names are numbers (`labels=("0", "1")`: `1` is `"1"`), and otherwise as
+    an index into `labels`; an integer that is neither is an error.
+
+    Example:
+    ```python
+    head = kgpt.tasks.heads.Classification(["negative", "positive"])
+    head.target("positive")                # 1
+    head.decode(np.array([[0.1, 2.0]]))    # array([1])
+    head.prediction_name(1)                # 'positive'
+    ```
+    """
+
+    kind = "classification"
+
+    def __init__(self, labels):
+        if isinstance(labels, str) or labels is None:
+            raise ValueError(f"Classification labels must be a list of label names, got {labels!r}.")
+        labels = tuple(labels)
+        if len(labels) < 2:
+            raise ValueError(f"A classification head needs at least 2 labels, got {labels!r}.")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"Classification labels repeat: {labels}.")
+        self.labels = labels
+
+    def units(self, num_views):
+        return len(self.labels)
+
+    def target(self, label, source=""):
+        if isinstance(label, bytes):
+            label = label.decode("utf-8", "replace")
+        if isinstance(label, str):
+            stripped = label.strip()
+            if stripped in self.labels:
+                return self.labels.index(stripped)
+        elif isinstance(label, (int, np.integer)) and not isinstance(label, bool):
+            if str(int(label)) in self.labels:  # numeric label names: the integer is the name
+                return self.labels.index(str(int(label)))
+            numeric = any(name.lstrip("-").isdigit() for name in self.labels)
+            if not numeric and 0 <= label < len(self.labels):
+                return int(label)
+        where = f"{source}: " if source else ""
+        raise DataError(f"{where}label {label!r} is not one of {', '.join(map(repr, self.labels))}.")
+
+    def prediction_name(self, value):
+        return self.labels[int(value)]
+
+    def output_names(self):
+        return list(self.labels)
+
+    def get_config(self):
+        return {"labels": list(self.labels)}
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
+class Regression(Head):
+    """A real value: one output, mean squared error; non-finite targets are refused.
+
+    Example: `kgpt.tasks.heads.Regression().target("3.5")  # 3.5`
+    """
+
+    kind = "regression"
+    target_dtype = "float32"
+
+    def units(self, num_views):
+        return 1
+
+    def outputs(self, scores):
+        return ops.squeeze(scores, axis=-1)  # [B, 1] -> [B]
+
+    def loss(self):
+        return keras.losses.MeanSquaredError()
+
+    def target(self, label, source=""):
+        where = f"{source}: " if source else ""
+        if isinstance(label, bool):
+            raise DataError(f"{where}target {label!r} is not a number.")
+        try:
+            value = float(label)
+        except (TypeError, ValueError):
+            raise DataError(f"{where}target {label!r} is not a number.") from None
+        if not math.isfinite(value):
+            raise DataError(f"{where}target {label!r} is not a finite number.")
+        return value
+
+    def decode(self, outputs):
+        return np.asarray(outputs, "float32")
+
+    def prediction_name(self, value):
+        return float(value)
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
+class MultipleChoice(Categorical):
+    """The right one of `num_choices` answers: one logit per choice view, softmax over them.
+
+    Example: `kgpt.tasks.heads.MultipleChoice(4).target(2)  # 2`
+    """
+
+    kind = "multiple_choice"
+    pooling = "each"
+
+    def __init__(self, num_choices):
+        if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 2:
+            raise ValueError(f"A multiple-choice head needs num_choices >= 2, got {num_choices!r}.")
+        self.num_choices = num_choices
+
+    def units(self, num_views):
+        return 1
+
+    def outputs(self, scores):
+        return ops.squeeze(scores, axis=-1)  # [B, K, 1] -> [B, K]
+
+    def target(self, label, source=""):
+        if isinstance(label, str) and label.strip().isdigit():
+            label = int(label)
+        if isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < self.num_choices:
+            return int(label)
+        where = f"{source}: " if source else ""
+        raise DataError(f"{where}answer {label!r} is not a choice index 0..{self.num_choices - 1}.")
+
+    def prediction_name(self, value):
+        return int(value)
+
+    def output_names(self):
+        return [str(k) for k in range(self.num_choices)]
+
+    def check(self, transform):
+        problem = super().check(transform)
+        if problem is None and transform.num_views != self.num_choices:
+            return f"the head has {self.num_choices} choices but the transform makes {transform.num_views} views"
+        return problem
+
+    def get_config(self):
+        return {"num_choices": self.num_choices}
+
+
+def for_task(transform, labels):
+    """The head a task gets when it names none: multiple choice, classification or regression."""
+    if transform.takes_choices:
+        return MultipleChoice(transform.num_views)
+    return Regression() if labels is None else Classification(labels)

@@ -1,0 +1,206 @@
+"""The paper's input transformations (section 3.3, Figure 1).
+
+A transformation turns one example's tokenized text into one or more *views*:
+token sequences `[start] ... [delim] ... [extract]` that go through the
+model. The task head reads each view's last hidden state at `extract`.
+
+| transformation     | views                                               | head input            |
+|--------------------|-----------------------------------------------------|-----------------------|
+| `Classification`   | `[start] text [extract]`                            | the one state         |
+| `Entailment`       | `[start] premise [delim] hypothesis [extract]`      | the one state         |
+| `Similarity`       | `[start] a [delim] b [extract]` and `... b ... a`   | the two states summed |
+| `MultipleChoice(k)`| `[start] context [delim] answer_i [extract]`, i<k   | one score per view    |
+
+Truncation policy, the same for every task: when a view is longer than
+`max_length`, tokens are cut from the end of its *longest* segment, one at
+a time, until it fits (special tokens and short segments are kept whole).
+Every truncated example is counted and reported by the caller.
+"""
+
+import dataclasses
+
+import keras
+import numpy as np
+
+from kgpt.tasks.configurable import Configurable
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Special token ids that frame every view."""
+
+    start: int
+    delimiter: int
+    extract: int
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer):
+        return cls(tokenizer.start_id, tokenizer.delimiter_id, tokenizer.extract_id)
+
+
+class Transform(Configurable):
+    """Base class: splits an example's segments into views of segment groups.
+
+    `groups(segments, choices)` returns, per view, a tuple of groups; each
+    group is a tuple of token-id lists that are concatenated, and groups are
+    joined by the delimiter. Subclasses set `kind`, `num_segments` (an exact
+    count, or `None` for "one or more"), `num_views` and `takes_choices`
+    (whether examples carry answer choices, one view each). Transformations
+    are saved with a fine-tuned model (`get_config`), so it can preprocess
+    raw text without the task's plugin.
+    """
+
+    kind = "transform"
+    num_segments = None
+    num_views = 1
+    takes_choices = False
+
+    def groups(self, segments, choices=()):
+        raise NotImplementedError
+
+    def check(self, segments, choices=()):
+        """Error text when an example does not fit this transformation, else None."""
+        if self.num_segments is None:
+            if not segments:
+                return f"{self.kind} needs at least one text segment"
+        elif len(segments) != self.num_segments:
+            return f"{self.kind} needs {self.num_segments} text segments, got {len(segments)}"
+        if choices and not self.takes_choices:
+            return f"{self.kind} takes no answer choices, got {len(choices)}"
+        return None
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.transforms")
+class Classification(Transform):
+    """`[start] text [extract]`; several segments are concatenated."""
+
+    kind = "classification"
+
+    def groups(self, segments, choices=()):
+        return [(tuple(segments),)]
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.transforms")
+class Entailment(Transform):
+    """`[start] premise [delim] hypothesis [extract]`."""
+
+    kind = "entailment"
+    num_segments = 2
+
+    def groups(self, segments, choices=()):
+        premise, hypothesis = segments
+        return [((premise,), (hypothesis,))]
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.transforms")
+class Similarity(Transform):
+    """Both orders `[start] a [delim] b [extract]`, `[start] b [delim] a [extract]`.
+
+    The head adds the two extract states, so the prediction does not depend
+    on which sentence comes first.
+    """
+
+    kind = "similarity"
+    num_segments = 2
+    num_views = 2
+
+    def groups(self, segments, choices=()):
+        a, b = segments
+        return [((a,), (b,)), ((b,), (a,))]
+
+
+@keras.saving.register_keras_serializable(package="kgpt.tasks.transforms")
+class MultipleChoice(Transform):
+    """`[start] context [delim] answer_k [extract]` for each of `num_choices` answers.
+
+    The context is one or more segments (e.g. an article and a question),
+    concatenated. The head gives one score per answer and a softmax over them.
+    """
+
+    kind = "multiple_choice"
+    takes_choices = True
+
+    def __init__(self, num_choices):
+        if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 2:
+            raise ValueError(f"MultipleChoice needs num_choices >= 2, got {num_choices}.")
+        self.num_views = num_choices
+
+    def check(self, segments, choices=()):
+        if not segments:
+            return "multiple_choice needs at least one context segment"
+        if len(choices) != self.num_views:
+            return f"multiple_choice needs {self.num_views} answer choices, got {len(choices)}"
+        return None
+
+    def groups(self, segments, choices=()):
+        return [(tuple(segments), (choice,)) for choice in choices]
+
+    def get_config(self):
+        return {"num_choices": self.num_views}
+
+
+def truncate(segments, budget):
+    """Cuts tokens from the end of the longest segment until all fit in `budget`.
+
+    Returns `(segments, number_of_tokens_cut)`; ties cut the earliest segment.
+
+    Example:
+    ```python
+    truncate([[1, 2, 3, 4], [5, 6]], budget=4)  # ([[1, 2], [5, 6]], 2)
+    ```
+    """
+    lengths = [len(s) for s in segments]
+    excess = sum(lengths) - budget
+    if excess <= 0:
+        return [list(s) for s in segments], 0
+    if budget < 0:
+        raise ValueError("budget must be >= 0")
+    cut = excess
+    while excess > 0:
+        longest = max(lengths)
+        i = lengths.index(longest)
+        below = max([n for n in lengths if n < longest], default=0)
+        # Cut down to the next length (or by what is left), then re-check.
+        step = min(excess, longest - below) if lengths.count(longest) == 1 else 1
+        lengths[i] -= step
+        excess -= step
+    return [list(s[:n]) for s, n in zip(segments, lengths)], cut
+
+
+def build_views(transform, segments, choices, layout, max_length):
+    """Token id lists, one per view, and the number of tokens truncated.
+
+    `segments` and `choices` are lists of token-id lists; every view has at
+    most `max_length` tokens (see the module's truncation policy).
+    """
+    views, cut = [], 0
+    for groups in transform.groups(segments, choices):
+        sizes = [len(g) for g in groups]
+        flat = [seg for group in groups for seg in group]
+        specials = 1 + len(groups)  # start, one delimiter between groups, extract
+        if max_length - specials < len(groups):
+            raise ValueError(f"max_length={max_length} leaves no room for text in a {transform.kind} view.")
+        flat, n = truncate(flat, max_length - specials)
+        cut += n
+        ids, k = [layout.start], 0
+        for g, size in enumerate(sizes):
+            if g:
+                ids.append(layout.delimiter)
+            for seg in flat[k : k + size]:
+                ids.extend(seg)
+            k += size
+        ids.append(layout.extract)
+        views.append(ids)
+    return views, cut
+
+
+def pack(views_per_example, length):
+    """Right-padded `token_ids`, `padding_mask` arrays `[examples, views, length]`."""
+    num_views = len(views_per_example[0]) if views_per_example else 1
+    token_ids = np.zeros((len(views_per_example), num_views, length), "int32")
+    padding_mask = np.zeros_like(token_ids)
+    for i, views in enumerate(views_per_example):
+        for v, ids in enumerate(views):
+            token_ids[i, v, : len(ids)] = ids
+            padding_mask[i, v, : len(ids)] = 1
+    return token_ids, padding_mask

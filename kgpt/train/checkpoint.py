@@ -1,0 +1,131 @@
+"""Training checkpoints that resume a run exactly: weights, optimizer, dropout RNG and progress.
+
+A checkpoint is a folder `step-NNNNNNNNN/` holding `model.weights.h5` (the
+model's and the optimizer's variables), `rng.npz` (the dropout layers' seed
+generator states, which Keras' weight files leave out: without them a
+resumed run would repeat the first steps' dropout masks) and `state.json`
+(the run's settings and progress). `latest.json` names the current one and
+is replaced atomically after the folder is complete, so a kill at any moment
+leaves a whole checkpoint behind; older folders are removed afterwards.
+
+Example:
+```python
+kgpt.train.checkpoint.save(model, "out/checkpoint", {"settings": settings, "step": 120})
+state = kgpt.train.checkpoint.restore(model, "out/checkpoint", settings)  # None when there is none
+```
+"""
+
+import os
+import shutil
+
+import keras
+import numpy as np
+
+from kgpt.io.presets import CheckpointError, check_weights_file, read_json
+from kgpt.jobs.rundir import write_json
+
+LATEST = "latest.json"
+WEIGHTS = "model.weights.h5"
+RNG = "rng.npz"
+STATE = "state.json"
+
+
+def rng_variables(model):
+    """The model's seed generator states (dropout masks are drawn from them), in a fixed order."""
+    return [v for v in model.variables if v.name == "seed_generator_state"]
+
+
+def save(model, directory, state, keep=()):
+    """Writes a checkpoint of `model` with `state` (JSON-able, `state["step"]` required).
+
+    Folders named in `keep` (e.g. the best epoch's weights) survive the
+    clean-up of older checkpoints.
+    """
+    name = f"step-{int(state['step']):09d}"
+    target = os.path.join(directory, name)
+    partial = target + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    model.save_weights(os.path.join(partial, WEIGHTS))
+    np.savez(os.path.join(partial, RNG), *[keras.ops.convert_to_numpy(v) for v in rng_variables(model)])
+    write_json(os.path.join(partial, STATE), state)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(partial, target)
+    write_json(os.path.join(directory, LATEST), {"checkpoint": name})
+    for old in os.listdir(directory):
+        if old not in (name, LATEST, *keep):
+            path = os.path.join(directory, old)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+def save_weights(model, directory, name):
+    """Writes `model`'s weights alone to `directory/name/` (e.g. the best epoch's), atomically."""
+    target = os.path.join(directory, name)
+    partial = target + ".partial"
+    shutil.rmtree(partial, ignore_errors=True)
+    os.makedirs(partial)
+    model.save_weights(os.path.join(partial, WEIGHTS))
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(partial, target)
+    return os.path.join(target, WEIGHTS)
+
+
+def latest(directory):
+    """`(folder, state)` of the newest complete checkpoint in `directory`, or None."""
+    pointer = os.path.join(directory, LATEST)
+    if not os.path.exists(pointer):
+        return None
+    name = read_json(pointer, "the name of the latest checkpoint").get("checkpoint")
+    folder = os.path.join(directory, str(name))
+    if not isinstance(name, str) or os.sep in name or not os.path.isdir(folder):
+        raise CheckpointError(f"{pointer} names checkpoint {name!r}, which is not in {directory}: delete {directory} "
+                              f"to start over.")
+    state = read_json(os.path.join(folder, STATE), "the checkpoint's settings and progress")
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
+        raise CheckpointError(f"{os.path.join(folder, STATE)} holds no step: delete {directory} to start over.")
+    return folder, state
+
+
+def differences(saved, settings):
+    """`"key: old there, new now; ..."` for every setting that differs ("" when none)."""
+    keys = sorted(set(saved) | set(settings), key=str)
+    return "; ".join(f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in keys
+                     if saved.get(k) != settings.get(k))
+
+
+def restore(model, directory, settings):
+    """Loads the latest checkpoint in `directory` into the compiled `model`; returns its state, or None.
+
+    A checkpoint written with other `settings` is refused with the
+    differences listed; a damaged one raises `CheckpointError` naming its file.
+    """
+    found = latest(directory)
+    if found is None:
+        return None
+    folder, state = found
+    changed = differences(state.get("settings") or {}, settings)
+    if changed:
+        raise CheckpointError(f"{directory} holds a checkpoint of a run with other settings ({changed}): pass "
+                              f"another --output_dir, or --overwrite to start over.")
+    model.optimizer.build(model.trainable_variables)
+    path = os.path.join(folder, WEIGHTS)
+    check_weights_file(path, model.weights)
+    try:
+        model.load_weights(path)
+    except Exception as e:  # h5py and Keras raise many types for a damaged file
+        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {e}).") from e
+    _restore_rng(model, os.path.join(folder, RNG))
+    return state
+
+
+def _restore_rng(model, path):
+    variables = rng_variables(model)
+    try:
+        with np.load(path) as saved:
+            arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{path}: the checkpoint's random-number state cannot be read ({e}).") from e
+    if [a.shape for a in arrays] != [tuple(v.shape) for v in variables]:
+        raise CheckpointError(f"{path} holds {len(arrays)} random-number states, the model has {len(variables)}.")
+    for variable, array in zip(variables, arrays):
+        variable.assign(array)

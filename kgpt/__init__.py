@@ -3,6 +3,7 @@
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 """
 
+from kgpt import log  # the "kgpt" logger prints progress unless the application configures it
 from kgpt._quiet import quiet_stderr
 
 with quiet_stderr():  # TensorFlow's C++ start-up lines; see kgpt._quiet
@@ -58,6 +59,7 @@ __all__ = [
     "export",
     "heads",
     "hookimpl",
+    "log",
     "lm_loss",
     "load_finetuned",
     "metrics",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt.data import shards
+from kgpt.data import shards, text
 
 TEXT = "First line of the tale.\n\n  Second, after a blank line;\nthird -- with   spaces \n\n\nend\n"
 # What ftfy changes across lines: "\r\n", entities (decoded until a line holds a "<"), curly quotes, mojibake.
@@ -33,7 +33,7 @@ def test_long_lines_are_cut_at_spaces_and_counted(tokenizer, tmp_path):
     line = " ".join(f"word{i}, said the keeper" for i in range(2000))  # about 45 KB, no newline
     path.write_text(line, encoding="utf-8")
     cuts = collections.Counter()
-    chunks = list(shards.text_chunks(str(path), chunk_bytes=1024, line_bytes=4096, cuts=cuts))
+    chunks = list(text.text_chunks(str(path), chunk_bytes=1024, line_bytes=4096, cuts=cuts))
     assert "".join(chunks) == line
     assert max(len(c) for c in chunks) <= 4096 + 1024  # memory stays bounded on a one-line corpus
     assert cuts["at a space"] > 8 and not cuts["mid-word"]
@@ -45,7 +45,7 @@ def test_a_line_without_spaces_is_cut_mid_word_and_counted(tokenizer, tmp_path):
     path = tmp_path / "letters.txt"
     path.write_text("x" * 5000, encoding="utf-8")
     cuts = collections.Counter()
-    chunks = list(shards.text_chunks(str(path), chunk_bytes=1024, line_bytes=4096, cuts=cuts))
+    chunks = list(text.text_chunks(str(path), chunk_bytes=1024, line_bytes=4096, cuts=cuts))
     assert [len(c) for c in chunks] == [4095, 905] and cuts == {"mid-word": 1}
     with pytest.warns(UserWarning, match="Cut 1 word"):  # 4,095 letters are over 1,000 characters too
         expected = tokenizer.encode("x" * 4095 + " " + "x" * 905)
@@ -67,12 +67,12 @@ def test_an_io_error_names_the_file(tmp_path, monkeypatch):
         def read(self, size):
             raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(shards, "open", lambda *a, **k: Failing(), raising=False)
+    monkeypatch.setattr(text, "open", lambda *a, **k: Failing(), raising=False)
     with pytest.raises(OSError, match=r"cannot read .*a.txt: Input/output error"):
-        list(shards.text_chunks(str(path)))
+        list(text.text_chunks(str(path)))
 
 
-def build(tokenizer, tmp_path, shard_tokens=40, log=None, directory="shards", **kwargs):
+def build(tokenizer, tmp_path, shard_tokens=40, directory="shards", **kwargs):
     corpus = tmp_path / "corpus"
     if not corpus.exists():  # written once: rewriting would change the files' times
         corpus.mkdir()
@@ -80,14 +80,19 @@ def build(tokenizer, tmp_path, shard_tokens=40, log=None, directory="shards", **
             (corpus / f"{i}.txt").write_text(f"Book {i}. " + TEXT * (i + 1) + TRICKY * i, encoding="utf-8")
         (corpus / "empty.txt").write_text("  \n", encoding="utf-8")
     files = sorted(str(p) for p in corpus.iterdir())
-    return files, shards.build_shards(files, tokenizer, str(tmp_path / directory), shard_tokens=shard_tokens,
-                                      log=log or (lambda *_: None), **kwargs)
+    return files, shards.build_shards(files, tokenizer, str(tmp_path / directory), shard_tokens=shard_tokens, **kwargs)
 
 
-def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path):
-    lines = []
+def logged(capsys):
+    """The lines kgpt logged since the last call (its logger prints to the current stdout)."""
+    return capsys.readouterr().out.splitlines()
+
+
+def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsys):
     files, one = build(tokenizer, tmp_path, directory="one", workers=1, chunk_bytes=32)
-    _, two = build(tokenizer, tmp_path, directory="two", workers=2, chunk_bytes=32, log=lines.append)
+    logged(capsys)
+    _, two = build(tokenizer, tmp_path, directory="two", workers=2, chunk_bytes=32)
+    lines = logged(capsys)
     assert "with 2 worker(s)" in lines[-1] and len(two.shards) > 3
     for a, b in zip(one.shards, two.shards):
         assert (tmp_path / "one" / a["file"]).read_bytes() == (tmp_path / "two" / b["file"]).read_bytes()
@@ -109,7 +114,7 @@ def test_a_changed_shard_is_refused_by_name(tokenizer, tmp_path):
         build(tokenizer, tmp_path)
 
 
-def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path):
+def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path, capsys):
     _, index = build(tokenizer, tmp_path)
     path = tmp_path / "shards" / "index.json"
     old = json.loads(path.read_text())
@@ -117,14 +122,16 @@ def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path):
     for shard in old["shards"]:
         del shard["crc32"]
     path.write_text(json.dumps(old))
-    lines = []
-    _, again = build(tokenizer, tmp_path, log=lines.append)
+    logged(capsys)
+    _, again = build(tokenizer, tmp_path)
+    lines = logged(capsys)
     assert lines[-1].startswith("Tokenized 4 file(s)") and again.shards == index.shards
 
 
-def test_shards_hold_the_token_stream(tokenizer, tmp_path):
-    lines = []
-    files, index = build(tokenizer, tmp_path, log=lines.append)
+def test_shards_hold_the_token_stream(tokenizer, tmp_path, capsys):
+    logged(capsys)
+    files, index = build(tokenizer, tmp_path)
+    lines = logged(capsys)
     expected = np.concatenate([np.asarray(tokenizer.encode(open(f, newline="").read()), np.int32) for f in files])
     assert index.dtype == "uint16" and len(index.shards) > 3
     assert all(s["tokens"] == 40 for s in index.shards[:-1])
@@ -136,15 +143,16 @@ def test_shards_hold_the_token_stream(tokenizer, tmp_path):
     assert [s["tokens"] for s in on_disk["sources"]] == [len(tokenizer.encode(open(f, newline="").read())) for f in files]
 
 
-def test_shards_are_reused_until_the_corpus_changes(tokenizer, tmp_path):
+def test_shards_are_reused_until_the_corpus_changes(tokenizer, tmp_path, capsys):
     build(tokenizer, tmp_path)
-    lines = []
-    build(tokenizer, tmp_path, log=lines.append)
+    logged(capsys)
+    build(tokenizer, tmp_path)
+    lines = logged(capsys)
     assert lines[0].startswith("Reusing") and "CRC-32 checked" in lines[0]
     with open(tmp_path / "corpus" / "0.txt", "a") as f:
         f.write("More text.\n")
-    lines.clear()
-    _, index = build(tokenizer, tmp_path, log=lines.append)
+    _, index = build(tokenizer, tmp_path)
+    lines = logged(capsys)
     assert lines[-1].startswith("Tokenized 4 file(s)")
     assert index.tokens(0, 3).tolist() == tokenizer.encode("Book 0.")[:3]
 
@@ -170,4 +178,4 @@ def test_windows_are_contiguous_slices_within_one_shard(tokenizer, tmp_path):
 def test_a_corpus_of_only_empty_files_is_an_error(tokenizer, tmp_path):
     (tmp_path / "e.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(ValueError, match="All 1 corpus file"):
-        shards.build_shards([str(tmp_path / "e.txt")], tokenizer, str(tmp_path / "s"), log=lambda *_: None)
+        shards.build_shards([str(tmp_path / "e.txt")], tokenizer, str(tmp_path / "s"))

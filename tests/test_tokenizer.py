@@ -106,14 +106,13 @@ def test_exported_at_top_level():
     assert kgpt.GPTTokenizer is GPTTokenizer
 
 
-def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path):
+def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path, capsys):
     corpus = tmp_path / "corpus.txt"
     text = "The keeper climbed the steps of the tower.\nThe keeper wrote the date, then the weather.\n"
     corpus.write_text(text * 50 + "Zebra!\n", encoding="utf-8")
-    lines = []
-    tokenizer = kgpt.GPTTokenizer.train([str(corpus)], num_merges=30, directory=str(tmp_path / "bpe"),
-                                       log=lines.append)
-    assert len(tokenizer.merges) == 30 and not lines
+    capsys.readouterr()
+    tokenizer = kgpt.GPTTokenizer.train([str(corpus)], num_merges=30, directory=str(tmp_path / "bpe"))
+    assert len(tokenizer.merges) == 30 and not capsys.readouterr().out  # nothing to report
     # "th" is by far the most frequent pair of symbols, so it is the first merge, as in the original.
     assert tokenizer.merges[0] == ("t", "h")
     decoder = {i: s for s, i in tokenizer.encoder.items()}
@@ -127,7 +126,8 @@ def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path):
     assert tokenizer.decode(tokenizer.encode(sample)) == "the keeper climbed the tower . zebra !"
     assert tokenizer.bpe("the") == ["the</w>"]
     # A corpus too small for the merges asked for says how many it learned.
-    small = kgpt.GPTTokenizer.train([str(corpus)], num_merges=5000, log=lines.append)
+    small = kgpt.GPTTokenizer.train([str(corpus)], num_merges=5000)
+    lines = capsys.readouterr().out.splitlines()  # kgpt's logger prints to the current stdout
     assert len(small.merges) < 5000 and lines[0].startswith(f"Learned {len(small.merges):,} of 5,000 merges")
 
 
@@ -149,14 +149,14 @@ def test_unknown_splitter():
 def test_files_record_the_splitter_they_were_made_with(gpt1, tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("Mrs. Marrow kept the log. Mr. Hollis wrote it up.\n" * 20, encoding="utf-8")
-    learned = GPTTokenizer.train([str(corpus)], num_merges=40, directory=str(tmp_path / "bpe"), log=lambda *_: None)
+    learned = GPTTokenizer.train([str(corpus)], num_merges=40, directory=str(tmp_path / "bpe"))
     assert learned.splitter == "regex"
     header = (tmp_path / "bpe" / "vocab_40000.bpe").read_text(encoding="utf-8").split("\n")[0]
     assert header == "#version: 0.2 kgpt-splitter: regex"
     again = GPTTokenizer.load(str(tmp_path / "bpe"))
     assert again.splitter == "regex" and again.encode("Mrs. Marrow") == learned.encode("Mrs. Marrow")
     assert GPTTokenizer.from_original(str(tmp_path / "bpe"), splitter="spacy").splitter == "spacy"  # an override
-    exact = GPTTokenizer.train([str(corpus)], num_merges=40, splitter="spacy", log=lambda *_: None)
+    exact = GPTTokenizer.train([str(corpus)], num_merges=40, splitter="spacy")
     assert exact.words("Mrs. Marrow") == ["mrs.", "marrow"]
     gpt1.save(tmp_path / "copy")
     assert GPTTokenizer.load(str(tmp_path / "copy")).splitter == "spacy"

@@ -40,13 +40,30 @@ def test_cola_threshold_is_fit_on_train_and_applied_to_dev():
     train = {("", "a"): [-1.0, -2.0], ("", "b"): [-1.0], ("", "c"): [-3.0, -3.0, -3.0], ("", "d"): [-4.0]}
     labels = {"a": "1", "b": "1", "c": "0", "d": "0"}
     train_examples = [example(t, label=labels[t]) for t in "abcd"]
-    heuristic.fit(FakeScorer(train), cola, train_examples)
+    fitted = heuristic.fit(FakeScorer(train), cola, train_examples)
     # Scores 1:{-1.5, -1.0} 0:{-3.0, -4.0}: any cut in (-3, -1.5) separates them (MCC 1);
     # the search takes the midpoints of neighbouring scores, and the first best is (-3 + -1.5) / 2.
-    assert heuristic.threshold == pytest.approx(-2.25)
+    assert fitted.threshold == pytest.approx(-2.25)
     dev = {("", "e"): [-2.0], ("", "f"): [-2.5]}
-    predictions = heuristic.predict(FakeScorer(dev), cola, [example("e"), example("f")])
+    predictions = fitted.predict(FakeScorer(dev), cola, [example("e"), example("f")])
     assert predictions.tolist() == [cola.labels.index("1"), cola.labels.index("0")]
+
+
+def test_fitting_returns_a_new_heuristic_and_leaves_the_tasks_own_unchanged():
+    cola = task("cola")
+    registered = cola.zero_shot
+    high = {("", "a"): [-1.0], ("", "b"): [-3.0]}
+    low = {("", "a"): [-5.0], ("", "b"): [-7.0]}
+    train = [example("a", label="1"), example("b", label="0")]
+    first = registered.fit(FakeScorer(high), cola, train)
+    second = registered.fit(FakeScorer(low), cola, train)
+    assert first is not registered and second is not first
+    assert (first.threshold, second.threshold) == (pytest.approx(-2.0), pytest.approx(-6.0))
+    assert registered.threshold is None and task("cola").zero_shot.threshold is None  # the plugin's object too
+    assert first.positive == registered.positive and first.candidates == registered.candidates
+    # Heuristics that learn nothing are their own fit.
+    sst2 = task("sst2")
+    assert sst2.zero_shot.fit(FakeScorer({}), sst2, []) is sst2.zero_shot
 
 
 def test_cola_predict_needs_a_threshold():
@@ -148,6 +165,24 @@ def test_evaluate_runs_on_the_embedded_data(tmp_path):
         result = zero_shot.evaluate(lm, tokenizer, task(name), data)
         assert -1.0 <= result[metric] <= 1.0
         assert result["examples"]["used"] == result["examples"]["read"] > 0
+    # CoLA's threshold was fit on its training split for that evaluation only.
+    assert task("cola").zero_shot.threshold is None
+
+
+def test_resolve_tasks_looks_names_up_in_the_callers_registry(tmp_path):
+    registry = kgpt.TaskRegistry()
+    resolved = zero_shot.resolve_tasks({"sst2": None, "cola": "given/dir"}, str(tmp_path), registry)
+    assert resolved["sst2"][0] is registry.get("sst2") and resolved["cola"] == (registry.get("cola"), "given/dir")
+    assert resolved["sst2"][1].startswith(str(tmp_path / "zero_shot_data" / "sst2"))
+    with pytest.raises(ValueError, match="'rte' offers no zero-shot heuristic; tasks that do: cola, dprd"):
+        zero_shot.resolve_tasks({"rte": None}, str(tmp_path), registry)
+
+
+def test_the_heuristics_are_importable_from_zero_shot_as_before():
+    from kgpt.analysis import heuristics
+
+    for name in ("Heuristic", "Scorer", "ThresholdedLogProb", "NextWordChoice", "AnswerLogProb", "PronounSubstitution"):
+        assert getattr(zero_shot, name) is getattr(heuristics, name) is getattr(kgpt.zero_shot, name)
 
 
 def test_tasks_without_a_heuristic_say_so(tmp_path):
@@ -158,13 +193,12 @@ def test_tasks_without_a_heuristic_say_so(tmp_path):
         zero_shot.zero_shot_tasks(kgpt.TaskRegistry()))
 
 
-def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path):
+def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys):
     lm, tokenizer = tiny_lm()
     lm.compile(optimizer=keras.optimizers.Adam(1e-3))
     data = task("sst2").default_data(str(tmp_path / "sst2"))
-    callback = zero_shot.ZeroShotCallback({"sst2": (task("sst2"), data)}, tokenizer, every=3,
-                                          csv_path=str(tmp_path / "zero_shot.csv"), log_dir=str(tmp_path / "logs"),
-                                          max_examples=20, log=lambda *_: None)
+    callback = ModelReads({"sst2": (task("sst2"), data)}, tokenizer, every=3, csv_path=str(tmp_path / "zero_shot.csv"),
+                          log_dir=str(tmp_path / "logs"), max_examples=20)
     ids = np.random.default_rng(0).integers(1, 40, (16, 17)).astype("int32")
     lm.fit({"token_ids": ids[:, :-1], "padding_mask": np.ones((16, 16), "int32")}, ids[:, 1:],
            batch_size=2, epochs=1, verbose=0, callbacks=[callback])
@@ -172,3 +206,29 @@ def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path):
     assert [int(r["step"]) for r in rows] == [3, 6, 8]  # every 3 steps, and at the end
     assert {r["task"] for r in rows} == {"sst2"} and {r["metric"] for r in rows} == {"accuracy"}
     assert (tmp_path / "logs" / "zero_shot").exists()
+    logged = capsys.readouterr().out  # kgpt's logger prints to the current stdout
+    assert [int(line.split()[3][:-1]) for line in logged.splitlines() if line.startswith("Zero-shot at step")] == [3, 6, 8]
+    # The model (on JAX: the whole training state, synced) is touched only where an evaluation runs.
+    assert [step for step, reads in enumerate(callback.reads_per_batch, 1) if reads] == [3, 6]
+    # A second fit() continues from the optimizer's step.
+    lm.fit({"token_ids": ids[:4, :-1], "padding_mask": np.ones((4, 16), "int32")}, ids[:4, 1:],
+           batch_size=2, epochs=1, verbose=0, callbacks=[callback])
+    assert [int(r["step"]) for r in csv.DictReader(open(tmp_path / "zero_shot.csv"))][-1] == 10
+
+
+class ModelReads(zero_shot.ZeroShotCallback):
+    """Counts, per batch, the callback's reads of `self.model`."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.reads, self.reads_per_batch = 0, []
+
+    @property
+    def model(self):
+        self.reads += 1
+        return super().model
+
+    def on_train_batch_end(self, batch, logs=None):
+        before = self.reads
+        super().on_train_batch_end(batch, logs)
+        self.reads_per_batch.append(self.reads - before)

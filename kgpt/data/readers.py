@@ -62,25 +62,19 @@ def _data_lines(path):
         yield line_no, line
 
 
-def read_tsv(path, num_columns, header=None):
+def read_tsv(path, num_columns):
     """Yields `(line_number, fields)` of a tab-separated file without quoting.
 
     Args:
         path: the file.
         num_columns: fields every row must have (an int, or a tuple of allowed
             counts); a row with another count is a `DataError`.
-        header: `None` for no header, or the expected first-row field names
-            (checked, then skipped).
 
     Blank lines are errors too, except at the end of the file.
     """
     allowed = (num_columns,) if isinstance(num_columns, int) else tuple(num_columns)
     for line_no, line in _data_lines(path):
         fields = line.split("\t")
-        if header is not None and line_no == 1:
-            if [f.strip() for f in fields[: len(header)]] != list(header):
-                raise DataError(f"{path}:1: expected a header starting {header}, got {fields[: len(header)]}.")
-            continue
         if len(fields) not in allowed:
             want = " or ".join(map(str, allowed))
             raise DataError(f"{path}:{line_no}: expected {want} tab-separated fields, got {len(fields)}.")

@@ -25,6 +25,7 @@ import collections
 import dataclasses
 import itertools
 import json
+import logging
 import multiprocessing
 import os
 import sys
@@ -33,13 +34,14 @@ import zlib
 
 import numpy as np
 
+from kgpt.data.text import CHUNK_BYTES, LINE_BYTES, text_chunks
 from kgpt.data.tokenizer import MAX_WORD_CHARS, fix_text
 
 INDEX_FILE = "index.json"
 INDEX_FORMAT = 2  # 2: CRC-32 per shard
 SHARD_TOKENS = 1 << 24  # 16M tokens: 32 MiB per shard as uint16
-LINE_BYTES = 1 << 20  # longer lines are cut
-_CHUNK_BYTES = 1 << 20
+
+logger = logging.getLogger(__name__)
 
 
 def token_dtype(vocabulary_size):
@@ -57,62 +59,6 @@ def default_workers():
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         return os.cpu_count() or 1
-
-
-# --- reading ------------------------------------------------------------------
-
-def text_chunks(path, chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None):
-    """Yields the UTF-8 text of `path` in pieces of at most about `chunk_bytes` that end at line ends.
-
-    A line longer than `line_bytes` is cut after its last space or tab in that
-    length, which changes no token, or, with none, mid-word at a character
-    boundary; `cuts` (a `collections.Counter`) counts them as `"at a space"`
-    and `"mid-word"`. A byte that is not UTF-8 raises `ValueError` naming the
-    file and its byte offset; an I/O error raises `OSError` naming the file.
-    """
-    offset, pending = 0, b""
-    try:
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(chunk_bytes)
-                pending += block
-                end = pending.rfind(b"\n") + 1
-                if not block:
-                    end = len(pending)
-                elif not end:
-                    if len(pending) < line_bytes:
-                        continue  # read on to the line's end
-                    end, kind = _cut_point(pending)
-                    if cuts is not None:
-                        cuts[kind] += 1
-                if end:
-                    yield _decode(pending[:end], path, offset)
-                    offset, pending = offset + end, pending[end:]
-                if not block:
-                    return
-    except OSError as e:
-        message = f"cannot read {path}: {e.strerror or e}"
-        raise (OSError(e.errno, message) if e.errno else OSError(message)) from e
-
-
-def _cut_point(data):
-    """Where to cut a line with no newline: after its last space or tab, else before its last character."""
-    end = max(data.rfind(b" "), data.rfind(b"\t")) + 1
-    if end:
-        return end, "at a space"
-    end = len(data) - 1
-    while end > 0 and 0x80 <= data[end] < 0xC0:  # a UTF-8 continuation byte: inside a character
-        end -= 1
-    return end, "mid-word"
-
-
-def _decode(raw, path, offset):
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not valid UTF-8; re-encode the file as UTF-8."
-        ) from None
 
 
 # --- encoding -----------------------------------------------------------------
@@ -193,7 +139,7 @@ def _file_ids(pieces, newline_id):
         seen_words, newline = True, piece.ends_line
 
 
-def encode_file(tokenizer, path, chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None):
+def encode_file(tokenizer, path, chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None):
     """Yields int arrays of `path`'s token ids; together they equal `tokenizer.encode(whole text)`.
 
     (Except where a line longer than `line_bytes` was cut mid-word, counted in `cuts`.)
@@ -361,8 +307,8 @@ class _ShardWriter:
             self._file = None
 
 
-def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None, log=print,
-                 chunk_bytes=_CHUNK_BYTES, line_bytes=LINE_BYTES):
+def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None, log=None,
+                 chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES):
     """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
 
     Args:
@@ -372,12 +318,13 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
         shard_tokens: tokens per shard file.
         workers: processes that tokenize (default: one per core this
             process may use); the shards are the same for any number.
-        log: where progress lines go.
-        chunk_bytes, line_bytes: the reading sizes (see `text_chunks`).
+        log: transitional: a printer used instead of this module's logger.
+        chunk_bytes, line_bytes: the reading sizes (see `kgpt.data.text.text_chunks`).
 
     Empty files (no tokens) and cut lines and words are counted and
     reported; a corpus with no tokens at all is an error.
     """
+    log = log or logger.info
     os.makedirs(directory, exist_ok=True)
     sources = [_source(p) for p in files]
     fingerprint = tokenizer.fingerprint()

@@ -35,6 +35,7 @@ import heapq
 import importlib
 import itertools
 import json
+import logging
 import os
 import re
 import warnings
@@ -46,7 +47,10 @@ import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.models.backbone import GPTBackbone
+from kgpt.data.text import text_chunks
 from kgpt.io.presets import CheckpointError, deserialize, read_json
+
+logger = logging.getLogger(__name__)
 
 try:  # the tf.data path; keras-hub's own preprocessing needs TensorFlow there too
     import tensorflow as tf
@@ -554,7 +558,7 @@ class GPTTokenizer(Tokenizer):
         return cls.from_original(str(assets / ENCODER_FILE), str(assets / MERGES_FILE), splitter=splitter)
 
     @classmethod
-    def train(cls, files, num_merges=40000, min_frequency=2, directory=None, splitter="regex", log=print):
+    def train(cls, files, num_merges=40000, min_frequency=2, directory=None, splitter="regex", log=None):
         """Learns a new BPE vocabulary from text files, in the original's layout.
 
         Text goes through the same normalisation and word splitting as
@@ -575,6 +579,7 @@ class GPTTokenizer(Tokenizer):
             directory: optional folder to `save()` into.
             splitter: `"regex"` (default: faster) or `"spacy"`; the
                 tokenizer encodes with the one it learned from.
+            log: transitional: a printer used instead of this module's logger.
 
         Example:
         ```python
@@ -583,8 +588,7 @@ class GPTTokenizer(Tokenizer):
         """
         from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-        from kgpt.data.shards import text_chunks  # streaming, line-aligned, UTF-8 checked
-
+        log = log or logger.info
         words = TextEncoder({}, [], splitter)
 
         def texts():
@@ -771,10 +775,6 @@ class GPTTokenizer(Tokenizer):
                 stacklevel=2,
             )
         return ids
-
-    def encode_batch(self, texts):
-        """`encode` over a list of strings."""
-        return [self.encode(t) for t in texts]
 
     def decode(self, ids):
         """Text from ids; words are joined by single spaces (case is lost)."""

@@ -23,11 +23,12 @@ import dataclasses
 import re
 from typing import Callable, Iterable
 
+from kgpt.analysis.heuristics import Heuristic
+from kgpt.data import readers
+from kgpt.errors import DataError
 from kgpt.tasks import heads as heads_lib
 from kgpt.tasks import metrics as metrics_lib
-from kgpt.data import readers
 from kgpt.tasks import transforms
-from kgpt.errors import DataError
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
 RESERVED_NAMES = ("lm",)  # pre-training, built into kgpt-train
@@ -105,7 +106,7 @@ class Task:
             (e.g. `"88.3 acc"`).
         submissions: `{split: file name}` of benchmark submission files that
             `--predict_test` writes (`index` TAB `prediction`), e.g. GLUE's.
-        zero_shot: optional `kgpt.analysis.zero_shot.Heuristic` that solves the task
+        zero_shot: optional `kgpt.analysis.heuristics.Heuristic` that solves the task
             with the pre-trained LM alone (`kgpt-analyze zero-shot`).
         plugin: set by `kgpt.TaskRegistry`: the plugin that registered the
             task and its entry point, named when its code fails on data.
@@ -122,7 +123,7 @@ class Task:
     default_data: Callable[[str], str] | None = None
     paper_score: str = ""
     submissions: dict | None = None
-    zero_shot: object = None
+    zero_shot: Heuristic | None = None
     plugin: str = dataclasses.field(default="", init=False, compare=False, repr=False)
 
     def __post_init__(self):
@@ -167,10 +168,8 @@ class Task:
             metrics_lib.resolve(metric)
         if not self.splits:
             raise ValueError(f"{where}: give at least one split.")
-        from kgpt.analysis.zero_shot import Heuristic
-
         if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):
-            raise ValueError(f"{where}: zero_shot must be a kgpt.analysis.zero_shot.Heuristic, got {self.zero_shot!r}.")
+            raise ValueError(f"{where}: zero_shot must be a kgpt.analysis.heuristics.Heuristic, got {self.zero_shot!r}.")
 
     def iter_examples(self, split, data_dir, tally):
         """Streams a split's usable examples, counting every row into `tally`.

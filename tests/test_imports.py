@@ -1,0 +1,119 @@
+"""No import circles among kgpt's modules, function-level imports included.
+
+A circle hidden by an import inside a function still ties the modules into
+one: neither can be read, tested or replaced without the other. The package
+root `kgpt/__init__.py` is left out: it is the public facade that imports
+everything, and Python runs it before any submodule anyway.
+"""
+
+import ast
+import pathlib
+
+import kgpt
+
+ROOT = pathlib.Path(kgpt.__file__).parent
+
+
+def module_name(path):
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(source, name, is_package, modules):
+    """The `modules` that module `name` imports anywhere in its code (not in docstrings): a module, or its package."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(source, name)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the package, up level - 1 packages
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {m for m in found if m in modules and m not in ("kgpt", name)}
+
+
+def import_graph():
+    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
+    return {name: imported_modules(path.read_text(), name, path.name == "__init__.py", paths)
+            for name, path in paths.items() if name != "kgpt"}
+
+
+def cycles(graph):
+    """One cycle (a list of modules, first = last) per strongly connected group of modules that import each other."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(path_within(graph, group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def path_within(graph, group):
+    """A cycle through the group's first module, found breadth-first inside the group."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(graph[node] & group):
+                if nxt == start:
+                    return paths[node] + [start]
+                if nxt not in paths:
+                    paths[nxt] = paths[node] + [nxt]
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle in {group}")
+
+
+def test_the_checker_finds_a_cycle_hidden_in_a_function():
+    graph = {"kgpt.a": {"kgpt.b"}, "kgpt.b": {"kgpt.c"}, "kgpt.c": {"kgpt.a"}, "kgpt.d": {"kgpt.a"}}
+    assert cycles(graph) == [["kgpt.a", "kgpt.b", "kgpt.c", "kgpt.a"]]
+    source = ('"""import kgpt.errors"""\n\ndef f():\n    from kgpt.tasks import task, nothing\n'
+              "    from ..data import readers\n    import numpy\n")
+    modules = {"kgpt.tasks.task", "kgpt.tasks", "kgpt.data.readers", "kgpt.errors"}
+    # As kgpt/analysis/m.py, `..` is kgpt; the docstring's import is no import, numpy is not kgpt.
+    assert imported_modules(source, "kgpt.analysis.m", False, modules) == {
+        "kgpt.tasks.task", "kgpt.tasks", "kgpt.data.readers"}
+
+
+def test_no_import_cycles_among_kgpt_modules():
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_the_zero_shot_heuristics_do_not_depend_on_the_task_registry():
+    graph, seen, todo = import_graph(), set(), ["kgpt.analysis.heuristics"]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo.extend(graph[module])
+    assert not seen & {"kgpt.tasks.registry", "kgpt.tasks.hookspecs", "kgpt.analysis.zero_shot"}, sorted(seen)

@@ -1,0 +1,57 @@
+"""Writes the presets of tests/test_presets.py::test_presets_saved_before_the_decoder_block_load.
+
+Run once with kgpt at commit 57f1afb (the backbone built on keras-hub's
+TransformerDecoder), from the repository root:
+
+    KERAS_BACKEND=jax python tests/data/preset_v0/make.py
+
+It saves a tiny GPTCausalLM and a fine-tuned GPTTaskModel with that layout,
+and expected.npz: fixed inputs, the models' outputs on them, and the weights a
+fresh backbone of the same sizes gets from seed 1234 (so later code can check
+it still initialises the same way).
+"""
+
+import os
+
+import keras
+import numpy as np
+
+import kgpt
+from kgpt.tasks import heads
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SIZES = dict(vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16, max_sequence_length=8)
+
+
+def main():
+    keras.utils.set_random_seed(1234)
+    fresh = kgpt.GPTBackbone(**SIZES)
+    init = [keras.ops.convert_to_numpy(w) for w in fresh.weights]
+
+    keras.utils.set_random_seed(7)
+    lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**SIZES))
+    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**SIZES), head=heads.Classification(["neg", "pos"]))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, SIZES["vocabulary_size"], (3, 8)).astype("int32")
+    mask = np.ones_like(ids)
+    mask[1, 5:] = 0
+    mask[2, 3:] = 0
+    x = {"token_ids": ids, "padding_mask": mask}
+    task_x = {"token_ids": ids[:, None], "padding_mask": mask[:, None]}
+    lm.save_to_preset(os.path.join(HERE, "causal_lm"))
+    model.save_to_preset(os.path.join(HERE, "task_model"))
+    outputs = model.predict(task_x, verbose=0)
+    np.savez(
+        os.path.join(HERE, "expected.npz"),
+        token_ids=ids,
+        padding_mask=mask,
+        hidden=keras.ops.convert_to_numpy(lm.backbone(x)),
+        logits=lm.predict(x, verbose=0),
+        task=outputs["task"],
+        lm=outputs["lm"],
+        **{f"init_{i}": w for i, w in enumerate(init)},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -436,27 +436,12 @@ class GPTCausalLM(PresetMixin, CausalLM):
         Returns:
             `(logits [batch, n, vocab], hidden_states [batch, n, hidden], cache)`.
         """
-        backbone = self.backbone
-        tokens = backbone.token_embedding(token_ids)
-        positions = backbone.position_embedding(tokens, start_index=cache_update_index)
-        x = backbone.embeddings_dropout(backbone.embeddings_add((tokens, positions)))
-        caches = []
-        for i, layer in enumerate(backbone.transformer_layers):
-            x, layer_cache = layer(
-                x,
-                self_attention_cache=cache[:, i, ...],
-                self_attention_cache_update_index=cache_update_index,
-            )
-            caches.append(layer_cache)
-        logits = backbone.token_embedding(x, reverse=True)
-        return logits, x, ops.stack(caches, axis=1)
+        hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_update_index)
+        return self.backbone.token_embedding(hidden, reverse=True), hidden, cache
 
     def _build_cache(self, token_ids):
-        backbone = self.backbone
         batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-        head_dim = backbone.hidden_dim // backbone.num_heads
-        shape = [batch_size, backbone.num_layers, 2, max_length, backbone.num_heads, head_dim]
-        cache = ops.zeros(shape, dtype=self.compute_dtype)
+        cache = self.backbone.empty_cache(batch_size, max_length)
         _, hidden_states, cache = self.call_with_cache(token_ids, cache, 0)
         return hidden_states, cache
 
@@ -467,7 +452,7 @@ class GPTCausalLM(PresetMixin, CausalLM):
         # their own tokens (the sampler only writes where the mask is 0).
         index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
 
-        if hasattr(self.backbone, "transformer_layers"):
+        if self.backbone.supports_cache:
             hidden_states, cache = self._build_cache(token_ids)
 
             def step(prompt, cache, index):

@@ -6,9 +6,11 @@ TransformerDecoder), from the repository root:
     KERAS_BACKEND=jax python tests/data/preset_v0/make.py
 
 It saves a tiny GPTCausalLM and a fine-tuned GPTTaskModel with that layout,
-and expected.npz: fixed inputs, the models' outputs on them, and the weights a
+expected.npz: fixed inputs, the models' outputs on them, and the weights a
 fresh backbone of the same sizes gets from seed 1234 (so later code can check
-it still initialises the same way).
+it still initialises the same way), and special_rows_seed0.npy: the special-token
+rows `GPTBackbone.from_original(..., num_special_tokens=3, seed=0)` appended to
+tests/test_original.py's checkpoint when that still seeded the global generators.
 """
 
 import os
@@ -51,6 +53,23 @@ def main():
         lm=outputs["lm"],
         **{f"init_{i}": w for i, w in enumerate(init)},
     )
+    special_rows()
+
+
+def special_rows():
+    import sys
+    import tempfile
+
+    sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+    import gpt1_reference
+    from test_original import HEADS, SIZES, write_original
+
+    shapes, arrays = gpt1_reference.random_checkpoint(**SIZES)
+    directory = tempfile.mkdtemp()
+    write_original(directory, shapes, arrays)
+    backbone = kgpt.GPTBackbone.from_original(directory, num_heads=HEADS, num_special_tokens=3, seed=0)
+    rows = keras.ops.convert_to_numpy(backbone.token_embedding.embeddings)[SIZES["vocab"]:]
+    np.save(os.path.join(HERE, "special_rows_seed0.npy"), rows)
 
 
 if __name__ == "__main__":

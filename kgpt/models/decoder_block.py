@@ -90,13 +90,14 @@ class GPTDecoderBlock(keras.layers.Layer):
         self.value_dense = dense("value", "abc,cde->abde", heads, "de")
         # Probabilities in float32 even when the block computes in 16 bits.
         self.attention_softmax = keras.layers.Softmax(axis=-1, dtype="float32", name="attention_softmax")
-        # Made at the residual rate when there is one (a Dropout draws its seed only at a rate > 0).
+        # Made at the residual rate, then set: a Dropout draws its seed only at a rate > 0, and the
+        # keras-hub block's drew one here whenever `dropout` was (the same seeds, the same masks).
         self.attention_probs_dropout = keras.layers.Dropout(
             self.dropout or self._attention_rate(), dtype=self.dtype_policy, name="attention_probs_dropout")
         self.attention_probs_dropout.rate = self._attention_rate()
         self.attention_output_dense = dense("attention_output", "abcd,cde->abe", (None, hidden), "e")
         self.attention_layer_norm = self._layer_norm("self_attention_layer_norm")
-        self.attention_dropout_layer = keras.layers.Dropout(
+        self.attention_residual_dropout = keras.layers.Dropout(
             self.dropout, dtype=self.dtype_policy, name="self_attention_dropout")
         self.feedforward_intermediate_dense = keras.layers.Dense(
             self.intermediate_dim, activation=self.activation, kernel_initializer=_clone(self.kernel_initializer),
@@ -124,7 +125,7 @@ class GPTDecoderBlock(keras.layers.Layer):
 
     def call(self, x, padding_mask=None, cache=None, cache_update_index=None, training=None):
         y, cache = self.attention(x, padding_mask, cache, cache_update_index, training)
-        h = self.attention_layer_norm(x + self.attention_dropout_layer(y, training=training))
+        h = self.attention_layer_norm(x + self.attention_residual_dropout(y, training=training))
         y = self.feedforward_output_dense(self.feedforward_intermediate_dense(h))
         out = self.feedforward_layer_norm(h + self.feedforward_dropout(y, training=training))
         return out if cache is None else (out, cache)
@@ -139,7 +140,7 @@ class GPTDecoderBlock(keras.layers.Layer):
             key = ops.slice_update(cache[:, 0], [0, start, 0, 0], key)  # [B, S, N, D]
             value = ops.slice_update(cache[:, 1], [0, start, 0, 0], value)
             cache = ops.stack((key, value), axis=1)
-        mask = self._mask(ops.shape(query)[1], ops.shape(key)[1], start, padding_mask)  # [B or 1, 1, T, S]
+        mask = self._mask(ops.shape(query), ops.shape(key)[1], start, padding_mask)  # [B, 1, T, S]
         scale = 1.0 / math.sqrt(float(query.shape[-1]))
         if self._attention_rate() == 0:
             y = ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
@@ -152,13 +153,14 @@ class GPTDecoderBlock(keras.layers.Layer):
         return self.attention_output_dense(y), cache
 
     @staticmethod
-    def _mask(query_length, key_length, start, padding_mask):
-        """Boolean `[batch or 1, 1, T, S]`: query `start + t` sees keys `<= start + t` that are not padding."""
+    def _mask(query_shape, key_length, start, padding_mask):
+        """Boolean `[batch, 1, T, S]`: query `start + t` sees keys `<= start + t` that are not padding."""
+        batch, query_length = query_shape[0], query_shape[1]
         rows = ops.arange(query_length, dtype="float32") + ops.cast(start, "float32")
-        mask = ops.expand_dims(rows, 1) >= ops.arange(key_length, dtype="float32")  # [T, S]
+        mask = (ops.expand_dims(rows, 1) >= ops.arange(key_length, dtype="float32"))[None, None]  # [1, 1, T, S]
         if padding_mask is None:
-            return mask[None, None]
-        return ops.logical_and(mask[None, None], ops.cast(padding_mask, "bool")[:, None, None, :])
+            return ops.broadcast_to(mask, (batch, 1, query_length, key_length))
+        return ops.logical_and(mask, ops.cast(padding_mask, "bool")[:, None, None, :])
 
     def compute_output_shape(self, input_shape):
         return input_shape

@@ -41,7 +41,7 @@ def test_no_keras_hub_private_attributes_are_used():
     import re
 
     root = pathlib.Path(kgpt.__file__).parent
-    private = re.compile(r"\._(self_attention|feedforward|softmax|dropout|query_dense|key_dense|value_dense|output_dense)")
+    private = re.compile(r"\._(self_attention|feedforward|softmax|dropout|(query|key|value|output)_dense)")
     hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
             for i, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
     assert not hits

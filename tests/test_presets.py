@@ -247,3 +247,30 @@ def test_upgrade_weights_renames_old_block_arrays(tmp_path):
     # Keras alone refuses the old layout rather than loading it half.
     with pytest.raises(ValueError):
         keras.Model.load_weights(backbone, old)
+
+
+def test_checkpoints_saved_before_the_decoder_block_load(tmp_path):
+    """A whole model's weights in the old layout (a training checkpoint) load through the model's load_weights."""
+    import re
+
+    import h5py
+
+    sizes = dict(vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
+                 max_sequence_length=8)
+    lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**sizes))
+    lm.save_weights(str(tmp_path / "new.weights.h5"))
+    old = str(tmp_path / "old.weights.h5")
+    shutil.copy(tmp_path / "new.weights.h5", old)
+    with h5py.File(old, "r+") as f:  # the paths keras-hub's TransformerDecoder gave the same arrays
+        blocks = []
+        f.visit(lambda name: blocks.append(name) if re.fullmatch(r"(.*/)?gpt_decoder_block(_\d+)?", name) else None)
+        assert len(blocks) == 2 and all(b.startswith("layers/gpt_backbone/") for b in blocks)
+        for block in blocks:
+            f[block].create_group("_self_attention_layer")
+            for before, now in kgpt.io.presets._LEGACY_SUBLAYERS.items():
+                f[block].move(now, before)
+            f.move(block, block.replace("gpt_decoder_block", "transformer_decoder"))
+    fresh = kgpt.GPTCausalLM(kgpt.GPTBackbone(**sizes))
+    fresh.load_weights(old)
+    for a, b in zip(lm.weights, fresh.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)

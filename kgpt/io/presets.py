@@ -168,8 +168,8 @@ def _legacy_blocks(f):
 def upgrade_weights(source, destination):
     """Copies a `.weights.h5` file, renaming the arrays of kgpt's earlier (keras-hub) decoder blocks.
 
-    Presets load such files transparently (`GPTBackbone.load_weights`); this
-    is for other weight files, e.g. a training checkpoint's. The arrays are
+    kgpt models' `load_weights` read such files transparently (`PresetMixin`);
+    this is for other tools. The arrays are
     unchanged, only their paths move to `GPTDecoderBlock`'s. Returns whether
     anything was renamed (else `destination` is a plain copy).
 
@@ -279,8 +279,13 @@ class PresetMixin:
     """`save_to_preset` that records the kgpt version, `from_preset` that checks before loading.
 
     Mixed into `GPTBackbone`, `GPTCausalLM` and `GPTTaskModel` ahead of their
-    keras-hub base class.
+    keras-hub base class. Their `load_weights` also reads `.weights.h5` files
+    (presets, training checkpoints) saved before kgpt had its own decoder block.
     """
+
+    def load_weights(self, filepath, *args, **kwargs):
+        with upgraded_weights_file(filepath) as path:
+            super().load_weights(path, *args, **kwargs)
 
     def save_to_preset(self, preset_dir, max_shard_size=10):
         """Writes the keras-hub preset layout to `preset_dir` (created if needed)."""

@@ -15,7 +15,7 @@ from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
 from kgpt.io import original
-from kgpt.io.presets import PresetMixin, upgraded_weights_file
+from kgpt.io.presets import PresetMixin
 from kgpt.models.decoder_block import GPTDecoderBlock, gelu_tanh  # noqa: F401 (gelu_tanh: its old home)
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
@@ -316,11 +316,6 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
     def transferred_layers(self, num_layers):
         """The layers copied when transferring the embeddings and the first `num_layers` blocks."""
         return [self.token_embedding, self.position_embedding, *self.transformer_layers[:num_layers]]
-
-    def load_weights(self, filepath, *args, **kwargs):
-        """Keras' `load_weights`; a `.weights.h5` file saved before kgpt had its own decoder block loads too."""
-        with upgraded_weights_file(filepath) as path:
-            super().load_weights(path, *args, **kwargs)
 
     # --- generation: keys and values of earlier positions are kept -----------
 

@@ -54,7 +54,7 @@ if "model_parallel" in jobs:  # JAX: a backbone sharded over a ("batch", "model"
         layout_map=distribute.model_parallel_layout(mesh), batch_dim_name="batch"))
     sharded = kgpt.GPTBackbone(**sizes)
     sharded.set_weights(plain.get_weights())
-    kernel = sharded.transformer_layers[0]._feedforward_intermediate_dense.kernel
+    kernel = sharded.transformer_layers[0].feedforward_intermediate_dense.kernel
     results["kernel_shards"] = len(kernel.value.addressable_shards)
     results["kernel_shard_shape"] = list(kernel.value.addressable_shards[0].data.shape)
     difference = np.abs(keras.ops.convert_to_numpy(sharded(x)) - keras.ops.convert_to_numpy(plain(x))).max()

@@ -21,14 +21,57 @@ def keras_hub_reversible():
 
 def test_architecture_matches_gpt1(backbone):
     layer = backbone.transformer_layers[0]
-    assert layer.normalize_first is False  # post-LN
+    assert isinstance(layer, kgpt.models.decoder_block.GPTDecoderBlock)
     assert layer.layer_norm_epsilon == 1e-5
     assert layer.dropout == 0.1
     x = np.linspace(-3, 3, 7).astype("float32")
     tanh_gelu = 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
     np.testing.assert_allclose(to_numpy(layer.activation(x)), tanh_gelu, atol=1e-6)
+    # Post-LN: a freshly initialised block's output is layer-normed (mean 0, variance 1 per token).
+    out = to_numpy(layer(np.random.default_rng(0).normal(size=(2, 5, TINY["hidden_dim"])).astype("float32")))
+    np.testing.assert_allclose(out.mean(-1), 0, atol=1e-5)
+    np.testing.assert_allclose(out.var(-1), 1, atol=1e-3)
     # No final layer norm: the output of the last block is the output.
     assert not any(isinstance(l, keras.layers.LayerNormalization) for l in backbone.layers)
+
+
+def test_no_keras_hub_private_attributes_are_used():
+    """kgpt owns its decoder block: nothing reaches into keras-hub's (or Keras') private sublayers."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(kgpt.__file__).parent
+    private = re.compile(r"\._(self_attention|feedforward|softmax|dropout|(query|key|value|output)_dense)")
+    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
+    assert not hits
+    assert "keras_hub.layers import TransformerDecoder" not in (root / "models" / "backbone.py").read_text()
+
+
+@pytest.mark.parametrize("attention_dropout", [None, 0.0])
+def test_block_cache_equals_the_full_pass(attention_dropout):
+    """Feeding a block one position at a time through its key/value cache gives the full pass's states."""
+    block = kgpt.models.decoder_block.GPTDecoderBlock(num_heads=2, intermediate_dim=32, dropout=0.1,
+                                                      attention_dropout=attention_dropout)
+    x = np.random.default_rng(0).normal(size=(2, 6, 16)).astype("float32")
+    full = to_numpy(block(x))
+    cache = np.zeros((2, 2, 6, 2, 8), "float32")
+    steps = []
+    for t in range(6):
+        y, cache = block(x[:, t:t + 1], cache=cache, cache_update_index=t)
+        steps.append(to_numpy(y))
+    np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
+
+
+def test_attention_dropout_zero_takes_the_fused_path_with_the_same_result():
+    keras.utils.set_random_seed(3)
+    explicit = kgpt.GPTBackbone(**TINY)
+    keras.utils.set_random_seed(3)
+    fused = kgpt.GPTBackbone(**TINY, attention_dropout=0.0)
+    assert fused.transformer_layers[0].attention_probs_dropout.rate == 0.0
+    x = random_inputs(batch=2, length=12)
+    x["padding_mask"][1, 7:] = 0
+    np.testing.assert_allclose(to_numpy(fused(x)), to_numpy(explicit(x)), atol=1e-5)
 
 
 def test_init_is_normal_002():

@@ -68,7 +68,7 @@ def test_data_parallel_losses_match_one_device(tmp_path):
 def test_batch_must_split_evenly_over_devices(monkeypatch):
     monkeypatch.setattr(distribute, "local_devices", lambda: ["d0", "d1"])
     with pytest.raises(ValueError, match="batch_size 7 must be a multiple of 2"):
-        with distribute.data_parallel(batch_size=7, log=lambda *_: None):
+        with distribute.data_parallel(batch_size=7):
             pass
 
 
@@ -97,7 +97,7 @@ def test_mixed_precision_trains_close_to_float32(dtype, float32_losses):
     lm, losses = tiny_losses(dtype)
     backbone = lm.backbone
     assert backbone.compute_dtype == dtype.split("_")[1] and backbone.token_embedding.embeddings.dtype == "float32"
-    softmax = backbone.transformer_layers[0]._self_attention_layer._softmax
+    softmax = backbone.transformer_layers[0].attention_softmax
     assert softmax.compute_dtype == "float32"  # attention probabilities stay in float32
     assert keras.ops.convert_to_numpy(lm(
         {"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), "int32")})).dtype == np.float32

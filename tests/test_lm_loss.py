@@ -75,7 +75,13 @@ def _train(chunk, dtype=None, validate=True):
         keras.config.set_dtype_policy(dtype)
     try:
         lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**{**TINY, "dropout": 0.0}))
-        lm.compile(optimizer=keras.optimizers.SGD(0.5), lm_loss_chunk_size=chunk)
+        if chunk == "logits":  # Keras' own loss and metric on the full logits
+            lm.compile(optimizer=keras.optimizers.SGD(0.5),
+                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                       weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+            assert lm._chunked_loss is None
+        else:
+            lm.compile(optimizer=keras.optimizers.SGD(0.5), lm_loss_chunk_size=chunk)
         ids = np.random.default_rng(0).integers(0, TINY["vocabulary_size"], (10, 17)).astype("int32")
         mask = np.ones((10, 16), "float32")
         mask[:3, 10:] = 0
@@ -88,18 +94,57 @@ def _train(chunk, dtype=None, validate=True):
 
 
 def test_causal_lm_trains_the_same_with_and_without_logits():
-    plain, plain_weights = _train(None)
-    chunked, chunked_weights = _train(7)  # batches of 5 x 16 tokens: 12 chunks of 7, padded by 4
-    assert set(chunked) == set(plain) == {"loss", "sparse_categorical_accuracy", "val_loss",
-                                           "val_sparse_categorical_accuracy"}
-    for key in plain:
-        np.testing.assert_allclose(chunked[key], plain[key], rtol=1e-5, err_msg=key)
-    for a, b in zip(plain_weights, chunked_weights):
-        np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+    plain, plain_weights = _train("logits")
+    for chunk in (7, None):  # batches of 5 x 16 tokens: 12 chunks of 7, padded by 4; or one chunk of 80
+        chunked, chunked_weights = _train(chunk)
+        assert set(chunked) == set(plain) == {"loss", "sparse_categorical_accuracy", "val_loss",
+                                               "val_sparse_categorical_accuracy"}
+        for key in plain:
+            np.testing.assert_allclose(chunked[key], plain[key], rtol=1e-5, err_msg=f"{chunk}: {key}")
+        for a, b in zip(plain_weights, chunked_weights):
+            np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-5)
+
+
+def test_chunk_size_means_the_same_in_both_models():
+    backbone = kgpt.GPTBackbone(**TINY)
+    lm = kgpt.GPTCausalLM(backbone)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    for size, expected in (("auto", kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE), (None, None), (64, 64)):
+        lm.compile(lm_loss_chunk_size=size)
+        model.compile(lm_loss_chunk_size=size)
+        assert lm._chunked_loss.chunk_size == model.loss["lm"].chunk_size == expected
+    for bad in (0, -3, 1.5):
+        for compiled in (lm, model):
+            with pytest.raises(ValueError, match="must be a positive number of tokens"):
+                compiled.compile(lm_loss_chunk_size=bad)
+
+
+def test_evaluation_skips_the_lm_loss_gradients(monkeypatch):
+    """Both models' compute_loss tell the LM loss whether a step trains (recorded when the step is traced)."""
+    traced = []
+    loop = kgpt.models.lm_loss._loop
+    monkeypatch.setattr(kgpt.models.lm_loss, "_loop", lambda *a, gradients: traced.append(gradients) or loop(
+        *a, gradients=gradients))
+    backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    model.compile(optimizer=keras.optimizers.SGD(0.0), lm_loss_chunk_size=5)
+    ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 1, 9)).astype("int32")
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    y = {"task": np.array([0, 1, 1, 0]), "lm": ids[..., 1:]}
+    model.evaluate(x, y, verbose=0)
+    assert traced and not any(traced)
+    traced.clear()
+    model.fit(x, y, verbose=0)
+    assert traced and all(traced)
+    lm = kgpt.GPTCausalLM(backbone)
+    lm.compile(optimizer=keras.optimizers.SGD(0.0), lm_loss_chunk_size=5)
+    traced.clear()
+    lm.fit({"token_ids": ids[:, 0], "padding_mask": x["padding_mask"][:, 0]}, ids[:, 0], verbose=0)
+    assert traced and all(traced)
 
 
 def test_chunked_loss_under_mixed_bfloat16_tracks_plain_logits():
-    plain, _ = _train(None, "mixed_bfloat16", validate=False)
+    plain, _ = _train("logits", "mixed_bfloat16", validate=False)
     chunked, _ = _train(7, "mixed_bfloat16", validate=False)
     np.testing.assert_allclose(chunked["loss"], plain["loss"], rtol=2e-2)
 

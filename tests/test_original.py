@@ -2,6 +2,7 @@
 
 import json
 import os
+import random
 import shutil
 
 import keras
@@ -63,6 +64,25 @@ def test_special_token_rows_are_appended(checkpoint):
     assert table.shape == (123, 24)
     np.testing.assert_array_equal(table[:120], arrays[1])
     assert 0.005 < table[120:].std() < 0.05  # N(0, 0.02), as the original fine-tuning code
+
+
+def test_seeded_special_token_rows_leave_the_global_random_state_alone(checkpoint):
+    path, _, _ = checkpoint
+
+    def load_then_draw(seed):
+        keras.utils.set_random_seed(5)
+        table = kgpt.GPTBackbone.from_original(path, num_heads=HEADS, num_special_tokens=3, seed=seed)
+        return table.token_embedding.embeddings, (random.random(), np.random.rand(), float(keras.random.uniform(())))
+
+    tables, draws = zip(*[load_then_draw(seed) for seed in (None, 0, 0, 1)])
+    assert draws[1] == draws[0]  # the global generators go on as if no seed had been given
+    tables = [keras.ops.convert_to_numpy(t) for t in tables[1:]]
+    np.testing.assert_array_equal(tables[0], tables[1])
+    assert not np.allclose(tables[0][120:], tables[2][120:])
+    # The rows a seed gave when kgpt still seeded the global generators (tests/data/preset_v0/make.py).
+    before = np.load(os.path.join(os.path.dirname(__file__), "data", "preset_v0",
+                                  f"special_rows_seed0_{keras.config.backend()}.npy"))
+    np.testing.assert_array_equal(tables[0][120:], before)
 
 
 def test_export_writes_the_original_format(checkpoint, tmp_path):

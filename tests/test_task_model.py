@@ -116,6 +116,7 @@ def test_learns_a_synthetic_task_to_high_accuracy():
 
 def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
     model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.Regression(), num_views=2)
+    model.compile(lm_loss_chunk_size=7)
     x = packed(transforms.Similarity(), [([[1, 2], [3]], ()), ([[4], [5, 6]], ())])
     y, sample_weight = targets(x, np.asarray([0.5, 4.0], "float32"))
     model.fit(x, y, sample_weight=sample_weight, batch_size=2, epochs=1, verbose=0)
@@ -125,6 +126,7 @@ def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
     assert isinstance(loaded, kgpt.GPTTaskModel) and loaded.head == kgpt.tasks.heads.Regression()
     np.testing.assert_allclose(loaded.predict_task(x), model.predict_task(x), rtol=1e-5, atol=1e-6)
     assert int(to_numpy(loaded.optimizer.iterations)) == 1
+    assert loaded.loss["lm"].chunk_size == 7  # the LM loss comes back as it was compiled
 
 
 def test_head_and_views_must_agree():

@@ -22,12 +22,14 @@ back: `save_original` and `save_huggingface`.
 import glob
 import json
 import os
+import random
 import re
 
 import keras
 import numpy as np
 
 from kgpt.io.presets import CheckpointError, read_json
+from kgpt.models.decoder_block import GPTDecoderBlock
 
 SHAPES_FILE = "params_shapes.json"
 SHARD_PATTERN = "params_{}.npy"
@@ -236,11 +238,6 @@ def _added_tokens(directory, size):
 
 # --- mapping onto the Keras layers ------------------------------------------
 
-def _attention_parts(layer):
-    attention = layer._self_attention_layer
-    return attention._query_dense, attention._key_dense, attention._value_dense, attention._output_dense
-
-
 def assign(backbone, arrays):
     """Copies original-order `arrays` into `backbone` (sizes already checked)."""
     h = backbone.hidden_dim
@@ -252,24 +249,23 @@ def assign(backbone, arrays):
     if extra:  # new special-token rows keep their N(0, 0.02) initialisation
         tokens = np.concatenate([tokens, keras.ops.convert_to_numpy(table)[tokens.shape[0]:]], axis=0)
     table.assign(tokens)
-    for index, layer in enumerate(backbone.transformer_layers):
+    for index, block in enumerate(backbone.transformer_layers):
         w = arrays[2 + index * len(LAYER_ARRAYS): 2 + (index + 1) * len(LAYER_ARRAYS)]
         attn_w, attn_b, proj_w, proj_b, ln1_g, ln1_b, fc_w, fc_b, out_w, out_b, ln2_g, ln2_b = w
-        query, key, value, output = _attention_parts(layer)
-        for part, dense in enumerate((query, key, value)):
-            # Column j of each third belongs to head j // head_dim (split_heads).
+        for part, dense in enumerate((block.query_dense, block.key_dense, block.value_dense)):
+            # Column j of each third belongs to head j // head_dim.
             dense.kernel.assign(attn_w[0, :, part * h:(part + 1) * h].reshape(h, heads, head_dim))
             dense.bias.assign(attn_b[part * h:(part + 1) * h].reshape(heads, head_dim))
-        output.kernel.assign(proj_w[0].reshape(heads, head_dim, h))
-        output.bias.assign(proj_b)
-        layer._self_attention_layer_norm.gamma.assign(ln1_g)
-        layer._self_attention_layer_norm.beta.assign(ln1_b)
-        layer._feedforward_intermediate_dense.kernel.assign(fc_w[0])
-        layer._feedforward_intermediate_dense.bias.assign(fc_b)
-        layer._feedforward_output_dense.kernel.assign(out_w[0])
-        layer._feedforward_output_dense.bias.assign(out_b)
-        layer._feedforward_layer_norm.gamma.assign(ln2_g)
-        layer._feedforward_layer_norm.beta.assign(ln2_b)
+        block.attention_output_dense.kernel.assign(proj_w[0].reshape(heads, head_dim, h))
+        block.attention_output_dense.bias.assign(proj_b)
+        block.attention_layer_norm.gamma.assign(ln1_g)
+        block.attention_layer_norm.beta.assign(ln1_b)
+        block.feedforward_intermediate_dense.kernel.assign(fc_w[0])
+        block.feedforward_intermediate_dense.bias.assign(fc_b)
+        block.feedforward_output_dense.kernel.assign(out_w[0])
+        block.feedforward_output_dense.bias.assign(out_b)
+        block.feedforward_layer_norm.gamma.assign(ln2_g)
+        block.feedforward_layer_norm.beta.assign(ln2_b)
 
 
 def arrays_of(backbone):
@@ -279,21 +275,21 @@ def arrays_of(backbone):
 
     h = backbone.hidden_dim
     arrays = [np_(backbone.position_embedding.position_embeddings), np_(backbone.token_embedding.embeddings)]
-    for layer in backbone.transformer_layers:
-        query, key, value, output = _attention_parts(layer)
+    for block in backbone.transformer_layers:
+        qkv = (block.query_dense, block.key_dense, block.value_dense)
         arrays += [
-            np.concatenate([np_(d.kernel).reshape(h, h) for d in (query, key, value)], axis=1)[None],
-            np.concatenate([np_(d.bias).reshape(h) for d in (query, key, value)]),
-            np_(output.kernel).reshape(h, h)[None],
-            np_(output.bias),
-            np_(layer._self_attention_layer_norm.gamma),
-            np_(layer._self_attention_layer_norm.beta),
-            np_(layer._feedforward_intermediate_dense.kernel)[None],
-            np_(layer._feedforward_intermediate_dense.bias),
-            np_(layer._feedforward_output_dense.kernel)[None],
-            np_(layer._feedforward_output_dense.bias),
-            np_(layer._feedforward_layer_norm.gamma),
-            np_(layer._feedforward_layer_norm.beta),
+            np.concatenate([np_(d.kernel).reshape(h, h) for d in qkv], axis=1)[None],
+            np.concatenate([np_(d.bias).reshape(h) for d in qkv]),
+            np_(block.attention_output_dense.kernel).reshape(h, h)[None],
+            np_(block.attention_output_dense.bias),
+            np_(block.attention_layer_norm.gamma),
+            np_(block.attention_layer_norm.beta),
+            np_(block.feedforward_intermediate_dense.kernel)[None],
+            np_(block.feedforward_intermediate_dense.bias),
+            np_(block.feedforward_output_dense.kernel)[None],
+            np_(block.feedforward_output_dense.bias),
+            np_(block.feedforward_layer_norm.gamma),
+            np_(block.feedforward_layer_norm.beta),
         ]
     return arrays
 
@@ -319,19 +315,34 @@ def load_backbone(cls, directory, num_heads=None, num_special_tokens=0, seed=Non
         )
     if num_special_tokens < 0:
         raise ValueError(f"num_special_tokens must be >= 0, got {num_special_tokens}.")
-    if seed is not None:
-        keras.utils.set_random_seed(seed)
     config = dict(sizes, num_heads=heads, **kwargs)
     config["vocabulary_size"] += num_special_tokens
     backbone = cls(**config)
+    if seed is not None and num_special_tokens:
+        table = keras.ops.convert_to_numpy(backbone.token_embedding.embeddings)
+        table[sizes["vocabulary_size"]:] = special_token_rows(seed, table.shape)[sizes["vocabulary_size"]:]
+        backbone.token_embedding.embeddings.assign(table)
     assign(backbone, arrays)
     return backbone
+
+
+def special_token_rows(seed, shape):
+    """The N(0, 0.02) token table `[rows, hidden]` from which `load_backbone(seed=)` takes the new rows.
+
+    They are those kgpt drew when it seeded every global generator with `seed`
+    and then built the backbone, whose token embedding took the first seed
+    Keras drew from Python's `random` (`randint(1, 1e9)`); now nothing global
+    is touched.
+    """
+    initializer = keras.initializers.RandomNormal(stddev=0.02, seed=random.Random(seed).randint(1, int(1e9)))
+    return keras.ops.convert_to_numpy(initializer(shape, dtype="float32"))
 
 
 # --- writing -------------------------------------------------------------------
 
 def _require_transformer(backbone, what):
-    if not hasattr(backbone, "transformer_layers"):
+    blocks = getattr(backbone, "transformer_layers", None)
+    if not blocks or not all(isinstance(block, GPTDecoderBlock) for block in blocks):
         raise TypeError(f"{type(backbone).__name__} has no {what} format: only a GPTBackbone is GPT-1's architecture.")
 
 

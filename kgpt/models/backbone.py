@@ -9,13 +9,14 @@ There is no final layer norm (that is GPT-2).
 
 import keras
 import numpy as np
+from keras import ops
 from keras_hub.layers import PositionEmbedding
 from keras_hub.layers import ReversibleEmbedding
-from keras_hub.layers import TransformerDecoder
 from keras_hub.models import Backbone
 
 from kgpt.io import original
 from kgpt.io.presets import PresetMixin
+from kgpt.models.decoder_block import GPTDecoderBlock, gelu_tanh  # noqa: F401 (gelu_tanh: its old home)
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
 GPT1_CONFIG = {
@@ -30,12 +31,6 @@ GPT1_CONFIG = {
 
 # start, delimiter, extract (paper section 3.3), appended after the vocabulary.
 NUM_SPECIAL_TOKENS = 3
-
-
-@keras.saving.register_keras_serializable(package="kgpt")
-def gelu_tanh(x):
-    """GELU in the tanh approximation the original GPT used."""
-    return keras.activations.gelu(x, approximate=True)
 
 
 def _normal(stddev=0.02):
@@ -152,14 +147,13 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
             dropout, dtype=dtype, name="embeddings_dropout"
         )
         self.transformer_layers = [
-            TransformerDecoder(
-                intermediate_dim=intermediate_dim,
+            GPTDecoderBlock(
                 num_heads=num_heads,
+                intermediate_dim=intermediate_dim,
                 dropout=dropout,
-                activation=gelu_tanh,
+                attention_dropout=attention_dropout,
                 layer_norm_epsilon=1e-5,
                 kernel_initializer=_normal(),
-                normalize_first=False,  # post-LN, as GPT-1
                 dtype=dtype,
                 name=f"transformer_layer_{i}",
             )
@@ -173,26 +167,13 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         positions = self.position_embedding(tokens)  # [B, T, H]
         x = self.embeddings_dropout(self.embeddings_add((tokens, positions)))
         for layer in self.transformer_layers:
-            x = layer(x, decoder_padding_mask=padding_mask)
+            x = layer(x, padding_mask=padding_mask)
         super().__init__(
             inputs={"token_ids": token_ids, "padding_mask": padding_mask},
             outputs=x,
             dtype=dtype,
             **kwargs,
         )
-
-        # Mixed precision: attention probabilities in float32 (Keras' MHA
-        # would take its softmax in the compute dtype, e.g. bfloat16).
-        if self.dtype_policy.compute_dtype != "float32":
-            for layer in self.transformer_layers:
-                layer._self_attention_layer._softmax.dtype_policy = keras.DTypePolicy("float32")
-        # keras-hub gives attention the block's dropout; Keras' attention takes
-        # the fused dot_product_attention path only when its dropout is 0.
-        if attention_dropout is not None and attention_dropout != dropout:
-            for layer in self.transformer_layers:
-                attention = layer._self_attention_layer
-                attention._dropout = attention_dropout
-                attention._dropout_layer.rate = attention_dropout
 
         # === Config ===
         self.vocabulary_size = vocabulary_size
@@ -335,3 +316,29 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
     def transferred_layers(self, num_layers):
         """The layers copied when transferring the embeddings and the first `num_layers` blocks."""
         return [self.token_embedding, self.position_embedding, *self.transformer_layers[:num_layers]]
+
+    # --- generation: keys and values of earlier positions are kept -----------
+
+    supports_cache = True  # GPTCausalLM.generate asks; LSTMBackbone says False
+
+    def empty_cache(self, batch_size, max_length):
+        """Zeros `[batch, num_layers, 2, max_length, num_heads, head_dim]` for `call_with_cache`."""
+        head_dim = self.hidden_dim // self.num_heads
+        shape = [batch_size, self.num_layers, 2, max_length, self.num_heads, head_dim]
+        return ops.zeros(shape, dtype=self.compute_dtype)
+
+    def call_with_cache(self, token_ids, cache, cache_update_index):
+        """Hidden states of `token_ids` `[batch, n]` at positions `cache_update_index ..`, and the updated cache.
+
+        Keys and values of the positions before come from `cache` (see
+        `empty_cache`); those of `token_ids` are written into it. With the
+        whole sequence from index 0 this equals the plain forward pass.
+        """
+        tokens = self.token_embedding(token_ids)
+        positions = self.position_embedding(tokens, start_index=cache_update_index)
+        x = self.embeddings_dropout(self.embeddings_add((tokens, positions)))
+        caches = []
+        for i, layer in enumerate(self.transformer_layers):
+            x, layer_cache = layer(x, cache=cache[:, i, ...], cache_update_index=cache_update_index)
+            caches.append(layer_cache)
+        return x, ops.stack(caches, axis=1)

@@ -9,7 +9,7 @@ from keras_hub.models import CausalLM
 
 from kgpt.models.backbone import GPTBackbone
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
-from kgpt.models.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
+from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.train.optimizers import gpt_adamw
 from kgpt.io.presets import PresetMixin
 from kgpt.data.tokenizer import PRESET_CONFIG
@@ -38,7 +38,7 @@ def _is_text(inputs):
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTCausalLM(PresetMixin, CausalLM):
+class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
     """Next-token prediction with a `GPTBackbone` (paper equation 2).
 
     Outputs logits `[batch, length, vocabulary_size]` from
@@ -135,26 +135,19 @@ class GPTCausalLM(PresetMixin, CausalLM):
                 `keras_hub.samplers.Sampler`, used by `generate()`.
             total_steps: horizon of the cosine decay for `optimizer="auto"`;
                 `None` holds the peak rate after warm-up.
-            lm_loss_chunk_size: train with the memory-lean loss, computing
-                the logits of this many tokens at a time instead of all
-                `[batch, length, vocabulary]` of them; it needs the `"auto"`
-                loss and metrics. `"auto"`: 1024 tokens with those, plain
-                logits with any other loss or metric. `None`: plain logits.
+            lm_loss_chunk_size: the `"auto"` loss trains without the
+                `[batch, length, vocabulary]` logits, computing those of this
+                many tokens at a time (`kgpt.models.lm_loss`; `"auto"`: 1024,
+                `None`: all tokens at once). A custom loss or metric trains on
+                the logits; it takes `"auto"` or `None` only.
         """
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
         custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
-        if lm_loss_chunk_size == "auto":
-            lm_loss_chunk_size = None if custom else DEFAULT_CHUNK_SIZE
         chunked = None
-        if lm_loss_chunk_size is not None:
-            if custom:
-                raise ValueError(
-                    "lm_loss_chunk_size trains without logits, so it computes the loss and next-token accuracy "
-                    "itself: leave loss and weighted_metrics at 'auto' and metrics unset."
-                )
+        if resolve_chunk_size(lm_loss_chunk_size, default_loss=not custom) != "logits":
             # Keras' loss stays compiled for evaluate(), whose forward pass gives logits.
-            chunked = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size, reduction="sum_over_batch_size")
+            chunked = self.tied_lm_loss(lm_loss_chunk_size, reduction="sum_over_batch_size")
             weighted_metrics = None
         super().compile(
             optimizer=optimizer,
@@ -176,7 +169,7 @@ class GPTCausalLM(PresetMixin, CausalLM):
             if chunked is not None:
                 config.update(loss="auto", weighted_metrics="auto", lm_loss_chunk_size=chunked.chunk_size)
             else:
-                config["lm_loss_chunk_size"] = None
+                config["lm_loss_chunk_size"] = "auto"  # the compiled loss and metrics on logits
         return config
 
     def compile_from_config(self, config):
@@ -199,8 +192,8 @@ class GPTCausalLM(PresetMixin, CausalLM):
         chunked = self._chunked_loss
         if chunked is None:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-        if training:
-            sums = chunked.sums(y, y_pred, sample_weight)  # y_pred: hidden states
+        if training:  # y_pred: hidden states (see call)
+            sums = chunked.sums(y, y_pred, sample_weight)
             loss = chunked.reduce(sums[0], y, sample_weight)
             weight = ops.sum(ops.ones_like(y, "float32") if sample_weight is None else sample_weight)
             self._token_accuracy.update_state(ops.divide_no_nan(sums[1], weight)[None], sample_weight=weight[None])
@@ -436,27 +429,12 @@ class GPTCausalLM(PresetMixin, CausalLM):
         Returns:
             `(logits [batch, n, vocab], hidden_states [batch, n, hidden], cache)`.
         """
-        backbone = self.backbone
-        tokens = backbone.token_embedding(token_ids)
-        positions = backbone.position_embedding(tokens, start_index=cache_update_index)
-        x = backbone.embeddings_dropout(backbone.embeddings_add((tokens, positions)))
-        caches = []
-        for i, layer in enumerate(backbone.transformer_layers):
-            x, layer_cache = layer(
-                x,
-                self_attention_cache=cache[:, i, ...],
-                self_attention_cache_update_index=cache_update_index,
-            )
-            caches.append(layer_cache)
-        logits = backbone.token_embedding(x, reverse=True)
-        return logits, x, ops.stack(caches, axis=1)
+        hidden, cache = self.backbone.call_with_cache(token_ids, cache, cache_update_index)
+        return self.backbone.token_embedding(hidden, reverse=True), hidden, cache
 
     def _build_cache(self, token_ids):
-        backbone = self.backbone
         batch_size, max_length = ops.shape(token_ids)[0], ops.shape(token_ids)[1]
-        head_dim = backbone.hidden_dim // backbone.num_heads
-        shape = [batch_size, backbone.num_layers, 2, max_length, backbone.num_heads, head_dim]
-        cache = ops.zeros(shape, dtype=self.compute_dtype)
+        cache = self.backbone.empty_cache(batch_size, max_length)
         _, hidden_states, cache = self.call_with_cache(token_ids, cache, 0)
         return hidden_states, cache
 
@@ -467,7 +445,7 @@ class GPTCausalLM(PresetMixin, CausalLM):
         # their own tokens (the sampler only writes where the mask is 0).
         index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
 
-        if hasattr(self.backbone, "transformer_layers"):
+        if self.backbone.supports_cache:
             hidden_states, cache = self._build_cache(token_ids)
 
             def step(prompt, cache, index):

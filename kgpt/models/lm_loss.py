@@ -10,16 +10,57 @@ it has a chunk's logits, computes that chunk's gradients too (the loss is a
 weighted sum, so they do not depend on anything after it). Nothing of size
 `tokens x vocabulary` outlives one chunk, and there are no extra FLOPs: the
 backward pass only scales the stored gradients.
+
+Both models train through it the same way, with `LMLossMixin`:
+`lm_loss_chunk_size` is how many tokens' logits exist at once (`None`: all of
+them, as one chunk), and the model's `compute_loss` says whether the loss is
+for training (`gradients_wanted`), so that evaluation skips the gradients.
 """
+
+import contextlib
+import contextvars
 
 import keras
 from keras import ops
 
 # Small enough that a chunk's unfused float32 temporaries (TensorFlow without
 # XLA keeps about six [chunk, vocabulary] arrays) stay far below the full
-# logits, large enough for efficient matrix multiplies: see kgpt.bench.
+# logits, large enough for efficient matrix multiplies: see benchmarks/model.py.
 DEFAULT_CHUNK_SIZE = 1024
 REDUCTIONS = ("mean_with_sample_weight", "sum_over_batch_size", "sum")
+# Read while a loss is traced: whether it is for a training step (gradients computed alongside).
+_GRADIENTS_WANTED = contextvars.ContextVar("kgpt_lm_loss_gradients", default=True)
+
+
+@contextlib.contextmanager
+def gradients_wanted(training):
+    """Inside, `TiedLMLoss` computes its gradients with its value only when `training` (default: always)."""
+    token = _GRADIENTS_WANTED.set(bool(training))
+    try:
+        yield
+    finally:
+        _GRADIENTS_WANTED.reset(token)
+
+
+def resolve_chunk_size(lm_loss_chunk_size, default_loss=True):
+    """`lm_loss_chunk_size` as `TiedLMLoss` takes it: `"auto"` is `DEFAULT_CHUNK_SIZE` with the default loss.
+
+    With a custom loss (`default_loss=False`) `"auto"` and `None` give `"logits"`:
+    the model's own loss on full logits. An integer must be positive.
+    """
+    if lm_loss_chunk_size == "auto":
+        return DEFAULT_CHUNK_SIZE if default_loss else "logits"
+    if lm_loss_chunk_size is None:
+        return None if default_loss else "logits"
+    if isinstance(lm_loss_chunk_size, bool) or not isinstance(lm_loss_chunk_size, int) or lm_loss_chunk_size < 1:
+        raise ValueError(f"lm_loss_chunk_size must be a positive number of tokens, None or 'auto', got "
+                         f"{lm_loss_chunk_size!r}.")
+    if not default_loss:
+        raise ValueError(
+            "lm_loss_chunk_size trains without logits, so it computes the loss and next-token accuracy "
+            "itself: leave loss and weighted_metrics at 'auto' and metrics unset."
+        )
+    return lm_loss_chunk_size
 
 
 def check_tied(embedding):
@@ -199,8 +240,9 @@ class TiedLMLoss(keras.losses.Loss):
         reduction: `"mean_with_sample_weight"` (mean over weighted tokens),
             `"sum_over_batch_size"` (sum over the number of tokens) or `"sum"`.
 
-    Set `training = False` for evaluation-only graphs (models do this in
-    `compute_loss`): the gradients are then not computed.
+    Its gradients are computed with its value (see the module docstring);
+    inside `gradients_wanted(False)` (a model's evaluation, by `LMLossMixin`)
+    they are not.
 
     Example:
     ```python
@@ -216,7 +258,6 @@ class TiedLMLoss(keras.losses.Loss):
         super().__init__(name=name, reduction=reduction, dtype=dtype)
         self.embedding = None if embedding is None else check_tied(embedding)
         self.chunk_size = chunk_size
-        self.training = True
 
     def sums(self, y_true, y_pred, sample_weight=None):
         """float32 `[2]`: the weighted loss sum and the weighted count of correct argmaxes."""
@@ -224,7 +265,7 @@ class TiedLMLoss(keras.losses.Loss):
             raise ValueError("TiedLMLoss needs the tied embedding layer (a loss restored from a config has none).")
         weights = ops.ones(ops.shape(y_true), "float32") if sample_weight is None else sample_weight
         return chunked_lm_loss(y_pred, self.embedding.embeddings, y_true, weights, self.chunk_size,
-                               training=self.training)
+                               training=_GRADIENTS_WANTED.get())
 
     def reduce(self, loss_sum, y_true, sample_weight=None):
         """The loss of a weighted sum, reduced as `reduction` says and shared over replicas."""
@@ -244,3 +285,21 @@ class TiedLMLoss(keras.losses.Loss):
 
     def get_config(self):
         return {"chunk_size": self.chunk_size, "reduction": self.reduction, "name": self.name}
+
+
+class LMLossMixin:
+    """The LM-loss wiring `GPTCausalLM` and `GPTTaskModel` share (mixed in ahead of their keras-hub base).
+
+    `tied_lm_loss` builds the loss from `lm_loss_chunk_size` with one meaning
+    in both (`resolve_chunk_size`); `compute_loss` runs the losses inside
+    `gradients_wanted(training)`, so an evaluation step never computes the
+    LM loss's gradients.
+    """
+
+    def tied_lm_loss(self, lm_loss_chunk_size, reduction="mean_with_sample_weight"):
+        """A `TiedLMLoss` through this model's token embedding, `lm_loss_chunk_size` tokens at a time."""
+        return TiedLMLoss(self.backbone.token_embedding, resolve_chunk_size(lm_loss_chunk_size), reduction=reduction)
+
+    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
+        with gradients_wanted(training):
+            return super().compute_loss(x, y, y_pred, sample_weight, training=training)

@@ -104,6 +104,8 @@ class LSTMBackbone(AddedTokensMixin, PresetMixin, Backbone):
         )
         return config
 
+    supports_cache = False  # GPTCausalLM.generate reruns the whole sequence at each step
+
     def save_original(self, *args, **kwargs):
         """Refused: the original release and Hugging Face formats hold a transformer, not an LSTM."""
         raise TypeError("LSTMBackbone has no original or Hugging Face GPT-1 format: only a GPTBackbone can be written.")

@@ -17,7 +17,7 @@ from keras_hub.models import Task as KerasHubTask
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models.backbone import GPTBackbone
-from kgpt.models.lm_loss import DEFAULT_CHUNK_SIZE, TiedLMLoss
+from kgpt.models.lm_loss import LMLossMixin, TiedLMLoss
 from kgpt.train.optimizers import gpt_adamw
 from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, load_task_preset, read_json
 from kgpt.data.task_preprocessor import GPTTaskPreprocessor
@@ -76,7 +76,7 @@ class UnfoldViews(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTTaskModel(PresetMixin, KerasHubTask):
+class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
     """A `GPTBackbone` fine-tuned on a task, with the auxiliary LM loss.
 
     Inputs `{"token_ids", "padding_mask"}` of shape `[batch, num_views,
@@ -270,7 +270,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
                    task_name=task.name, preprocessor=preprocessor, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
-                lm_loss_chunk_size=DEFAULT_CHUNK_SIZE, **kwargs):
+                lm_loss_chunk_size="auto", **kwargs):
         """Configures fine-tuning with the paper's defaults.
 
         Args:
@@ -283,7 +283,8 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
                 classification and multiple choice).
             total_steps: the fine-tuning run's number of updates.
             lm_loss_chunk_size: tokens whose logits the `"auto"` LM loss
-                computes at once; `None` for all of them at once.
+                computes at once (`kgpt.models.lm_loss`; `"auto"`: 1024,
+                `None`: all of them at once), as for `GPTCausalLM`.
         """
         if optimizer == "auto":
             warmup = int(0.002 * total_steps) if total_steps else 0
@@ -293,7 +294,7 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             loss = {"task": self.head.loss()}
             loss_weights = {"task": 1.0}
             if "lm" in self.output:
-                loss["lm"] = TiedLMLoss(self.backbone.token_embedding, lm_loss_chunk_size)
+                loss["lm"] = self.tied_lm_loss(lm_loss_chunk_size)
                 loss_weights["lm"] = self.lm_coef
         elif isinstance(loss, dict) and "lm" in loss and not isinstance(loss["lm"], TiedLMLoss):
             raise ValueError(
@@ -305,21 +306,22 @@ class GPTTaskModel(PresetMixin, KerasHubTask):
             optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics, **kwargs
         )
 
-    def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        lm_loss = self.loss.get("lm") if isinstance(self.loss, dict) else None
-        if isinstance(lm_loss, TiedLMLoss):
-            lm_loss.training = training  # evaluation graphs skip the gradient computation
-        return super().compute_loss(x, y, y_pred, sample_weight, training=training)
-
     def task_loss(self):
         """The head's loss (cross-entropy on logits, mean squared error, ...)."""
         return self.head.loss()
+
+    def get_compile_config(self):
+        config = super().get_compile_config()
+        lm_loss = self.loss.get("lm") if config and isinstance(self.loss, dict) else None
+        if isinstance(lm_loss, TiedLMLoss):
+            config["lm_loss_chunk_size"] = lm_loss.chunk_size
+        return config
 
     def compile_from_config(self, config):
         # Keras skips this for models with a custom compile(); restore the
         # optimizer (and its state, loaded after this) with our default losses.
         optimizer = keras.saving.deserialize_keras_object(config["optimizer"])
-        self.compile(optimizer=optimizer)
+        self.compile(optimizer=optimizer, lm_loss_chunk_size=config.get("lm_loss_chunk_size", "auto"))
         if self.built:
             self.optimizer.build(self.trainable_variables)
 

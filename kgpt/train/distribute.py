@@ -17,8 +17,11 @@ models larger than one device.
 """
 
 import contextlib
+import logging
 
 import keras
+
+logger = logging.getLogger(__name__)
 
 
 def local_devices():
@@ -34,16 +37,14 @@ def local_devices():
     return gpus or tf.config.list_logical_devices("CPU")
 
 
-def replica_count():
-    return len(local_devices())
-
-
 @contextlib.contextmanager
-def data_parallel(batch_size=None, log=print):
+def data_parallel(batch_size=None, log=None):
     """Trains models created inside on every local device; yields the replica count.
 
     Args:
         batch_size: the global batch, checked to split evenly over the replicas.
+        log: deprecated, for callers not yet on the "kgpt" logger: a function
+            that takes the progress message instead of `logger.info`.
 
     Example:
     ```python
@@ -59,6 +60,7 @@ def data_parallel(batch_size=None, log=print):
             f"Data-parallel training splits each batch over {len(devices)} devices: batch_size {batch_size} "
             f"must be a multiple of {len(devices)}."
         )
+    log = log or logger.info
     backend = keras.config.backend()
     if backend == "jax":
         previous = keras.distribution.distribution()
@@ -136,8 +138,12 @@ def dtype_policy(name):
 
 
 @contextlib.contextmanager
-def training_scope(distribution="none", dtype=None, batch_size=None, log=print):
-    """The dtype policy and device placement a kgpt job builds and trains its model under."""
+def training_scope(distribution="none", dtype=None, batch_size=None, log=None):
+    """The dtype policy and device placement a kgpt job builds and trains its model under.
+
+    `log` is deprecated, as in `data_parallel`.
+    """
+    log = log or logger.info
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}.")
     with dtype_policy(dtype):

@@ -101,6 +101,22 @@ def test_empty_files_are_counted(tmp_path, capsys):
     assert any("Skipped 1 empty file(s)" in line and "empty.txt" in line for line in lines)
 
 
+def test_a_non_finite_loss_stops_pretraining_and_keeps_the_last_good_checkpoint(tmp_path):
+    # The first step's loss is always finite (the initial weights): its checkpoint is written; this
+    # learning rate then breaks the weights within a few steps.
+    config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, learning_rate=1e30,
+                         checkpoint_every=1)
+    with pytest.raises(kgpt.train.callbacks.NonFiniteLossError,
+                       match=r"The training loss is (nan|inf) at step (\d+).*the last checkpoint \(.*\) is kept") as e:
+        pretrain(config)
+    failed = int(re.search(r"at step (\d+)", str(e.value)).group(1))
+    out = tmp_path / "out"
+    assert not (out / "config.json").exists() and not (out / "metrics.json").exists()
+    latest = json.loads((out / "checkpoint" / "latest.json").read_text())["checkpoint"]
+    state = json.loads((out / "checkpoint" / latest / "state.json").read_text())
+    assert 1 <= state["step"] < failed
+
+
 def test_corpus_smaller_than_a_window(tmp_path):
     config = tiny_config(tmp_path, sequence_length=16)
     with open(os.path.join(config.corpus, "a.txt"), "w") as f:

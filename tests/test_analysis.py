@@ -1,6 +1,7 @@
 """kgpt-analyze end to end on tiny models: transfer depth, zero-shot curves and tables, ablations."""
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -91,11 +92,13 @@ def run_analyze(*args, cwd):
 
 
 def test_cli_zero_shot_and_usage(tiny_preset, tmp_path):
-    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={tmp_path}",
+    out = tmp_path / "analysis"  # tmp_path holds the preset: files no kgpt-analyze run wrote
+    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={out}",
                          cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sst2: accuracy" in result.stdout and "cola: matthews" in result.stdout
-    assert read_csv(tmp_path / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
+    assert read_csv(out / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
+    assert json.loads((out / "run.json").read_text())["job"] == "analyze"
 
 
 
@@ -112,3 +115,25 @@ def test_cli_usage_errors():
             analyze.main(["kgpt-analyze", "zero-shot"])
     finally:
         flags.FLAGS.unparse_flags()
+
+
+def test_cli_claims_its_output_directory(tmp_path):
+    from absl import flags
+
+    from kgpt.cli import analyze
+    from kgpt.jobs.rundir import OutputDirError, RunDirectory
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not kgpt's")
+    with RunDirectory(str(tmp_path / "lm"), "pretrain", {"seed": 0}):
+        pass
+    for directory, message in (("mine", "already holds files that no kgpt analyze run wrote"),
+                               ("lm", "holds the outputs of a pretrain run, not analyze")):
+        flags.FLAGS(["kgpt-analyze", f"--init={tmp_path}", f"--output_dir={tmp_path / directory}"])
+        try:
+            with pytest.raises(OutputDirError, match=message):
+                analyze.main(["kgpt-analyze", "zero-shot"])
+        finally:
+            flags.FLAGS.unparse_flags()
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "not kgpt's"
+

@@ -32,6 +32,7 @@ from kgpt.data.tokenizer import GPTTokenizer
 from kgpt.errors import ConfigError, DataError
 from kgpt.io.presets import read_json
 from kgpt.io.pretrained import load_pretrained, with_special_tokens
+from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, FinetuneConfig, demo_pretrain_config  # noqa: F401 - re-exported
 from kgpt.jobs.rundir import same_path, write_text
@@ -130,8 +131,6 @@ def initial_model(config):
 
 def _demo_model(config):
     """`init="demo"`: the demo model pre-trained on the embedded text (kept in output_dir/pretrained, and reused)."""
-    from kgpt.jobs import pretrain as pretrain_lib  # pre-training only for the demo
-
     out = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
     origin = "the demo model pre-trained on the embedded text"
     if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete

@@ -16,7 +16,6 @@ import os
 import time
 from importlib import resources
 
-import keras
 import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib

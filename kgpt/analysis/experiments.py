@@ -213,7 +213,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
         for metric in task.metric_names:
             rows.append((name, metric, round(100 * result[metric], 2), task.zero_shot.description))
         logger.info(f"{name}: " + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
-            + f" ({result['examples']['used']} examples)")
+                    + f" ({result['examples']['used']} examples)")
     if output_dir:
         write_table(os.path.join(output_dir, "zero_shot"), ["task", "metric", "value (x100)", "heuristic"], rows)
         with open(os.path.join(output_dir, "zero_shot.json"), "w") as f:
@@ -270,6 +270,6 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
             average = TABLE5[row][0] if set(tasks) == set(TABLE5_COLUMNS) else None
             table.append([f"  paper: {ROW_TITLES[row]}", average] + paper)
     markdown = write_table(os.path.join(output_dir, "ablations"), header, table)
-    logger.info(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev sets; "
-        "'-' where the paper has no number).")
+    logger.info(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev "
+                "sets; '-' where the paper has no number).")
     return scores

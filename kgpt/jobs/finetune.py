@@ -152,7 +152,8 @@ def starting_point(config, task):
     if config.init not in SPECIAL_INITS and is_task_preset(config.init):
         model = _finetuned_init(config, task)
         action = "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
-        logger.info(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, {action}.")
+        logger.info(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, "
+                    f"{action}.")
         return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model)
     if config.epochs == 0:
         raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
@@ -385,7 +386,8 @@ def _batch_size(config, start):
     if start.finetuned is not None:
         saved = _recorded_batch_size(config.init)
         if saved:
-            logger.info(f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced exactly).")
+            logger.info(f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced "
+                        f"exactly).")
             return saved
     return DEFAULT_BATCH_SIZE
 
@@ -450,13 +452,13 @@ def _train(config, task, model, splits, batch_size, origin):
     plan = batching.length_plan(train.lengths, batch_size, config.seed, train.limit,
                                 model.max_padded_lengths(train, batch_size))
     real_share = train.real_share(batching.batch_indices(train.lengths, batch_size, config.seed), plan)
-    logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics {', '.join(task.metric_names)}); "
-        f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
-        f"steps, batch {batch_size}, {train.num_views} view(s) of up to {int(train.lengths.max())} tokens, "
-        f"lm_coef {config.lm_coef}.")
+    logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
+                f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
+                f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train.num_views} view(s) "
+                f"of up to {int(train.lengths.max())} tokens, lm_coef {config.lm_coef}.")
     logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
-        f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding every "
-        f"example to the longest would give {train.padded_share():.1%}.")
+                f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding "
+                f"every example to the longest would give {train.padded_share():.1%}.")
     history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size).fit()
     return {"kept_epoch": kept, "history": history,
             "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
@@ -586,5 +588,5 @@ class Progress(callbacks_lib.Progress):
                 model.load_weights(os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
         metric = self.training.metric
         logger.info(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
-                          f"({self.best['score']:.4f}).")
+                    f"({self.best['score']:.4f}).")
         return self.best["epoch"]

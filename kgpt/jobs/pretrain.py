@@ -61,7 +61,7 @@ def corpus_files(pattern):
             files.append(path)
     if folders:
         logger.info(f"Skipped {len(folders)} folder(s) matching {pattern!r}: {', '.join(folders[:3])}"
-            + (" ..." if len(folders) > 3 else ""))
+                    + (" ..." if len(folders) > 3 else ""))
     if not files:
         raise FileNotFoundError(f"No corpus files match {pattern!r}.")
     return files
@@ -81,7 +81,8 @@ def load_tokenizer(config, files):
     tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges)
     if config.output_dir:
         tokenizer.save_to_preset(config.output_dir)
-    logger.info(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special tokens.")
+    logger.info(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special "
+                f"tokens.")
     return tokenizer
 
 

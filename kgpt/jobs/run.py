@@ -102,9 +102,12 @@ def fit(model, calls, callbacks, validation=None):
 
 
 def save_outputs(model, config, metrics, files):
-    """Saves `model` as a preset and `metrics.json` (last: the preset is then complete) in `config.output_dir`."""
+    """Saves `model` as a preset and `metrics.json` (last: the preset is then complete) in `config.output_dir`.
+
+    `files` describes what the output directory then holds, for the closing message.
+    """
     if not config.output_dir:
         return
     save_preset(model, config.output_dir)
     write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
-    logger.info(f"Saved the preset ({files}) and metrics.json in {config.output_dir}")
+    logger.info(f"Saved {files} and metrics.json in {config.output_dir}")

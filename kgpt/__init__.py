@@ -1,72 +1,84 @@
 """kgpt: GPT-1 generative pre-training and discriminative fine-tuning on Keras 3.
 
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
+
+The names below are imported on first use (PEP 562), so that `import kgpt`
+and the commands' `--help` start without Keras, TensorFlow or JAX. The first
+of them used imports them all, which registers every kgpt Keras class
+(`keras.saving.load_model` and keras-hub presets then find them); so does
+`import kgpt` in a program that has imported Keras already.
 """
 
-from kgpt import log  # the "kgpt" logger prints progress unless the application configures it
-from kgpt._quiet import quiet_stderr
+import importlib
+import sys
 
-with quiet_stderr():  # TensorFlow's C++ start-up lines; see kgpt._quiet
-    from kgpt.data import batching, readers
-    from kgpt.train import callbacks, checkpoint
-    from kgpt.io import export, original, pretrained
-    from kgpt.tasks import heads, metrics, transforms
-    from kgpt.models import lm_loss
-    from kgpt.jobs import predict
-    from kgpt.analysis import zero_shot
-    from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS, GPTBackbone, gelu_tanh
-    from kgpt.models.causal_lm import GPTCausalLM
-    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
-    from kgpt.jobs.finetune import load_finetuned
-    from kgpt.tasks.hookspecs import hookimpl
-    from kgpt.models.lstm import LSTMBackbone
-    from kgpt.train.optimizers import GPTAdamW, WarmupSchedule, gpt_adamw
-    from kgpt.errors import ConfigError
-    from kgpt.io.presets import CheckpointError
-    from kgpt.tasks.registry import RegistryError, TaskRegistry
-    from kgpt.tasks.task import DataError, Example, Skipped, Task
-    from kgpt.models.task_model import GPTTaskModel
-    from kgpt.data.task_preprocessor import GPTTaskPreprocessor
-    from kgpt.data.tokenizer import GPTTokenizer
+from kgpt import log  # the "kgpt" logger prints progress unless the application configures it
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "GPT1_CONFIG",
-    "NUM_SPECIAL_TOKENS",
-    "CheckpointError",
-    "ConfigError",
-    "DataError",
-    "Example",
-    "GPTAdamW",
-    "GPTBackbone",
-    "GPTCausalLM",
-    "GPTCausalLMPreprocessor",
-    "GPTTaskModel",
-    "GPTTaskPreprocessor",
-    "GPTTokenizer",
-    "LSTMBackbone",
-    "RegistryError",
-    "Skipped",
-    "Task",
-    "TaskRegistry",
-    "WarmupSchedule",
-    "gelu_tanh",
-    "gpt_adamw",
-    "batching",
-    "callbacks",
-    "checkpoint",
-    "export",
-    "heads",
-    "hookimpl",
-    "log",
-    "lm_loss",
-    "load_finetuned",
-    "metrics",
-    "original",
-    "predict",
-    "pretrained",
-    "readers",
-    "transforms",
-    "zero_shot",
-]
+# Public name -> the module that defines it (a module itself when the name is a module).
+_NAMES = {
+    "GPT1_CONFIG": "kgpt.models.backbone",
+    "NUM_SPECIAL_TOKENS": "kgpt.models.backbone",
+    "GPTBackbone": "kgpt.models.backbone",
+    "gelu_tanh": "kgpt.models.backbone",
+    "GPTCausalLM": "kgpt.models.causal_lm",
+    "GPTTaskModel": "kgpt.models.task_model",
+    "LSTMBackbone": "kgpt.models.lstm",
+    "GPTCausalLMPreprocessor": "kgpt.data.causal_lm_preprocessor",
+    "GPTTaskPreprocessor": "kgpt.data.task_preprocessor",
+    "GPTTokenizer": "kgpt.data.tokenizer",
+    "GPTAdamW": "kgpt.train.optimizers",
+    "WarmupSchedule": "kgpt.train.optimizers",
+    "gpt_adamw": "kgpt.train.optimizers",
+    "ConfigError": "kgpt.errors",
+    "CheckpointError": "kgpt.io.presets",
+    "RegistryError": "kgpt.tasks.registry",
+    "TaskRegistry": "kgpt.tasks.registry",
+    "DataError": "kgpt.tasks.task",
+    "Example": "kgpt.tasks.task",
+    "Skipped": "kgpt.tasks.task",
+    "Task": "kgpt.tasks.task",
+    "hookimpl": "kgpt.tasks.hookspecs",
+    "load_finetuned": "kgpt.jobs.finetune",
+    "batching": "kgpt.data.batching",
+    "readers": "kgpt.data.readers",
+    "callbacks": "kgpt.train.callbacks",
+    "checkpoint": "kgpt.train.checkpoint",
+    "export": "kgpt.io.export",
+    "original": "kgpt.io.original",
+    "pretrained": "kgpt.io.pretrained",
+    "heads": "kgpt.tasks.heads",
+    "metrics": "kgpt.tasks.metrics",
+    "transforms": "kgpt.tasks.transforms",
+    "lm_loss": "kgpt.models.lm_loss",
+    "predict": "kgpt.jobs.predict",
+    "zero_shot": "kgpt.analysis.zero_shot",
+}
+
+__all__ = sorted([*_NAMES, "log"], key=lambda n: (n[0].islower(), n))
+
+
+def _load_all():
+    """Imports every public name into the package, under quiet TensorFlow start-up."""
+    from kgpt._quiet import quiet_stderr
+
+    with quiet_stderr():  # TensorFlow's C++ start-up lines; see kgpt._quiet
+        for name, module in _NAMES.items():
+            value = importlib.import_module(module)
+            globals()[name] = value if module.rsplit(".", 1)[1] == name else getattr(value, name)
+
+
+def __getattr__(name):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'kgpt' has no attribute {name!r}")
+    _load_all()
+    return globals()[name]
+
+
+def __dir__():
+    return sorted({*globals(), *_NAMES})
+
+
+if "keras" in sys.modules:  # Keras' start-up is paid already: register kgpt's classes for its loaders now
+    _load_all()

@@ -1,6 +1,7 @@
 """kgpt-analyze end to end on tiny models: transfer depth, zero-shot curves and tables, ablations."""
 
 import csv
+import json
 import subprocess
 import sys
 
@@ -24,9 +25,9 @@ def read_csv(path):
     return list(csv.reader(open(path)))
 
 
-def test_transfer_depth_table_and_plot(tiny_preset, tmp_path):
-    lines = []
-    rows = analysis.transfer_depth(fine(tiny_preset), layers=[0, 2], output_dir=str(tmp_path), log=lines.append)
+def test_transfer_depth_table_and_plot(tiny_preset, tmp_path, capsys):
+    rows = analysis.transfer_depth(fine(tiny_preset), layers=[0, 2], output_dir=str(tmp_path))
+    lines = capsys.readouterr().out.splitlines()
     assert [r[0] for r in rows] == [0, 2] and all(0 <= r[2] <= 100 for r in rows)
     table = read_csv(tmp_path / "transfer_depth.csv")
     assert table[0] == ["layers transferred", "metric", "scitail dev"] and len(table) == 3
@@ -49,7 +50,7 @@ def tiny_lstm_preset(tmp_path):
 
 def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tmp_path):
     scores = analysis.ablations(fine(tiny_preset), {"sst2": None}, lstm_init=tiny_lstm_preset,
-                                output_dir=str(tmp_path), log=lambda *_: None)
+                                output_dir=str(tmp_path))
     assert set(scores) == {"full", "no_pretraining", "no_aux_lm", "lstm"}
     table = read_csv(tmp_path / "ablations.csv")
     assert table[0] == ["method", "avg", "sst2 (accuracy)"]
@@ -78,7 +79,7 @@ def test_zero_shot_curve_for_both_architectures(tmp_path):
                           lstm_units=24, sequence_length=16, batch_size=4, max_steps=4, evaluations=1,
                           warmup_steps=1, sample_tokens=2, zero_shot={"sst2": None}, zero_shot_every=2,
                           zero_shot_examples=10, tokenizer="train", num_merges=20)
-    rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"), log=lambda *_: None)
+    rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"))
     assert [(r[0], r[1], r[2]) for r in rows] == [("transformer", 2, "sst2"), ("transformer", 4, "sst2"),
                                                   ("lstm", 2, "sst2"), ("lstm", 4, "sst2")]
     assert (tmp_path / "out" / "zero_shot_curve.png").read_bytes().startswith(PNG)
@@ -91,11 +92,13 @@ def run_analyze(*args, cwd):
 
 
 def test_cli_zero_shot_and_usage(tiny_preset, tmp_path):
-    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={tmp_path}",
+    out = tmp_path / "analysis"  # tmp_path holds the preset: files no kgpt-analyze run wrote
+    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={out}",
                          cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sst2: accuracy" in result.stdout and "cola: matthews" in result.stdout
-    assert read_csv(tmp_path / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
+    assert read_csv(out / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
+    assert json.loads((out / "run.json").read_text())["job"] == "analyze"
 
 
 
@@ -112,3 +115,25 @@ def test_cli_usage_errors():
             analyze.main(["kgpt-analyze", "zero-shot"])
     finally:
         flags.FLAGS.unparse_flags()
+
+
+def test_cli_claims_its_output_directory(tmp_path):
+    from absl import flags
+
+    from kgpt.cli import analyze
+    from kgpt.jobs.rundir import OutputDirError, RunDirectory
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not kgpt's")
+    with RunDirectory(str(tmp_path / "lm"), "pretrain", {"seed": 0}):
+        pass
+    for directory, message in (("mine", "already holds files that no kgpt analyze run wrote"),
+                               ("lm", "holds the outputs of a pretrain run, not analyze")):
+        flags.FLAGS(["kgpt-analyze", f"--init={tmp_path}", f"--output_dir={tmp_path / directory}"])
+        try:
+            with pytest.raises(OutputDirError, match=message):
+                analyze.main(["kgpt-analyze", "zero-shot"])
+        finally:
+            flags.FLAGS.unparse_flags()
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "not kgpt's"
+

@@ -34,7 +34,7 @@ def write_tsv(folder, split, rows):
 
 
 def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, tmp_path):
-    model, results = finetune_lib.finetune(config(tiny_preset, tmp_path), log=lambda *_: None)
+    model, results = finetune_lib.finetune(config(tiny_preset, tmp_path))
     out = tmp_path / "out"
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics == json.loads(json.dumps(results))
@@ -125,12 +125,11 @@ def test_missing_files_list_the_paths_tried(tmp_path):
         list(scitail.read("train", str(tmp_path)))
 
 
-def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path):
+def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path, capsys):
     data = scitail_demo.write(str(tmp_path / "data"))
     os.remove(os.path.join(data, "tsv_format", "scitail_1.0_test.tsv"))
-    messages = []
-    _, results = finetune_lib.finetune(config(tiny_preset, tmp_path, data_dir=data, output_dir=None),
-                                       log=messages.append)
+    _, results = finetune_lib.finetune(config(tiny_preset, tmp_path, data_dir=data, output_dir=None))
+    messages = capsys.readouterr().out.splitlines()
     assert set(results["splits"]) == {"train", "dev"}
     assert any(m.startswith("Split 'test' not evaluated: No SciTail test file found") for m in messages)
 
@@ -157,19 +156,18 @@ def test_special_tokens_are_added_when_missing(backbone):
 
 def test_init_must_be_a_preset_or_a_checkpoint(tmp_path):
     with pytest.raises(FileNotFoundError, match="is neither a kgpt preset .* nor an original GPT-1 checkpoint"):
-        finetune_lib.finetune(config(str(tmp_path), tmp_path), log=lambda *_: None)
+        finetune_lib.finetune(config(str(tmp_path), tmp_path))
 
 
-def test_fine_tunes_from_the_original_release_format(tmp_path):
+def test_fine_tunes_from_the_original_release_format(tmp_path, capsys):
     # The release's layout: BPE files beside the weight shards, no special-token rows.
     tokenizer = char_tokenizer()
     release = tmp_path / "model"
     tokenizer.save(str(release))
     base = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size() - 3, "max_sequence_length": 128})
     base.save_original(str(release))
-    lines = []
-    model, results = finetune_lib.finetune(config(str(release), tmp_path, num_heads=TINY["num_heads"]),
-                                           log=lines.append)
+    model, results = finetune_lib.finetune(config(str(release), tmp_path, num_heads=TINY["num_heads"]))
+    lines = capsys.readouterr().out.splitlines()
     assert any(f"model from original checkpoint {release}" in line for line in lines)
     assert model.backbone.vocabulary_size == tokenizer.vocabulary_size()  # start/delimiter/extract added
     assert 0.0 <= results["splits"]["dev"]["accuracy"] <= 1.0

@@ -137,7 +137,7 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
     data = write_dataset(name, tmp_path / "data")
     config = finetune_lib.FinetuneConfig(task=name, data_dir=data, init=tiny_preset, output_dir=str(tmp_path / "out"),
                                          epochs=1, batch_size=4, learning_rate=1e-3, max_length=96, predict_test=True)
-    _, results = finetune_lib.finetune(config, registry=REGISTRY, log=lambda *_: None)
+    _, results = finetune_lib.finetune(config, registry=REGISTRY)
     metric_names = list(task.metrics)
     scored = [s for s in task.splits[1:] if not s.startswith("test") or name in ("snli", "story-cloze")
               or name.startswith("race")]

@@ -21,7 +21,7 @@ def write_corpus(folder, files=3, repeats=40):
     return folder
 
 
-def test_broken_and_looping_links_are_named(tmp_path):
+def test_broken_and_looping_links_are_named(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus", files=1)
     os.symlink(tmp_path / "gone.txt", corpus / "dangling.txt")
     with pytest.raises(FileNotFoundError, match=r"dangling.txt \(a link to '.*gone.txt'\): No such file"):
@@ -32,19 +32,20 @@ def test_broken_and_looping_links_are_named(tmp_path):
         corpus_files(str(corpus))
     os.remove(corpus / "loop.txt")
     (corpus / "notes.txt").mkdir()  # a folder the pattern matches: skipped, and said so
-    lines = []
-    assert corpus_files(str(corpus), log=lines.append) == [str(corpus / "book0.txt")]
+    assert corpus_files(str(corpus)) == [str(corpus / "book0.txt")]
+    lines = capsys.readouterr().out.splitlines()
     assert lines == [f"Skipped 1 folder(s) matching {str(corpus / '*.txt')!r}: {corpus / 'notes.txt'}"]
 
 
-def test_prepare_builds_the_shards_and_stops(tmp_path):
+def test_prepare_builds_the_shards_and_stops(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "corpus")
-    lines = []
-    index = prepare(PretrainConfig(corpus=str(corpus), shards_dir=str(tmp_path / "shards")), log=lines.append)
+    index = prepare(PretrainConfig(corpus=str(corpus), shards_dir=str(tmp_path / "shards")))
+    lines = capsys.readouterr().out.splitlines()
     assert index.total_tokens > 1000 and (tmp_path / "shards" / "index.json").exists()
     assert any("tokens/s with" in line for line in lines) and lines[-1].startswith(f"Prepared {index.total_tokens:,}")
     assert not (tmp_path / "out").exists()
-    prepare(PretrainConfig(corpus=str(corpus), shards_dir=str(tmp_path / "shards")), log=lines.append)
+    prepare(PretrainConfig(corpus=str(corpus), shards_dir=str(tmp_path / "shards")))
+    lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("Reusing") for line in lines)
 
 
@@ -61,7 +62,7 @@ def test_cli_prepare_only_equals_a_one_process_build(tmp_path):
     # No model: nothing was trained (the run's claim on the directory is all beside the shards).
     assert sorted(os.listdir(tmp_path / "out")) == [".lock", "run.json", "shards"]
     files = sorted(str(p) for p in corpus.iterdir())
-    single = build_shards(files, kgpt.GPTTokenizer.gpt1(), str(tmp_path / "single"), workers=1, log=lambda *_: None)
+    single = build_shards(files, kgpt.GPTTokenizer.gpt1(), str(tmp_path / "single"), workers=1)
     built = sorted(os.listdir(tmp_path / "out" / "shards"))
     assert built == sorted(os.listdir(tmp_path / "single"))
     for name in built:

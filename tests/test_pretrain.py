@@ -29,10 +29,10 @@ def tiny_config(tmp_path, **overrides):
     return PretrainConfig(**values)
 
 
-def test_pretrain_learns_and_saves(tmp_path):
+def test_pretrain_learns_and_saves(tmp_path, capsys):
     config = tiny_config(tmp_path)
-    lines = []
-    lm, tokenizer, metrics = pretrain(config, log=lines.append)
+    lm, tokenizer, metrics = pretrain(config)
+    lines = capsys.readouterr().out.splitlines()
     assert metrics["train_loss"][-1] < metrics["train_loss"][0] - 1.0
     assert int(keras.ops.convert_to_numpy(lm.optimizer.iterations)) == config.max_steps
     assert metrics["validation_perplexity"][-1] < metrics["validation_perplexity"][0]
@@ -54,17 +54,17 @@ def test_pretrain_learns_and_saves(tmp_path):
     # ... and fine-tuning starts from it (--init).
     from kgpt.jobs.finetune import FinetuneConfig, finetune
 
-    _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16),
-                              log=lines.append)
+    _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16))
+    lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith("Task scitail (entailment") and f"model from preset {out}" in line
                for line in lines)
     assert "accuracy" in results["splits"]["test"]
 
 
-def test_every_requested_step_is_trained(tmp_path):
+def test_every_requested_step_is_trained(tmp_path, capsys):
     config = tiny_config(tmp_path, max_steps=10, evaluations=3, warmup_steps=1, output_dir=None)
-    lines = []
-    lm, _, metrics = pretrain(config, log=lines.append)
+    lm, _, metrics = pretrain(config)
+    lines = capsys.readouterr().out.splitlines()
     assert int(keras.ops.convert_to_numpy(lm.optimizer.iterations)) == 10
     assert len(metrics["train_loss"]) == 2
     assert any("Evaluating 2 times (every 5 steps)" in line for line in lines)
@@ -92,13 +92,29 @@ def test_non_utf8_names_file_and_byte(tmp_path):
         pretrain(config)
 
 
-def test_empty_files_are_counted(tmp_path):
+def test_empty_files_are_counted(tmp_path, capsys):
     # The schedule of test_every_requested_step_is_trained: the same compiled train step (JAX reuses it).
     config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1)
     open(os.path.join(config.corpus, "empty.txt"), "w").close()
-    lines = []
-    pretrain(config, log=lines.append)
+    pretrain(config)
+    lines = capsys.readouterr().out.splitlines()
     assert any("Skipped 1 empty file(s)" in line and "empty.txt" in line for line in lines)
+
+
+def test_a_non_finite_loss_stops_pretraining_and_keeps_the_last_good_checkpoint(tmp_path):
+    # The first step's loss is always finite (the initial weights): its checkpoint is written; this
+    # learning rate then breaks the weights within a few steps.
+    config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, learning_rate=1e30,
+                         checkpoint_every=1)
+    with pytest.raises(kgpt.train.callbacks.NonFiniteLossError,
+                       match=r"The training loss is (nan|inf) at step (\d+).*the last checkpoint \(.*\) is kept") as e:
+        pretrain(config)
+    failed = int(re.search(r"at step (\d+)", str(e.value)).group(1))
+    out = tmp_path / "out"
+    assert not (out / "config.json").exists() and not (out / "metrics.json").exists()
+    latest = json.loads((out / "checkpoint" / "latest.json").read_text())["checkpoint"]
+    state = json.loads((out / "checkpoint" / latest / "state.json").read_text())
+    assert 1 <= state["step"] < failed
 
 
 def test_corpus_smaller_than_a_window(tmp_path):
@@ -181,16 +197,15 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
 
 def test_checkpoint_of_other_settings_is_refused(tmp_path):
     config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, checkpoint_every=5)
-    pretrain(config, log=lambda *_: None)
+    pretrain(config)
     with pytest.raises(ValueError, match=r"holds a pretrain run with other settings \(batch_size: 8 there, "
                                          r"4 now\)"):
-        pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4),
-                 log=lambda *_: None)
+        pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4))
 
 
 def test_pretrain_with_a_tokenizer_learned_from_the_corpus(tmp_path):
     config = tiny_config(tmp_path, tokenizer="train", num_merges=20, max_steps=6, evaluations=1, warmup_steps=1)
-    lm, tokenizer, _ = pretrain(config, log=lambda *_: None)
+    lm, tokenizer, _ = pretrain(config)
     assert len(tokenizer.merges) == 20
     assert lm.backbone.vocabulary_size == tokenizer.vocabulary_size() < 200  # not GPT-1's 40,481
     saved = kgpt.GPTTokenizer.from_preset(str(tmp_path / "out"))

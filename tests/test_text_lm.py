@@ -69,7 +69,7 @@ def tiny_pretrained_preset(tmp_path, **overrides):
         validation_fraction=0.0,
         **overrides,
     )
-    lm, tokenizer, _ = pretrain(config, log=lambda *_: None)
+    lm, tokenizer, _ = pretrain(config)
     return str(tmp_path / "out"), lm, tokenizer
 
 

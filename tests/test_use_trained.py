@@ -49,25 +49,20 @@ def config(preset, data, out, **overrides):
     return finetune_lib.FinetuneConfig(**{**fields, **overrides})
 
 
-def quiet(*_):
-    pass
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """One fine-tuning run shared by the tests below: `(preset, data, out, results)`."""
     root = tmp_path_factory.mktemp("trained")
     preset, data = make_preset(root / "preset"), write_data(root / "data")
     out = str(root / "out")
-    _, results = finetune_lib.finetune(config(preset, data, out, keep="best", epochs=3), log=quiet)
+    _, results = finetune_lib.finetune(config(preset, data, out, keep="best", epochs=3))
     return preset, data, out, results
 
 
-def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions(trained, tmp_path):
+def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions(trained, tmp_path, capsys):
     preset, data, out, results = trained
-    lines = []
-    _, again = finetune_lib.finetune(config(out, data, str(tmp_path / "eval"), epochs=0, batch_size=None),
-                                     log=lines.append)
+    _, again = finetune_lib.finetune(config(out, data, str(tmp_path / "eval"), epochs=0, batch_size=None))
+    lines = capsys.readouterr().out.splitlines()
     assert any("keeping its classification head, evaluating it without training" in line for line in lines)
     assert again["splits"]["dev"]["accuracy"] == results["splits"]["dev"]["accuracy"]
     assert "history" not in again and again["init_dir"] == os.path.abspath(out)
@@ -79,12 +74,12 @@ def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions
 def test_init_must_be_fine_tuned_for_epochs_0_and_for_the_same_task(trained, tmp_path):
     preset, data, out, _ = trained
     with pytest.raises(ValueError, match="epochs=0 evaluates a fine-tuned model, but --init .* is not one"):
-        finetune_lib.finetune(config(preset, data, None, epochs=0), log=quiet)
+        finetune_lib.finetune(config(preset, data, None, epochs=0))
     with pytest.raises(ValueError, match=r"fine-tuned for task 'scitail', not 'snli': pass --task scitail .* "
                                          rf"\(it was fine-tuned from {preset}\)"):
-        finetune_lib.finetune(config(out, data, None, task="snli"), log=quiet)
+        finetune_lib.finetune(config(out, data, None, task="snli"))
     with pytest.raises(ValueError, match="is the --init model"):
-        finetune_lib.finetune(config(out, data, out, epochs=0), log=quiet)
+        finetune_lib.finetune(config(out, data, out, epochs=0))
 
 
 def test_keep_best_records_the_epoch_whose_dev_score_is_kept(trained):
@@ -150,13 +145,13 @@ def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp
     preset, data, out, _ = trained
     # Another task's (or another setting's) outputs are refused, naming what differs.
     with pytest.raises(OutputDirError, match=r"holds a finetune run with other settings \(.*seed: 3 there, 4 now"):
-        finetune_lib.finetune(config(preset, data, out, seed=4, keep="best", epochs=3), log=quiet)
+        finetune_lib.finetune(config(preset, data, out, seed=4, keep="best", epochs=3))
     # Files kgpt did not write are refused too; --overwrite writes beside them.
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
     with pytest.raises(OutputDirError, match=r"already holds files .*notes.txt"):
-        finetune_lib.finetune(config(preset, data, str(mine), epochs=1), log=quiet)
+        finetune_lib.finetune(config(preset, data, str(mine), epochs=1))
     # A directory in use by a live run is refused.
     from kgpt.jobs.rundir import RunDirectory
 
@@ -170,16 +165,16 @@ RUN = """
 import sys
 from kgpt.jobs import finetune
 config = finetune.FinetuneConfig(**__import__("json").loads(sys.argv[1]))
-finetune.finetune(config, log=lambda *a: None)
+finetune.finetune(config)
 """
 
 
-def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(tmp_path):
+def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(tmp_path, capsys):
     preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
     fields = dict(task="scitail", data_dir=data, init=preset, epochs=3, batch_size=8, learning_rate=1e-3,
                   max_length=64, seed=5, checkpoint_every=2, classifier_dropout=0.3)
     reference = tmp_path / "reference"
-    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(reference)), log=quiet)
+    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(reference)))
 
     killed = tmp_path / "killed"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -195,8 +190,8 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     step = json.loads((killed / "checkpoint" / json.loads(pointer.read_text())["checkpoint"] / "state.json").read_text())
     assert 0 < step["step"] < 9
 
-    lines = []
-    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(killed)), log=lines.append)
+    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(killed)))
+    lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"Resuming from the checkpoint at step {step['step']}") for line in lines)
     for split in ("dev", "test"):
         assert (killed / "predictions" / f"{split}.tsv").read_bytes() == \
@@ -210,12 +205,12 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     # Another learning rate with this checkpoint: refused, naming the difference.
     with pytest.raises(OutputDirError, match=r"learning_rate: 0.001 there, 0.002 now"):
         finetune_lib.finetune(finetune_lib.FinetuneConfig(**{**fields, "learning_rate": 2e-3},
-                                                          output_dir=str(killed)), log=quiet)
+                                                          output_dir=str(killed)))
 
 
 def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
     preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data", (("train", 32), ("dev", 4)))
     out = tmp_path / "out"
     with pytest.raises(kgpt.train.callbacks.NonFiniteLossError, match=r"The training loss is (nan|inf) at step \d+"):
-        finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=2), log=quiet)
+        finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=2))
     assert not (out / "config.json").exists() and not (out / "metrics.json").exists()

@@ -8,15 +8,19 @@ PNG (matplotlib, no display needed). `kgpt-analyze` is the command line.
 import csv
 import dataclasses
 import json
+import logging
 import os
 
 import numpy as np
 
+from kgpt.analysis import zero_shot as zero_shot_lib
+from kgpt.io import pretrained as pretrained_lib
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
-from kgpt.io import pretrained as pretrained_lib
-from kgpt.analysis import zero_shot as zero_shot_lib
+from kgpt.jobs.config import DEMO_LSTM, DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.tasks.registry import TaskRegistry
+
+logger = logging.getLogger(__name__)
 
 # Table 5 of the paper (dev sets; mc = Matthews, pc = Pearson, F1, else accuracy).
 TABLE5_COLUMNS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
@@ -32,8 +36,6 @@ ROW_TITLES = {
     "no_aux_lm": "Transformer w/o aux LM",
     "lstm": "LSTM w/ aux LM",
 }
-# The LSTM the demo pre-trains beside the demo transformer (the paper's has 2048 units).
-DEMO_LSTM = dict(architecture="lstm", num_layers=1, lstm_units=512)
 
 
 def paper_value(row, task):
@@ -83,43 +85,49 @@ def headline(task, results, split=None):
     return name, 100.0 * scores[name]
 
 
-def _demo_pretrained(output_dir, architecture, seed, log):
+def _demo_pretrained(output_dir, architecture, seed):
     """Pre-trains the demo model of `architecture` on the embedded text (reused if already there)."""
     out = os.path.join(output_dir, "pretrained", architecture)
     if os.path.exists(os.path.join(out, "task.json")):
-        log(f"Reusing the demo {architecture} pre-trained in {out}.")
+        logger.info(f"Reusing the demo {architecture} pre-trained in {out}.")
         return out
-    settings = dict(pretrain_lib.DEMO_SETTINGS, **(DEMO_LSTM if architecture == "lstm" else {}))
-    log(f"Pre-training the demo {architecture} on the embedded text ({settings}).")
-    pretrain_lib.pretrain(pretrain_lib.PretrainConfig(**settings, output_dir=out, seed=seed), log=log)
+    settings = {**DEMO_PRETRAIN, **(DEMO_LSTM if architecture == "lstm" else {})}
+    logger.info(f"Pre-training the demo {architecture} on the embedded text ({settings}).")
+    pretrain_lib.pretrain(demo_pretrain_config(**settings, output_dir=out, seed=seed))
     return out
 
 
 # --- Figure 2 (left): transfer depth ------------------------------------------
 
-def transfer_depth(base, layers=None, output_dir="analysis", log=print):
+def _init(base, output_dir):
+    """`base.init`, or with `init="demo"` the demo transformer pre-trained in `output_dir/pretrained` (once)."""
+    return _demo_pretrained(output_dir, "transformer", base.seed) if base.init in (None, "demo") else base.init
+
+
+def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
     """Fine-tunes `base.task` with the embeddings + first n blocks transferred, for each n in `layers`.
 
     Args:
-        base: a `FinetuneConfig` (task, data_dir, schedule); `init` None =
-            pre-train the demo model first.
+        base: a `FinetuneConfig` (task, data_dir, schedule); `init="demo"`
+            pre-trains the demo model first.
         layers: numbers of blocks to transfer (default 0..num_layers).
 
     Writes `transfer_depth.{csv,md,png}` to `output_dir`; returns the rows
     `(layers, metric, value x 100)`.
     """
-    task = TaskRegistry().get(base.task)
-    init = base.init or _demo_pretrained(output_dir, "transformer", base.seed, log)
+    registry = registry or TaskRegistry()
+    task = registry.get(base.task)
+    init = _init(base, output_dir)
     total = pretrained_lib.load_pretrained(init, num_heads=base.num_heads)[0].num_layers
     layers = list(range(total + 1)) if layers is None else sorted(set(layers))
     if not all(0 <= n <= total for n in layers):
         raise ValueError(f"layers must be within 0..{total} (the model has {total} blocks), got {layers}.")
     rows = []
     for n in layers:
-        log(f"--- transfer depth: embeddings + {n} of {total} block(s) ---")
+        logger.info(f"--- transfer depth: embeddings + {n} of {total} block(s) ---")
         config = dataclasses.replace(base, init=init, transfer_layers=n,
                                   output_dir=os.path.join(output_dir, "runs", f"transfer_{n}"))
-        _, results = finetune_lib.finetune(config, log=log)
+        _, results = finetune_lib.finetune(config, registry)
         metric, value = headline(task, results)
         rows.append((n, metric, value))
     stem = os.path.join(output_dir, "transfer_depth")
@@ -135,13 +143,13 @@ def transfer_depth(base, layers=None, output_dir="analysis", log=print):
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=120)
     plt.close(fig)
-    log(markdown + f"Wrote {stem}.csv, .md and .png")
+    logger.info(markdown + f"Wrote {stem}.csv, .md and .png")
     return rows
 
 
 # --- Figure 2 (right): zero-shot performance during pre-training ---------------
 
-def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="analysis", log=print):
+def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="analysis", registry=None):
     """Pre-trains each architecture with zero-shot evaluations every `base.zero_shot_every` steps.
 
     Args:
@@ -161,8 +169,8 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
             overrides.update(DEMO_LSTM)
         out = os.path.join(output_dir, "runs", f"curve_{architecture}")
         config = dataclasses.replace(base, output_dir=out, **overrides)
-        log(f"--- zero-shot curve: pre-training the {architecture} ---")
-        _, _, metrics = pretrain_lib.pretrain(config, log=log)
+        logger.info(f"--- zero-shot curve: pre-training the {architecture} ---")
+        _, _, metrics = pretrain_lib.pretrain(config, registry)
         for key, points in metrics.get("zero_shot", {}).items():
             task, metric = key.split("/")
             rows += [(architecture, step, task, metric, value) for step, value in points]
@@ -186,26 +194,26 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
     fig.tight_layout()
     fig.savefig(stem + ".png", dpi=120)
     plt.close(fig)
-    log(markdown + f"Wrote {stem}.csv, .md and .png")
+    logger.info(markdown + f"Wrote {stem}.csv, .md and .png")
     return rows
 
 
-def zero_shot_table(init, tasks, output_dir=None, batch_size=32, log=print):
+def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
     """Evaluates a pre-trained preset zero-shot on `tasks` (`{name: data_dir or None}`); returns results."""
     from kgpt.models.causal_lm import GPTCausalLM
 
-    registry = TaskRegistry()
+    registry = registry or TaskRegistry()
     backbone, tokenizer, origin = pretrained_lib.load_pretrained(init)
     lm = GPTCausalLM(backbone)
-    log(f"Zero-shot with the model from {origin}.")
+    logger.info(f"Zero-shot with the model from {origin}.")
     results, rows = {}, []
-    for name, (task, data_dir) in zero_shot_lib.resolve_tasks(tasks, output_dir or ".", registry, log).items():
+    for name, (task, data_dir) in zero_shot_lib.resolve_tasks(tasks, output_dir or ".", registry).items():
         result = zero_shot_lib.evaluate(lm, tokenizer, task, data_dir, batch_size=batch_size)
         results[name] = result
         for metric in task.metric_names:
             rows.append((name, metric, round(100 * result[metric], 2), task.zero_shot.description))
-        log(f"{name}: " + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
-            + f" ({result['examples']['used']} examples)")
+        logger.info(f"{name}: " + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
+                    + f" ({result['examples']['used']} examples)")
     if output_dir:
         write_table(os.path.join(output_dir, "zero_shot"), ["task", "metric", "value (x100)", "heuristic"], rows)
         with open(os.path.join(output_dir, "zero_shot.json"), "w") as f:
@@ -215,14 +223,14 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, log=print):
 
 # --- Table 5: ablations --------------------------------------------------------
 
-def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analysis", log=print):
+def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analysis", registry=None):
     """Runs the chosen Table 5 rows over `tasks` (`{name: data_dir or None}`).
 
     Rows: `full` (pre-trained transformer, aux LM 0.5), `no_pretraining`
     (same model and vocabulary, fresh weights), `no_aux_lm` (`lm_coef=0`),
-    `lstm` (the pre-trained LSTM of `lstm_init`, aux LM 0.5). Without
-    `base.init`, the demo transformer and a demo LSTM are pre-trained on the
-    embedded text first.
+    `lstm` (the pre-trained LSTM of `lstm_init`, aux LM 0.5). With
+    `base.init="demo"`, the demo transformer and a demo LSTM are pre-trained
+    on the embedded text first.
 
     Writes `ablations.{csv,md}` (ours beside the paper's numbers); returns
     `{row: {task: value x 100}}`.
@@ -230,13 +238,13 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     unknown = [r for r in rows if r not in TABLE5]
     if unknown:
         raise ValueError(f"Unknown ablation row(s) {unknown}; choose from {', '.join(TABLE5)}.")
-    registry = TaskRegistry()
-    init = base.init or _demo_pretrained(output_dir, "transformer", base.seed, log)
+    registry = registry or TaskRegistry()
+    init = _init(base, output_dir)
     if "lstm" in rows and lstm_init is None:
-        if base.init is not None:
+        if base.init not in (None, "demo"):
             raise ValueError("The lstm row needs --lstm_init: an LSTM pre-trained on the same corpus "
                              "(kgpt-train --task lm --architecture lstm --output_dir DIR).")
-        lstm_init = _demo_pretrained(output_dir, "lstm", base.seed, log)
+        lstm_init = _demo_pretrained(output_dir, "lstm", base.seed)
     settings = {
         "full": {"init": init},
         "no_pretraining": {"init": init, "pretrained_weights": False},
@@ -247,10 +255,10 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     for name, data_dir in tasks.items():
         task = registry.get(name)
         for row in rows:
-            log(f"--- ablation {row} on {name} ---")
+            logger.info(f"--- ablation {row} on {name} ---")
             config = dataclasses.replace(base, task=name, data_dir=data_dir, **settings[row],
                                       output_dir=os.path.join(output_dir, "runs", f"{row}_{name}"))
-            _, results = finetune_lib.finetune(config, log=log)
+            _, results = finetune_lib.finetune(config, registry)
             scores[row][name] = headline(task, results)[1]
     header = ["method", "avg"] + [f"{n} ({registry.get(n).metric_names[0]})" for n in tasks]
     table = []
@@ -262,6 +270,6 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
             average = TABLE5[row][0] if set(tasks) == set(TABLE5_COLUMNS) else None
             table.append([f"  paper: {ROW_TITLES[row]}", average] + paper)
     markdown = write_table(os.path.join(output_dir, "ablations"), header, table)
-    log(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev sets; "
-        "'-' where the paper has no number).")
+    logger.info(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev "
+                "sets; '-' where the paper has no number).")
     return scores

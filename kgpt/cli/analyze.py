@@ -12,24 +12,32 @@ left: fine-tuning with 0..N transferred blocks), ablations (Table 5).
 Without `--init` (and `--corpus`) each mode pre-trains the small demo models on
 the embedded text, and tasks named without `=DIR` use their embedded data.
 Model, schedule and pre-training flags are `kgpt-train`'s. Outputs (tables as
-CSV and Markdown, plots as PNG) go to `--output_dir` (default `analysis`).
+CSV and Markdown, plots as PNG) go to `--output_dir` (default `analysis`),
+which is claimed like a job's (`kgpt.jobs.rundir`): the modes share it, but a
+directory holding another job's outputs or files kgpt did not write is
+refused unless `--overwrite`.
 """
 
 import dataclasses
+import logging
 
-from absl import app, flags, logging
+from absl import app, flags
+from absl import logging as absl_logging
 
 from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
-from kgpt.analysis import experiments as analysis
+
+logger = logging.getLogger(__name__)
 
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
 DEFAULT_TASKS = {"zero-shot": ["sst2", "cola"], "zero-shot-curve": ["sst2", "cola"], "transfer": ["scitail"],
                  "ablations": ["cola", "sst2"]}
+# kgpt.analysis.experiments.TABLE5's rows, named here so that --help imports no Keras (a test checks they agree).
+TABLE5_ROWS = ("full", "no_pretraining", "no_aux_lm", "lstm")
 
 flags.DEFINE_list("tasks", None, "Tasks as NAME or NAME=DATA_DIR (NAME alone: its embedded data). Default: "
                   "sst2,cola for the zero-shot modes and ablations, scitail for transfer (which uses the first).")
 flags.DEFINE_list("layers", None, "transfer: numbers of blocks to transfer (default 0..all).")
-flags.DEFINE_list("rows", list(analysis.TABLE5), "ablations: Table 5 rows to run.")
+flags.DEFINE_list("rows", list(TABLE5_ROWS), "ablations: Table 5 rows to run.")
 flags.DEFINE_string("lstm_init", None, "ablations: the pre-trained LSTM preset for the lstm row "
                     "(kgpt-train --task lm --architecture lstm); pre-trained on the demo text without --init.")
 flags.DEFINE_list("architectures", ["transformer", "lstm"], "zero-shot-curve: architectures to pre-train.")
@@ -41,30 +49,44 @@ def main(argv):
     if len(argv) != 2 or argv[1] not in MODES:
         raise app.UsageError(f"Give one mode: {', '.join(MODES)} (kgpt-analyze MODE [flags]).", exitcode=2)
     mode = argv[1]
-    logging.set_verbosity(logging.WARNING)
+    absl_logging.set_verbosity(absl_logging.WARNING)
     output_dir = FLAGS.output_dir or "analysis"
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode])
+    if mode == "zero-shot" and FLAGS.init is None:
+        raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
     import keras
 
-    print(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
-          f"outputs in {output_dir}")
+    from kgpt.jobs.rundir import RunDirectory
+    from kgpt.tasks.registry import TaskRegistry
+
+    logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
+                f"outputs in {output_dir}")
+    # The modes share the directory (zero-shot reads the model that transfer pre-trained there); each
+    # experiment's own run under runs/ is claimed with its settings by its job.
+    with RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite):
+        _run(mode, tasks, output_dir, TaskRegistry())
+
+
+def _run(mode, tasks, output_dir, registry):
+    from kgpt.analysis import experiments
+
     if mode == "zero-shot":
-        if FLAGS.init is None:
-            raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
-        analysis.zero_shot_table(FLAGS.init, tasks, output_dir=output_dir)
+        experiments.zero_shot_table(FLAGS.init, tasks, output_dir=output_dir, registry=registry)
     elif mode == "zero-shot-curve":
         FLAGS.zero_shot = None  # the tasks come from --tasks here
         base = dataclasses.replace(train.pretrain_config_from_flags(), zero_shot=tasks)
-        analysis.zero_shot_curve(base, architectures=FLAGS.architectures, output_dir=output_dir)
+        experiments.zero_shot_curve(base, architectures=FLAGS.architectures, output_dir=output_dir,
+                                    registry=registry)
     else:
         base = train.finetune_config_from_flags()
         if mode == "transfer":
             name, data_dir = next(iter(tasks.items()))
             layers = [int(n) for n in FLAGS.layers] if FLAGS.layers else None
-            analysis.transfer_depth(dataclasses.replace(base, task=name, data_dir=data_dir), layers=layers,
-                                    output_dir=output_dir)
+            experiments.transfer_depth(dataclasses.replace(base, task=name, data_dir=data_dir), layers=layers,
+                                       output_dir=output_dir, registry=registry)
         else:
-            analysis.ablations(base, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir)
+            experiments.ablations(base, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir,
+                                  registry=registry)
 
 
 def run():

@@ -6,6 +6,7 @@ busy output directory) ends the command with one line, `kgpt-train: error:
 errors). `--verbose` or `KGPT_TRACEBACK=1` shows the traceback too.
 """
 
+import logging as std_logging
 import os
 import sys
 import textwrap
@@ -42,6 +43,16 @@ def start_backends():
             import jax
 
             jax.devices()
+
+
+def log_to_stderr():
+    """Sends kgpt's progress messages to standard error (when the command writes its results to standard output)."""
+    handler = std_logging.StreamHandler(sys.stderr)
+    handler.setFormatter(std_logging.Formatter("%(message)s"))
+    logger = std_logging.getLogger("kgpt")
+    for old in list(logger.handlers):
+        logger.removeHandler(old)
+    logger.addHandler(handler)
 
 
 HELP_FLAGS = ("-h", "--help", "--helpshort", "-?")

@@ -10,12 +10,15 @@ with `--data_dir` it also holds the labels and the task's metrics are printed.
 See `kgpt.jobs.predict` for the input formats.
 """
 
+import logging
 import os
 import sys
 
 from kgpt.cli import common  # first: quiet TensorFlow start-up
 
 from absl import app, flags
+
+logger = logging.getLogger(__name__)
 
 flags.DEFINE_string("model", None, "A fine-tuned preset (the --output_dir of kgpt-train --task NAME).")
 flags.DEFINE_string("input", None, "Examples to predict: a text file (one per line, tabs between segments), "
@@ -52,33 +55,34 @@ def main(argv):
     import kgpt
     from kgpt.jobs import finetune, predict
 
-    log = (lambda *a: print(*a, file=sys.stderr)) if FLAGS.output == "-" else print
+    if FLAGS.output == "-":  # the predictions own standard output
+        common.log_to_stderr()
     from kgpt.models.task_model import is_task_preset
 
     if not os.path.isdir(FLAGS.model) or not is_task_preset(FLAGS.model):
         raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
                                f"pass the --output_dir of a kgpt-train --task NAME run.")
     model = kgpt.GPTTaskModel.from_preset(FLAGS.model, max_length=FLAGS.max_length)
-    log(f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
+    logger.info(f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
         f"{model.preprocessor.transform.kind} input).")
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
     if FLAGS.input:
         inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, FLAGS.columns)
         if inputs.columns:
-            log(f"Segments from column(s) {', '.join(inputs.columns)}.")
-        count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose, log=log)
+            logger.info(f"Segments from column(s) {', '.join(inputs.columns)}.")
+        count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose)
     else:
         task = kgpt.TaskRegistry().get(model.task_name)
         split = finetune.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
         evaluation = finetune.evaluate_split(task, model, split, FLAGS.batch_size)
         if evaluation.metrics:
-            log(f"{FLAGS.split}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+            logger.info(f"{FLAGS.split}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
         if FLAGS.output == "-":
             sys.stdout.write(finetune.predictions_tsv(task, split, evaluation))
         else:
             finetune.write_predictions(FLAGS.output, task, split, evaluation)
         count = len(split)
-    log(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
+    logger.info(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
 
 
 GROUPS = {

@@ -11,80 +11,46 @@ task's metrics on every other split, a predictions file per split,
 (`GPTTaskModel.from_preset`).
 
 `--init` may also be a fine-tuned preset of the same task: its head is kept,
-and `epochs=0` evaluates it without training.
+and `epochs=0` evaluates it without training; `"demo"` pre-trains the small
+demo model on the embedded text first. `kgpt.jobs.run` is the skeleton the
+job shares with pre-training.
 """
 
 import collections
 import dataclasses
 import hashlib
+import logging
 import math
 import os
-import tempfile
 
 import keras
 import numpy as np
 
 from kgpt.data import batching
-from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.tasks import metrics as metrics_lib
-from kgpt.train import callbacks as callbacks_lib
-from kgpt.train.callbacks import StopOnNonFiniteLoss
-from kgpt.models.backbone import GPTBackbone
-from kgpt.train.distribute import training_scope
-from kgpt.train.optimizers import gpt_adamw
-from kgpt.io.presets import read_json
-from kgpt.io.pretrained import load_pretrained, with_special_tokens
-from kgpt.tasks.registry import TaskRegistry
-from kgpt.jobs.rundir import RunDirectory, same_path, save_preset, write_json, write_text
-from kgpt.errors import ConfigError, DataError
-from kgpt.models.task_model import GPTTaskModel, is_task_preset
 from kgpt.data.task_preprocessor import GPTTaskPreprocessor
 from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.errors import ConfigError, DataError
+from kgpt.io.presets import read_json
+from kgpt.io.pretrained import load_pretrained, with_special_tokens
+from kgpt.jobs import pretrain as pretrain_lib
+from kgpt.jobs import run
+from kgpt.jobs.config import DEMO_PRETRAIN, FinetuneConfig, demo_pretrain_config  # noqa: F401 - re-exported
+from kgpt.jobs.rundir import same_path, write_text
+from kgpt.models.backbone import GPTBackbone
+from kgpt.models.task_model import GPTTaskModel, is_task_preset
+from kgpt.tasks import metrics as metrics_lib
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.train import callbacks as callbacks_lib
+from kgpt.train import checkpoint as checkpoint_lib
+from kgpt.train.optimizers import gpt_adamw
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 32
 
 
-@dataclasses.dataclass
-class FinetuneConfig:
-    """Fine-tuning settings; defaults are the paper's (section 4.1)."""
-
-    task: str = "scitail"
-    data_dir: str | None = None  # the dataset's files; None = the task's embedded default data
-    # A pre-trained preset (kgpt-train --task lm output), a fine-tuned one of the same task (its head is
-    # kept), the original release or Hugging Face files, "scratch", or None = demo pre-training.
-    init: str | None = None
-    output_dir: str | None = None  # the preset, metrics.json, predictions/, logs/, checkpoint/; None = keep nothing
-    overwrite: bool = False  # replace another run's outputs in output_dir instead of refusing
-    transfer_layers: int | None = None  # copy embeddings + the first N blocks only (Figure 2 left); None = all
-    distribution: str = "none"  # or "data_parallel": every local GPU/TPU core (kgpt.train.distribute)
-    dtype: str | None = None  # e.g. "mixed_bfloat16"; None = Keras' global policy (float32)
-    pretrained_weights: bool = True  # False: init's architecture and tokenizer, fresh weights (Table 5 ablation)
-    learning_rate: float = 6.25e-5
-    batch_size: int | None = None  # None = 32, or the batch size a fine-tuned init was trained with
-    epochs: int = 3  # 0: evaluate a fine-tuned init without training
-    warmup_fraction: float = 0.002  # linear warm-up over 0.2% of the updates, then linear decay to 0
-    weight_decay: float = 0.01
-    lm_coef: float = 0.5  # lambda of L3 = L2 + lambda * L1; 0 disables the auxiliary LM loss
-    classifier_dropout: float = 0.1
-    max_length: int | None = None  # tokens per view; None = the model's context (a fine-tuned init's own)
-    predict_test: bool = False  # also write the benchmark's submission files (GLUE format) to output_dir/submission
-    keep: str = "last"  # "last" (the paper) or "best": the epoch with the best dev score (the task's first metric)
-    checkpoint_every: int = 0  # steps between checkpoints besides every epoch end; 0 = epoch ends only
-    # Model size for --init scratch (the paper's "no pre-training" ablation); num_heads also for an
-    # original-format --init, whose shapes cannot tell the head count.
-    num_layers: int = 12
-    num_heads: int = 12
-    hidden_dim: int = 768
-    intermediate_dim: int = 3072
-    dropout: float = 0.1
-    attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
-    lm_loss_chunk_size: int = 1024  # tokens whose logits the auxiliary LM loss holds at once; 0 = all
-    seed: int = 0
-
-
-# The embedded run: settings for the small demo model, not the paper's 117M one.
-DEMO_SETTINGS = dict(learning_rate=5e-4, batch_size=16, epochs=5)
 KEEP = ("last", "best")
+SPECIAL_INITS = ("scratch", "demo")  # --init values that name no files
 
 
 def encode_split(task, split, data_dir, preprocessor):
@@ -152,50 +118,50 @@ def transfer(pretrained, num_layers):
 Start = collections.namedtuple("Start", "backbone tokenizer origin finetuned")
 
 
-def initial_model(config, log=print):
+def initial_model(config):
     """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init`."""
     if config.init == "scratch":
         tokenizer = GPTTokenizer.gpt1()
         backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), config.max_length or 512)
         return backbone, tokenizer, "random initialisation (no pre-training)"
-    if config.init is None:
-        return _demo_model(config, log)
+    if config.init == "demo":
+        return _demo_model(config)
     return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
 
 
-def _demo_model(config, log):
-    from kgpt.jobs import pretrain as pretrain_lib
-
+def _demo_model(config):
+    """`init="demo"`: the demo model pre-trained on the embedded text (kept in output_dir/pretrained, and reused)."""
     out = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+    origin = "the demo model pre-trained on the embedded text"
     if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete
-        log(f"No --init: using the demo model pre-trained in {out} by an earlier run of this command.")
+        logger.info(f"--init demo: using the demo model pre-trained in {out} by an earlier run of this command.")
         backbone, tokenizer, _ = load_pretrained(out, dtype=config.dtype)
-        return backbone, tokenizer, "the demo model pre-trained on the embedded text"
-    log("No --init: pre-training the small demo model on the embedded text first "
-        f"({', '.join(f'{k}={v}' for k, v in pretrain_lib.DEMO_SETTINGS.items())}).")
-    pre = pretrain_lib.PretrainConfig(**pretrain_lib.DEMO_SETTINGS, output_dir=out, seed=config.seed)
-    lm, tokenizer, _ = pretrain_lib.pretrain(pre, log=log)
-    return lm.backbone, tokenizer, "the demo model pre-trained on the embedded text"
+        return backbone, tokenizer, origin
+    logger.info("--init demo: pre-training the small demo model on the embedded text first "
+                f"({', '.join(f'{k}={v}' for k, v in DEMO_PRETRAIN.items())}).")
+    lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=config.seed))
+    return lm.backbone, tokenizer, origin
 
 
-def starting_point(config, task, log=print):
+def starting_point(config, task):
     """What fine-tuning starts from: a `Start(backbone, tokenizer, origin, finetuned)`.
 
     `finetuned` is the loaded `GPTTaskModel` when `config.init` is a
     fine-tuned preset of `task` (its head is kept), else None.
     """
-    if config.init not in (None, "scratch") and is_task_preset(config.init):
+    if config.init not in SPECIAL_INITS and is_task_preset(config.init):
         model = _finetuned_init(config, task)
         action = "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
-        log(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, {action}.")
+        logger.info(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, "
+                    f"{action}.")
         return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model)
     if config.epochs == 0:
         raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
                          f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
-    backbone, tokenizer, origin = initial_model(config, log=log)
+    backbone, tokenizer, origin = initial_model(config)
     if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
         backbone = type(backbone).from_config(backbone.get_config())
-        log("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
+        logger.info("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
     backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
     return Start(backbone, tokenizer, origin, None)
 
@@ -342,7 +308,7 @@ def run_settings(config):
     for key in ("output_dir", "overwrite", "checkpoint_every"):  # none changes the outputs
         settings.pop(key)
     for key in ("data_dir", "init"):
-        if settings[key] not in (None, "scratch"):
+        if settings[key] not in (None, *SPECIAL_INITS):
             settings[key] = os.path.abspath(settings[key])
     return settings
 
@@ -361,40 +327,42 @@ def check_config(config):
         value = getattr(config, name)
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}.")
-    if config.init not in (None, "scratch") and not os.path.exists(config.init):
+    if config.init is None:
+        raise ConfigError("init is required: a pre-trained preset directory, the original release or Hugging Face "
+                          "files, a fine-tuned preset of the task, 'scratch' (no pre-training), or 'demo' (pre-train "
+                          "the small demo model on the embedded text first).")
+    if config.init not in SPECIAL_INITS and not os.path.exists(config.init):
         raise ConfigError(f"--init {config.init}: no such preset, release folder or file.")
-    if config.output_dir and config.init and same_path(config.output_dir, config.init):
+    if config.output_dir and config.init not in SPECIAL_INITS and same_path(config.output_dir, config.init):
         raise ConfigError(f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
                          f"another --output_dir.")
 
 
-def finetune(config, registry=None, log=print):
-    """Fine-tunes on `config.task`; returns `(model, metrics)`."""
+def finetune(config, registry=None):
+    """Fine-tunes on `config.task`; returns `(model, metrics)`.
+
+    `registry` (a `kgpt.TaskRegistry`) finds the task; default: every installed plugin.
+    """
     check_config(config)
-    registry = registry or TaskRegistry()
-    task = registry.get(config.task)
+    task = (registry or TaskRegistry()).get(config.task)
     if config.data_dir is None and task.default_data is None:
         raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
     if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
         raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
                          f"{task.splits[0]!r}.")
-    with training_scope(config.distribution, config.dtype, config.batch_size or DEFAULT_BATCH_SIZE, log=log):
-        if not config.output_dir:
-            with tempfile.TemporaryDirectory(prefix=f"kgpt-{task.name}-") as target:  # nothing kept
-                data_dir = config.data_dir or _embedded_data(task, target, log)
-                return _finetune(config, task, data_dir, log)
-        with RunDirectory(config.output_dir, "finetune", run_settings(config), overwrite=config.overwrite):
-            data_dir = config.data_dir or _embedded_data(task, os.path.join(config.output_dir, "data"), log)
-            return _finetune(config, task, data_dir, log)
+    with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
+        with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
+            data_dir = config.data_dir or _embedded_data(task, os.path.join(work, "data"))
+            return _finetune(config, task, data_dir)
 
 
-def _embedded_data(task, target, log):
+def _embedded_data(task, target):
     data_dir = task.default_data(target)
-    log(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
+    logger.info(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
     return data_dir
 
 
-def _read_splits(task, data_dir, preprocessor, log, train=True):
+def _read_splits(task, data_dir, preprocessor, train=True):
     """The task's splits, encoded; the training split (first) only when `train`."""
     train_split, *eval_names = task.splits
     splits = {train_split: encode_split(task, train_split, data_dir, preprocessor)} if train else {}
@@ -402,9 +370,9 @@ def _read_splits(task, data_dir, preprocessor, log, train=True):
         try:
             splits[name] = encode_split(task, name, data_dir, preprocessor)
         except FileNotFoundError as e:
-            log(f"Split {name!r} not evaluated: {e}")
+            logger.info(f"Split {name!r} not evaluated: {e}")
     for name, split in splits.items():
-        log(_describe_counts(name, split.counts))
+        logger.info(_describe_counts(name, split.counts))
     if not splits:
         raise DataError(f"Task {task.name!r}: no split besides {train_split!r} was found in {data_dir} to evaluate.")
     if train and splits[train_split].targets is None:
@@ -412,13 +380,14 @@ def _read_splits(task, data_dir, preprocessor, log, train=True):
     return splits
 
 
-def _batch_size(config, start, log):
+def _batch_size(config, start):
     if config.batch_size is not None:
         return config.batch_size
     if start.finetuned is not None:
         saved = _recorded_batch_size(config.init)
         if saved:
-            log(f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced exactly).")
+            logger.info(f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced "
+                        f"exactly).")
             return saved
     return DEFAULT_BATCH_SIZE
 
@@ -441,33 +410,31 @@ def _build_model(config, task, start, preprocessor):
     return model
 
 
-def _finetune(config, task, data_dir, log):
-    keras.utils.set_random_seed(config.seed)
-    start = starting_point(config, task, log=log)
+def _finetune(config, task, data_dir):
+    keras.utils.set_random_seed(config.seed)  # as run.scope did: the embedded data above drew no random numbers
+    start = starting_point(config, task)
     keras.utils.set_random_seed(config.seed)  # the head starts the same whether or not the demo model was trained
     limit = start.backbone.max_sequence_length
     default_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else limit
     preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
                                        max_length=min(config.max_length or default_length, limit))
-    splits = _read_splits(task, data_dir, preprocessor, log, train=config.epochs > 0)
-    batch_size = _batch_size(config, start, log)
+    splits = _read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
+    batch_size = _batch_size(config, start)
     model = _build_model(config, task, start, preprocessor)
     results = {"task": task.name, "init": start.origin, "init_dir": run_settings(config)["init"],
                "lm_coef": config.lm_coef, "batch_size": batch_size, "keep": config.keep}
     if config.epochs > 0:
-        results.update(_train(config, task, model, splits, batch_size, start.origin, log))
+        results.update(_train(config, task, model, splits, batch_size, start.origin))
     else:
         model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)
-    results["splits"] = _evaluate_splits(config, task, model, splits, batch_size, log)
-    if config.output_dir:
-        save_preset(model, config.output_dir)  # GPTTaskModel.from_preset(dir) predicts on text again
-        write_json(os.path.join(config.output_dir, "metrics.json"), results)
-        log(f"Saved the preset (task.json, task.weights.h5, config.json, model.weights.h5, preprocessor.json, "
-            f"tokenizer.json, assets/), predictions/, logs/, history.csv and metrics.json in {config.output_dir}")
+    results["splits"] = _evaluate_splits(config, task, model, splits, batch_size)
+    # GPTTaskModel.from_preset(output_dir) predicts on text again.
+    run.save_outputs(model, config, results, "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
+                     "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv")
     return model, results
 
 
-def _train(config, task, model, splits, batch_size, origin, log):
+def _train(config, task, model, splits, batch_size, origin):
     """Compiles and fits `model` (resuming a checkpoint); returns the results it adds to metrics.json."""
     train_name = task.splits[0]
     train = splits[train_name]
@@ -485,20 +452,20 @@ def _train(config, task, model, splits, batch_size, origin, log):
     plan = batching.length_plan(train.lengths, batch_size, config.seed, train.limit,
                                 model.max_padded_lengths(train, batch_size))
     real_share = train.real_share(batching.batch_indices(train.lengths, batch_size, config.seed), plan)
-    log(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics {', '.join(task.metric_names)}); "
-        f"model from {origin}: {model.count_params():,} weights; {config.epochs} epoch(s) of {steps_per_epoch} "
-        f"steps, batch {batch_size}, {train.num_views} view(s) of up to {int(train.lengths.max())} tokens, "
-        f"lm_coef {config.lm_coef}.")
-    log(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
-        f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding every "
-        f"example to the longest would give {train.padded_share():.1%}.")
-    history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size, log).fit()
+    logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
+                f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
+                f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train.num_views} view(s) "
+                f"of up to {int(train.lengths.max())} tokens, lm_coef {config.lm_coef}.")
+    logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
+                f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding "
+                f"every example to the longest would give {train.padded_share():.1%}.")
+    history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size).fit()
     return {"kept_epoch": kept, "history": history,
             "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
                                  "train_padded_to_longest": train.padded_share()}}
 
 
-def _evaluate_splits(config, task, model, splits, batch_size, log):
+def _evaluate_splits(config, task, model, splits, batch_size):
     """Scores every split but the training one; writes predictions (and submissions) with an output dir."""
     results = {}
     for name, split in splits.items():
@@ -508,15 +475,15 @@ def _evaluate_splits(config, task, model, splits, batch_size, log):
         evaluation = evaluate_split(task, model, split, batch_size)
         results[name] = {**evaluation.metrics, "examples": split.counts}
         if evaluation.metrics:
-            log(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+            logger.info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
         if config.output_dir:
             write_predictions(os.path.join(config.output_dir, "predictions", f"{name}.tsv"), task, split, evaluation)
             if config.predict_test and name in (task.submissions or {}):
                 path = os.path.join(config.output_dir, "submission", task.submissions[name])
                 write_submission(path, task, split, evaluation.predictions)
-                log(f"{name}: submission file {path}")
+                logger.info(f"{name}: submission file {path}")
     if config.predict_test and not task.submissions:
-        log(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
+        logger.info(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
     return results
 
 
@@ -538,13 +505,13 @@ class Training:
     masks, so it ends with the weights of an uninterrupted run.
     """
 
-    def __init__(self, config, task, model, splits, train_name, dev_name, batch_size, log):
-        self.config, self.task, self.model, self.log = config, task, model, log
+    def __init__(self, config, task, model, splits, train_name, dev_name, batch_size):
+        self.config, self.task, self.model = config, task, model
         self.train, self.dev = splits[train_name], splits.get(dev_name)
         self.batch_size = batch_size
         self.settings = run_settings(config) | {"batch_size": batch_size,
                                                 "train_data": split_fingerprint(self.train)}
-        self.directory = os.path.join(config.output_dir, "checkpoint") if config.output_dir else None
+        self.directory = run.checkpoint_dir(config)
         self.steps_per_epoch = math.ceil(len(self.train) / batch_size)
         self.metric = task.metric_names[0]
 
@@ -552,51 +519,33 @@ class Training:
         """Trains (or resumes) to the end; returns `(history, kept_epoch)` (epochs counted from 1)."""
         progress = Progress(self, self._restore())
         if progress.step < self.config.epochs * self.steps_per_epoch:
-            for dataset, first, last in self._segments(progress.step):
-                self.model.fit(dataset, initial_epoch=first, epochs=last, callbacks=self._callbacks(progress),
-                               validation_data=self._validation(), shuffle=False,
-                               verbose=1 if os.isatty(1) else 2)
+            metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
+            callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
+                                      "or check the data", before=metrics)
+            run.fit(self.model, self._calls(progress.step), callbacks, self._validation())
         return progress.history, progress.finish()
 
     def _restore(self):
-        if self.directory is None:
-            return None
-        state = checkpoint_lib.restore(self.model, self.directory, self.settings)
+        state = run.restore(self.model, self.config, self.settings)
         if state is not None:
             epoch, done = divmod(state["step"], self.steps_per_epoch)
-            self.log(f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) of "
-                     f"{self.config.epochs * self.steps_per_epoch:,} in {self.directory}.")
+            logger.info(f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) "
+                        f"of {self.config.epochs * self.steps_per_epoch:,} in {self.directory}.")
         return state
 
-    def _segments(self, step):
-        """`(dataset, initial_epoch, epochs)` fit calls: the rest of an interrupted epoch, then whole ones."""
-        epoch, done = divmod(step, self.steps_per_epoch)
-        lm = self.config.lm_coef > 0
+    def _calls(self, step):
+        """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
         max_lengths = self.model.max_padded_lengths(self.train, self.batch_size)
-        make = lambda first, skip=0: batching.dataset(self.train, self.batch_size, seed=self.config.seed, lm=lm,
-                                                      first_epoch=first, max_lengths=max_lengths, skip=skip)
-        if done:
-            yield make(epoch, done), epoch, epoch + 1
-            epoch += 1
-        if epoch < self.config.epochs:
-            yield make(epoch), epoch, self.config.epochs
+        for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
+            dataset = batching.dataset(self.train, self.batch_size, seed=self.config.seed, lm=self.config.lm_coef > 0,
+                                       first_epoch=first, max_lengths=max_lengths, skip=skip)
+            yield dataset, first, last, None
 
     def _validation(self):
         if self.dev is None:
             return None
         return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0,
                                 max_lengths=self.model.max_padded_lengths(self.dev, self.batch_size))
-
-    def _callbacks(self, progress):
-        hint = (f"Lower --learning_rate ({self.config.learning_rate:g}) or check the data; the last checkpoint"
-                f"{' (' + self.directory + ')' if self.directory else ''} is kept.")
-        callbacks = [StopOnNonFiniteLoss(hint, progress.step)]
-        if self.dev is not None:
-            callbacks.append(TaskMetrics(self.task, self.dev, self.batch_size))
-        callbacks.append(progress)
-        if self.config.output_dir:
-            callbacks.append(keras.callbacks.TensorBoard(os.path.join(self.config.output_dir, "logs")))
-        return callbacks
 
 
 class Progress(callbacks_lib.Progress):
@@ -638,6 +587,6 @@ class Progress(callbacks_lib.Progress):
             else:  # resumed after the best epoch: its weights are on disk
                 model.load_weights(os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
         metric = self.training.metric
-        self.training.log(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
-                          f"({self.best['score']:.4f}).")
+        logger.info(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
+                    f"({self.best['score']:.4f}).")
         return self.best["epoch"]

@@ -22,6 +22,7 @@ kgpt.jobs.predict.write(model, inputs, "predictions.tsv")
 """
 
 import collections
+import logging
 import os
 import sys
 
@@ -30,6 +31,8 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.finetune import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines, read_jsonl, read_tsv_columns
 from kgpt.jobs.rundir import write_text
+
+logger = logging.getLogger(__name__)
 
 FORMATS = ("text", "tsv", "jsonl")
 ID_COLUMNS = ("id", "index", "idx")
@@ -135,14 +138,14 @@ def encode(preprocessor, inputs):
                           "tokens_cut": tokens_cut})
 
 
-def write(model, inputs, output, batch_size=32, verbose=0, log=print):
+def write(model, inputs, output, batch_size=32, verbose=0):
     """Predicts every example of `inputs` with `model` and writes the TSV to `output` (`-`: stdout).
 
     Returns the number of rows written.
     """
     split = encode(model.preprocessor, inputs)
     if split.counts["truncated"]:
-        log(f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
+        logger.info(f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
             f"{model.preprocessor.max_length} tokens per view: {split.counts['tokens_cut']} tokens were cut from the "
             f"end of their longest segments.")
     outputs = batching.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)

@@ -5,94 +5,40 @@ tiny config. The corpus is tokenized once into token shards on disk
 (`kgpt.data.shards`), training samples random contiguous windows from them, the
 tail of the token stream is held out for validation perplexity, and with an
 `output_dir` a checkpoint is written every `checkpoint_every` steps: a rerun
-with the same settings resumes from it.
+with the same settings resumes from it (`kgpt.jobs.run` is the skeleton).
 """
 
 import dataclasses
 import glob
+import logging
 import math
 import os
-import tempfile
 import time
 from importlib import resources
 
-import keras
 import numpy as np
 
-from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.analysis import zero_shot as zero_shot_lib
-from kgpt.train.callbacks import Progress, StopOnNonFiniteLoss
-from kgpt.errors import ConfigError
-from kgpt.jobs.rundir import RunDirectory, save_preset, write_json
-from kgpt.models.backbone import GPTBackbone
-from kgpt.models.causal_lm import GPTCausalLM
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
-from kgpt.train.distribute import training_scope
-from kgpt.models.lstm import LSTMBackbone
-from kgpt.train.optimizers import gpt_adamw
 from kgpt.data.shards import build_shards
 from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
+from kgpt.errors import ConfigError
+from kgpt.jobs import run
+from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.jobs.pretrain.PretrainConfig
+from kgpt.models.backbone import GPTBackbone
+from kgpt.models.causal_lm import GPTCausalLM
+from kgpt.models.lstm import LSTMBackbone
+from kgpt.train.callbacks import Progress
+from kgpt.train.optimizers import gpt_adamw
 
-
-@dataclasses.dataclass
-class PretrainConfig:
-    """Pre-training settings; defaults are the paper's (section 4.1)."""
-
-    corpus: str | None = None  # glob or folder of UTF-8 .txt files; None = embedded demo text
-    tokenizer: str | None = None  # None = the original GPT-1 BPE; "train" = learn one from the corpus; or a folder
-    num_merges: int = 40_000  # with tokenizer="train"
-    output_dir: str | None = None  # the preset, checkpoints and logs go here; None = keep nothing
-    overwrite: bool = False  # replace another run's outputs in output_dir instead of refusing
-    architecture: str = "transformer"  # or "lstm": the Table 5 ablation (kgpt.LSTMBackbone)
-    num_layers: int = 12  # transformer blocks (LSTM layers with architecture="lstm"; the paper's LSTM has 1)
-    num_heads: int = 12
-    hidden_dim: int = 768
-    intermediate_dim: int = 3072
-    lstm_units: int = 2048  # with architecture="lstm"
-    dropout: float = 0.1
-    attention_dropout: float | None = None  # None = dropout (paper); 0 = fused/flash attention in training
-    lm_loss_chunk_size: int = 1024  # tokens whose logits the LM loss holds at once (kgpt.models.lm_loss); 0 = all, as logits
-    sequence_length: int = 512  # tokens per window (and the model's context)
-    batch_size: int = 64  # windows per update
-    learning_rate: float = 2.5e-4  # peak of the warm-up + cosine schedule
-    warmup_steps: int = 2000
-    weight_decay: float = 0.01
-    max_steps: int = 10_000  # total updates; the cosine reaches 0 here
-    evaluations: int = 10  # validation passes during training (Keras "epochs")
-    validation_fraction: float = 0.1  # tail of the token stream held out ...
-    validation_tokens: int = 262_144  # ... but at most this many tokens (512 windows of 512)
-    checkpoint_every: int = 500  # steps between checkpoints in output_dir/checkpoint; 0 = none
-    shards_dir: str | None = None  # token shards; None = output_dir/shards (or a temporary folder)
-    sample_tokens: int = 40  # length of the generated sample printed at the end
-    prompt: str | None = None  # sample prompt; None = the first words of the held-out text
-    distribution: str = "none"  # or "data_parallel": every local GPU/TPU core (kgpt.train.distribute)
-    dtype: str | None = None  # e.g. "mixed_bfloat16"; None = Keras' global policy (float32)
-    zero_shot: dict | None = None  # {task: data_dir or None (its embedded data)} evaluated zero-shot (Figure 2 right)
-    zero_shot_every: int | None = None  # steps between zero-shot evaluations; None = at each validation
-    zero_shot_examples: int | None = None  # examples per split in those evaluations; None = all
-    seed: int = 0
-
-
-# The embedded run: a small model a 2-core CPU trains in a couple of minutes.
-DEMO_SETTINGS = dict(
-    num_layers=2,
-    num_heads=4,
-    hidden_dim=128,
-    intermediate_dim=512,
-    sequence_length=64,
-    batch_size=8,
-    learning_rate=1e-3,
-    warmup_steps=20,
-    max_steps=200,
-    evaluations=5,
-)
+logger = logging.getLogger(__name__)
 
 
 def demo_corpus_path():
     return str(resources.files("kgpt") / "assets" / "demo_corpus.txt")
 
 
-def corpus_files(pattern, log=print):
+def corpus_files(pattern):
     """Sorted files of a glob or folder (`*.txt` in a folder); a clear error if there are none.
 
     A match that is a broken or looping symbolic link, or that cannot be
@@ -114,14 +60,14 @@ def corpus_files(pattern, log=print):
         else:
             files.append(path)
     if folders:
-        log(f"Skipped {len(folders)} folder(s) matching {pattern!r}: {', '.join(folders[:3])}"
-            + (" ..." if len(folders) > 3 else ""))
+        logger.info(f"Skipped {len(folders)} folder(s) matching {pattern!r}: {', '.join(folders[:3])}"
+                    + (" ..." if len(folders) > 3 else ""))
     if not files:
         raise FileNotFoundError(f"No corpus files match {pattern!r}.")
     return files
 
 
-def load_tokenizer(config, files, log=print):
+def load_tokenizer(config, files):
     """The run's tokenizer: GPT-1's, one learned from `files` (kept in the output), or one from a folder."""
     if config.tokenizer is None:
         return GPTTokenizer.gpt1()
@@ -129,13 +75,14 @@ def load_tokenizer(config, files, log=print):
         return GPTTokenizer.from_preset(config.tokenizer)
     saved = config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG))
     if saved:  # a resumed run keeps the vocabulary it started with
-        log(f"Using the tokenizer learned earlier in {config.output_dir}.")
+        logger.info(f"Using the tokenizer learned earlier in {config.output_dir}.")
         return GPTTokenizer.from_preset(config.output_dir)
-    log(f"Learning a BPE vocabulary of {config.num_merges:,} merges from the corpus ...")
-    tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges, log=log)
+    logger.info(f"Learning a BPE vocabulary of {config.num_merges:,} merges from the corpus ...")
+    tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges)
     if config.output_dir:
         tokenizer.save_to_preset(config.output_dir)
-    log(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special tokens.")
+    logger.info(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special "
+                f"tokens.")
     return tokenizer
 
 
@@ -196,36 +143,6 @@ class PretrainProgress(Progress):
         return {"zero_shot": self.zero_shot.rows()} if self.zero_shot is not None else {}
 
 
-def _progress(config, lm, steps_per_eval, total, tokenizer, zero_shot, log):
-    """`(progress callback, step to start from)`, restoring the run's checkpoint when there is one."""
-    settings = run_settings(config) | {"corpus_tokens": int(total), "tokenizer": tokenizer.fingerprint()}
-    directory = os.path.join(config.output_dir, "checkpoint") if config.output_dir else None
-    state = checkpoint_lib.restore(lm, directory, settings) if directory else None
-    if state is not None:
-        log(f"Resuming from the checkpoint at step {state['step']:,} of {config.max_steps:,} ({directory}).")
-        if zero_shot is not None:
-            zero_shot.restore([row for row in state.get("zero_shot", []) if row[0] <= state["step"]])
-    history = os.path.join(config.output_dir, "history.csv") if config.output_dir else None
-    every = config.checkpoint_every if directory else 0
-    progress = PretrainProgress(directory if config.checkpoint_every else None, settings, steps_per_eval, every,
-                                history, state, zero_shot=zero_shot)
-    return progress, progress.step
-
-
-def _segments(start, steps_per_eval, evaluations):
-    """`(initial_epoch, epochs, steps_per_epoch, first_batch)` fit calls from step `start`.
-
-    A resumed run first finishes its interrupted evaluation period, so that
-    validation still falls every `steps_per_eval` steps.
-    """
-    epoch, done = divmod(start, steps_per_eval)
-    if done:
-        yield epoch, epoch + 1, steps_per_eval - done, start
-        epoch += 1
-    if epoch < evaluations:
-        yield epoch, evaluations, steps_per_eval, epoch * steps_per_eval
-
-
 def validation_windows(val, sequence_length):
     """Non-overlapping windows covering the held-out tokens (last one shorter is dropped and counted)."""
     length = min(sequence_length, len(val) - 1)
@@ -253,23 +170,23 @@ def build_backbone(config, vocabulary_size):
     raise ValueError(f"architecture must be 'transformer' or 'lstm', got {config.architecture!r}.")
 
 
-def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, log):
+def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, registry=None):
     """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given."""
     if not config.zero_shot:
         return None
-    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, config.output_dir or scratch_dir, log=log)
+    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, config.output_dir or scratch_dir, registry)
     every = config.zero_shot_every or steps_per_eval
-    log(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
+    logger.info(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
     out = config.output_dir
     return zero_shot_lib.ZeroShotCallback(
         tasks, tokenizer, every,
         csv_path=os.path.join(out, "zero_shot.csv") if out else None,
         log_dir=os.path.join(out, "logs") if out else None,
-        max_examples=config.zero_shot_examples, log=log,
+        max_examples=config.zero_shot_examples,
     )
 
 
-def prepare(config, log=print):
+def prepare(config):
     """Learns or loads the tokenizer and builds the token shards, then stops (`kgpt-train --prepare_only`).
 
     Returns the `ShardIndex`. Without `shards_dir` or `output_dir` the shards
@@ -277,128 +194,135 @@ def prepare(config, log=print):
     """
     start = time.perf_counter()
     check_config(config)
-    if config.output_dir:
-        with RunDirectory(config.output_dir, "pretrain", run_settings(config), overwrite=config.overwrite):
-            index, _ = _prepare(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
-    elif config.shards_dir:
-        index, _ = _prepare(config, config.shards_dir, log)
-    else:
-        log("No --output_dir or --shards_dir: the shards are deleted at exit.")
-        with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:
-            index, _ = _prepare(config, shards_dir, log)
-    log(f"Prepared {index.total_tokens:,} tokens (tokenizer and shards) in {time.perf_counter() - start:.1f} s.")
+    if not (config.output_dir or config.shards_dir):
+        logger.info("No --output_dir or --shards_dir: the shards are deleted at exit.")
+    with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
+        index, _ = _prepare(config, work)
+    logger.info(f"Prepared {index.total_tokens:,} tokens (tokenizer and shards) in "
+                f"{time.perf_counter() - start:.1f} s.")
     return index
 
 
-def _prepare(config, shards_dir, log):
-    """`(ShardIndex, tokenizer)` of the run's corpus."""
-    files = corpus_files(config.corpus, log=log) if config.corpus else [demo_corpus_path()]
-    tokenizer = load_tokenizer(config, files, log=log)
-    index = build_shards(files, tokenizer, shards_dir, log=log)
-    log(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens (vocabulary {tokenizer.vocabulary_size():,}).")
+def _prepare(config, work):
+    """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or `work/shards`."""
+    files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
+    tokenizer = load_tokenizer(config, files)
+    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"))
+    logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
+                f"(vocabulary {tokenizer.vocabulary_size():,}).")
     return index, tokenizer
 
 
-def pretrain(config, log=print):
-    """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`."""
+def pretrain(config, registry=None):
+    """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`.
+
+    `registry` (a `kgpt.TaskRegistry`) finds the `config.zero_shot` tasks;
+    default: every installed plugin.
+    """
     check_config(config)
-    if config.output_dir:
-        with RunDirectory(config.output_dir, "pretrain", run_settings(config), overwrite=config.overwrite):
-            return _prepare_and_train(config, config.shards_dir or os.path.join(config.output_dir, "shards"), log)
-    if config.shards_dir:
-        return _prepare_and_train(config, config.shards_dir, log)
-    with tempfile.TemporaryDirectory(prefix="kgpt-shards-") as shards_dir:  # nothing kept without output_dir
-        return _prepare_and_train(config, shards_dir, log)
+    with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
+        # The shards first: their worker processes are forked before JAX or
+        # TensorFlow start threads for the devices.
+        index, tokenizer = _prepare(config, work)
+        train_end = split_point(index.total_tokens, config)
+        with run.scope(config, config.batch_size) as replicas:
+            lm = _compiled_lm(config, tokenizer)
+            evaluations = evaluation_count(config.max_steps, config.evaluations)
+            if evaluations != config.evaluations:
+                logger.info(f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so "
+                            f"that exactly max_steps={config.max_steps} steps are trained.")
+            val_ids = index.tokens(train_end, index.total_tokens)
+            validation = _validation(val_ids, config.sequence_length, replicas)
+            zero_shot = zero_shot_callback(config, tokenizer, config.max_steps // evaluations, work, registry)
+            progress = _progress(config, lm, evaluations, index.total_tokens, tokenizer, zero_shot)
+            _fit(config, lm, index, train_end, evaluations, validation, progress, zero_shot)
+            metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
+            metrics["sample"] = _sample(config, lm, tokenizer, val_ids if len(val_ids) >= 4 else index.tokens(0, 4),
+                                        replicas)
+            # Text in, text out from here on (and in the preset): lm.generate("..."), lm.score("...").
+            lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
+            # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir) load it (the
+            # preprocessor saves the tokenizer); fine-tuning takes --init dir.
+            run.save_outputs(lm, config, metrics, "the preset (config.json, model.weights.h5, task.json, "
+                             "preprocessor.json, tokenizer.json, assets/), history.csv, logs/")
+    return lm, tokenizer, metrics
 
 
-def _prepare_and_train(config, shards_dir, log):
-    # The shards first: their worker processes are forked before JAX or
-    # TensorFlow start threads for the devices.
-    index, tokenizer = _prepare(config, shards_dir, log)
-    with training_scope(config.distribution, config.dtype, config.batch_size, log=log) as replicas:
-        return _pretrain(config, index, tokenizer, replicas, log)
-
-
-def _pretrain(config, index, tokenizer, replicas, log):
-    keras.utils.set_random_seed(config.seed)
-    total = index.total_tokens
-    train_end = split_point(total, config)
-
-    backbone = build_backbone(config, tokenizer.vocabulary_size())
-    lm = GPTCausalLM(backbone)
+def _compiled_lm(config, tokenizer):
+    lm = GPTCausalLM(build_backbone(config, tokenizer.vocabulary_size()))
     lm.compile(
-        optimizer=gpt_adamw(
-            config.learning_rate,
-            warmup_steps=config.warmup_steps,
-            total_steps=config.max_steps,
-            weight_decay=config.weight_decay,
-        ),
+        optimizer=gpt_adamw(config.learning_rate, warmup_steps=config.warmup_steps, total_steps=config.max_steps,
+                            weight_decay=config.weight_decay),
         sampler="top_k",
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
-    log(f"Model: {backbone.count_params():,} weights; {config.max_steps} steps of "
-        f"{config.batch_size} x {config.sequence_length} tokens.")
+    logger.info(f"Model: {lm.backbone.count_params():,} weights; {config.max_steps} steps of "
+                f"{config.batch_size} x {config.sequence_length} tokens.")
+    return lm
 
-    evaluations = evaluation_count(config.max_steps, config.evaluations)
-    if evaluations != config.evaluations:
-        log(f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so that "
-            f"exactly max_steps={config.max_steps} steps are trained.")
+
+def _validation(val_ids, sequence_length, replicas):
+    """`(x, y)` windows of the held-out tokens, a multiple of `replicas` of them; None without any."""
+    if not len(val_ids):
+        return None
+    val_x, val_y, dropped = validation_windows(val_ids, sequence_length)
+    uneven = len(val_y) % replicas if len(val_y) >= replicas else 0
+    if uneven:  # every batch must split evenly over the devices
+        val_x = {k: v[: len(val_y) - uneven] for k, v in val_x.items()}
+        val_y = val_y[: len(val_y) - uneven]
+        dropped += uneven * val_y.shape[1]
+    logger.info(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
+                + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
+    return val_x, val_y
+
+
+def _progress(config, lm, evaluations, total, tokenizer, zero_shot):
+    """The progress callback, from the run's checkpoint when there is one."""
+    settings = run_settings(config) | {"corpus_tokens": int(total), "tokenizer": tokenizer.fingerprint()}
+    state = run.restore(lm, config, settings)
+    if state is not None:
+        logger.info(f"Resuming from the checkpoint at step {state['step']:,} of {config.max_steps:,} "
+                    f"({run.checkpoint_dir(config)}).")
+        if zero_shot is not None:
+            zero_shot.restore([row for row in state.get("zero_shot", []) if row[0] <= state["step"]])
+    every = config.checkpoint_every if config.output_dir else 0
+    return PretrainProgress(run.checkpoint_dir(config) if config.checkpoint_every else None, settings,
+                            config.max_steps // evaluations, every, run.history_path(config), state,
+                            zero_shot=zero_shot)
+
+
+def _fit(config, lm, index, train_end, evaluations, validation, progress, zero_shot):
+    """Trains from the progress' step to `max_steps`, in `evaluations` Keras epochs."""
     steps_per_eval = config.max_steps // evaluations
-    validation = None
-    val_ids = index.tokens(train_end, total)
-    if len(val_ids):
-        val_x, val_y, dropped = validation_windows(val_ids, config.sequence_length)
-        uneven = len(val_y) % replicas if len(val_y) >= replicas else 0
-        if uneven:  # every batch must split evenly over the devices
-            val_x = {k: v[: len(val_y) - uneven] for k, v in val_x.items()}
-            val_y = val_y[: len(val_y) - uneven]
-            dropped += uneven * val_y.shape[1]
-        validation = (val_x, val_y)
-        log(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
-            + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
+    calls = ((index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
+                            first_batch=first * steps_per_eval + skip), first, last, steps_per_eval - skip)
+             for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations))
+    callbacks = run.callbacks(config, progress, f"Lower --learning_rate ({config.learning_rate:g})",
+                              after=[zero_shot] if zero_shot is not None else [])
+    run.fit(lm, calls, callbacks, validation)
 
-    zero_shot = zero_shot_callback(config, tokenizer, steps_per_eval, index.directory, log)
-    progress, start = _progress(config, lm, steps_per_eval, total, tokenizer, zero_shot, log)
-    callbacks = [StopOnNonFiniteLoss(f"Lower --learning_rate ({config.learning_rate:g}); the last checkpoint is "
-                                     f"kept.", start), progress]
-    if config.output_dir:
-        callbacks.append(keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs")))
-    if zero_shot is not None:
-        callbacks.append(zero_shot)
-    for initial_epoch, epochs, steps, first_batch in _segments(start, steps_per_eval, evaluations):
-        train = index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
-                              first_batch=first_batch)
-        lm.fit(train, initial_epoch=initial_epoch, epochs=epochs, steps_per_epoch=steps, validation_data=validation,
-               callbacks=callbacks, shuffle=False,  # windows are already drawn at random
-               verbose=1 if os.isatty(1) else 2)
+
+def _metrics(total, progress, zero_shot, validation):
     history = progress.history
     metrics = {"train_loss": [float(v) for v in history.get("loss", [])], "tokens": int(total),
-               "resumed_from_step": start, "optimizer_steps": progress.step}
+               "resumed_from_step": progress.first_step, "optimizer_steps": progress.step}
     if zero_shot is not None:
         metrics["zero_shot"] = {f"{task}/{metric}": points for (task, metric), points in zero_shot.history.items()}
     if validation and "val_loss" in history:
         val_losses = history["val_loss"]
         metrics["validation_loss"] = [float(v) for v in val_losses]
         metrics["validation_perplexity"] = [float(math.exp(min(v, 50))) for v in val_losses]
-        log("Validation perplexity: " + " -> ".join(f"{p:,.1f}" for p in metrics["validation_perplexity"]))
+        logger.info("Validation perplexity: " + " -> ".join(f"{p:,.1f}" for p in metrics["validation_perplexity"]))
     if metrics["train_loss"]:
-        log("Training loss: " + " -> ".join(f"{v:.3f}" for v in metrics["train_loss"]))
+        logger.info("Training loss: " + " -> ".join(f"{v:.3f}" for v in metrics["train_loss"]))
+    return metrics
 
-    held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
+
+def _sample(config, lm, tokenizer, held_out, replicas):
+    """A sample from `config.prompt`, or from the first held-out tokens."""
     prompt = tokenizer.encode(config.prompt) if config.prompt else [int(i) for i in held_out[:4]]
     length = min(config.sequence_length, len(prompt) + config.sample_tokens)
     # One prompt per device: a data-parallel model splits every batch evenly.
-    sample = lm.generate([prompt] * replicas, max_length=length)["token_ids"][0]
-    metrics["sample"] = tokenizer.decode(sample)
-    log(f"Sample: {metrics['sample']}")
-
-    # Text in, text out from here on (and in the preset): lm.generate("..."), lm.score("...").
-    lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
-    if config.output_dir:
-        # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir)
-        # load it (the preprocessor saves the tokenizer); fine-tuning takes --init dir.
-        save_preset(lm, config.output_dir)
-        write_json(os.path.join(config.output_dir, "metrics.json"), metrics)  # last: the preset is complete
-        log(f"Saved the preset (config.json, model.weights.h5, task.json, preprocessor.json, tokenizer.json, assets/), "
-            f"history.csv, logs/ and metrics.json in {config.output_dir}")
-    return lm, tokenizer, metrics
+    sample = tokenizer.decode(lm.generate([prompt] * replicas, max_length=length)["token_ids"][0])
+    logger.info(f"Sample: {sample}")
+    return sample

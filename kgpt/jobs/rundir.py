@@ -21,7 +21,11 @@ LOCK_FILE = ".lock"
 # Everything a kgpt job writes into its output directory: what --overwrite clears.
 OUTPUTS = ("config.json", "model.weights.h5", "task.json", "task.weights.h5", "preprocessor.json", "tokenizer.json",
            "metadata.json", "assets", "metrics.json", "history.csv", "logs", "predictions", "submission",
-           "checkpoint", "shards", "data", "pretrained", "zero_shot.csv", ".preset.partial", RUN_FILE)
+           "checkpoint", "shards", "data", "pretrained", "zero_shot.csv", ".preset.partial", RUN_FILE,
+           # kgpt-analyze's: its experiments' runs and data, its tables and plots
+           "runs", "zero_shot_data", "zero_shot.md", "zero_shot.json", "transfer_depth.csv", "transfer_depth.md",
+           "transfer_depth.png", "zero_shot_curve.csv", "zero_shot_curve.md", "zero_shot_curve.png", "ablations.csv",
+           "ablations.md")
 
 
 class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors

@@ -64,6 +64,7 @@ class Progress(keras.callbacks.Callback):
         self.steps_per_epoch, self.history_path = steps_per_epoch, history_path
         state = state or {}
         self.step = state.get("step", 0)
+        self.first_step = self.step  # where this process started (a resumed run: the checkpoint's step)
         self.epochs = state.get("epochs", [])  # one dict of logs per finished epoch
 
     @property

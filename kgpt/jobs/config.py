@@ -1,0 +1,149 @@
+"""The settings of the two training jobs, and the demo settings of the embedded runs.
+
+`ModelConfig` (the size of a new model) and `RunConfig` (what every run
+takes: where it writes, devices, optimisation) are declared once; the jobs'
+configs add their own fields: `PretrainConfig` (`kgpt-train --task lm`) and
+`FinetuneConfig` (`kgpt-train --task NAME`). Defaults are the paper's
+(section 4.1). Each field's `help` is also its `kgpt-train` flag's help
+(`kgpt.cli.train` defines one flag per field), so a field cannot lack a flag.
+
+This module imports no Keras: `kgpt-train --help` reads it.
+"""
+
+import dataclasses
+
+
+def option(value, help, **flag):
+    """A config field: its default `value`, its help, and in `flag` what its flag needs beyond them.
+
+    `flag` may hold `choices` (an enum flag), `lower_bound`, `kind="task_dirs"`
+    (a list flag of NAME or NAME=DIR) and `default` (the flag's own default).
+    """
+    return dataclasses.field(default=value, metadata={"help": help, "flag": flag})
+
+
+def default(cls, name, value):
+    """`cls`'s field `name` (help, flag) with another default: a job's own default for a shared setting."""
+    return dataclasses.field(default=value, metadata=cls.__dataclass_fields__[name].metadata)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    """The size of a new model (pre-training, or fine-tuning `init="scratch"`)."""
+
+    num_layers: int = option(12, "Transformer blocks (LSTM layers with --architecture lstm).")
+    num_heads: int = option(12, "Attention heads; also the head count of an original-format --init, whose "
+                            "shapes cannot tell it.")
+    hidden_dim: int = option(768, "Hidden size.")
+    intermediate_dim: int = option(3072, "Feed-forward inner size.")
+    dropout: float = option(0.1, "Embedding, attention and residual dropout.")
+    attention_dropout: float | None = option(None, "Dropout on attention probabilities if not --dropout; 0 runs "
+                                             "attention through keras.ops.dot_product_attention (flash attention on "
+                                             "GPUs) in training.")
+
+
+@dataclasses.dataclass
+class RunConfig:
+    """What every training run takes: where it writes, its devices, and its optimisation."""
+
+    output_dir: str | None = option(None, "Where the model, logs and metrics go (default: keep nothing). A directory "
+                                    "holding another run's outputs is refused unless --overwrite; the same command "
+                                    "again resumes.")
+    overwrite: bool = option(False, "Replace the outputs of another run in --output_dir (other files stay).")
+    seed: int = option(0, "Random seed.")
+    distribution: str = option("none", "data_parallel: split every batch over all local GPUs/TPU cores (CPUs without "
+                               "them): keras.distribution.DataParallel on JAX, tf.distribute.MirroredStrategy on "
+                               "TensorFlow.", choices=["none", "data_parallel"])
+    dtype: str | None = option(None, "Dtype policy (default: Keras' global one, float32): mixed_bfloat16 / "
+                               "mixed_float16 compute in 16 bits with float32 weights, attention softmax and losses "
+                               "(mixed_float16 adds loss scaling).",
+                               choices=["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"])
+    batch_size: int | None = option(None, "Sequences (lm) or examples per update; None in fine-tuning: 32, or what "
+                                    "a fine-tuned --init was trained with.", lower_bound=1)
+    learning_rate: float = option(6.25e-5, "Peak learning rate (warm-up, then cosine (lm) or linear decay to 0).")
+    weight_decay: float = option(0.01, "Decoupled weight decay, not on biases/gains.")
+    checkpoint_every: int = option(0, "Steps between checkpoints in OUTPUT_DIR/checkpoint; rerunning the same command "
+                                   "resumes (fine-tuning also checkpoints at every epoch end). 0: lm none, "
+                                   "fine-tuning epoch ends only.", lower_bound=0)
+    lm_loss_chunk_size: int = option(1024, "Tokens whose logits the LM loss holds at once, so training never keeps "
+                                     "the whole [batch, length, vocabulary] array (kgpt.models.lm_loss); 0: all at "
+                                     "once.", lower_bound=0)
+
+
+@dataclasses.dataclass
+class PretrainConfig(RunConfig, ModelConfig):
+    """Language-model pre-training (`kgpt.jobs.pretrain`)."""
+
+    batch_size: int = default(RunConfig, "batch_size", 64)
+    learning_rate: float = default(RunConfig, "learning_rate", 2.5e-4)
+    checkpoint_every: int = default(RunConfig, "checkpoint_every", 500)
+    corpus: str | None = option(None, "Glob or folder of UTF-8 text files (default: embedded demo text).")
+    tokenizer: str | None = option(None, "'train' to learn a BPE vocabulary from the corpus, or a folder holding one "
+                                   "(default: the original GPT-1 vocabulary).")
+    num_merges: int = option(40_000, "Merges to learn with --tokenizer train.")
+    architecture: str = option("transformer", "'lstm' pre-trains the Table 5 ablation (--num_layers LSTM layers of "
+                               "--lstm_units; the paper's has 1).", choices=["transformer", "lstm"])
+    lstm_units: int = option(2048, "Units per LSTM layer with --architecture lstm.")
+    sequence_length: int = option(512, "Tokens per training window (and the model's context).")
+    warmup_steps: int = option(2000, "Linear warm-up updates.")
+    max_steps: int = option(10_000, "Total updates; the cosine schedule ends here.")
+    evaluations: int = option(10, "Validation passes during training.")
+    validation_fraction: float = option(0.1, "Share of tokens held out ...")
+    validation_tokens: int = option(262_144, "... but at most this many tokens (512 windows of 512).")
+    shards_dir: str | None = option(None, "Token shards folder (default: OUTPUT_DIR/shards, or a temporary one); "
+                                    "reused when the corpus and tokenizer are unchanged.")
+    sample_tokens: int = option(40, "Length of the generated sample printed at the end.")
+    prompt: str | None = option(None, "Prompt for that sample (default: the first words of the held-out text).")
+    zero_shot: dict | None = option(None, "Tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
+                                    "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "
+                                    "OUTPUT_DIR/zero_shot.csv and TensorBoard.", kind="task_dirs")
+    zero_shot_every: int | None = option(None, "Steps between zero-shot evaluations (default: at each validation).")
+    zero_shot_examples: int | None = option(None, "Examples per split in those evaluations (default: all).")
+
+
+@dataclasses.dataclass
+class FinetuneConfig(RunConfig, ModelConfig):
+    """Discriminative fine-tuning of a registered task (`kgpt.jobs.finetune`)."""
+
+    task: str = option("scitail", "A registered task (kgpt-train --list_tasks).")
+    data_dir: str | None = option(None, "Task data in its distributed format (default: the task's embedded data).")
+    init: str | None = option("demo", "Preset dir (a --task lm --output_dir, or a fine-tuned --output_dir of the same "
+                              "task, whose head is kept), the original GPT-1 release's model/ dir (params_*.npy; "
+                              "--num_heads gives its head count), Hugging Face openai-gpt files, 'scratch' for no "
+                              "pre-training, or 'demo': pre-train the small demo model on the embedded text first "
+                              "(the default without --data_dir).", default=None)
+    transfer_layers: int | None = option(None, "Transfer the embeddings and only the first N blocks (default: all; "
+                                         "paper Figure 2 left).")
+    pretrained_weights: bool = option(True, "--nopretrained_weights: --init's architecture and tokenizer with fresh "
+                                      "weights (the Table 5 'no pre-training' ablation).")
+    epochs: int = option(3, "Fine-tuning epochs; 0 with a fine-tuned --init evaluates it and writes metrics.json and "
+                         "predictions without training.", lower_bound=0)
+    warmup_fraction: float = option(0.002, "Share of updates for linear warm-up (then linear decay to 0).")
+    lm_coef: float = option(0.5, "Weight of the auxiliary LM loss, lambda in L3 = L2 + lambda L1 (0 disables it).")
+    classifier_dropout: float = option(0.1, "Dropout before the task head.")
+    max_length: int | None = option(None, "Tokens per view; longer ones are truncated and counted (default: the "
+                                    "model's context, or a fine-tuned --init's own).")
+    predict_test: bool = option(False, "Also write test predictions in the benchmark's submission format (GLUE: "
+                                "OUTPUT_DIR/submission/RTE.tsv, ...).")
+    keep: str = option("last", "The weights saved and scored: from the last epoch (the paper) or the epoch with the "
+                       "best dev score on the task's first metric.", choices=["last", "best"])
+
+
+# The embedded runs: small models a 2-core CPU trains in a couple of minutes, not the paper's 117M one.
+# Explicit settings (flags given, config fields passed) override them.
+DEMO_PRETRAIN = dict(num_layers=2, num_heads=4, hidden_dim=128, intermediate_dim=512, sequence_length=64,
+                     batch_size=8, learning_rate=1e-3, warmup_steps=20, max_steps=200, evaluations=5)
+DEMO_FINETUNE = dict(learning_rate=5e-4, batch_size=16, epochs=5)
+# The LSTM that kgpt-analyze pre-trains beside the demo transformer (the paper's has 2048 units).
+DEMO_LSTM = dict(architecture="lstm", num_layers=1, lstm_units=512)
+
+
+def demo_pretrain_config(**overrides):
+    """The embedded pre-training run: `PretrainConfig` of `DEMO_PRETRAIN`, then `overrides`."""
+    return PretrainConfig(**{**DEMO_PRETRAIN, **overrides})
+
+
+def own_fields(cls):
+    """Names of the fields `cls` declares itself (not those of its bases)."""
+    inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
+    return [f.name for f in dataclasses.fields(cls) if f.name not in inherited]

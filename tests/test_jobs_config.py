@@ -1,0 +1,139 @@
+"""The jobs' configs and the command line built from them; `import kgpt` and `--help` without Keras."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from conftest import TINY, char_tokenizer
+
+from kgpt.jobs import config as config_lib
+
+HEAVY = ("keras", "tensorflow", "jax", "keras_hub")
+
+
+def python(code, cwd=None):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          cwd=cwd, timeout=300)
+
+
+def test_every_config_field_has_a_flag_and_every_flag_a_field():
+    from absl import flags
+
+    from kgpt.cli import train
+
+    fields = {f.name for cls in (config_lib.PretrainConfig, config_lib.FinetuneConfig) for f in dataclasses.fields(cls)}
+    defined = {f.name for f in flags.FLAGS.get_flags_for_module(train.__name__)}
+    assert fields <= defined, f"fields without a flag: {fields - defined}"
+    assert defined - fields <= set(train.CLI_ONLY), f"flags without a field: {defined - fields - set(train.CLI_ONLY)}"
+    for cls in (config_lib.PretrainConfig, config_lib.FinetuneConfig):
+        for field in dataclasses.fields(cls):
+            assert field.metadata.get("help"), f"{cls.__name__}.{field.name} has no help"
+    # Flags once forgotten (the config had the field, the command line did not):
+    assert {"pretrained_weights", "sample_tokens"} <= defined
+    grouped = {name for names in train.GROUPS.values() for name in names}
+    assert defined - {"verbose"} <= grouped
+
+
+def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys):
+    from absl import flags
+
+    from kgpt.cli import train
+
+    flags.FLAGS(["kgpt-train", "--task=scitail", "--nopretrained_weights", "--epochs=2"])
+    try:
+        config = train.finetune_config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert config.task == "scitail" and config.init == "demo" and not config.pretrained_weights
+    assert config.epochs == 2 and config.learning_rate == config_lib.DEMO_FINETUNE["learning_rate"]
+    assert "No --init: --init demo" in capsys.readouterr().out
+    flags.FLAGS(["kgpt-train", "--task=lm", "--zero_shot=sst2,cola=glue/CoLA", "--sample_tokens=7"])
+    try:
+        config = train.pretrain_config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert config.zero_shot == {"sst2": None, "cola": "glue/CoLA"} and config.sample_tokens == 7
+    assert config.max_steps == config_lib.DEMO_PRETRAIN["max_steps"]  # no --corpus: the demo
+    assert config.learning_rate == config_lib.DEMO_PRETRAIN["learning_rate"]
+
+
+def test_jobs_share_their_common_fields_once():
+    pre, fine = config_lib.PretrainConfig(), config_lib.FinetuneConfig()
+    shared = {f.name for f in dataclasses.fields(config_lib.RunConfig)} | {
+        f.name for f in dataclasses.fields(config_lib.ModelConfig)}
+    assert shared <= {f.name for f in dataclasses.fields(pre)} & {f.name for f in dataclasses.fields(fine)}
+    assert (pre.batch_size, pre.learning_rate, pre.checkpoint_every) == (64, 2.5e-4, 500)  # paper, section 4.1
+    assert (fine.batch_size, fine.learning_rate, fine.checkpoint_every) == (None, 6.25e-5, 0)
+    own = [set(config_lib.own_fields(cls)) for cls in (config_lib.PretrainConfig, config_lib.FinetuneConfig)]
+    assert not own[0] & own[1]
+
+
+def test_finetune_without_init_is_an_error_naming_the_choices():
+    from kgpt.errors import ConfigError
+    from kgpt.jobs import finetune
+
+    with pytest.raises(ConfigError, match="init is required: .*'scratch'.*'demo'"):
+        finetune.finetune(config_lib.FinetuneConfig(init=None))
+
+
+@pytest.mark.parametrize("command", ["train", "predict", "analyze"])
+def test_help_imports_no_keras(command):
+    result = python(f"""
+        import runpy, sys
+        sys.argv = ["kgpt-{command}", "--help"]
+        try:
+            runpy.run_module("kgpt.cli.{command}", run_name="__main__")
+        except SystemExit as e:
+            assert e.code == 0, e.code
+        print("HEAVY", sorted(m for m in {HEAVY!r} if m in sys.modules))
+    """)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--output" in result.stdout and "HEAVY []" in result.stdout
+
+
+def test_analyze_rows_are_table5s():
+    from kgpt.analysis import experiments
+    from kgpt.cli import analyze
+
+    assert analyze.TABLE5_ROWS == tuple(experiments.TABLE5)
+
+
+def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
+    import keras
+
+    import kgpt
+
+    tokenizer = char_tokenizer()
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
+    lm = kgpt.GPTCausalLM(backbone, preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=16))
+    lm.save_to_preset(str(tmp_path / "preset"))
+    task_model = kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b", "c"]), compile=False)
+    task_model.save(str(tmp_path / "model.keras"))
+    assert isinstance(keras.saving.load_model(str(tmp_path / "model.keras")), kgpt.GPTTaskModel)
+    # A fresh process: `import kgpt` loads no Keras; the first name used registers every kgpt class.
+    result = python(f"""
+        import sys
+        import kgpt
+        assert not [m for m in {HEAVY!r} if m in sys.modules], "import kgpt started Keras"
+        assert set(kgpt.__all__) <= set(dir(kgpt))
+        kgpt.GPTTokenizer
+        assert all(getattr(kgpt, name) is not None for name in kgpt.__all__)
+        import keras, keras_hub
+        model = keras.saving.load_model({str(tmp_path / "model.keras")!r})  # its head class was never named
+        print(type(model).__name__, type(model.head).__name__)
+        print(type(keras_hub.models.CausalLM.from_preset({str(tmp_path / "preset")!r})).__name__)
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["GPTTaskModel", "Classification", "GPTCausalLM"]
+    # A program that imported Keras first: `import kgpt` registers the classes at once.
+    result = python(f"""
+        import keras, keras_hub
+        import kgpt
+        print(type(keras_hub.models.Backbone.from_preset({str(tmp_path / "preset")!r})).__name__)
+    """)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["GPTBackbone"]

@@ -51,7 +51,7 @@ def export(directory, size, scale, seed):
 
     if size == "tiny":
         corpus = os.path.join(os.path.dirname(kgpt.__file__), "assets", "demo_corpus.txt")
-        tokenizer = kgpt.GPTTokenizer.train([corpus], num_merges=60, log=lambda *_: None)
+        tokenizer = kgpt.GPTTokenizer.train([corpus], num_merges=60)
     else:
         tokenizer = kgpt.GPTTokenizer.gpt1()
     keras.utils.set_random_seed(seed)

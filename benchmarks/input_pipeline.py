@@ -170,7 +170,7 @@ def main(argv):
         generated = time.perf_counter() - start
         directory = os.path.join(work, f"{name}_shards")
         start = time.perf_counter()
-        index = build_shards([corpus], tokenizer, directory, log=lambda *_: None)
+        index = build_shards([corpus], tokenizer, directory)
         seconds = time.perf_counter() - start
         print(f"{name}: {megabytes} MB generated in {generated:.1f} s; tokenized into {index.total_tokens:,} tokens "
               f"and {len(index.shards)} shard(s) in {seconds:.1f} s = {index.total_tokens / seconds:,.0f} tokens/s "
@@ -178,7 +178,7 @@ def main(argv):
         stream[name] = _run_worker("stream", directory)
         if name == "large":
             start = time.perf_counter()
-            trained = kgpt.GPTTokenizer.train([corpus], num_merges=FLAGS.num_merges, log=lambda *_: None)
+            trained = kgpt.GPTTokenizer.train([corpus], num_merges=FLAGS.num_merges)
             print(f"GPTTokenizer.train on {megabytes} MB: {len(trained.merges):,} merges in "
                   f"{time.perf_counter() - start:.1f} s")
         os.remove(corpus)

@@ -89,7 +89,7 @@ def speed(args):
             tokenizer.encode("Loads spaCy's rules before the clock starts.")
             with tempfile.TemporaryDirectory() as directory:
                 before, start = os.times(), time.perf_counter()
-                index = build_shards(files, tokenizer, directory, workers=workers, log=lambda *_: None)
+                index = build_shards(files, tokenizer, directory, workers=workers)
                 seconds, after = time.perf_counter() - start, os.times()
             cpu = sum(getattr(after, k) - getattr(before, k) for k in ("user", "system", "children_user",
                                                                        "children_system"))

@@ -21,7 +21,8 @@ _NAMES = {
     "GPT1_CONFIG": "kgpt.models.backbone",
     "NUM_SPECIAL_TOKENS": "kgpt.models.backbone",
     "GPTBackbone": "kgpt.models.backbone",
-    "gelu_tanh": "kgpt.models.backbone",
+    "GPTDecoderBlock": "kgpt.models.decoder_block",
+    "gelu_tanh": "kgpt.models.decoder_block",
     "GPTCausalLM": "kgpt.models.causal_lm",
     "GPTTaskModel": "kgpt.models.task_model",
     "LSTMBackbone": "kgpt.models.lstm",
@@ -53,6 +54,7 @@ _NAMES = {
     "transforms": "kgpt.tasks.transforms",
     "lm_loss": "kgpt.models.lm_loss",
     "predict": "kgpt.jobs.predict",
+    "heuristics": "kgpt.analysis.heuristics",
     "zero_shot": "kgpt.analysis.zero_shot",
 }
 

@@ -30,12 +30,12 @@ for job, mode in steps:
                                 dropout=0.0, sequence_length=16, batch_size=8, learning_rate=1e-2, warmup_steps=2,
                                 max_steps=6, evaluations=6, validation_fraction=0.0, sample_tokens=2, seed=3,
                                 distribution=mode, lm_loss_chunk_size=24)  # several chunks per replica
-        results[f"pretrain:{mode}"] = pretrain(config, log=lambda *_: None)[2]["train_loss"]
+        results[f"pretrain:{mode}"] = pretrain(config)[2]["train_loss"]
     elif job == "finetune":
         config = FinetuneConfig(task="scitail", init="scratch", num_layers=2, num_heads=2, hidden_dim=16,
                                 intermediate_dim=32, dropout=0.0, classifier_dropout=0.0, max_length=48, epochs=2,
                                 batch_size=16, learning_rate=1e-3, distribution=mode, lm_loss_chunk_size=40)
-        _, scores = finetune(config, log=lambda *_: None)
+        _, scores = finetune(config)
         results[f"finetune:{mode}"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]
 jobs = [job for job, _ in steps]
 if "model_parallel" in jobs:  # JAX: a backbone sharded over a ("batch", "model") mesh of 2 devices

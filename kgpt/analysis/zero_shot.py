@@ -36,19 +36,13 @@ def zero_shot_tasks(registry):
     return [name for name in registry.names() if registry.get(name).zero_shot is not None]
 
 
-def resolve_tasks(tasks, scratch_dir, registry=None, log=None):
+def resolve_tasks(tasks, scratch_dir, registry):
     """`{name: data_dir or None}` -> `{name: (task, data_dir)}` for tasks that offer a heuristic.
 
     Tasks are looked up in `registry` (a `kgpt.TaskRegistry`: anything with
     `get(name)` and `names()`). `None` for a data directory writes the task's
-    embedded data to `scratch_dir/zero_shot_data/NAME`. `log`: transitional,
-    a printer used instead of this module's logger.
+    embedded data to `scratch_dir/zero_shot_data/NAME`.
     """
-    if registry is None:  # transitional, until every caller passes the registry it built
-        from kgpt.tasks.registry import TaskRegistry
-
-        registry = TaskRegistry()
-    log = log or logger.info
     resolved = {}
     for name, data_dir in tasks.items():
         task = registry.get(name)
@@ -59,7 +53,7 @@ def resolve_tasks(tasks, scratch_dir, registry=None, log=None):
             if task.default_data is None:
                 raise ValueError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
             data_dir = task.default_data(os.path.join(scratch_dir, "zero_shot_data", name))
-            log(f"{name}: using its embedded data ({data_dir}).")
+            logger.info(f"{name}: using its embedded data ({data_dir}).")
         resolved[name] = (task, data_dir)
     return resolved
 
@@ -120,10 +114,9 @@ class ZeroShotCallback(keras.callbacks.Callback):
         csv_path: optional CSV of `step, task, metric, value` rows (appended).
         log_dir: optional TensorBoard directory (`zero_shot/{task}/{metric}`).
         max_examples: examples per split, to keep the evaluations quick.
-        log: transitional: a printer used instead of this module's logger.
     """
 
-    def __init__(self, tasks, tokenizer, every, csv_path=None, log_dir=None, max_examples=None, log=None):
+    def __init__(self, tasks, tokenizer, every, csv_path=None, log_dir=None, max_examples=None):
         super().__init__()
         self.tasks = dict(tasks)
         self.tokenizer = tokenizer
@@ -131,7 +124,6 @@ class ZeroShotCallback(keras.callbacks.Callback):
         self.csv_path = csv_path
         self.log_dir = log_dir
         self.max_examples = max_examples
-        self.log = log or logger.info
         self.history = collections.defaultdict(list)  # (task, metric) -> [(step, value)]
         self.step = None  # the optimizer's step, counted from the start of each fit()
         self._last = None
@@ -147,7 +139,7 @@ class ZeroShotCallback(keras.callbacks.Callback):
             for metric, value in values.items():
                 self.history[(name, metric)].append((step, value))
                 rows.append((step, name, metric, value))
-            self.log(f"Zero-shot at step {step}: {name} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
+            logger.info(f"Zero-shot at step {step}: {name} " + ", ".join(f"{k} {v:.4f}" for k, v in values.items()))
         if self.csv_path:
             new = not os.path.exists(self.csv_path)
             with open(self.csv_path, "a", newline="") as f:

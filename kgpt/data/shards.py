@@ -307,7 +307,7 @@ class _ShardWriter:
             self._file = None
 
 
-def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None, log=None,
+def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None,
                  chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES):
     """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
 
@@ -318,19 +318,17 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
         shard_tokens: tokens per shard file.
         workers: processes that tokenize (default: one per core this
             process may use); the shards are the same for any number.
-        log: transitional: a printer used instead of this module's logger.
         chunk_bytes, line_bytes: the reading sizes (see `kgpt.data.text.text_chunks`).
 
     Empty files (no tokens) and cut lines and words are counted and
     reported; a corpus with no tokens at all is an error.
     """
-    log = log or logger.info
     os.makedirs(directory, exist_ok=True)
     sources = [_source(p) for p in files]
     fingerprint = tokenizer.fingerprint()
     index = _matching_index(directory, sources, fingerprint)
     if index is not None:
-        log(f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked).")
+        logger.info(f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked).")
         return index
     index_path = os.path.join(directory, INDEX_FILE)
     if os.path.exists(index_path):
@@ -351,7 +349,7 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     seconds = time.perf_counter() - start
     for source, count in zip(sources, counts):
         source["tokens"] = count
-    _report(files, counts, cuts, line_bytes, log)
+    _report(files, counts, cuts, line_bytes)
     index = ShardIndex(directory, np.dtype(dtype).name, writer.shards, sources, fingerprint, dict(cuts), INDEX_FORMAT)
     if not index.total_tokens:
         raise ValueError(f"All {len(files)} corpus file(s) are empty.")
@@ -359,7 +357,7 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(dataclasses.asdict(index) | {"total_tokens": index.total_tokens}, f, indent=1)
     os.replace(tmp, index_path)  # the index appears only once every shard is complete
-    log(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(writer.shards)} shard(s) in "
+    logger.info(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(writer.shards)} shard(s) in "
         f"{directory}: {seconds:.1f} s, {index.total_tokens / max(seconds, 1e-9):,.0f} tokens/s with "
         f"{workers} worker(s).")
     return index
@@ -373,14 +371,14 @@ def _counting(pieces, cuts):
         yield piece
 
 
-def _report(files, counts, cuts, line_bytes, log):
+def _report(files, counts, cuts, line_bytes):
     empty = [path for path, count in zip(files, counts) if not count]
     if empty:
-        log(f"Skipped {len(empty)} empty file(s): {', '.join(empty[:5])}" + (" ..." if len(empty) > 5 else ""))
+        logger.info(f"Skipped {len(empty)} empty file(s): {', '.join(empty[:5])}" + (" ..." if len(empty) > 5 else ""))
     lines = {kind: n for kind, n in cuts.items() if kind in ("at a space", "mid-word")}
     if lines:
-        log(f"Cut lines longer than {line_bytes:,} bytes: " + ", ".join(f"{n:,} {kind}" for kind, n in lines.items())
+        logger.info(f"Cut lines longer than {line_bytes:,} bytes: " + ", ".join(f"{n:,} {kind}" for kind, n in lines.items())
             + " (a cut at a space changes no token).")
     words = {kind: n for kind, n in cuts.items() if kind not in lines}
     for kind, n in words.items():
-        log(f"Cut {n:,} {kind} into pieces of that length (the original tokenizes them whole).")
+        logger.info(f"Cut {n:,} {kind} into pieces of that length (the original tokenizes them whole).")

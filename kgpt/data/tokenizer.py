@@ -558,7 +558,7 @@ class GPTTokenizer(Tokenizer):
         return cls.from_original(str(assets / ENCODER_FILE), str(assets / MERGES_FILE), splitter=splitter)
 
     @classmethod
-    def train(cls, files, num_merges=40000, min_frequency=2, directory=None, splitter="regex", log=None):
+    def train(cls, files, num_merges=40000, min_frequency=2, directory=None, splitter="regex"):
         """Learns a new BPE vocabulary from text files, in the original's layout.
 
         Text goes through the same normalisation and word splitting as
@@ -579,7 +579,6 @@ class GPTTokenizer(Tokenizer):
             directory: optional folder to `save()` into.
             splitter: `"regex"` (default: faster) or `"spacy"`; the
                 tokenizer encodes with the one it learned from.
-            log: transitional: a printer used instead of this module's logger.
 
         Example:
         ```python
@@ -588,7 +587,6 @@ class GPTTokenizer(Tokenizer):
         """
         from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-        log = log or logger.info
         words = TextEncoder({}, [], splitter)
 
         def texts():
@@ -610,7 +608,7 @@ class GPTTokenizer(Tokenizer):
         )
         engine.train_from_iterator(texts(), trainer=trainer)
         if words.cut_words:
-            log(f"Cut {words.cut_words:,} word(s) longer than {MAX_WORD_CHARS:,} characters into pieces.")
+            logger.info(f"Cut {words.cut_words:,} word(s) longer than {MAX_WORD_CHARS:,} characters into pieces.")
         model = json.loads(engine.to_str())["model"]
         merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]][:num_merges]
         chars = []  # every character, in the trainer's order, whether seen inside or at the end of words
@@ -622,7 +620,7 @@ class GPTTokenizer(Tokenizer):
         for symbol in chars + [c + "</w>" for c in chars] + [a + b for a, b in merges] + ["\n</w>"]:
             encoder.setdefault(symbol, len(encoder))
         if len(merges) < num_merges:
-            log(f"Learned {len(merges):,} of {num_merges:,} merges: no pair occurs {min_frequency} times any more.")
+            logger.info(f"Learned {len(merges):,} of {num_merges:,} merges: no pair occurs {min_frequency} times any more.")
         tokenizer = cls(encoder, merges, splitter=splitter)
         if directory is not None:
             tokenizer.save(directory)

@@ -28,6 +28,7 @@ from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm import GPTCausalLM
 from kgpt.models.lstm import LSTMBackbone
+from kgpt.tasks.registry import TaskRegistry
 from kgpt.train.callbacks import Progress
 from kgpt.train.optimizers import gpt_adamw
 
@@ -174,7 +175,7 @@ def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, registry=
     """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given."""
     if not config.zero_shot:
         return None
-    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, config.output_dir or scratch_dir, registry)
+    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, config.output_dir or scratch_dir, registry or TaskRegistry())
     every = config.zero_shot_every or steps_per_eval
     logger.info(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
     out = config.output_dir

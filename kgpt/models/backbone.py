@@ -16,7 +16,7 @@ from keras_hub.models import Backbone
 
 from kgpt.io import original
 from kgpt.io.presets import PresetMixin
-from kgpt.models.decoder_block import GPTDecoderBlock, gelu_tanh  # noqa: F401 (gelu_tanh: its old home)
+from kgpt.models.decoder_block import GPTDecoderBlock
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
 GPT1_CONFIG = {

@@ -259,7 +259,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             text: its log-probability given the tokens before it, the first
             one given the newline token (a document boundary) when the
             vocabulary has one (else the first token is not scored), as
-            `kgpt.analysis.zero_shot.Scorer` does; for a list of texts, a list of them.
+            `kgpt.analysis.heuristics.Scorer` does; for a list of texts, a list of them.
 
         Example:
         ```python
@@ -281,7 +281,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
 
     def _score_text(self, texts, batch_size):
-        from kgpt.analysis.zero_shot import Scorer
+        from kgpt.analysis.heuristics import Scorer
 
         if self.preprocessor is None:
             raise ValueError(_NO_PREPROCESSOR)

@@ -38,13 +38,11 @@ def local_devices():
 
 
 @contextlib.contextmanager
-def data_parallel(batch_size=None, log=None):
+def data_parallel(batch_size=None):
     """Trains models created inside on every local device; yields the replica count.
 
     Args:
         batch_size: the global batch, checked to split evenly over the replicas.
-        log: deprecated, for callers not yet on the "kgpt" logger: a function
-            that takes the progress message instead of `logger.info`.
 
     Example:
     ```python
@@ -60,13 +58,12 @@ def data_parallel(batch_size=None, log=None):
             f"Data-parallel training splits each batch over {len(devices)} devices: batch_size {batch_size} "
             f"must be a multiple of {len(devices)}."
         )
-    log = log or logger.info
     backend = keras.config.backend()
     if backend == "jax":
         previous = keras.distribution.distribution()
         names = [f"{d.platform}:{d.id}" for d in devices]
         keras.distribution.set_distribution(keras.distribution.DataParallel(devices=names))
-        log(f"Data-parallel on {len(devices)} JAX device(s): {', '.join(names)}.")
+        logger.info(f"Data-parallel on {len(devices)} JAX device(s): {', '.join(names)}.")
         try:
             yield len(devices)
         finally:
@@ -77,7 +74,7 @@ def data_parallel(batch_size=None, log=None):
     import tensorflow as tf
 
     strategy = tf.distribute.MirroredStrategy([d.name for d in devices])
-    log(f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow device(s) (MirroredStrategy): "
+    logger.info(f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow device(s) (MirroredStrategy): "
         f"{', '.join(d.name for d in devices)}.")
     with strategy.scope():
         yield strategy.num_replicas_in_sync
@@ -138,19 +135,15 @@ def dtype_policy(name):
 
 
 @contextlib.contextmanager
-def training_scope(distribution="none", dtype=None, batch_size=None, log=None):
-    """The dtype policy and device placement a kgpt job builds and trains its model under.
-
-    `log` is deprecated, as in `data_parallel`.
-    """
-    log = log or logger.info
+def training_scope(distribution="none", dtype=None, batch_size=None):
+    """The dtype policy and device placement a kgpt job builds and trains its model under."""
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}.")
     with dtype_policy(dtype):
         if dtype:
-            log(f"Dtype policy {dtype}.")
+            logger.info(f"Dtype policy {dtype}.")
         if distribution == "none":
             yield 1
             return
-        with data_parallel(batch_size, log=log) as replicas:
+        with data_parallel(batch_size) as replicas:
             yield replicas

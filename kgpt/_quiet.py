@@ -6,19 +6,24 @@ instruction sets). TensorFlow 2.21 writes them before absl's logging is
 initialised, so `TF_CPP_MIN_LOG_LEVEL` no longer silences them. They are
 written to file descriptor 2 directly, past `sys.stderr`, so only a capture
 of the descriptor can filter them: every other captured line is repeated.
-`TF_CPP_MIN_LOG_LEVEL=0` turns the filter off.
+Some come later, at a job's first step (oneDNN's "supports DT_INT64 only on
+platforms with AVX-512", logged as an error although it only says which
+kernel runs), so a command filters its whole run (`LiveFilter`).
+`TF_CPP_MIN_LOG_LEVEL=0` turns the filters off.
 """
 
 import contextlib
 import os
 import re
+import subprocess
 import sys
 import tempfile
 
 NOISE = re.compile(
     r"All log messages before absl::InitializeLog|oneDNN custom operations|cudart_stub\.cc|cuda_platform\.cc|"
     r"cpu_feature_guard\.cc|To enable the following instructions|Unable to register cu(DNN|FFT|BLAS) factory|"
-    r"computation_placer\.cc|TF-TRT Warning|Could not find TensorRT|xla_bridge\.py.*Unable to initialize backend"
+    r"computation_placer\.cc|TF-TRT Warning|Could not find TensorRT|xla_bridge\.py.*Unable to initialize backend|"
+    r"oneDNN supports DT_\w+ only on platforms with"
 )
 
 
@@ -63,3 +68,60 @@ def quiet_stderr():
         yield
     finally:
         capture.stop()
+
+
+# Runs in the child: Ctrl-C is the command's to handle, so the child ignores it and drains the pipe
+# until the command closes it (or dies), then exits.
+_FILTER = r"""
+import os, re, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+noise = re.compile(sys.argv[1])
+while chunk := os.read(0, 65536):
+    kept = [line for line in chunk.decode("utf-8", "replace").splitlines(keepends=True) if not noise.search(line)]
+    if kept:
+        os.write(2, "".join(kept).encode("utf-8"))
+"""
+
+
+class LiveFilter:
+    """File descriptor 2 passed through a child process that drops `NOISE` lines, from `start()` to `stop()`.
+
+    A child process rather than a thread, so that what this process writes
+    just before it dies (an abort, a fatal XLA error) still comes out.
+    """
+
+    def __init__(self):
+        self._saved = self._child = None
+
+    def start(self):
+        if os.environ.get("TF_CPP_MIN_LOG_LEVEL") == "0" or self._saved is not None:
+            return
+        try:
+            sys.stderr.flush()
+            saved = os.dup(2)
+        except (OSError, ValueError):  # no descriptor 2 (an embedded interpreter): nothing to filter
+            return
+        read, write = os.pipe()
+        try:
+            self._child = subprocess.Popen([sys.executable, "-c", _FILTER, NOISE.pattern], stdin=read, stderr=saved,
+                                           stdout=subprocess.DEVNULL)
+        except OSError:
+            os.close(saved)
+            return
+        finally:
+            os.close(read)
+        os.dup2(write, 2)
+        os.close(write)
+        self._saved = saved
+
+    def stop(self):
+        if self._saved is None:
+            return
+        sys.stderr.flush()
+        os.dup2(self._saved, 2)  # closes this process's end of the pipe: the child reads to its end and exits
+        os.close(self._saved)
+        self._saved = None
+        try:
+            self._child.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # a subprocess of the command still holds the pipe; the child ends with it
+            pass

@@ -15,7 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import app, flags, logging
 
-from kgpt._quiet import Capture, quiet_stderr
+from kgpt._quiet import LiveFilter, quiet_stderr
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and TensorFlow's start-up log lines.")
 
@@ -93,8 +93,9 @@ def run(main, prog, doc=None, groups=None, modules=()):
         print_help(prog, doc or "", groups, (main.__module__, *modules))
         sys.exit(0)
     # absl runs libraries' init callbacks between parsing the flags and main; TensorFlow's
-    # find the devices there, and print the start-up lines that this capture filters.
-    capture = Capture()
+    # find the devices there and print start-up lines, and more come at a job's first step:
+    # the whole run after parsing goes through the filter.
+    capture = LiveFilter()
 
     def parse(argv):
         remaining = app.parse_flags_with_usage(argv)
@@ -103,7 +104,6 @@ def run(main, prog, doc=None, groups=None, modules=()):
         return remaining
 
     def guarded(argv):
-        capture.stop()
         logging.set_verbosity(logging.WARNING)  # absl INFO lines from JAX/TF start-up
         if not flags.FLAGS.verbose:
             start_backends()

@@ -1,0 +1,57 @@
+"""The commands' output carries none of TensorFlow's C++ log lines, and loses nothing else."""
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+NOISE_LINE = ("E0000 00:00:1795426191.985508   11303 util.cc:131] oneDNN supports DT_INT64 only on platforms with "
+              "AVX-512. Falling back to the default Eigen-based implementation if present.")
+
+
+def run_python(code):
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
+                          timeout=120)
+
+
+def test_live_filter_drops_noise_and_keeps_every_other_line():
+    result = run_python(f"""
+        import os, sys
+        from kgpt._quiet import LiveFilter
+        f = LiveFilter()
+        f.start()
+        os.write(2, b"before\\n{NOISE_LINE}\\n")
+        print("from python", file=sys.stderr)
+        os.write(2, b"partial line without a newline")
+        f.stop()
+        print("after stop", file=sys.stderr)
+    """)
+    assert result.returncode == 0, result.stderr
+    assert "oneDNN" not in result.stderr
+    assert result.stderr == "before\nfrom python\npartial line without a newlineafter stop\n"
+
+
+def test_lines_written_just_before_a_crash_still_come_out():
+    result = run_python("""
+        import os
+        from kgpt._quiet import LiveFilter
+        LiveFilter().start()
+        os.write(2, b"fatal: the last words\\n")
+        os.abort()
+    """)
+    assert result.returncode != 0
+    assert "fatal: the last words" in result.stderr
+
+
+def test_a_command_that_starts_the_backend_prints_no_tensorflow_log_lines():
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--list_tasks"], capture_output=True, text=True,
+                            env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "scitail" in result.stdout
+    tf_lines = [line for line in result.stderr.splitlines()
+                if re.match(r"[IWEF]\d{4} |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", line)
+                or "absl::InitializeLog" in line]
+    assert not tf_lines, "\n".join(tf_lines)

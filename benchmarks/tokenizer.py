@@ -9,8 +9,9 @@
 `agreement` prints, per splitter, the share of lines encoded exactly as the
 reference and the share of tokens that agree (difflib alignment), with the
 most frequent disagreements. `speed` builds the shards of the files with
-`kgpt.data.shards.build_shards` once per worker count (caches cold, as a real
-run starts), and reports wall-clock tokens/s, the ratio to one process,
+`kgpt.data.shards.build_shards` `--repeats` times per worker count, each build
+in a fresh process (caches cold, as a real run starts) and the worker counts
+taken in turn, and reports the medians: wall-clock tokens/s, the ratio to one process,
 tokens per CPU-second of all processes (the per-core rate) and the load
 average, since other programs on the machine change every wall-clock figure.
 It then times the stages of one process on the same text: ftfy, finding
@@ -71,33 +72,63 @@ def _load():
     return os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
 
 
-def speed(args):
+def build_once(args):
+    """One shard build in this fresh process (caches cold, as a real run starts); prints its figures as JSON."""
     import kgpt
-    from kgpt.data.shards import build_shards, text_chunks
+    from kgpt.data.shards import build_shards
 
+    tokenizer = kgpt.GPTTokenizer.gpt1(splitter=args.splitters)
+    tokenizer.encode("Loads spaCy's rules before the clock starts.")
+    with tempfile.TemporaryDirectory() as directory:
+        before, start = os.times(), time.perf_counter()
+        index = build_shards(_files(args), tokenizer, directory, workers=int(args.workers))
+        seconds, after = time.perf_counter() - start, os.times()
+    cpu = sum(getattr(after, k) - getattr(before, k) for k in ("user", "system", "children_user", "children_system"))
+    print(json.dumps({"tokens": index.total_tokens, "seconds": seconds, "cpu": cpu}))
+
+
+def _files(args):
     files = sorted(itertools.chain.from_iterable(glob.glob(p) for p in args.files.split(",")))
     if not files:
         sys.exit(f"No files match {args.files!r}.")
+    return files
+
+
+def speed(args):
+    import statistics
+    import subprocess
+
+    files = _files(args)
     size = sum(os.path.getsize(f) for f in files)
-    print(f"{len(files)} file(s), {size / 1e6:.1f} MB; load average {_load()[0]:.2f} at the start")
+    print(f"{len(files)} file(s), {size / 1e6:.1f} MB; load average {_load()[0]:.2f} at the start; "
+          f"median of {args.repeats} build(s) per row, each in a fresh process, the rows' runs interleaved")
     print("| splitter | workers | tokens | seconds | tokens/s | vs 1 | tokens per CPU-second | load |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for splitter in args.splitters.split(","):
+        runs = collections.defaultdict(list)
+        for _ in range(args.repeats):
+            for workers in args.workers.split(","):
+                command = [sys.executable, os.path.abspath(__file__), "build-once", "--files", args.files,
+                           "--workers", workers, "--splitters", splitter]
+                out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                runs[int(workers)].append(json.loads(out.strip().splitlines()[-1]))
         rates = {}
-        for workers in (int(w) for w in args.workers.split(",")):
-            tokenizer = kgpt.GPTTokenizer.gpt1(splitter=splitter)
-            tokenizer.encode("Loads spaCy's rules before the clock starts.")
-            with tempfile.TemporaryDirectory() as directory:
-                before, start = os.times(), time.perf_counter()
-                index = build_shards(files, tokenizer, directory, workers=workers)
-                seconds, after = time.perf_counter() - start, os.times()
-            cpu = sum(getattr(after, k) - getattr(before, k) for k in ("user", "system", "children_user",
-                                                                       "children_system"))
-            tokens = index.total_tokens
+        for workers, results in runs.items():
+            seconds = statistics.median(r["seconds"] for r in results)
+            cpu = statistics.median(r["cpu"] for r in results)
+            tokens = results[0]["tokens"]
             rates[workers] = tokens / seconds
             ratio = rates[workers] / rates[min(rates)]
             print(f"| {splitter} | {workers} | {tokens:,} | {seconds:.2f} | {rates[workers]:,.0f} | {ratio:.2f}x "
                   f"| {tokens / cpu:,.0f} | {_load()[0]:.2f} |")
+    if args.stages:
+        _stages(args, files)
+
+
+def _stages(args, files):
+    import kgpt
+    from kgpt.data.text import text_chunks
+
     chunks = [c for path in files for c in text_chunks(path)]
     for splitter in args.splitters.split(","):
         print(f"\nWhere one process spends its time ({splitter}, caches cold, then warm):")
@@ -150,11 +181,16 @@ def main():
     agree.add_argument("--reference", default="tests/data/prose_ids.json")
     agree.add_argument("--examples", type=int, default=5, help="disagreements to print per splitter")
     fast = commands.add_parser("speed", help="tokens/s of shard building")
-    fast.add_argument("--files", required=True, help="glob(s) of UTF-8 text files, comma-separated")
-    fast.add_argument("--workers", default=f"1,{os.cpu_count()}", help="worker counts, comma-separated")
-    fast.add_argument("--splitters", default="spacy,regex")
+    once = commands.add_parser("build-once", help="one build, figures as JSON (what `speed` runs)")
+    for sub in (fast, once):
+        sub.add_argument("--files", required=True, help="glob(s) of UTF-8 text files, comma-separated")
+        sub.add_argument("--workers", default=f"1,{os.cpu_count()}", help="worker counts, comma-separated")
+        sub.add_argument("--splitters", default="spacy,regex")
+    fast.add_argument("--repeats", type=int, default=3, help="builds per row (the median is printed)")
+    fast.add_argument("--stages", action=argparse.BooleanOptionalAction, default=True,
+                      help="also time the stages of one process")
     args = parser.parse_args()
-    agreement(args) if args.command == "agreement" else speed(args)
+    {"agreement": agreement, "speed": speed, "build-once": build_once}[args.command](args)
 
 
 if __name__ == "__main__":

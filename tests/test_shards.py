@@ -2,6 +2,7 @@
 
 import collections
 import json
+import os
 
 import numpy as np
 import pytest
@@ -99,6 +100,53 @@ def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsy
     assert one.shards == two.shards and [s["tokens"] for s in one.sources] == [s["tokens"] for s in two.sources]
     expected = [i for f in files for i in tokenizer.encode(open(f, encoding="utf-8", newline="").read())]
     assert two.tokens(0, two.total_tokens).tolist() == expected
+
+
+def test_workers_share_the_words_they_learn(tokenizer, tmp_path):
+    """A word is split and BPE-encoded by one worker; the others take its ids from the journals."""
+    a, b = (kgpt.GPTTokenizer.gpt1().text_encoder for _ in range(2))
+    a.record()
+    ids = a.encode("Dr. Smith's boys' s. walked -- twice -- to the caf\u00e9.")
+    learned, edges = a.record()
+    assert set(learned) == set(a.word_ids) and set(edges) == set(a.word_edges)
+    b.learn((learned, edges))
+    b._split = None  # b must not need to split a word of that sentence again
+    assert b.encode("Dr. Smith's boys' s. walked -- twice -- to the caf\u00e9.") == ids
+    assert b.joiners == a.joiners
+
+
+def _failing_encode_job(engine, job):
+    if "poison" in job[1]:
+        raise ValueError("the chunk with poison")
+    return real_encode_job(engine, job)
+
+
+real_encode_job = shards._encode_job
+
+
+def test_an_error_in_a_worker_is_raised_here(tokenizer, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("words\n" * 200 + "poison\n" + "words\n" * 200, encoding="utf-8")
+    monkeypatch.setattr(shards, "_encode_job", _failing_encode_job)  # the workers are forked after this
+    with pytest.raises(ValueError, match="the chunk with poison"):
+        shards.build_shards([str(corpus / "a.txt")], tokenizer, str(tmp_path / "s"), workers=2, chunk_bytes=64)
+    assert not (tmp_path / "s" / "index.json").exists()
+
+
+def _dying_encode_job(engine, job):
+    if "poison" in job[1]:
+        os._exit(3)
+    return real_encode_job(engine, job)
+
+
+def test_a_worker_that_dies_is_reported(tokenizer, tmp_path, monkeypatch):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("words\n" * 200 + "poison\n" + "words\n" * 200, encoding="utf-8")
+    monkeypatch.setattr(shards, "_encode_job", _dying_encode_job)
+    with pytest.raises(RuntimeError, match=r"worker process died \(exit code 3\)"):
+        shards.build_shards([str(corpus / "a.txt")], tokenizer, str(tmp_path / "s"), workers=2, chunk_bytes=64)
 
 
 def test_a_changed_shard_is_refused_by_name(tokenizer, tmp_path):

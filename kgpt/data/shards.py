@@ -1,7 +1,7 @@
 """Token shards on disk: a corpus tokenized once, then sampled without loading it.
 
 `build_shards(files, tokenizer, directory)` reads each file in line-aligned
-chunks of about 1 MiB, tokenizes the chunks in worker processes (one per
+chunks of about 256 KiB, tokenizes the chunks in worker processes (one per
 core by default) and writes the results in order into flat binary shards of
 `uint16` ids (`uint32` for vocabularies over 65,536), `SHARD_TOKENS` each: the
 shards are byte for byte those of a one-process build, and each file's ids
@@ -23,11 +23,13 @@ batches an uninterrupted one would have.
 
 import collections
 import dataclasses
+import gc
 import itertools
 import json
 import logging
 import multiprocessing
 import os
+import queue
 import sys
 import time
 import zlib
@@ -85,15 +87,85 @@ def _encode_job(engine, job):
     return _Piece(source, ids, "\n" in lead, "\n" in trail, "\n" in fixed, engine.cut_words - cut)
 
 
-_WORKER_ENGINE = []
+def _worker(engine, inbox, outbox):
+    """A worker process: encodes the jobs it is sent, returning each piece with the words it learned."""
+    engine.record()
+    while True:
+        message = inbox.get()
+        if message is None:
+            return
+        journals, job = message
+        for journal in journals:
+            engine.learn(journal)
+        try:
+            piece = _encode_job(engine, job)
+        except Exception as e:  # sent back, raised by the parent
+            outbox.put(("error", e))
+            return
+        outbox.put(("piece", (piece, engine.record())))
 
 
-def _start_worker(engine):
-    _WORKER_ENGINE.append(engine)
+class _Workers:
+    """Processes that encode jobs in turn (job k on worker k mod n) and share what each one learns.
 
+    Each worker returns the words it split and BPE-encoded with its piece;
+    those journals go to the other workers with their next jobs, so that a
+    word costs spaCy and BPE once in the whole build, as in one process.
+    Queues (not bare pipes): their sends never block, so a worker returning a
+    piece and this process sending it the next job cannot wait on each other.
+    """
 
-def _encode_in_worker(job):
-    return _encode_job(_WORKER_ENGINE[0], job)
+    def __init__(self, engine, count):
+        # fork shares the loaded vocabulary and caches with the workers at no
+        # cost; elsewhere the TextEncoder is pickled (without its caches).
+        context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
+        self.inboxes = [context.Queue() for _ in range(count)]
+        self.outboxes = [context.Queue() for _ in range(count)]
+        self.processes = []
+        gc.freeze()  # the workers' garbage collector would otherwise copy every inherited page
+        try:
+            for inbox, outbox in zip(self.inboxes, self.outboxes):
+                process = context.Process(target=_worker, args=(engine, inbox, outbox), daemon=True)
+                process.start()
+                self.processes.append(process)
+        finally:
+            gc.unfreeze()
+        self.journals = [[] for _ in range(count)]  # what each worker has not been sent yet
+
+    def send(self, k, job):
+        w = k % len(self.processes)
+        self.inboxes[w].put((self.journals[w], job))
+        self.journals[w] = []
+
+    def receive(self, k):
+        w = k % len(self.processes)
+        while True:
+            try:
+                kind, value = self.outboxes[w].get(timeout=1)
+                break
+            except queue.Empty:
+                if not self.processes[w].is_alive():
+                    raise RuntimeError(f"A tokenizer worker process died (exit code {self.processes[w].exitcode}); "
+                                       "if the machine ran out of memory, try fewer workers.") from None
+        if kind == "error":
+            raise value
+        piece, journal = value
+        for v, pending in enumerate(self.journals):
+            if v != w:
+                pending.append(journal)
+        return piece
+
+    def close(self):
+        for inbox in self.inboxes:
+            inbox.put(None)
+        for process in self.processes:
+            process.join(2)
+            if process.is_alive():
+                process.terminate()
+                process.join()
+        for box in self.inboxes + self.outboxes:
+            box.close()
+            box.cancel_join_thread()
 
 
 def _encoded(jobs, engine, workers):
@@ -113,17 +185,20 @@ def _encoded(jobs, engine, workers):
         for job in jobs:
             yield _encode_job(engine, job)
         return
-    # fork shares the loaded vocabulary and caches with the workers at no cost;
-    # elsewhere the TextEncoder is pickled (it leaves its caches and spaCy behind).
-    context = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=(engine,)) as pool:
-        pending = collections.deque()
+    pool = _Workers(engine, workers)
+    try:
+        sent = received = 0
         for job in jobs:
-            pending.append(pool.apply_async(_encode_in_worker, (job,)))
-            if len(pending) > 2 * workers:  # bounded: the corpus is never all in memory
-                yield pending.popleft().get()
-        while pending:
-            yield pending.popleft().get()
+            pool.send(sent, job)
+            sent += 1
+            if sent - received >= 2 * workers:  # bounded: the corpus is never all in memory
+                yield pool.receive(received)
+                received += 1
+        while received < sent:
+            yield pool.receive(received)
+            received += 1
+    finally:
+        pool.close()
 
 
 def _file_ids(pieces, newline_id):

@@ -220,6 +220,7 @@ class TextEncoder:
         self.bpe_ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.newline_id = encoder.get("\n</w>", 0)
         self.cut_words = 0
+        self.journal = None  # see `record`
         self._reset()
 
     def __getstate__(self):  # spaCy's tokenizer and the caches are rebuilt where this is unpickled
@@ -286,10 +287,11 @@ class TextEncoder:
         if self.splitter == "spacy":
             edges, joiners = self.word_edges, self.joiners  # the same two all along, even if caches start over
             seen = set(itertools.chain.from_iterable(lines))
-            for word in seen.difference(edges):
-                edges[word] = self._edges(word)
-                if edges[word][1]:
-                    joiners.add(word)
+            new_edges = {word: self._edges(word) for word in seen.difference(edges)}
+            if new_edges:
+                _add_edges(edges, joiners, new_edges)
+                if self.journal is not None:
+                    self.journal[1].update(new_edges)
             if not joiners.isdisjoint(seen):
                 lines = [self._group(w, edges, joiners) if len(w) > 1 and not joiners.isdisjoint(w[:-1]) else w
                          for w in lines]
@@ -321,6 +323,27 @@ class TextEncoder:
         keys, lookup, bpe = list(keys), self.encoder.get, self.bpe
         for key, words in zip(keys, self._split(keys)):
             cache[key] = tuple(lookup(s, 0) for w in words for s in bpe(w.lower()))
+        if self.journal is not None:
+            self.journal[0].update((key, cache[key]) for key in keys)
+
+    # --- sharing what was learned between processes ------------------------------
+
+    def record(self):
+        """Starts a journal of the words this encoder works out from now on; returns the previous one.
+
+        A journal is `({cache key: ids}, {word: spaCy edges})`. Encoders of the
+        same vocabulary in other processes take it with `learn`, so a word is
+        split and BPE-encoded once, not once per process (the results are the
+        same: a word's ids depend on the word alone).
+        """
+        journal, self.journal = self.journal, ({}, {})
+        return journal
+
+    def learn(self, journal):
+        """Adds another encoder's journal (see `record`) to the caches."""
+        ids, edges = journal
+        self.word_ids.update(ids)
+        _add_edges(self.word_edges, self.joiners, edges)
 
     def encode_fixed(self, text):
         """Token ids of text that `fix_text` already went through."""
@@ -341,6 +364,11 @@ class TextEncoder:
     def encode(self, text, after_lt=False):
         """Token ids of `text` (`after_lt`: see `fix_text`)."""
         return self.encode_fixed(fix_text(text, after_lt))
+
+
+def _add_edges(edges, joiners, new):
+    edges.update(new)
+    joiners.update(word for word, (_, follows) in new.items() if follows)
 
 
 def _import_spacy():

@@ -227,3 +227,11 @@ def test_a_corpus_of_only_empty_files_is_an_error(tokenizer, tmp_path):
     (tmp_path / "e.txt").write_text("\n\n", encoding="utf-8")
     with pytest.raises(ValueError, match="All 1 corpus file"):
         shards.build_shards([str(tmp_path / "e.txt")], tokenizer, str(tmp_path / "s"))
+
+
+def test_the_log_names_the_workers_that_ran(tokenizer, tmp_path, capsys):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text(TEXT, encoding="utf-8")
+    logged(capsys)
+    shards.build_shards([str(corpus)], tokenizer, str(tmp_path / "s"), workers=2)
+    assert logged(capsys)[-1].endswith("with 1 worker(s) (2 allowed; one chunk needs no more).")

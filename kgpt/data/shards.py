@@ -168,8 +168,12 @@ class _Workers:
             box.cancel_join_thread()
 
 
-def _encoded(jobs, engine, workers):
-    """Yields `_encode_job` of every job, in order, from `workers` processes (this one alone for 1)."""
+def _encoded(jobs, engine, workers, used=None):
+    """Yields `_encode_job` of every job, in order, from `workers` processes (this one alone for 1).
+
+    `used["workers"]` becomes the number of processes that did encode: 1 when
+    the whole corpus is one chunk, however many were allowed.
+    """
     jobs = iter(jobs)
     first = next(jobs, None)
     if first is None:
@@ -186,6 +190,8 @@ def _encoded(jobs, engine, workers):
             yield _encode_job(engine, job)
         return
     pool = _Workers(engine, workers)
+    if used is not None:
+        used["workers"] = workers
     try:
         sent = received = 0
         for job in jobs:
@@ -412,7 +418,8 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     engine = tokenizer.text_encoder
     dtype = token_dtype(tokenizer.vocabulary_size())
     start, cuts, counts = time.perf_counter(), collections.Counter(), [0] * len(files)
-    pieces = _encoded(_jobs(files, chunk_bytes, line_bytes, cuts), engine, workers)
+    used = {"workers": 1}
+    pieces = _encoded(_jobs(files, chunk_bytes, line_bytes, cuts), engine, workers, used)
     writer = _ShardWriter(directory, dtype, shard_tokens)
     try:
         for source, group in itertools.groupby(_counting(pieces, cuts), key=lambda piece: piece.source):
@@ -434,7 +441,7 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     os.replace(tmp, index_path)  # the index appears only once every shard is complete
     logger.info(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(writer.shards)} shard(s) in "
         f"{directory}: {seconds:.1f} s, {index.total_tokens / max(seconds, 1e-9):,.0f} tokens/s with "
-        f"{workers} worker(s).")
+        f"{used['workers']} worker(s)" + (f" ({workers} allowed; one chunk needs no more)" if used["workers"] < workers else "") + ".")
     return index
 
 

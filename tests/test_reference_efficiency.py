@@ -1,0 +1,68 @@
+"""The token stream `benchmarks/reference_efficiency.py` feeds every implementation (the part without torch)."""
+
+import importlib.util
+import pathlib
+
+import numpy as np
+import pytest
+
+from kgpt.jobs.pretrain import validation_windows as kgpt_validation_windows
+
+SCRIPT = pathlib.Path(__file__).parent.parent / "benchmarks" / "reference_efficiency.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("reference_efficiency", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_training_windows_tile_the_stream(bench):
+    tokens = np.arange(23)
+    windows = bench.training_windows(tokens, 5)
+    # Each window's inputs start where the last one's ended; its last token is the next one's first.
+    assert windows.tolist() == [[0, 1, 2, 3, 4, 5], [5, 6, 7, 8, 9, 10], [10, 11, 12, 13, 14, 15],
+                                [15, 16, 17, 18, 19, 20]]
+    assert windows.dtype == np.int32
+    with pytest.raises(ValueError, match="no window"):
+        bench.training_windows(np.arange(5), 5)
+
+
+def test_validation_windows_are_kgpt_trains(bench):
+    tokens = np.arange(100, 141)
+    x, y, _ = kgpt_validation_windows(tokens, 8)
+    windows = bench.validation_windows(tokens, 8)
+    np.testing.assert_array_equal(windows[:, :-1], x["token_ids"])
+    np.testing.assert_array_equal(windows[:, 1:], y)
+
+
+def test_batch_order_is_seeded_permutations_end_to_end(bench):
+    order = bench.batch_order(7, 17, seed=3)
+    assert len(order) == 17
+    assert sorted(order[:7]) == list(range(7)) and sorted(order[7:14]) == list(range(7))
+    assert set(order[14:]) <= set(range(7)) and len(set(order[14:])) == 3
+    np.testing.assert_array_equal(order, bench.batch_order(7, 17, seed=3))
+    assert not np.array_equal(order, bench.batch_order(7, 17, seed=4))
+
+
+def test_evaluation_steps(bench):
+    assert bench.evaluation_steps(240, 8) == [0, 30, 60, 90, 120, 150, 180, 210, 240]
+    assert bench.evaluation_steps(10, 3) == [0, 3, 7, 10]
+    with pytest.raises(ValueError):
+        bench.evaluation_steps(5, 6)
+
+
+def test_batches_read_the_saved_order(bench, tmp_path):
+    windows = np.arange(40, dtype=np.int32).reshape(10, 4)
+    np.save(tmp_path / "train_windows.npy", windows)
+    np.save(tmp_path / "order.npy", np.array([9, 2, 5, 0, 7, 1]))
+    bench.write_json(str(tmp_path / "config.json"), {"batch_size": 2})
+    np.testing.assert_array_equal(bench.batches(str(tmp_path), 1, 3), windows[[5, 0, 7, 1]])
+
+
+def test_unigram_loss(bench):
+    # Counts + 1 over a vocabulary of 4: token 0 seen 3 times -> 4/8, token 3 never -> 1/8.
+    loss = bench.unigram_loss(np.array([0, 0, 0, 1]), np.array([0, 3]), 4)
+    assert loss == pytest.approx(-(np.log(4 / 8) + np.log(1 / 8)) / 2)

@@ -24,7 +24,7 @@ and is evaluated on the same held-out windows at the same steps:
   --task lm` compiles it (`kgpt.gpt_adamw`, the chunked LM loss), fed the
   saved batches in order through `tf.data`, once on each Keras backend.
 - The reference: `transformers.OpenAIGPTLMHeadModel` (afn "gelu" is the tanh
-  GELU there, as in kgpt; N(0, 0.02) weights, zero biases, post-LN blocks,
+  GELU there, as in kgpt; N(0, --initializer_range) weights, zero biases, post-LN blocks,
   dropout on embeddings, attention weights and residuals), trained with
   `torch.optim.AdamW` (betas 0.9/0.999, epsilon 1e-8, decoupled decay on
   every matrix and embedding but no bias or layer-norm parameter, as kgpt's
@@ -148,6 +148,7 @@ def run_kgpt(work_dir, seed):
         vocabulary_size=config["vocabulary_size"], num_layers=config["num_layers"], num_heads=config["num_heads"],
         hidden_dim=config["hidden_dim"], intermediate_dim=config["intermediate_dim"],
         max_sequence_length=config["sequence_length"], dropout=config["dropout"],
+        initializer_range=config.get("initializer_range", 0.02),
     )
     lm = kgpt.GPTCausalLM(backbone)
     # kgpt/jobs/pretrain.py's _compiled_lm, with its default lm_loss_chunk_size (1024).
@@ -189,7 +190,7 @@ def run_reference(work_dir, seed):
         vocab_size=config["vocabulary_size"], n_positions=config["sequence_length"], n_embd=config["hidden_dim"],
         n_layer=config["num_layers"], n_head=config["num_heads"], afn="gelu",  # "gelu" is the tanh GELU there
         resid_pdrop=config["dropout"], embd_pdrop=config["dropout"], attn_pdrop=config["dropout"],
-        layer_norm_epsilon=1e-5, initializer_range=0.02,
+        layer_norm_epsilon=1e-5, initializer_range=config.get("initializer_range", 0.02),
     ))
     # Decay every matrix and embedding (the LM head is the token embedding, listed once), never a bias
     # or a layer-norm gain/offset: kgpt's NO_DECAY_NAMES.
@@ -293,6 +294,8 @@ def define_flags():
     flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.")
     flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay.")
     flags.DEFINE_float("dropout", 0.1, "Embedding, attention and residual dropout.")
+    flags.DEFINE_float("initializer_range", 0.02, "Standard deviation of every weight's normal initialisation, on "
+                       "both sides (the paper's 0.02; 0.0625 = 256**-0.5 leaves the unigram plateau early).")
     flags.DEFINE_integer("reference_threads", 0, "torch threads of the reference (0: torch's default, one per "
                          "core; on a busy machine 1 can be several times faster).")
     flags.DEFINE_float("target", 0.05, "Largest acceptable |kgpt - reference| validation loss, nats.")
@@ -428,7 +431,7 @@ def main(argv):
     config = {name: getattr(f, name) for name in (
         "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "sequence_length", "batch_size",
         "eval_batch_size", "max_steps", "warmup_steps", "learning_rate", "weight_decay", "dropout",
-        "reference_threads")}
+        "initializer_range", "reference_threads")}
     config.update(vocabulary_size=vocabulary_size, evaluation_steps=evaluation_steps(f.max_steps, f.evaluations),
                   unigram_val_loss=unigram)
     write_json(os.path.join(f.work_dir, "config.json"), config)

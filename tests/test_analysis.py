@@ -64,6 +64,21 @@ def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tm
     assert "lm_loss" in open(runs / "full_sst2" / "history.csv").readline()
 
 
+def test_ablations_over_seeds_give_each_seed_and_the_mean(tiny_preset, tmp_path):
+    scores = analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["full", "no_pretraining"], seeds=[3, 5],
+                                output_dir=str(tmp_path))
+    per_seed = read_csv(tmp_path / "ablations_seeds.csv")
+    assert per_seed[0] == ["method", "task", "seed 3", "seed 5", "mean", "sd"] and len(per_seed) == 3
+    for row, line in zip(("full", "no_pretraining"), per_seed[1:]):
+        values = [float(v) for v in line[2:4]]
+        assert float(line[4]) == pytest.approx(sum(values) / 2) == pytest.approx(scores[row]["sst2"])
+    assert float(read_csv(tmp_path / "ablations.csv")[1][2]) == pytest.approx(scores["full"]["sst2"])
+    for run in ("full_sst2_seed3", "full_sst2_seed5", "no_pretraining_sst2_seed5"):
+        assert json.loads((tmp_path / "runs" / run / "run.json").read_text())["settings"]["seed"] == int(run[-1])
+    with pytest.raises(ValueError, match="seeds must be distinct"):
+        analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["full"], seeds=[1, 1], output_dir=str(tmp_path))
+
+
 def test_ablations_errors(tiny_preset, tmp_path):
     with pytest.raises(ValueError, match="Unknown ablation row"):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["bigger"], output_dir=str(tmp_path))
@@ -115,6 +130,15 @@ def test_cli_usage_errors():
             analyze.main(["kgpt-analyze", "zero-shot"])
     finally:
         flags.FLAGS.unparse_flags()
+    for args, message in ((["--seeds=0,x"], "--seeds: expected integers"),
+                          (["--seeds=1,1"], "--seeds: expected distinct integers"),
+                          (["--seeds=0,1", "--init=x"], "--seeds only applies to ablations, not zero-shot")):
+        flags.FLAGS(["kgpt-analyze", *args])
+        try:
+            with pytest.raises(app.UsageError, match=message):
+                analyze.main(["kgpt-analyze", "zero-shot"])
+        finally:
+            flags.FLAGS.unparse_flags()
 
 
 def test_cli_claims_its_output_directory(tmp_path):

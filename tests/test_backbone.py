@@ -81,6 +81,24 @@ def test_init_is_normal_002():
     assert abs(table.mean()) < 0.001
 
 
+def test_initializer_range_sets_every_embedding_and_kernel_and_is_saved():
+    sizes = dict(TINY, vocabulary_size=4000, hidden_dim=64, num_heads=4)
+    backbone = kgpt.GPTBackbone(**sizes, initializer_range=0.1)
+    for weights in (backbone.token_embedding.embeddings, backbone.position_embedding.position_embeddings,
+                    backbone.transformer_layers[0].feedforward_intermediate_dense.kernel):
+        assert abs(to_numpy(weights).std() - 0.1) < 0.005, weights.path
+    assert backbone.get_config()["initializer_range"] == 0.1
+    assert kgpt.GPTBackbone.from_config(backbone.get_config()).initializer_range == 0.1
+    new_rows = to_numpy(backbone.with_added_tokens(200, seed=0).token_embedding.embeddings)[-200:]
+    assert abs(new_rows.std() - 0.1) < 0.01  # special tokens drawn like the rest
+    old = backbone.get_config()
+    del old["initializer_range"]  # a preset saved before the option: the paper's 0.02
+    assert kgpt.GPTBackbone.from_config(old).initializer_range == 0.02
+    for bad in (0, -0.1):
+        with pytest.raises(ValueError, match="initializer_range must be > 0"):
+            kgpt.GPTBackbone(**sizes, initializer_range=bad)
+
+
 def test_causality(backbone):
     x = random_inputs(batch=2, length=12)
     base = to_numpy(backbone(x))

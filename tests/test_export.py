@@ -83,10 +83,11 @@ def test_hugging_face_files_have_its_names_shapes_and_config(tmp_path, tokenizer
     np.testing.assert_array_equal(tensors["h.1.ln_2.bias"], arrays[25])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert {k: config[k] for k in ("model_type", "vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head",
-                                   "afn", "layer_norm_epsilon", "resid_pdrop", "attn_pdrop", "embd_pdrop")} == {
+                                   "afn", "layer_norm_epsilon", "resid_pdrop", "attn_pdrop", "embd_pdrop",
+                                   "initializer_range")} == {
         "model_type": "openai-gpt", "vocab_size": 98, "n_positions": 16, "n_ctx": 16, "n_embd": 16, "n_layer": 2,
         "n_head": 2, "afn": "gelu", "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.1, "attn_pdrop": 0.1,
-        "embd_pdrop": 0.1}
+        "embd_pdrop": 0.1, "initializer_range": 0.02}
     # The special tokens as Hugging Face's added tokens, after the 95 BPE symbols.
     hf = tmp_path / "hf"
     assert json.loads((hf / "added_tokens.json").read_text()) == {"_start_": 95, "_delimiter_": 96, "_classify_": 97}

@@ -61,6 +61,48 @@ def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys):
     assert config.learning_rate == config_lib.DEMO_PRETRAIN["learning_rate"]
 
 
+def test_a_recipe_fills_the_flags_not_given(capsys):
+    from absl import app, flags
+
+    from kgpt.cli import train
+
+    recipe = config_lib.RECIPES["cpu-small"]
+    flags.FLAGS(["kgpt-train", "--task=lm", "--recipe=cpu-small", "--corpus=books", "--max_steps=7"])
+    try:
+        config = train.pretrain_config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert config.max_steps == 7 and config.corpus == "books"  # given: kept
+    assert {k: getattr(config, k) for k in recipe["lm"] if k != "max_steps"} == {
+        k: v for k, v in recipe["lm"].items() if k != "max_steps"}
+    printed = capsys.readouterr().out
+    assert "--recipe cpu-small: its settings" in printed and "max_steps" not in printed
+    flags.FLAGS(["kgpt-train", "--task=lm", "--recipe=cpu-small"])
+    try:
+        with pytest.raises(app.UsageError, match="--recipe cpu-small pre-trains on your text: give --corpus"):
+            train.pretrain_config_from_flags()
+    finally:
+        flags.FLAGS.unparse_flags()
+    # Fine-tuning: the recipe's fine-tuning settings, over the demo's where --init demo.
+    for init in ("--init=lm_dir", "--init=demo"):
+        flags.FLAGS(["kgpt-train", "--task=cola", "--recipe=cpu-small", init, "--epochs=1"])
+        try:
+            config = train.finetune_config_from_flags()
+        finally:
+            flags.FLAGS.unparse_flags()
+        assert config.epochs == 1 and config.learning_rate == recipe["finetune"]["learning_rate"]
+        assert config.batch_size == recipe["finetune"]["batch_size"]
+
+
+def test_runs_record_a_later_field_only_when_it_is_not_its_old_value():
+    from kgpt.jobs import finetune, pretrain
+
+    assert "initializer_range" not in pretrain.run_settings(config_lib.PretrainConfig())  # as runs before it
+    assert pretrain.run_settings(config_lib.PretrainConfig(initializer_range=0.06))["initializer_range"] == 0.06
+    assert "initializer_range" not in finetune.run_settings(config_lib.FinetuneConfig())
+    assert "output_dir" not in finetune.run_settings(config_lib.FinetuneConfig(output_dir="x"))
+
+
 def test_jobs_share_their_common_fields_once():
     pre, fine = config_lib.PretrainConfig(), config_lib.FinetuneConfig()
     shared = {f.name for f in dataclasses.fields(config_lib.RunConfig)} | {

@@ -223,7 +223,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
 
 # --- Table 5: ablations --------------------------------------------------------
 
-def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analysis", registry=None):
+def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analysis", registry=None, seeds=None):
     """Runs the chosen Table 5 rows over `tasks` (`{name: data_dir or None}`).
 
     Rows: `full` (pre-trained transformer, aux LM 0.5), `no_pretraining`
@@ -232,8 +232,14 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     `base.init="demo"`, the demo transformer and a demo LSTM are pre-trained
     on the embedded text first.
 
+    `seeds` (default `[base.seed]`): every row is fine-tuned once per seed
+    (runs `runs/ROW_TASK_seedS`); the table gives the mean, and
+    `ablations_seeds.{csv,md}` each seed's value with the mean and standard
+    deviation, since one fine-tuning of a small model on a small task varies
+    by several points from seed to seed.
+
     Writes `ablations.{csv,md}` (ours beside the paper's numbers); returns
-    `{row: {task: value x 100}}`.
+    `{row: {task: mean value x 100}}`.
     """
     unknown = [r for r in rows if r not in TABLE5]
     if unknown:
@@ -251,15 +257,25 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
         "no_aux_lm": {"init": init, "lm_coef": 0.0},
         "lstm": {"init": lstm_init},
     }
-    scores = {row: {} for row in rows}
+    seeds = [base.seed] if seeds is None else [int(s) for s in seeds]
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds must be distinct and at least one, got {seeds}.")
+    by_seed = {row: {} for row in rows}
     for name, data_dir in tasks.items():
         task = registry.get(name)
         for row in rows:
-            logger.info(f"--- ablation {row} on {name} ---")
-            config = dataclasses.replace(base, task=name, data_dir=data_dir, **settings[row],
-                                      output_dir=os.path.join(output_dir, "runs", f"{row}_{name}"))
-            _, results = finetune_lib.finetune(config, registry)
-            scores[row][name] = headline(task, results)[1]
+            by_seed[row][name] = []
+            for seed in seeds:
+                run = f"{row}_{name}" + (f"_seed{seed}" if len(seeds) > 1 else "")
+                logger.info(f"--- ablation {row} on {name}" + (f", seed {seed}" if len(seeds) > 1 else "") + " ---")
+                config = dataclasses.replace(base, task=name, data_dir=data_dir, seed=seed, **settings[row],
+                                          output_dir=os.path.join(output_dir, "runs", run))
+                _, results = finetune_lib.finetune(config, registry)
+                by_seed[row][name].append(headline(task, results)[1])
+    scores = {row: {name: float(np.mean(values)) for name, values in by_task.items()}
+              for row, by_task in by_seed.items()}
+    if len(seeds) > 1:
+        _write_seed_table(os.path.join(output_dir, "ablations_seeds"), by_seed, seeds, registry)
     header = ["method", "avg"] + [f"{n} ({registry.get(n).metric_names[0]})" for n in tasks]
     table = []
     for row in rows:
@@ -273,3 +289,13 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     logger.info(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev "
                 "sets; '-' where the paper has no number).")
     return scores
+
+
+def _write_seed_table(stem, by_seed, seeds, registry):
+    """Each seed's value of every row and task, with their mean and (sample) standard deviation."""
+    header = ["method", "task"] + [f"seed {s}" for s in seeds] + ["mean", "sd"]
+    table = [[ROW_TITLES[row], f"{name} ({registry.get(name).metric_names[0]})", *values, float(np.mean(values)),
+              float(np.std(values, ddof=1))]
+             for row, by_task in by_seed.items() for name, values in by_task.items()]
+    markdown = write_table(stem, header, table)
+    logger.info(markdown + f"Wrote {stem}.csv and .md ({len(seeds)} seeds).")

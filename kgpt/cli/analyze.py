@@ -41,6 +41,8 @@ flags.DEFINE_list("rows", list(TABLE5_ROWS), "ablations: Table 5 rows to run.")
 flags.DEFINE_string("lstm_init", None, "ablations: the pre-trained LSTM preset for the lstm row "
                     "(kgpt-train --task lm --architecture lstm); pre-trained on the demo text without --init.")
 flags.DEFINE_list("architectures", ["transformer", "lstm"], "zero-shot-curve: architectures to pre-train.")
+flags.DEFINE_list("seeds", None, "ablations: fine-tune every row once per seed (e.g. 0,1,2); the table gives the mean, "
+                  "ablations_seeds.csv each seed (default: --seed alone).")
 
 FLAGS = flags.FLAGS
 
@@ -52,6 +54,9 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     output_dir = FLAGS.output_dir or "analysis"
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode])
+    seeds = _seeds()
+    if seeds is not None and mode != "ablations":
+        raise app.UsageError(f"--seeds only applies to ablations, not {mode}; use --seed.", exitcode=2)
     if mode == "zero-shot" and FLAGS.init is None:
         raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
     import keras
@@ -64,10 +69,10 @@ def main(argv):
     # The modes share the directory (zero-shot reads the model that transfer pre-trained there); each
     # experiment's own run under runs/ is claimed with its settings by its job.
     with RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite):
-        _run(mode, tasks, output_dir, TaskRegistry())
+        _run(mode, tasks, output_dir, TaskRegistry(), seeds)
 
 
-def _run(mode, tasks, output_dir, registry):
+def _run(mode, tasks, output_dir, registry, seeds):
     from kgpt.analysis import experiments
 
     if mode == "zero-shot":
@@ -86,11 +91,24 @@ def _run(mode, tasks, output_dir, registry):
                                        output_dir=output_dir, registry=registry)
         else:
             experiments.ablations(base, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir,
-                                  registry=registry)
+                                  registry=registry, seeds=seeds)
+
+
+def _seeds():
+    if FLAGS.seeds is None:
+        return None
+    try:
+        seeds = [int(s) for s in FLAGS.seeds]
+    except ValueError:
+        raise app.UsageError(f"--seeds: expected integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.", exitcode=2)
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise app.UsageError(f"--seeds: expected distinct integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.",
+                             exitcode=2)
+    return seeds
 
 
 def run():
-    groups = {"Analysis": ["tasks", "layers", "rows", "lstm_init", "architectures"], **train.GROUPS}
+    groups = {"Analysis": ["tasks", "layers", "rows", "lstm_init", "architectures", "seeds"], **train.GROUPS}
     common.run(main, "kgpt-analyze", __doc__, groups, modules=(train.__name__,))
 
 

@@ -398,7 +398,7 @@ def huggingface_config(backbone):
         "embd_pdrop": backbone.dropout,
         "attn_pdrop": attention_dropout,
         "layer_norm_epsilon": 1e-5,
-        "initializer_range": 0.02,
+        "initializer_range": getattr(backbone, "initializer_range", 0.02),
         "tie_word_embeddings": True,
         "torch_dtype": "float32",
     }

@@ -37,6 +37,9 @@ class ModelConfig:
     hidden_dim: int = option(768, "Hidden size.")
     intermediate_dim: int = option(3072, "Feed-forward inner size.")
     dropout: float = option(0.1, "Embedding, attention and residual dropout.")
+    initializer_range: float = option(0.02, "Standard deviation of the normal initialisation of every embedding and "
+                                      "kernel: the paper's 0.02 (for width 768); about hidden_dim**-0.5 lets a "
+                                      "narrow model learn from context sooner (README, 'A recipe for a CPU').")
     attention_dropout: float | None = option(None, "Dropout on attention probabilities if not --dropout; 0 runs "
                                              "attention through keras.ops.dot_product_attention (flash attention on "
                                              "GPUs) in training.")
@@ -138,9 +141,40 @@ DEMO_FINETUNE = dict(learning_rate=5e-4, batch_size=16, epochs=5)
 DEMO_LSTM = dict(architecture="lstm", num_layers=1, lstm_units=512)
 
 
+# Named settings chosen by measurement, for a purpose the paper's defaults do not fit: `--recipe NAME`
+# fills the flags not given. "lm" is pre-training on the user's --corpus; "finetune" is fine-tuning a
+# model that recipe pre-trained. cpu-small: ~30 minutes of pre-training on 2 CPU cores that measurably
+# helps fine-tuning (docs/results/cpu-small.md has what it gave and the commands).
+RECIPES = {
+    "cpu-small": {
+        "lm": dict(tokenizer="train", num_merges=8000, num_layers=4, num_heads=4, hidden_dim=256,
+                   intermediate_dim=1024, initializer_range=0.0625, sequence_length=64, batch_size=32,
+                   learning_rate=1e-3, warmup_steps=100, max_steps=1600, evaluations=8),
+        "finetune": dict(learning_rate=2.5e-4, batch_size=32, epochs=3),
+    },
+}
+
+
 def demo_pretrain_config(**overrides):
     """The embedded pre-training run: `PretrainConfig` of `DEMO_PRETRAIN`, then `overrides`."""
     return PretrainConfig(**{**DEMO_PRETRAIN, **overrides})
+
+
+# Fields added after runs were already being recorded, with the value those runs used: a run records
+# them only when set otherwise, so a run started before a field existed still resumes.
+LATER_FIELDS = {"initializer_range": 0.02}
+
+
+def recorded_settings(config, drop):
+    """`config` as a run records it (`run.json`, checkpoints): without the fields in `drop` (where it writes,
+    not what it computes), nor a `LATER_FIELDS` field at its old value."""
+    settings = dataclasses.asdict(config)
+    for key in drop:
+        settings.pop(key)
+    for key, value in LATER_FIELDS.items():
+        if key in settings and settings[key] == value:
+            settings.pop(key)
+    return settings
 
 
 def own_fields(cls):

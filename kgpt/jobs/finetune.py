@@ -17,7 +17,6 @@ job shares with pre-training.
 """
 
 import collections
-import dataclasses
 import hashlib
 import logging
 import math
@@ -35,6 +34,7 @@ from kgpt.io.pretrained import load_pretrained, with_special_tokens
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, FinetuneConfig, demo_pretrain_config  # noqa: F401 - re-exported
+from kgpt.jobs.config import recorded_settings
 from kgpt.jobs.rundir import same_path, write_text
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.task_model import GPTTaskModel, is_task_preset
@@ -304,9 +304,8 @@ def _describe_counts(name, counts):
 
 def run_settings(config):
     """What a fine-tuning run's outputs depend on (`run.json`, checkpoints): the config without its place."""
-    settings = dataclasses.asdict(config)
-    for key in ("output_dir", "overwrite", "checkpoint_every"):  # none changes the outputs
-        settings.pop(key)
+    # None of these changes the outputs.
+    settings = recorded_settings(config, drop=("output_dir", "overwrite", "checkpoint_every"))
     for key in ("data_dir", "init"):
         if settings[key] not in (None, *SPECIAL_INITS):
             settings[key] = os.path.abspath(settings[key])

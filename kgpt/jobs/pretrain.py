@@ -8,7 +8,6 @@ tail of the token stream is held out for validation perplexity, and with an
 with the same settings resumes from it (`kgpt.jobs.run` is the skeleton).
 """
 
-import dataclasses
 import glob
 import logging
 import math
@@ -25,6 +24,7 @@ from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.jobs.pretrain.PretrainConfig
+from kgpt.jobs.config import recorded_settings
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm import GPTCausalLM
 from kgpt.models.lstm import LSTMBackbone
@@ -104,9 +104,8 @@ def split_point(total, config):
 
 def run_settings(config):
     """What a pre-training run's outputs depend on (`run.json`, checkpoints): the config without its place."""
-    settings = dataclasses.asdict(config)
-    for key in ("output_dir", "overwrite", "shards_dir", "checkpoint_every"):  # none changes the outputs
-        settings.pop(key)
+    # None of these changes the outputs.
+    settings = recorded_settings(config, drop=("output_dir", "overwrite", "shards_dir", "checkpoint_every"))
     if settings["corpus"]:
         settings["corpus"] = os.path.abspath(settings["corpus"])
     if settings["tokenizer"] not in (None, "train"):

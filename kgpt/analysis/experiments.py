@@ -260,12 +260,11 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     seeds = [base.seed] if seeds is None else [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
         raise ValueError(f"seeds must be distinct and at least one, got {seeds}.")
-    by_seed = {row: {} for row in rows}
+    by_seed = {row: {name: [] for name in tasks} for row in rows}
     for name, data_dir in tasks.items():
         task = registry.get(name)
-        for row in rows:
-            by_seed[row][name] = []
-            for seed in seeds:
+        for seed in seeds:  # seeds outermost: a run stopped early still has every row for its first seeds
+            for row in rows:
                 run = f"{row}_{name}" + (f"_seed{seed}" if len(seeds) > 1 else "")
                 logger.info(f"--- ablation {row} on {name}" + (f", seed {seed}" if len(seeds) > 1 else "") + " ---")
                 config = dataclasses.replace(base, task=name, data_dir=data_dir, seed=seed, **settings[row],

@@ -92,8 +92,9 @@ def _values(config_cls):
     return values
 
 
-def _apply_demo(values, demo, what, kind="small demo"):
-    unset = {k: v for k, v in demo.items() if not FLAGS[k].present}
+def _fill_unset(values, settings, what, kind="small demo"):
+    """Puts `settings` into `values` where the flag was not given, and says which."""
+    unset = {k: v for k, v in settings.items() if not FLAGS[k].present}
     values.update(unset)
     if unset:
         logger.info(f"{what}: {kind} settings " + ", ".join(f"{k}={v}" for k, v in unset.items()) + ".")
@@ -101,7 +102,7 @@ def _apply_demo(values, demo, what, kind="small demo"):
 
 def _apply_recipe(values, job):
     if FLAGS.recipe is not None:
-        _apply_demo(values, config_lib.RECIPES[FLAGS.recipe][job], f"--recipe {FLAGS.recipe}", kind="its")
+        _fill_unset(values, config_lib.RECIPES[FLAGS.recipe][job], f"--recipe {FLAGS.recipe}", kind="its")
 
 
 def pretrain_config_from_flags():
@@ -112,7 +113,7 @@ def pretrain_config_from_flags():
                              "UTF-8 text files).", exitcode=2)
     _apply_recipe(values, "lm")
     if FLAGS.corpus is None:
-        _apply_demo(values, config_lib.DEMO_PRETRAIN, "No --corpus: training on the embedded demo text with")
+        _fill_unset(values, config_lib.DEMO_PRETRAIN, "No --corpus: training on the embedded demo text with")
     return config_lib.PretrainConfig(**values)
 
 
@@ -141,7 +142,7 @@ def finetune_config_from_flags():
     values["task"] = FLAGS.task if FLAGS.task != "lm" else config_lib.FinetuneConfig.task
     if values["init"] == "demo":
         what = "--init demo" if FLAGS.init else "No --init: --init demo"
-        _apply_demo(values, config_lib.DEMO_FINETUNE, f"{what} (the small demo model, pre-trained on the embedded "
+        _fill_unset(values, config_lib.DEMO_FINETUNE, f"{what} (the small demo model, pre-trained on the embedded "
                     "text first), fine-tuned with")
     _apply_recipe(values, "finetune")  # after the demo's: a recipe's settings win over them
     return config_lib.FinetuneConfig(**values)

@@ -50,8 +50,12 @@ def export(directory, size, scale, seed):
     import kgpt
 
     if size == "tiny":
-        corpus = os.path.join(os.path.dirname(kgpt.__file__), "assets", "demo_corpus.txt")
-        tokenizer = kgpt.GPTTokenizer.train([corpus], num_merges=60)
+        import tempfile
+
+        from kgpt.data import demo_world
+
+        with tempfile.TemporaryDirectory() as scratch:
+            tokenizer = kgpt.GPTTokenizer.train([demo_world.write_corpus(scratch)], num_merges=60)
     else:
         tokenizer = kgpt.GPTTokenizer.gpt1()
     keras.utils.set_random_seed(seed)

@@ -43,9 +43,9 @@ def generate_corpus(path, megabytes, seed=0):
     """Writes `megabytes` of sentences drawn from the embedded demo text's words."""
     import numpy as np
 
-    from kgpt.jobs.pretrain import demo_corpus_path
+    from kgpt.data import demo_world
 
-    words = sorted(set(re.findall(r"[A-Za-z']+", open(demo_corpus_path(), encoding="utf-8").read())))
+    words = sorted(set(re.findall(r"[A-Za-z']+", demo_world.corpus())))
     rng = np.random.default_rng(seed)
     target = megabytes * 1_000_000
     written = 0

@@ -12,6 +12,7 @@ import pytest
 from conftest import TINY, char_tokenizer, to_numpy
 
 import kgpt
+from kgpt.errors import ConfigError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt_tasks import scitail, scitail_demo
 
@@ -201,3 +202,40 @@ def test_cli_lists_tasks():
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(r"scitail\s+scitail\s+entailment\s+classification\s+entails,neutral\s+accuracy\s+88.3 acc",
                      result.stdout)
+
+
+def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_and_logs_both(tiny_preset, tmp_path,
+                                                                                             capsys):
+    model, results = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
+    out = tmp_path / "out"
+    baseline = json.loads((out / "no_pretraining" / "metrics.json").read_text())
+    assert baseline["init"].startswith("fresh weights (no pre-training)")
+    assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(results))  # the main run's
+    assert (out / "no_pretraining" / "predictions" / "dev.tsv").exists()
+    out_text = capsys.readouterr().out
+    table = out_text[out_text.index("Pre-training's effect on scitail"):]
+    for split in ("dev", "test"):
+        ours, theirs = results["splits"][split]["accuracy"], baseline["splits"][split]["accuracy"]
+        assert f"{ours:.4f}" in table and f"{theirs:.4f}" in table and f"{ours - theirs:+.4f}" in table
+    # The same shape and vocabulary as the pre-trained model.
+    fresh = kgpt.GPTTaskModel.from_preset(str(out / "no_pretraining"))
+    assert fresh.backbone.count_params() == model.backbone.count_params()
+
+
+@pytest.mark.parametrize("overrides, why", [
+    (dict(init="scratch"), "no pre-training to compare"),
+    (dict(pretrained_weights=False), "is the baseline itself"),
+    (dict(epochs=0), "trains nothing"),
+])
+def test_scratch_baseline_is_refused_where_there_is_nothing_to_compare(tiny_preset, tmp_path, overrides, why):
+    with pytest.raises(ConfigError, match=why):
+        finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True, **overrides))
+
+
+def test_only_the_demo_runs_the_baseline_unless_asked():
+    base = finetune_lib.FinetuneConfig(init="demo")
+    assert finetune_lib.runs_baseline(base)
+    assert not finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="demo", scratch_baseline=False))
+    assert not finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="demo", pretrained_weights=False))
+    assert not finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="some/preset"))
+    assert finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="some/preset", scratch_baseline=True))

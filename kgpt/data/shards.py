@@ -32,6 +32,7 @@ import os
 import queue
 import sys
 import time
+import warnings
 import zlib
 
 import numpy as np
@@ -124,10 +125,14 @@ class _Workers:
         self.processes = []
         gc.freeze()  # the workers' garbage collector would otherwise copy every inherited page
         try:
-            for inbox, outbox in zip(self.inboxes, self.outboxes):
-                process = context.Process(target=_worker, args=(engine, inbox, outbox), daemon=True)
-                process.start()
-                self.processes.append(process)
+            with warnings.catch_warnings():
+                # JAX warns on any fork once its threads run. The deadlock it means needs the child to wait on
+                # a lock a JAX thread held; these workers only run the tokenizer and never call JAX.
+                warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+                for inbox, outbox in zip(self.inboxes, self.outboxes):
+                    process = context.Process(target=_worker, args=(engine, inbox, outbox), daemon=True)
+                    process.start()
+                    self.processes.append(process)
         finally:
             gc.unfreeze()
         self.journals = [[] for _ in range(count)]  # what each worker has not been sent yet

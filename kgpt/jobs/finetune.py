@@ -17,6 +17,7 @@ job shares with pre-training.
 """
 
 import collections
+import dataclasses
 import hashlib
 import logging
 import math
@@ -115,7 +116,8 @@ def transfer(pretrained, num_layers):
     return fresh
 
 
-Start = collections.namedtuple("Start", "backbone tokenizer origin finetuned")
+# `initial`: what `initial_model` gave (before special tokens and `pretrained_weights`), for a baseline to reuse.
+Start = collections.namedtuple("Start", "backbone tokenizer origin finetuned initial")
 
 
 def initial_model(config):
@@ -143,27 +145,32 @@ def _demo_model(config):
     return lm.backbone, tokenizer, origin
 
 
-def starting_point(config, task):
-    """What fine-tuning starts from: a `Start(backbone, tokenizer, origin, finetuned)`.
+def starting_point(config, task, initial=None):
+    """What fine-tuning starts from: a `Start(backbone, tokenizer, origin, finetuned, initial)`.
 
     `finetuned` is the loaded `GPTTaskModel` when `config.init` is a
-    fine-tuned preset of `task` (its head is kept), else None.
+    fine-tuned preset of `task` (its head is kept), else None. `initial`, an
+    earlier `Start.initial`, is used instead of loading (or, for `demo`,
+    pre-training) `config.init` again.
     """
     if config.init not in SPECIAL_INITS and is_task_preset(config.init):
         model = _finetuned_init(config, task)
         action = "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
         logger.info(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, "
                     f"{action}.")
-        return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model)
+        return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model,
+                     None)
     if config.epochs == 0:
         raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
                          f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
-    backbone, tokenizer, origin = initial_model(config)
+    initial = initial or initial_model(config)
+    backbone, tokenizer, origin = initial
     if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
         backbone = type(backbone).from_config(backbone.get_config())
+        origin = f"fresh weights (no pre-training) in the shape and vocabulary of {origin}"
         logger.info("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
     backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
-    return Start(backbone, tokenizer, origin, None)
+    return Start(backbone, tokenizer, origin, None, initial)
 
 
 def _finetuned_init(config, task):
@@ -305,7 +312,7 @@ def _describe_counts(name, counts):
 def run_settings(config):
     """What a fine-tuning run's outputs depend on (`run.json`, checkpoints): the config without its place."""
     # None of these changes the outputs.
-    settings = recorded_settings(config, drop=("output_dir", "overwrite", "checkpoint_every"))
+    settings = recorded_settings(config, drop=("output_dir", "overwrite", "checkpoint_every", "scratch_baseline"))
     for key in ("data_dir", "init"):
         if settings[key] not in (None, *SPECIAL_INITS):
             settings[key] = os.path.abspath(settings[key])
@@ -332,6 +339,15 @@ def check_config(config):
                           "the small demo model on the embedded text first).")
     if config.init not in SPECIAL_INITS and not os.path.exists(config.init):
         raise ConfigError(f"--init {config.init}: no such preset, release folder or file.")
+    if config.scratch_baseline:
+        why = ("--init scratch has no pre-training to compare" if config.init == "scratch" else
+               "--nopretrained_weights is the baseline itself" if not config.pretrained_weights else
+               "epochs=0 trains nothing" if config.epochs == 0 else
+               f"--init {config.init} is already fine-tuned" if config.init not in SPECIAL_INITS
+               and is_task_preset(config.init) else None)
+        if why:
+            raise ConfigError(f"scratch_baseline fine-tunes the same model from fresh weights beside a pre-trained "
+                              f"one, but {why}.")
     if config.output_dir and config.init not in SPECIAL_INITS and same_path(config.output_dir, config.init):
         raise ConfigError(f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
                          f"another --output_dir.")
@@ -352,7 +368,44 @@ def finetune(config, registry=None):
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
             data_dir = config.data_dir or _embedded_data(task, os.path.join(work, "data"))
-            return _finetune(config, task, data_dir)
+            model, results, start = _finetune(config, task, data_dir)
+        if runs_baseline(config) and start.finetuned is None:
+            _baseline(config, task, data_dir, start, results)
+        return model, results
+
+
+def runs_baseline(config):
+    """Whether `config` also fine-tunes without pre-training: `scratch_baseline`, by default only for `init="demo"`."""
+    if config.scratch_baseline is not None:
+        return config.scratch_baseline
+    return config.init == "demo" and config.pretrained_weights and config.epochs > 0
+
+
+def _baseline(config, task, data_dir, start, results):
+    """Fine-tunes the same model from fresh weights (in OUTPUT_DIR/no_pretraining) and logs both results."""
+    output_dir = os.path.join(config.output_dir, "no_pretraining") if config.output_dir else None
+    base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, data_dir=data_dir,
+                               output_dir=output_dir)
+    logger.info(f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
+                f"{f', in {output_dir}' if output_dir else ''}:")
+    with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-"):
+        with run.scope(base, base.batch_size or DEFAULT_BATCH_SIZE):
+            _, baseline, _ = _finetune(base, task, data_dir, initial=start.initial)
+    logger.info(comparison(task, results, baseline))
+
+
+def comparison(task, pretrained, baseline):
+    """A table of each scored split's metrics with and without pre-training (`metrics.json` results)."""
+    lines = [f"Pre-training's effect on {task.name}: the same fine-tuning from the pre-trained model and from "
+             f"fresh weights.", f"  {'split':<8}{'metric':<12}{'pre-trained':>12}{'no pre-training':>17}"
+             f"{'difference':>12}"]
+    for split, scores in pretrained["splits"].items():
+        for metric, value in scores.items():
+            other = baseline["splits"].get(split, {}).get(metric)
+            if metric == "examples" or not isinstance(value, (int, float)) or not isinstance(other, (int, float)):
+                continue
+            lines.append(f"  {split:<8}{metric:<12}{value:>12.4f}{other:>17.4f}{value - other:>+12.4f}")
+    return "\n".join(lines)
 
 
 def _embedded_data(task, target):
@@ -409,9 +462,10 @@ def _build_model(config, task, start, preprocessor):
     return model
 
 
-def _finetune(config, task, data_dir):
+def _finetune(config, task, data_dir, initial=None):
+    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`); returns `(model, results, start)`."""
     keras.utils.set_random_seed(config.seed)  # as run.scope did: the embedded data above drew no random numbers
-    start = starting_point(config, task)
+    start = starting_point(config, task, initial)
     keras.utils.set_random_seed(config.seed)  # the head starts the same whether or not the demo model was trained
     limit = start.backbone.max_sequence_length
     default_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else limit
@@ -430,7 +484,7 @@ def _finetune(config, task, data_dir):
     # GPTTaskModel.from_preset(output_dir) predicts on text again.
     run.save_outputs(model, config, results, "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
                      "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv")
-    return model, results
+    return model, results, start
 
 
 def _train(config, task, model, splits, batch_size, origin):

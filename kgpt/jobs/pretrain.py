@@ -13,11 +13,11 @@ import logging
 import math
 import os
 import time
-from importlib import resources
 
 import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
+from kgpt.data import demo_world
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.data.shards import build_shards
 from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
@@ -33,10 +33,6 @@ from kgpt.train.callbacks import Progress
 from kgpt.train.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
-
-
-def demo_corpus_path():
-    return str(resources.files("kgpt") / "assets" / "demo_corpus.txt")
 
 
 def corpus_files(pattern):
@@ -205,7 +201,11 @@ def prepare(config):
 
 def _prepare(config, work):
     """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or `work/shards`."""
-    files = corpus_files(config.corpus) if config.corpus else [demo_corpus_path()]
+    if config.corpus:
+        files = corpus_files(config.corpus)
+    else:
+        files = [demo_world.write_corpus(work)]
+        logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
     tokenizer = load_tokenizer(config, files)
     index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"))
     logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "

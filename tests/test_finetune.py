@@ -220,6 +220,10 @@ def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_a
     # The same shape and vocabulary as the pre-trained model.
     fresh = kgpt.GPTTaskModel.from_preset(str(out / "no_pretraining"))
     assert fresh.backbone.count_params() == model.backbone.count_params()
+    # The same command again finds both runs finished (the baseline's folder inside the run's is not foreign).
+    _, again = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
+    assert again["splits"]["dev"] == results["splits"]["dev"]
+    assert json.loads((out / "no_pretraining" / "metrics.json").read_text())["splits"] == baseline["splits"]
 
 
 @pytest.mark.parametrize("overrides, why", [

@@ -375,9 +375,11 @@ def table(work_dir, runs, target):
             curves[(name, seed)] = json.load(f)
     references = [key for key in curves if key[0] == "reference"]
     kgpts = [key for key in curves if key[0] != "reference"]
-    label = {key: key[0] if key[0] != "reference" else f"ref s{key[1]}" for key in curves}
+    seeds = {key[1] for key in kgpts}
+    label = {key: (f"ref s{key[1]}" if key[0] == "reference" else f"{key[0]} s{key[1]}" if len(seeds) > 1 else key[0])
+             for key in curves}
     columns = [*kgpts, *references]
-    diffs = [(k, references[0]) for k in kgpts]
+    diffs = [(k, references[0]) for k in kgpts] if references else []  # kgpt alone: its curves, no gaps
     if len(references) > 1:
         diffs.append((references[1], references[0]))
     header = ["step", *(label[k] for k in columns), *(f"{label[a]} - {label[b]}" for a, b in diffs)]

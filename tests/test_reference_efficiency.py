@@ -66,3 +66,22 @@ def test_unigram_loss(bench):
     # Counts + 1 over a vocabulary of 4: token 0 seen 3 times -> 4/8, token 3 never -> 1/8.
     loss = bench.unigram_loss(np.array([0, 0, 0, 1]), np.array([0, 3]), 4)
     assert loss == pytest.approx(-(np.log(4 / 8) + np.log(1 / 8)) / 2)
+
+
+def _curve(losses):
+    return {"curve": [{"step": 50 * i, "val_loss": v} for i, v in enumerate(losses)], "tokens_per_s": 1000.0,
+            "steps_per_s": 1.0, "train_seconds": 1.0, "wall_seconds": 2.0, "versions": "test"}
+
+
+def test_table_of_kgpt_runs_alone_and_beside_the_reference(bench, tmp_path, capsys):
+    bench.write_json(str(tmp_path / "config.json"), {"unigram_val_loss": 7.0})
+    curves = {("kgpt-jax", 1): [9.0, 7.5], ("kgpt-tensorflow", 1): [9.0, 7.4], ("reference", 0): [9.1, 7.45]}
+    for (name, seed), losses in curves.items():
+        bench.write_json(str(tmp_path / f"curve_{name}_seed{seed}.json"), _curve(losses))
+    # Without a reference run there is nothing to compare: the curves alone, no verdict.
+    assert bench.table(str(tmp_path), [("kgpt-jax", 1), ("kgpt-tensorflow", 1)], 0.05)
+    assert "| 50 | 7.5000 | 7.4000 |" in capsys.readouterr().out
+    assert not bench.table(str(tmp_path), list(curves), 0.05)  # both start 0.1 below the reference
+    out = capsys.readouterr().out
+    assert "kgpt-jax vs ref s0: largest |difference| 0.1000 nats" in out and "MISSES" in out
+    assert "kgpt-tensorflow vs ref s0: largest |difference| 0.1000 nats" in out

@@ -223,6 +223,7 @@ def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_a
     # The same command again finds both runs finished (the baseline's folder inside the run's is not foreign).
     _, again = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
     assert again["splits"]["dev"] == results["splits"]["dev"]
+    assert capsys.readouterr().out.count("this run finished training; evaluating it.") == 2
     assert json.loads((out / "no_pretraining" / "metrics.json").read_text())["splits"] == baseline["splits"]
 
 

@@ -580,10 +580,14 @@ class Training:
 
     def _restore(self):
         state = run.restore(self.model, self.config, self.settings)
-        if state is not None:
+        total = self.config.epochs * self.steps_per_epoch
+        if state is not None and state["step"] >= total:
+            logger.info(f"The checkpoint in {self.directory} is at the last step ({total:,}): this run finished "
+                        f"training; evaluating it.")
+        elif state is not None:
             epoch, done = divmod(state["step"], self.steps_per_epoch)
             logger.info(f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) "
-                        f"of {self.config.epochs * self.steps_per_epoch:,} in {self.directory}.")
+                        f"of {total:,} in {self.directory}.")
         return state
 
     def _calls(self, step):

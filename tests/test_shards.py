@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import warnings
 
 import numpy as np
 import pytest
@@ -100,6 +101,16 @@ def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsy
     assert one.shards == two.shards and [s["tokens"] for s in one.sources] == [s["tokens"] for s in two.sources]
     expected = [i for f in files for i in tokenizer.encode(open(f, encoding="utf-8", newline="").read())]
     assert two.tokens(0, two.total_tokens).tolist() == expected
+
+
+def test_starting_the_workers_after_the_backend_prints_no_fork_warning(tokenizer, tmp_path):
+    import keras
+
+    keras.ops.add(1, 1)  # the backend's threads run (JAX then warns on any fork)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        build(tokenizer, tmp_path, workers=2, chunk_bytes=32)
+    assert not [w for w in caught if "fork" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_workers_share_the_words_they_learn(tokenizer, tmp_path):

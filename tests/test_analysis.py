@@ -94,11 +94,13 @@ def test_zero_shot_curve_for_both_architectures(tmp_path):
                           lstm_units=24, sequence_length=16, batch_size=4, max_steps=4, evaluations=1,
                           warmup_steps=1, sample_tokens=2, zero_shot={"sst2": None}, zero_shot_every=2,
                           zero_shot_examples=10, tokenizer="train", num_merges=20)
-    rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"))
+    rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"), lstm={"lstm_units": 12})
     assert [(r[0], r[1], r[2]) for r in rows] == [("transformer", 2, "sst2"), ("transformer", 4, "sst2"),
                                                   ("lstm", 2, "sst2"), ("lstm", 4, "sst2")]
     assert (tmp_path / "out" / "zero_shot_curve.png").read_bytes().startswith(PNG)
     assert len(read_csv(tmp_path / "out" / "runs" / "curve_lstm" / "zero_shot.csv")) == 3
+    lstm = json.loads((tmp_path / "out" / "runs" / "curve_lstm" / "config.json").read_text())["config"]
+    assert (lstm["lstm_units"], lstm["num_layers"]) == (12, 1)  # the LSTM's settings replace the base's
 
 
 def run_analyze(*args, cwd):

@@ -94,6 +94,31 @@ def test_a_recipe_fills_the_flags_not_given(capsys):
         assert config.batch_size == recipe["finetune"]["batch_size"]
 
 
+@pytest.mark.parametrize("argv, expected", [
+    # A recipe's 4 transformer blocks are not 4 LSTM layers: its own LSTM sizes replace them.
+    (["--recipe=cpu-small", "--corpus=books"], config_lib.RECIPES["cpu-small"]["lstm"]),
+    ([], {k: v for k, v in config_lib.DEMO_LSTM.items() if k != "architecture"}),  # the demo's, not its 2 blocks
+    (["--corpus=books"], config_lib.PAPER_LSTM),  # not the transformer's 12
+    (["--recipe=cpu-small", "--corpus=books", "--num_layers=2", "--lstm_units=64"],
+     {"num_layers": 2, "lstm_units": 64}),  # given: kept
+])
+def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, argv, expected):
+    from absl import flags
+
+    from kgpt.cli import train
+
+    flags.FLAGS(["kgpt-train", "--task=lm", "--architecture=lstm", *argv])
+    try:
+        config = train.pretrain_config_from_flags()
+        overrides = train.lstm_settings()  # what kgpt-analyze zero-shot-curve gives its LSTM run
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert (config.architecture, config.num_layers, config.lstm_units) == (
+        "lstm", expected["num_layers"], expected["lstm_units"])
+    assert overrides == {k: v for k, v in expected.items() if f"--{k}={v}" not in argv}
+    assert ("The LSTM:" in capsys.readouterr().out) == bool(overrides)
+
+
 def test_runs_record_a_later_field_only_when_it_is_not_its_old_value():
     from kgpt.jobs import finetune, pretrain
 

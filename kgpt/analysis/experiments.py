@@ -149,13 +149,15 @@ def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
 
 # --- Figure 2 (right): zero-shot performance during pre-training ---------------
 
-def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="analysis", registry=None):
+def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="analysis", registry=None, lstm=None):
     """Pre-trains each architecture with zero-shot evaluations every `base.zero_shot_every` steps.
 
     Args:
-        base: a `PretrainConfig` with `zero_shot` set (tasks and data dirs);
-            the LSTM run replaces the architecture (demo LSTM sizes when the
-            base is the demo model).
+        base: a `PretrainConfig` with `zero_shot` set (tasks and data dirs).
+        lstm: the settings the LSTM run replaces in `base` besides the
+            architecture, e.g. `{"num_layers": 1, "lstm_units": 512}`
+            (default: the demo LSTM's sizes when `base` has no corpus,
+            else none).
 
     Writes `zero_shot_curve.{csv,md,png}`; returns the rows
     `(architecture, step, task, metric, value)`.
@@ -165,8 +167,8 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
     rows = []
     for architecture in architectures:
         overrides = {"architecture": architecture}
-        if architecture == "lstm" and base.corpus is None:
-            overrides.update(DEMO_LSTM)
+        if architecture == "lstm":
+            overrides.update(DEMO_LSTM if lstm is None and base.corpus is None else lstm or {})
         out = os.path.join(output_dir, "runs", f"curve_{architecture}")
         config = dataclasses.replace(base, output_dir=out, **overrides)
         logger.info(f"--- zero-shot curve: pre-training the {architecture} ---")

@@ -80,8 +80,9 @@ def _run(mode, tasks, output_dir, registry, seeds):
     elif mode == "zero-shot-curve":
         FLAGS.zero_shot = None  # the tasks come from --tasks here
         base = dataclasses.replace(train.pretrain_config_from_flags(), zero_shot=tasks)
+        lstm = train.lstm_settings() if "lstm" in FLAGS.architectures else None
         experiments.zero_shot_curve(base, architectures=FLAGS.architectures, output_dir=output_dir,
-                                    registry=registry)
+                                    registry=registry, lstm=lstm)
     else:
         base = train.finetune_config_from_flags()
         if mode == "transfer":

@@ -114,7 +114,26 @@ def pretrain_config_from_flags():
     _apply_recipe(values, "lm")
     if FLAGS.corpus is None:
         _fill_unset(values, config_lib.DEMO_PRETRAIN, "No --corpus: training on the embedded demo text with")
+    if values["architecture"] == "lstm":
+        values.update(lstm_settings())
     return config_lib.PretrainConfig(**values)
+
+
+def lstm_settings():
+    """The LSTM's sizes for the flags not given: the recipe's, the demo's without --corpus, else the paper's.
+
+    They replace the transformer's (a recipe's 4 blocks are not 4 LSTM layers).
+    """
+    if FLAGS.recipe is not None:
+        what, settings = f"--recipe {FLAGS.recipe}", config_lib.RECIPES[FLAGS.recipe].get("lstm", {})
+    elif FLAGS.corpus is None:
+        what, settings = "the demo", {k: v for k, v in config_lib.DEMO_LSTM.items() if k != "architecture"}
+    else:
+        what, settings = "the paper", config_lib.PAPER_LSTM
+    unset = {k: v for k, v in settings.items() if not FLAGS[k].present}
+    if unset:
+        logger.info(f"The LSTM: {what}'s sizes " + ", ".join(f"{k}={v}" for k, v in unset.items()) + ".")
+    return unset
 
 
 def parse_task_dirs(items):

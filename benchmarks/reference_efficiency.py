@@ -4,6 +4,7 @@
     python benchmarks/reference_efficiency.py --reference_python ENV/bin/python --reference_threads 1   # ~22 min
     python benchmarks/reference_efficiency.py --implementations kgpt-jax --work_dir /tmp/refeff
     python benchmarks/reference_efficiency.py --max_steps 100 --evaluations 4 --reference_seeds 0   # a quick look
+    python benchmarks/reference_efficiency.py --report_only --work_dir /tmp/refeff   # every run there, together
 
     # such a Python, if there is none (torch and transformers are never kgpt dependencies):
     python -m venv ENV && ENV/bin/pip install torch "transformers<5" numpy
@@ -37,6 +38,13 @@ and is evaluated on the same held-out windows at the same steps:
   uncorrected sqrt(v), i.e. 1e-8 / sqrt(1 - 0.999^t) to the corrected one
   (~30x torch's 1e-8 at step 1, the same after a few thousand steps; both
   far below the gradients' scale here).
+
+`--seeds 0,1,2` trains each kgpt implementation once per seed. Runs of
+different implementations are not paired by seed (each draws its own random
+numbers), so with several seeds the table compares the means over seeds at
+every evaluation, with each difference's standard error. `--report_only`
+trains nothing and prints the tables of every curve in `--work_dir` that was
+run with its saved settings: seeds run in separate calls report together.
 
 Each implementation runs in its own process (`worker NAME WORK_DIR SEED`,
 which imports only what that implementation needs: the reference's imports
@@ -261,7 +269,8 @@ def _train_loop(config, evaluate, train, versions):
 def worker(name, work_dir, seed):
     started = time.perf_counter()
     result = run_reference(work_dir, seed) if name == "reference" else run_kgpt(work_dir, seed)
-    result.update(implementation=name, seed=seed, wall_seconds=time.perf_counter() - started)
+    result.update(implementation=name, seed=seed, wall_seconds=time.perf_counter() - started,
+                  settings=_read_config(work_dir))
     write_json(os.path.join(work_dir, f"curve_{name}_seed{seed}.json"), result)
 
 
@@ -277,7 +286,9 @@ def define_flags():
     flags.DEFINE_string("reference_python", None, "Python with torch and transformers < 5 (default: a `python` on "
                         "PATH that imports torch).")
     flags.DEFINE_list("reference_seeds", ["0", "1"], "Seeds of the reference runs (two show the seed-to-seed noise).")
-    flags.DEFINE_integer("seed", 0, "Seed of kgpt's runs.")
+    flags.DEFINE_list("seeds", ["0"], "Seeds of kgpt's runs (each implementation runs once per seed).")
+    flags.DEFINE_bool("report_only", False, "Train nothing: print the tables of every curve in --work_dir run with "
+                      "its settings (runs from several calls together; the other settings flags are ignored).")
     flags.DEFINE_integer("data_seed", 0, "Seed of the order of the training windows.")
     flags.DEFINE_integer("num_merges", 8000, "BPE merges learned from the corpus.")
     flags.DEFINE_integer("validation_tokens", 16384, "Tokens held out at the end of the stream.")
@@ -367,8 +378,45 @@ def run_worker(python, name, work_dir, seed, env=None):
         raise SystemExit(f"{label} failed: {' '.join(command)}")
 
 
+def _seed_list(values, flag):
+    from absl import app
+
+    try:
+        seeds = [int(v) for v in values]
+    except ValueError:
+        raise app.UsageError(f"{flag}: expected integers such as 0,1,2, got {','.join(values)!r}.")
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise app.UsageError(f"{flag}: expected distinct integers such as 0,1,2, got {','.join(values)!r}.")
+    return seeds
+
+
+def saved_runs(work_dir):
+    """`(implementation, seed)` of every curve in `work_dir` run with its current settings (`config.json`).
+
+    Curves from other settings (or saved before curves recorded them) are left out and listed.
+    """
+    settings = _read_config(work_dir)
+    runs, other = [], []
+    for path in sorted(glob.glob(os.path.join(work_dir, "curve_*_seed*.json"))):
+        with open(path) as f:
+            curve = json.load(f)
+        if curve.get("settings") == settings:
+            runs.append((curve["implementation"], curve["seed"]))
+        else:
+            other.append(os.path.basename(path))
+    if other:
+        print(f"Left out {len(other)} curve(s) run with other settings than {work_dir}/config.json: {', '.join(other)}")
+    order = {name: i for i, name in enumerate(IMPLEMENTATIONS)}
+    return sorted(runs, key=lambda run: (order.get(run[0], len(order)), run[1]))
+
+
 def table(work_dir, runs, target):
-    """Prints the curves side by side with their differences; returns whether kgpt met `target` everywhere."""
+    """Prints the curves side by side with their differences; returns whether kgpt met `target` everywhere.
+
+    With one seed of each kgpt implementation, each is compared with the first reference seed run against
+    run. With more, runs are not paired (the implementations draw different random numbers from the same
+    seed): the means over seeds are compared, with their standard errors.
+    """
     curves = {}
     for name, seed in runs:
         with open(os.path.join(work_dir, f"curve_{name}_seed{seed}.json")) as f:
@@ -376,11 +424,15 @@ def table(work_dir, runs, target):
     references = [key for key in curves if key[0] == "reference"]
     kgpts = [key for key in curves if key[0] != "reference"]
     seeds = {key[1] for key in kgpts}
+    per_implementation = {}
+    for name, seed in kgpts:
+        per_implementation.setdefault(name, []).append(seed)
+    several = any(len(s) > 1 for s in per_implementation.values())
     label = {key: (f"ref s{key[1]}" if key[0] == "reference" else f"{key[0]} s{key[1]}" if len(seeds) > 1 else key[0])
              for key in curves}
     columns = [*kgpts, *references]
-    diffs = [(k, references[0]) for k in kgpts] if references else []  # kgpt alone: its curves, no gaps
-    if len(references) > 1:
+    diffs = [(k, references[0]) for k in kgpts] if references and not several else []  # alone: no gaps
+    if len(references) > 1 and not several:
         diffs.append((references[1], references[0]))
     header = ["step", *(label[k] for k in columns), *(f"{label[a]} - {label[b]}" for a, b in diffs)]
     with open(os.path.join(work_dir, "config.json")) as f:
@@ -402,6 +454,8 @@ def table(work_dir, runs, target):
         c = curves[k]
         print(f"  {label[k]:16s} {c['tokens_per_s']:9,.0f} tokens/s  {c['steps_per_s']:.2f} steps/s  "
               f"(train {c['train_seconds']:.0f} s, process {c['wall_seconds']:.0f} s; {c['versions']})")
+    if several:
+        return seed_means(curves, target)
     met = True
     if references:
         print()
@@ -417,6 +471,48 @@ def table(work_dir, runs, target):
     return met
 
 
+def seed_means(curves, target):
+    """Prints each implementation's mean and sd over its seeds at every evaluation, and each kgpt mean minus
+    the reference's with its standard error; returns whether every kgpt mean is within `target` of it."""
+    groups = {}
+    for (name, _), curve in curves.items():
+        groups.setdefault(name, []).append([point["val_loss"] for point in curve["curve"]])
+    steps = [point["step"] for point in next(iter(curves.values()))["curve"]]
+    stats = {name: (np.mean(v, axis=0), np.std(v, axis=0, ddof=1) if len(v) > 1 else None, len(v))
+             for name, v in groups.items()}
+    kgpts = [name for name in groups if name != "reference"]
+    compared = kgpts if "reference" in groups else []
+    print("\nMeans over seeds (sd across seeds in brackets); kgpt minus the reference, +- the standard error "
+          "of that difference, sqrt(sd_a^2 / n_a + sd_b^2 / n_b)\n")
+    header = ["step", *(f"{name} ({stats[name][2]} seeds)" for name in groups),
+              *(f"{name} - reference" for name in compared)]
+    print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
+    worst = {name: (0.0, None) for name in compared}
+    for i, step in enumerate(steps):
+        row = [str(step)]
+        for name in groups:
+            mean, sd, _ = stats[name]
+            row.append(f"{mean[i]:.4f}" + (f" ({sd[i]:.4f})" if sd is not None else ""))
+        for name in compared:
+            (mean, sd, n), (ref_mean, ref_sd, ref_n) = stats[name], stats["reference"]
+            difference = mean[i] - ref_mean[i]
+            if abs(difference) > worst[name][0]:
+                worst[name] = (abs(difference), step)
+            error = (f" +- {np.sqrt(sd[i] ** 2 / n + ref_sd[i] ** 2 / ref_n):.4f}"
+                     if sd is not None and ref_sd is not None else "")
+            row.append(f"{difference:+.4f}{error}")
+        print("| " + " | ".join(row) + " |")
+    met = True
+    print()
+    for name in compared:
+        value, step = worst[name]
+        ok = value <= target
+        met &= ok
+        print(f"{name} (mean of {stats[name][2]}) vs the reference (mean of {stats['reference'][2]}): largest "
+              f"|difference| {value:.4f} nats (step {step}): {'within' if ok else 'MISSES'} the {target} target.")
+    return met
+
+
 def main(argv):
     from absl import app, flags
 
@@ -428,6 +524,16 @@ def main(argv):
         raise app.UsageError(f"Unknown implementations {sorted(unknown)}; choose from {', '.join(IMPLEMENTATIONS)}.")
     if "reference" in f.implementations and f.intermediate_dim != 4 * f.hidden_dim:
         raise app.UsageError("The reference's MLP is 4 x hidden: set --intermediate_dim to 4 x --hidden_dim.")
+    if f.report_only:
+        if not os.path.exists(os.path.join(f.work_dir, "config.json")):
+            raise SystemExit(f"--report_only: no runs in {f.work_dir} (--work_dir): no config.json.")
+        runs = saved_runs(f.work_dir)
+        if not runs:
+            raise SystemExit(f"--report_only: no curve in {f.work_dir} was run with its config.json's settings.")
+        table(f.work_dir, runs, f.target)
+        return
+    seeds = _seed_list(f.seeds, "--seeds")
+    _seed_list(f.reference_seeds, "--reference_seeds")
     reference_python = find_reference_python(f.reference_python) if "reference" in f.implementations else None
     vocabulary_size, unigram = prepare(f)
     config = {name: getattr(f, name) for name in (
@@ -446,8 +552,9 @@ def main(argv):
                 runs.append((name, seed))
         else:
             env = dict(os.environ, KERAS_BACKEND=name.split("-", 1)[1])
-            run_worker(sys.executable, name, f.work_dir, f.seed, env)
-            runs.append((name, f.seed))
+            for seed in seeds:
+                run_worker(sys.executable, name, f.work_dir, seed, env)
+                runs.append((name, seed))
     table(f.work_dir, runs, f.target)
 
 

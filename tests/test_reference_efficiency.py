@@ -85,3 +85,27 @@ def test_table_of_kgpt_runs_alone_and_beside_the_reference(bench, tmp_path, caps
     out = capsys.readouterr().out
     assert "kgpt-jax vs ref s0: largest |difference| 0.1000 nats" in out and "MISSES" in out
     assert "kgpt-tensorflow vs ref s0: largest |difference| 0.1000 nats" in out
+
+
+def test_several_seeds_compare_means_and_report_only_reads_runs_of_the_saved_settings(bench, tmp_path, capsys):
+    settings = {"unigram_val_loss": 7.0, "max_steps": 50}
+    bench.write_json(str(tmp_path / "config.json"), settings)
+    curves = {("kgpt-tensorflow", 0): [9.0, 7.50], ("kgpt-tensorflow", 1): [9.0, 7.40],
+              ("reference", 0): [9.1, 7.40], ("reference", 1): [9.1, 7.44]}
+    for (name, seed), losses in curves.items():
+        bench.write_json(str(tmp_path / f"curve_{name}_seed{seed}.json"),
+                         {**_curve(losses), "implementation": name, "seed": seed, "settings": settings})
+    # A run with other settings, and one from before curves recorded theirs: both left out, and said.
+    bench.write_json(str(tmp_path / "curve_kgpt-jax_seed0.json"),
+                     {**_curve([1.0, 1.0]), "implementation": "kgpt-jax", "seed": 0, "settings": {"max_steps": 9}})
+    bench.write_json(str(tmp_path / "curve_kgpt-jax_seed1.json"), _curve([1.0, 1.0]))
+    runs = bench.saved_runs(str(tmp_path))
+    assert runs == list(curves)
+    assert "Left out 2 curve(s)" in capsys.readouterr().out
+    # Means 9.0 / 7.45 against 9.1 / 7.42: the first evaluation is 0.1 apart, run against run or not.
+    assert not bench.table(str(tmp_path), runs, 0.05)
+    out = capsys.readouterr().out
+    assert "| 50 | 7.4500 (0.0707) | 7.4200 (0.0283) | +0.0300 +- 0.0539 |" in out
+    assert "kgpt-tensorflow (mean of 2) vs the reference (mean of 2): largest |difference| 0.1000 nats (step 0)" in out
+    assert "MISSES" in out and "s0 - ref s0" not in out  # no run-against-run differences
+    assert bench.table(str(tmp_path), runs, 0.11)

@@ -393,14 +393,18 @@ def _seed_list(values, flag):
 def saved_runs(work_dir):
     """`(implementation, seed)` of every curve in `work_dir` run with its current settings (`config.json`).
 
-    Curves from other settings (or saved before curves recorded them) are left out and listed.
+    Curves from other settings (or saved before curves recorded them) are left out and listed; the
+    reference's thread count changes only its speed, so it may differ.
     """
-    settings = _read_config(work_dir)
+    def training(settings):
+        return {k: v for k, v in settings.items() if k != "reference_threads"}
+
+    settings = training(_read_config(work_dir))
     runs, other = [], []
     for path in sorted(glob.glob(os.path.join(work_dir, "curve_*_seed*.json"))):
         with open(path) as f:
             curve = json.load(f)
-        if curve.get("settings") == settings:
+        if training(curve.get("settings", {"unknown": True})) == settings:
             runs.append((curve["implementation"], curve["seed"]))
         else:
             other.append(os.path.basename(path))

@@ -99,6 +99,7 @@ def test_several_seeds_compare_means_and_report_only_reads_runs_of_the_saved_set
     bench.write_json(str(tmp_path / "curve_kgpt-jax_seed0.json"),
                      {**_curve([1.0, 1.0]), "implementation": "kgpt-jax", "seed": 0, "settings": {"max_steps": 9}})
     bench.write_json(str(tmp_path / "curve_kgpt-jax_seed1.json"), _curve([1.0, 1.0]))
+    bench.write_json(str(tmp_path / "config.json"), {**settings, "reference_threads": 3})  # speed only: kept
     runs = bench.saved_runs(str(tmp_path))
     assert runs == list(curves)
     assert "Left out 2 curve(s)" in capsys.readouterr().out

@@ -189,8 +189,8 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
             if points:
                 ax.plot(*zip(*points), style, marker="o", color=colours[(task, metric)],
                         label=f"{task} {metric} ({architecture})")
-    ax.set(xlabel="pre-training updates", ylabel="zero-shot metric (accuracy, Matthews, ...)",
-           title="Zero-shot performance during pre-training (paper Figure 2, right)")
+    ax.set(xlabel="pre-training updates", ylabel="zero-shot metric (accuracy, Matthews, ...)")
+    ax.set_title("Zero-shot performance during pre-training (paper Figure 2, right)", fontsize=10)  # fits 6 in
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()

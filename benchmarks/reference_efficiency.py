@@ -45,6 +45,9 @@ numbers), so with several seeds the table compares the means over seeds at
 every evaluation, with each difference's standard error. `--report_only`
 trains nothing and prints the tables of every curve in `--work_dir` that was
 run with its saved settings: seeds run in separate calls report together.
+`--initial_draws 30` trains nothing either: it evaluates 30 untrained models
+of each implementation, to tell a difference in the initialisation from the
+draw of one seed.
 
 Each implementation runs in its own process (`worker NAME WORK_DIR SEED`,
 which imports only what that implementation needs: the reference's imports
@@ -141,8 +144,11 @@ def write_json(path, value):
 
 # ---- Workers: one implementation each, in its own process ----
 
-def run_kgpt(work_dir, seed):
-    """kgpt on the backend of `KERAS_BACKEND`, as `kgpt-train --task lm` builds and compiles it."""
+def kgpt_model(work_dir, seed):
+    """kgpt on the backend of `KERAS_BACKEND`, as `kgpt-train --task lm` builds and compiles it.
+
+    Returns `(evaluate, train, versions)`: the held-out loss now, training batches `[start, stop)`.
+    """
     from importlib.metadata import version
 
     import keras
@@ -178,12 +184,14 @@ def run_kgpt(work_dir, seed):
         logs = lm.fit(data, epochs=1, shuffle=False, verbose=0).history
         return float(logs["loss"][-1])
 
-    return _train_loop(config, evaluate, train, f"kgpt {version('kgpt')}, keras {keras.__version__} "
-                       f"{keras.config.backend()}")
+    return evaluate, train, f"kgpt {version('kgpt')}, keras {keras.__version__} {keras.config.backend()}"
 
 
-def run_reference(work_dir, seed):
-    """Hugging Face's `OpenAIGPTLMHeadModel` in PyTorch, with the paper's optimiser written in torch."""
+def reference_model(work_dir, seed):
+    """Hugging Face's `OpenAIGPTLMHeadModel` in PyTorch, with the paper's optimiser written in torch.
+
+    Returns `(evaluate, train, versions)` as `kgpt_model` does.
+    """
     import torch
     import transformers
     from transformers import OpenAIGPTConfig, OpenAIGPTLMHeadModel, get_cosine_schedule_with_warmup
@@ -236,13 +244,28 @@ def run_reference(work_dir, seed):
             losses.append(loss.item())
         return float(np.mean(losses))  # the segment's mean, as Keras' fit reports it
 
-    return _train_loop(config, evaluate, train, f"transformers {transformers.__version__} torch {torch.__version__} "
-                       f"({torch.get_num_threads()} threads)")
+    return evaluate, train, (f"transformers {transformers.__version__} torch {torch.__version__} "
+                             f"({torch.get_num_threads()} threads)")
 
 
 def _read_config(work_dir):
     with open(os.path.join(work_dir, "config.json")) as f:
         return json.load(f)
+
+
+def initial_worker(name, work_dir, draws):
+    """The held-out loss of `draws` untrained models (seeds 0 .. draws - 1): the initialisation's distribution."""
+    build = reference_model if name == "reference" else kgpt_model
+    losses = []
+    for seed in range(draws):
+        losses.append(build(work_dir, seed)[0]())
+        print(f"  seed {seed:3d}: val {losses[-1]:.4f}", flush=True)
+        if name != "reference":
+            import keras
+
+            keras.backend.clear_session()  # one model at a time
+    write_json(os.path.join(work_dir, f"initial_{name}.json"),
+               {"implementation": name, "losses": losses, "settings": _read_config(work_dir)})
 
 
 def _train_loop(config, evaluate, train, versions):
@@ -268,7 +291,8 @@ def _train_loop(config, evaluate, train, versions):
 
 def worker(name, work_dir, seed):
     started = time.perf_counter()
-    result = run_reference(work_dir, seed) if name == "reference" else run_kgpt(work_dir, seed)
+    result = _train_loop(_read_config(work_dir), *(reference_model if name == "reference" else kgpt_model)(
+        work_dir, seed))
     result.update(implementation=name, seed=seed, wall_seconds=time.perf_counter() - started,
                   settings=_read_config(work_dir))
     write_json(os.path.join(work_dir, f"curve_{name}_seed{seed}.json"), result)
@@ -287,6 +311,9 @@ def define_flags():
                         "PATH that imports torch).")
     flags.DEFINE_list("reference_seeds", ["0", "1"], "Seeds of the reference runs (two show the seed-to-seed noise).")
     flags.DEFINE_list("seeds", ["0"], "Seeds of kgpt's runs (each implementation runs once per seed).")
+    flags.DEFINE_integer("initial_draws", 0, "Instead of training: the held-out loss of this many untrained "
+                         "models of each implementation (seeds 0 .. N-1), to compare the initialisations.",
+                         lower_bound=0)
     flags.DEFINE_bool("report_only", False, "Train nothing: print the tables of every curve in --work_dir run with "
                       "its settings (runs from several calls together; the other settings flags are ignored).")
     flags.DEFINE_integer("data_seed", 0, "Seed of the order of the training windows.")
@@ -370,10 +397,10 @@ def find_reference_python(given):
                      f"{VENV_HINT}\nand pass --reference_python ENV/bin/python.")
 
 
-def run_worker(python, name, work_dir, seed, env=None):
-    label = name if name != "reference" else f"reference seed {seed}"
+def run_worker(python, name, work_dir, seed, env=None, mode="worker"):
+    label = name if name != "reference" or mode != "worker" else f"reference seed {seed}"
     print(f"\n== {label} ==", flush=True)
-    command = [python, os.path.abspath(__file__), "worker", name, work_dir, str(seed)]
+    command = [python, os.path.abspath(__file__), mode, name, work_dir, str(seed)]
     if subprocess.run(command, env=env, cwd=ROOT).returncode:
         raise SystemExit(f"{label} failed: {' '.join(command)}")
 
@@ -517,6 +544,25 @@ def seed_means(curves, target):
     return met
 
 
+def initial_table(work_dir, names):
+    """Prints the untrained loss's mean and sd over each implementation's draws, and each kgpt mean minus the
+    reference's with its standard error."""
+    draws = {}
+    for name in names:
+        with open(os.path.join(work_dir, f"initial_{name}.json")) as f:
+            draws[name] = np.asarray(json.load(f)["losses"])
+    print("\nHeld-out loss of untrained models (nats per token): the initialisations' distributions\n")
+    print("| implementation | draws | mean | sd | minus the reference |\n| --- | --- | --- | --- | --- |")
+    reference = draws.get("reference")
+    for name, losses in draws.items():
+        sd = np.std(losses, ddof=1) if len(losses) > 1 else float("nan")
+        versus = ""
+        if reference is not None and name != "reference" and len(losses) > 1 and len(reference) > 1:
+            error = np.sqrt(sd ** 2 / len(losses) + np.var(reference, ddof=1) / len(reference))
+            versus = f"{losses.mean() - reference.mean():+.4f} +- {error:.4f}"
+        print(f"| {name} | {len(losses)} | {losses.mean():.4f} | {sd:.4f} | {versus} |")
+
+
 def main(argv):
     from absl import app, flags
 
@@ -548,6 +594,13 @@ def main(argv):
                   unigram_val_loss=unigram)
     write_json(os.path.join(f.work_dir, "config.json"), config)
     print(f"Settings: {json.dumps(config)}")
+    if f.initial_draws:
+        for name in f.implementations:
+            python, env = ((reference_python, None) if name == "reference" else
+                           (sys.executable, dict(os.environ, KERAS_BACKEND=name.split("-", 1)[1])))
+            run_worker(python, name, f.work_dir, f.initial_draws, env, mode="initial")
+        initial_table(f.work_dir, f.implementations)
+        return
     runs = []
     for name in f.implementations:
         if name == "reference":
@@ -563,10 +616,10 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["worker"]:  # no absl here: the reference's Python may have only torch + transformers
+    if sys.argv[1:2] in (["worker"], ["initial"]):  # no absl: the reference's Python may have only torch
         if len(sys.argv) != 5 or sys.argv[2] not in IMPLEMENTATIONS:
-            sys.exit(f"usage: {sys.argv[0]} worker {{{','.join(IMPLEMENTATIONS)}}} WORK_DIR SEED")
-        worker(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+            sys.exit(f"usage: {sys.argv[0]} {{worker,initial}} {{{','.join(IMPLEMENTATIONS)}}} WORK_DIR SEED_OR_DRAWS")
+        (worker if sys.argv[1] == "worker" else initial_worker)(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     else:
         from absl import app
 

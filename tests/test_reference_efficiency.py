@@ -110,3 +110,13 @@ def test_several_seeds_compare_means_and_report_only_reads_runs_of_the_saved_set
     assert "kgpt-tensorflow (mean of 2) vs the reference (mean of 2): largest |difference| 0.1000 nats (step 0)" in out
     assert "MISSES" in out and "s0 - ref s0" not in out  # no run-against-run differences
     assert bench.table(str(tmp_path), runs, 0.11)
+
+
+def test_initial_table_compares_the_untrained_losses_means(bench, tmp_path, capsys):
+    for name, losses in {"kgpt-jax": [9.5, 9.7], "reference": [9.4, 9.6, 9.5]}.items():
+        bench.write_json(str(tmp_path / f"initial_{name}.json"), {"implementation": name, "losses": losses})
+    bench.initial_table(str(tmp_path), ["kgpt-jax", "reference"])
+    out = capsys.readouterr().out
+    # Means 9.6 and 9.5; sds 0.1414 and 0.1; standard error sqrt(0.02 / 2 + 0.01 / 3) = 0.1155.
+    assert "| kgpt-jax | 2 | 9.6000 | 0.1414 | +0.1000 +- 0.1155 |" in out
+    assert "| reference | 3 | 9.5000 | 0.1000 |  |" in out

@@ -91,7 +91,7 @@ def _demo_pretrained(output_dir, architecture, seed):
     if os.path.exists(os.path.join(out, "task.json")):
         logger.info(f"Reusing the demo {architecture} pre-trained in {out}.")
         return out
-    settings = {**DEMO_PRETRAIN, **(DEMO_LSTM if architecture == "lstm" else {})}
+    settings = {**DEMO_PRETRAIN, **(DEMO_LSTM if architecture == "lstm" else {}), "architecture": architecture}
     logger.info(f"Pre-training the demo {architecture} on the embedded text ({settings}).")
     pretrain_lib.pretrain(demo_pretrain_config(**settings, output_dir=out, seed=seed))
     return out

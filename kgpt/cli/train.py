@@ -127,7 +127,7 @@ def lstm_settings():
     if FLAGS.recipe is not None:
         what, settings = f"--recipe {FLAGS.recipe}", config_lib.RECIPES[FLAGS.recipe].get("lstm", {})
     elif FLAGS.corpus is None:
-        what, settings = "the demo", {k: v for k, v in config_lib.DEMO_LSTM.items() if k != "architecture"}
+        what, settings = "the demo", config_lib.DEMO_LSTM
     else:
         what, settings = "the paper", config_lib.PAPER_LSTM
     unset = {k: v for k, v in settings.items() if not FLAGS[k].present}

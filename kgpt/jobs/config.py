@@ -147,17 +147,17 @@ DEMO_PRETRAIN = dict(tokenizer="train", num_merges=1000, num_layers=2, num_heads
                      learning_rate=1e-3, warmup_steps=50, max_steps=800, evaluations=5)
 DEMO_FINETUNE = dict(learning_rate=5e-4, batch_size=16, epochs=5)
 # The LSTM that kgpt-analyze pre-trains beside the demo transformer (the paper's has 2048 units).
-DEMO_LSTM = dict(architecture="lstm", num_layers=1, lstm_units=512)
+DEMO_LSTM = dict(num_layers=1, lstm_units=512)
 # --architecture lstm without the demo or a recipe: the paper's single layer, not the transformer's 12.
 PAPER_LSTM = dict(num_layers=1, lstm_units=2048)
 
 
 # Named settings chosen by measurement, for a purpose the paper's defaults do not fit: `--recipe NAME`
 # fills the flags not given. "lm" is pre-training on the user's --corpus; "finetune" is fine-tuning a
-# model that recipe pre-trained; "lstm" replaces "lm"'s sizes with --architecture lstm. cpu-small: ~30 minutes of pre-training on 2 CPU cores whose validation
-# perplexity falls (the initialisation is what gets it off the unigram loss). Its fine-tuning takes 16x the
-# paper's 6.25e-5 and 6 epochs: at 2.5e-4 x 3 neither a pre-trained nor a fresh model of this size left
-# the majority class on CoLA. docs/results/cpu-small/README.md has what it gave and the commands.
+# model that recipe pre-trained; "lstm" replaces "lm"'s sizes with --architecture lstm. cpu-small: ~30
+# minutes of pre-training on 2 CPU cores whose validation perplexity falls (the initialisation is what
+# gets it off the unigram loss). Its fine-tuning takes 16x the paper's 6.25e-5 and 6 epochs: at 2.5e-4 x 3
+# neither a pre-trained nor a fresh model of this size left the majority class on CoLA. docs/results/cpu-small/README.md has what it gave and the commands.
 RECIPES = {
     "cpu-small": {
         "lm": dict(tokenizer="train", num_merges=8000, num_layers=4, num_heads=4, hidden_dim=256,

@@ -157,7 +157,8 @@ PAPER_LSTM = dict(num_layers=1, lstm_units=2048)
 # model that recipe pre-trained; "lstm" replaces "lm"'s sizes with --architecture lstm. cpu-small: ~30
 # minutes of pre-training on 2 CPU cores whose validation perplexity falls (the initialisation is what
 # gets it off the unigram loss). Its fine-tuning takes 16x the paper's 6.25e-5 and 6 epochs: at 2.5e-4 x 3
-# neither a pre-trained nor a fresh model of this size left the majority class on CoLA. docs/results/cpu-small/README.md has what it gave and the commands.
+# neither a pre-trained nor a fresh model of this size left the majority class on CoLA.
+# docs/results/cpu-small/README.md has what it gave and the commands.
 RECIPES = {
     "cpu-small": {
         "lm": dict(tokenizer="train", num_merges=8000, num_layers=4, num_heads=4, hidden_dim=256,

@@ -21,7 +21,7 @@ from kgpt.jobs.finetune import FinetuneConfig, finetune  # noqa: E402
 from kgpt.jobs.pretrain import PretrainConfig, pretrain  # noqa: E402
 
 corpus, steps = sys.argv[1], [step.split(":") for step in sys.argv[2].split(",")]  # job:mode,...
-results = {"backend": keras.config.backend(), "devices": len(distribute.local_devices())}
+results = {"backend": keras.config.backend(), "devices": len(distribute.mesh_devices())}
 # At most one data-parallel run per process on TensorFlow: a second
 # MirroredStrategy in the same process can collide with the first's collective ops.
 for job, mode in steps:

@@ -66,7 +66,7 @@ def test_data_parallel_losses_match_one_device(tmp_path):
 
 
 def test_batch_must_split_evenly_over_devices(monkeypatch):
-    monkeypatch.setattr(distribute, "local_devices", lambda: ["d0", "d1"])
+    monkeypatch.setattr(distribute, "mesh_devices", lambda: ["d0", "d1"])
     with pytest.raises(ValueError, match="batch_size 7 must be a multiple of 2"):
         with distribute.data_parallel(batch_size=7):
             pass

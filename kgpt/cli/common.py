@@ -27,9 +27,22 @@ def user_errors():
     from kgpt.io.presets import CheckpointError
     from kgpt.tasks.registry import RegistryError
     from kgpt.jobs.rundir import OutputDirError
+    from kgpt.train.cluster import ClusterError
 
     # Plain ValueErrors and TypeErrors keep their traceback: they are more often bugs than mistakes.
-    return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError)
+    return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError,
+            ClusterError)
+
+
+def join_cluster(coordinator_address, num_processes, process_id, timeout):
+    """Joins the processes of a run on several hosts (`kgpt.train.cluster`); nothing for one process.
+
+    Runs before the backends start: JAX and TensorFlow join other processes
+    only before they compute anything.
+    """
+    from kgpt.train import cluster
+
+    cluster.start(cluster.resolve(coordinator_address, num_processes, process_id), timeout=timeout)
 
 
 def start_backends():
@@ -83,11 +96,16 @@ def print_help(prog, doc, groups, modules):
     print("\n".join(out))
 
 
-def run(main, prog, doc=None, groups=None, modules=()):
+def run(main, prog, doc=None, groups=None, modules=(), start=None):
     """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring).
 
     With `groups`, `--help` prints the flags of `main`'s module (and of
     `modules`) grouped (`print_help`) and exits before any job starts.
+    `start` runs before the backends start (e.g. `join_cluster`).
+
+    A job stopped by SIGTERM after saving its checkpoint (`Preempted`) exits
+    0 with one line; a job whose run lost another process ends at once
+    (`kgpt.train.cluster.stop_lost`) rather than wait for it at exit.
     """
     if groups is not None and any(a in HELP_FLAGS for a in sys.argv[1:]):
         print_help(prog, doc or "", groups, (main.__module__, *modules))
@@ -105,15 +123,26 @@ def run(main, prog, doc=None, groups=None, modules=()):
 
     def guarded(argv):
         logging.set_verbosity(logging.WARNING)  # absl INFO lines from JAX/TF start-up
-        if not flags.FLAGS.verbose:
-            start_backends()
         try:
+            if start is not None:
+                start()
+            if not flags.FLAGS.verbose:
+                start_backends()
             return main(argv)
         except app.UsageError:
             raise
         except Exception as e:  # noqa: BLE001 - sorted into mistakes and bugs below
+            from kgpt.train import callbacks, cluster
+
+            if isinstance(e, callbacks.Preempted):
+                print(f"{prog}: {e}", file=sys.stderr)
+                sys.exit(0)
+            if cluster.lost_process(e):
+                cluster.stop_lost(e)
             if not isinstance(e, user_errors()) or flags.FLAGS.verbose or os.environ.get("KGPT_TRACEBACK"):
                 raise
+            if cluster.current().several:  # exiting normally would wait for the other processes at shutdown
+                cluster.fail(e)
             print(f"{prog}: error: {e}", file=sys.stderr)
             sys.exit(1)
 

@@ -215,7 +215,8 @@ def main(argv):
         finetune.finetune(finetune_config_from_flags(), registry)
 
 
-_DEVICES = ["distribution", "dtype"]
+_DEVICES = ["distribution", "model_parallel", "dtype", "gradient_accumulation_steps", "coordinator_address",
+            "num_processes", "process_id", "startup_timeout"]
 GROUPS = {
     "Common": ["task", "list_tasks", "recipe",
                *(n for n in config_lib.own_fields(config_lib.RunConfig) if n not in _DEVICES),
@@ -223,12 +224,19 @@ GROUPS = {
     "Pre-training (--task lm)": [*config_lib.own_fields(config_lib.PretrainConfig), "prepare_only"],
     "Fine-tuning (--task NAME)": [n for n in config_lib.own_fields(config_lib.FinetuneConfig) if n != "task"],
     "Model (lm, and fine-tuning --init scratch)": config_lib.own_fields(config_lib.ModelConfig),
-    "Devices and precision": _DEVICES,
+    "Devices, processes and precision": _DEVICES,
 }
 
 
+def join_cluster():
+    """Joins the run's other processes (the flags, else the environment) before the backend starts."""
+    if FLAGS.list_tasks:
+        return
+    common.join_cluster(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.startup_timeout)
+
+
 def run():
-    common.run(main, "kgpt-train", __doc__, GROUPS)
+    common.run(main, "kgpt-train", __doc__, GROUPS, start=join_cluster)
 
 
 if __name__ == "__main__":

@@ -136,9 +136,14 @@ def corpus(paragraphs=3000, seed=0):
     return "\n\n".join(paragraph(rng, *rng.choice(members)) for _ in range(paragraphs)) + "\n"
 
 
+def corpus_path(directory):
+    """Where `write_corpus` writes the demo text in `directory`."""
+    return os.path.join(directory, "demo_corpus.txt")
+
+
 def write_corpus(directory, paragraphs=3000, seed=0):
     """Writes `corpus()` to `directory/demo_corpus.txt` (unless it already holds that text); returns its path."""
-    path = os.path.join(directory, "demo_corpus.txt")
+    path = corpus_path(directory)
     text = corpus(paragraphs, seed)
     if not os.path.exists(path) or open(path, encoding="utf-8").read() != text:
         os.makedirs(directory, exist_ok=True)

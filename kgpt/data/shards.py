@@ -38,6 +38,7 @@ import zlib
 import numpy as np
 
 from kgpt.data.text import CHUNK_BYTES, LINE_BYTES, text_chunks
+from kgpt.errors import ConfigError
 from kgpt.data.tokenizer import MAX_WORD_CHARS, fix_text
 
 INDEX_FILE = "index.json"
@@ -273,11 +274,17 @@ class ShardIndex:
             base += len(array)
         return np.concatenate(pieces) if pieces else np.zeros(0, np.int32)
 
-    def windows(self, sequence_length, batch_size, seed, stop=None, first_batch=0):
+    def windows(self, sequence_length, batch_size, seed, stop=None, first_batch=0, rows=None, micro_batches=1):
         """Endless `tf.data` stream of `(x, y)` batches of random windows inside `[0, stop)`.
 
         A window never crosses a shard boundary. Batch `k` depends only on
         `(seed, k)`; `first_batch` starts the stream there (for resuming).
+        With `micro_batches` M, each batch of `batch_size` windows comes as M
+        consecutive micro-batches of `batch_size / M` (gradient
+        accumulation; `first_batch` then counts micro-batches). `rows`
+        `(start, stop)` keeps only those rows of each (micro-)batch: a
+        process's slice when several train together (`kgpt.train.distribute`).
+        The windows are the same whatever the slicing.
         """
         import tensorflow as tf
 
@@ -292,20 +299,27 @@ class ShardIndex:
             base += len(array)
         if not counts:
             raise ValueError(f"No shard holds a window of sequence_length={sequence_length} + 1 tokens.")
+        if batch_size % micro_batches:
+            raise ValueError(f"batch_size {batch_size} does not split into {micro_batches} micro-batches.")
         ends = np.cumsum(counts)
         begins = ends - np.asarray(counts)
         length = sequence_length + 1
+        micro = batch_size // micro_batches
+        start, end = rows or (0, micro)
+        if not 0 <= start < end <= micro:
+            raise ValueError(f"rows {rows} are not inside a batch of {micro}.")
 
-        def batch(k):
-            rng = np.random.default_rng([seed, int(k)])
-            picks = rng.integers(0, ends[-1], batch_size)
+        def batch(m):
+            k, j = divmod(int(m), micro_batches)
+            rng = np.random.default_rng([seed, k])
+            picks = rng.integers(0, ends[-1], batch_size)[j * micro + start : j * micro + end]
             which = np.searchsorted(ends, picks, side="right")
             offsets = picks - begins[which]
             return np.stack([arrays[w][o : o + length] for w, o in zip(which, offsets)]).astype(np.int32)
 
         def to_xy(windows):
-            windows.set_shape([batch_size, length])
-            x = {"token_ids": windows[:, :-1], "padding_mask": tf.ones([batch_size, sequence_length], tf.int32)}
+            windows.set_shape([end - start, length])
+            x = {"token_ids": windows[:, :-1], "padding_mask": tf.ones([end - start, sequence_length], tf.int32)}
             return x, windows[:, 1:]
 
         return (
@@ -394,7 +408,7 @@ class _ShardWriter:
 
 
 def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None,
-                 chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES):
+                 chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES, reuse_only=False):
     """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
 
     Args:
@@ -405,6 +419,8 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
         workers: processes that tokenize (default: one per core this
             process may use); the shards are the same for any number.
         chunk_bytes, line_bytes: the reading sizes (see `kgpt.data.text.text_chunks`).
+        reuse_only: only read shards already built (another process of the
+            run wrote them); a `ConfigError` if they do not match.
 
     Empty files (no tokens) and cut lines and words are counted and
     reported; a corpus with no tokens at all is an error.
@@ -416,6 +432,10 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     if index is not None:
         logger.info(f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked).")
         return index
+    if reuse_only:
+        raise ConfigError(f"{directory} holds no shards of these {len(files)} corpus file(s) with this tokenizer, as "
+                         f"this process sees them (their sizes and modification times are part of the index): every "
+                         f"process must see the same files at the same paths.")
     index_path = os.path.join(directory, INDEX_FILE)
     if os.path.exists(index_path):
         os.remove(index_path)  # stale: the corpus or tokenizer changed

@@ -55,9 +55,25 @@ class RunConfig:
                                     "again resumes.")
     overwrite: bool = option(False, "Replace the outputs of another run in --output_dir (other files stay).")
     seed: int = option(0, "Random seed.")
-    distribution: str = option("none", "data_parallel: split every batch over all local GPUs/TPU cores (CPUs without "
-                               "them): keras.distribution.DataParallel on JAX, tf.distribute.MirroredStrategy on "
-                               "TensorFlow.", choices=["none", "data_parallel"])
+    distribution: str = option("none", "data_parallel: split every batch over every GPU/TPU core (CPUs without them) "
+                               "of every process: keras.distribution.DataParallel on JAX, tf.distribute's "
+                               "MirroredStrategy (one host) or MultiWorkerMirroredStrategy (several) on TensorFlow. "
+                               "model_parallel (JAX): split each model over --model_parallel devices, the batch over "
+                               "the rest. With several processes, none means data_parallel.",
+                               choices=["none", "data_parallel", "model_parallel"])
+    model_parallel: int = option(2, "Devices each model is split over with --distribution model_parallel (a divisor "
+                                 "of all the run's devices).", lower_bound=1)
+    coordinator_address: str | None = option(None, "Several processes (hosts): process 0's HOST:PORT, the same on "
+                                             "every process, with --num_processes and --process_id; 'auto' lets "
+                                             "jax.distributed find them (Cloud TPU, SLURM, Open MPI, Kubernetes). "
+                                             "Default: SLURM, Open MPI or Cloud TPU variables (JAX), TF_CONFIG "
+                                             "(TensorFlow), else one process. TensorFlow puts process i at PORT + i "
+                                             "of that host, or takes every process's address, comma-separated.")
+    num_processes: int | None = option(None, "Processes in the run (with --coordinator_address).", lower_bound=1)
+    process_id: int | None = option(None, "This process, 0..num_processes - 1; process 0 writes the outputs.",
+                                    lower_bound=0)
+    startup_timeout: int = option(300, "Seconds a process waits for the others to join before it stops with an "
+                                  "error naming the coordinator.", lower_bound=1)
     dtype: str | None = option(None, "Dtype policy (default: Keras' global one, float32): mixed_bfloat16 / "
                                "mixed_float16 compute in 16 bits with float32 weights, attention softmax and losses "
                                "(mixed_float16 adds loss scaling).",
@@ -72,6 +88,12 @@ class RunConfig:
     lm_loss_chunk_size: int = option(1024, "Tokens whose logits the LM loss holds at once, so training never keeps "
                                      "the whole [batch, length, vocabulary] array (kgpt.models.lm_loss); 0: all at "
                                      "once.", lower_bound=0)
+    gradient_accumulation_steps: int = option(1, "Micro-batches each update is accumulated over: --batch_size is "
+                                               "still the update's batch, computed in pieces of batch_size / N "
+                                               "(the paper's 64 x 512 tokens on a small device).", lower_bound=1)
+    log_every: str = option("auto", "A progress line (step, loss, tokens/s, time left) every N steps ('100') or "
+                            "seconds ('60s'); 'auto': every 60 s when the output is not a terminal (a terminal "
+                            "shows Keras' progress bar); '0': none.")
 
 
 @dataclasses.dataclass
@@ -180,15 +202,19 @@ def demo_pretrain_config(**overrides):
 
 # Fields added after runs were already being recorded, with the value those runs used: a run records
 # them only when set otherwise, so a run started before a field existed still resumes.
-LATER_FIELDS = {"initializer_range": 0.02}
+LATER_FIELDS = {"initializer_range": 0.02, "gradient_accumulation_steps": 1}
+# Where and how a run executes, not what it computes: never recorded, so a run resumes on another number of
+# processes or devices (its batches are the same global batches).
+PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "startup_timeout", "model_parallel",
+                    "log_every")
 
 
 def recorded_settings(config, drop):
     """`config` as a run records it (`run.json`, checkpoints): without the fields in `drop` (where it writes,
     not what it computes), nor a `LATER_FIELDS` field at its old value."""
     settings = dataclasses.asdict(config)
-    for key in drop:
-        settings.pop(key)
+    for key in (*drop, *PLACEMENT_FIELDS):
+        settings.pop(key, None)
     for key, value in LATER_FIELDS.items():
         if key in settings and settings[key] == value:
             settings.pop(key)

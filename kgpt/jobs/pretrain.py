@@ -29,6 +29,7 @@ from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm import GPTCausalLM
 from kgpt.models.lstm import LSTMBackbone
 from kgpt.tasks.registry import TaskRegistry
+from kgpt.train import cluster, distribute
 from kgpt.train.callbacks import Progress
 from kgpt.train.optimizers import gpt_adamw
 
@@ -190,6 +191,7 @@ def prepare(config):
     """
     start = time.perf_counter()
     check_config(config)
+    run.join(config, "pretrain", run_settings(config))
     if not (config.output_dir or config.shards_dir):
         logger.info("No --output_dir or --shards_dir: the shards are deleted at exit.")
     with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
@@ -200,14 +202,32 @@ def prepare(config):
 
 
 def _prepare(config, work):
-    """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or `work/shards`."""
+    """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or `work/shards`.
+
+    With several processes, process 0 learns the tokenizer and writes the
+    shards (the others wait, then read them).
+    """
+    if cluster.current().several and not cluster.is_chief():
+        cluster.barrier()  # process 0 has written the tokenizer and the shards
+        return _prepare_here(config, work)
+    try:
+        return _prepare_here(config, work)
+    finally:
+        if cluster.current().several:
+            cluster.barrier()
+
+
+def _prepare_here(config, work):
     if config.corpus:
         files = corpus_files(config.corpus)
-    else:
+    elif cluster.is_chief():
         files = [demo_world.write_corpus(work)]
         logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
+    else:
+        files = [demo_world.corpus_path(work)]
     tokenizer = load_tokenizer(config, files)
-    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"))
+    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"),
+                         reuse_only=not cluster.is_chief())
     logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
                 f"(vocabulary {tokenizer.vocabulary_size():,}).")
     return index, tokenizer
@@ -220,25 +240,34 @@ def pretrain(config, registry=None):
     default: every installed plugin.
     """
     check_config(config)
+    several = run.join(config, "pretrain", run_settings(config)).several
+    if several and config.zero_shot:
+        raise ConfigError("--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
+                          "one process only: evaluate the saved model with kgpt-analyze zero-shot instead.")
     with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
         train_end = split_point(index.total_tokens, config)
-        with run.scope(config, config.batch_size) as replicas:
+        with run.scope(config, config.batch_size) as shards:
             lm = _compiled_lm(config, tokenizer)
             evaluations = evaluation_count(config.max_steps, config.evaluations)
             if evaluations != config.evaluations:
                 logger.info(f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so "
                             f"that exactly max_steps={config.max_steps} steps are trained.")
             val_ids = index.tokens(train_end, index.total_tokens)
-            validation = _validation(val_ids, config.sequence_length, replicas)
+            micro = config.batch_size // config.gradient_accumulation_steps
+            validation = _validation(val_ids, config.sequence_length, shards, micro)
             zero_shot = zero_shot_callback(config, tokenizer, config.max_steps // evaluations, work, registry)
             progress = _progress(config, lm, evaluations, index.total_tokens, tokenizer, zero_shot)
             _fit(config, lm, index, train_end, evaluations, validation, progress, zero_shot)
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
-            metrics["sample"] = _sample(config, lm, tokenizer, val_ids if len(val_ids) >= 4 else index.tokens(0, 4),
-                                        replicas)
+            if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
+                logger.info("No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) "
+                            "writes one.")
+            else:
+                held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
+                metrics["sample"] = _sample(config, lm, tokenizer, held_out, shards)
             # Text in, text out from here on (and in the preset): lm.generate("..."), lm.score("...").
             lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
             # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir) load it (the
@@ -252,28 +281,53 @@ def _compiled_lm(config, tokenizer):
     lm = GPTCausalLM(build_backbone(config, tokenizer.vocabulary_size()))
     lm.compile(
         optimizer=gpt_adamw(config.learning_rate, warmup_steps=config.warmup_steps, total_steps=config.max_steps,
-                            weight_decay=config.weight_decay),
+                            weight_decay=config.weight_decay,
+                            gradient_accumulation_steps=config.gradient_accumulation_steps),
         sampler="top_k",
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
+    steps = config.gradient_accumulation_steps
     logger.info(f"Model: {lm.backbone.count_params():,} weights; {config.max_steps} steps of "
-                f"{config.batch_size} x {config.sequence_length} tokens.")
+                f"{config.batch_size} x {config.sequence_length} tokens"
+                + (f", each accumulated over {steps} micro-batches of {config.batch_size // steps}." if steps > 1
+                   else "."))
     return lm
 
 
-def _validation(val_ids, sequence_length, replicas):
-    """`(x, y)` windows of the held-out tokens, a multiple of `replicas` of them; None without any."""
+def _validation(val_ids, sequence_length, shards, batch_size):
+    """A dataset of `(x, y)` batches of the held-out windows (a multiple of `shards` of them); None without any.
+
+    Batches of `batch_size` windows (the last one shorter), each process
+    feeding its rows (`kgpt.train.distribute.feed`).
+    """
     if not len(val_ids):
         return None
     val_x, val_y, dropped = validation_windows(val_ids, sequence_length)
-    uneven = len(val_y) % replicas if len(val_y) >= replicas else 0
+    uneven = len(val_y) % shards if len(val_y) >= shards else 0
     if uneven:  # every batch must split evenly over the devices
         val_x = {k: v[: len(val_y) - uneven] for k, v in val_x.items()}
         val_y = val_y[: len(val_y) - uneven]
         dropped += uneven * val_y.shape[1]
     logger.info(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
                 + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
-    return val_x, val_y
+    batch_size = min(batch_size, len(val_y))
+    starts = list(range(0, len(val_y), batch_size))
+
+    def rows_of(first, stop, total):
+        import tensorflow as tf
+
+        def batches():
+            for begin in starts:
+                size = min(batch_size, len(val_y) - begin)
+                a, b = distribute.local_rows(size, (first, stop, total))
+                yield {k: v[begin + a : begin + b] for k, v in val_x.items()}, val_y[begin + a : begin + b]
+
+        spec = tf.TensorSpec((None, val_y.shape[1]), tf.int32)
+        data = tf.data.Dataset.from_generator(batches, output_signature=(
+            {"token_ids": spec, "padding_mask": spec}, spec))
+        return data.apply(tf.data.experimental.assert_cardinality(len(starts)))
+
+    return distribute.feed(rows_of)
 
 
 def _progress(config, lm, evaluations, total, tokenizer, zero_shot):
@@ -288,17 +342,27 @@ def _progress(config, lm, evaluations, total, tokenizer, zero_shot):
     every = config.checkpoint_every if config.output_dir else 0
     return PretrainProgress(run.checkpoint_dir(config) if config.checkpoint_every else None, settings,
                             config.max_steps // evaluations, every, run.history_path(config), state,
-                            zero_shot=zero_shot)
+                            accumulation=config.gradient_accumulation_steps, zero_shot=zero_shot)
 
 
 def _fit(config, lm, index, train_end, evaluations, validation, progress, zero_shot):
     """Trains from the progress' step to `max_steps`, in `evaluations` Keras epochs."""
     steps_per_eval = config.max_steps // evaluations
-    calls = ((index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
-                            first_batch=first * steps_per_eval + skip), first, last, steps_per_eval - skip)
+    micro = config.gradient_accumulation_steps  # batches fit sees per optimizer step
+
+    def windows(first_batch):
+        def rows_of(first, stop, total):
+            rows = distribute.local_rows(config.batch_size // micro, (first, stop, total))
+            return index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
+                                 first_batch=first_batch * micro, rows=rows, micro_batches=micro)
+
+        return distribute.feed(rows_of)
+
+    calls = ((windows(first * steps_per_eval + skip), first, last, (steps_per_eval - skip) * micro)
              for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations))
     callbacks = run.callbacks(config, progress, f"Lower --learning_rate ({config.learning_rate:g})",
-                              after=[zero_shot] if zero_shot is not None else [])
+                              after=[zero_shot] if zero_shot is not None else [], total_steps=config.max_steps,
+                              tokens_per_step=config.batch_size * config.sequence_length)
     run.fit(lm, calls, callbacks, validation)
 
 

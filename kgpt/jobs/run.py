@@ -12,21 +12,47 @@ A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
 
 With an `output_dir` everything above is kept, and the same command again
 resumes from the last checkpoint; without one, nothing is.
+
+On several processes (`kgpt.train.cluster`) every process runs the same job
+on its rows of each batch (`join` first); process 0 alone claims and writes
+the output directory, which every process must see (a shared file system).
 """
 
 import contextlib
 import logging
 import os
+import sys
 import tempfile
 
 import keras
 
+from kgpt.errors import ConfigError
 from kgpt.jobs.rundir import RunDirectory, save_preset, write_json
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.train.callbacks import StopOnNonFiniteLoss
-from kgpt.train.distribute import training_scope
+from kgpt.train import cluster
+from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss
+from kgpt.train.distribute import training_scope, writing
 
 logger = logging.getLogger(__name__)
+
+
+def join(config, job, settings):
+    """Joins the run's other processes, if any, and checks that they run this job with these settings.
+
+    Returns the `kgpt.train.cluster.Cluster`. Called first by each job, so a
+    process started with another flag stops every process before anything
+    is read or written.
+    """
+    here = cluster.start(cluster.resolve(config.coordinator_address, config.num_processes, config.process_id),
+                         timeout=config.startup_timeout)
+    if here.several:
+        if not config.output_dir:
+            raise ConfigError("A run on several processes needs --output_dir: a folder every process can read "
+                              "(token shards, the tokenizer, checkpoints), which process 0 writes.")
+        cluster.check_agreement({"job": job, "settings": settings, "output_dir": config.output_dir,
+                                 "placement": {"model_parallel": config.model_parallel,
+                                               "num_processes": here.num_processes}})
+    return here
 
 
 @contextlib.contextmanager
@@ -35,22 +61,48 @@ def workspace(config, job, settings, prefix):
 
     The temporary folder (for data a run derives, e.g. token shards or a
     task's embedded data) is deleted at exit: without an output directory
-    nothing is kept.
+    nothing is kept. With several processes, process 0 claims the directory
+    and the others go on only if it could.
     """
-    if config.output_dir:
-        with RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite):
-            yield config.output_dir
-    else:
+    if not config.output_dir:
         with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
             yield scratch
+        return
+    claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
+    error = None
+    if cluster.is_chief():
+        try:
+            claim.__enter__()
+        except Exception as e:  # noqa: BLE001 - told to the other processes, then raised here
+            error = e
+    if cluster.current().several:
+        told = cluster.allgather(str(error or "").encode())[0].decode()
+        if told and error is None:
+            raise cluster.ClusterError(f"Process 0 stopped: {told}")
+    if error is not None:
+        raise error
+    try:
+        yield config.output_dir
+    finally:
+        if cluster.is_chief():
+            claim.__exit__(None, None, None)
 
 
 @contextlib.contextmanager
 def scope(config, batch_size):
-    """Seeds the run and yields the number of replicas under the config's dtype policy and distribution."""
-    with training_scope(config.distribution, config.dtype, batch_size) as replicas:
+    """Seeds the run and yields the number of batch shards under the config's dtype policy and distribution.
+
+    Each micro-batch (`batch_size / gradient_accumulation_steps` rows) splits
+    evenly over the shards.
+    """
+    steps = config.gradient_accumulation_steps
+    if batch_size % steps:
+        raise ConfigError(f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
+                          f"update is accumulated over {steps} equal micro-batches.")
+    with training_scope(config.distribution, config.dtype, batch_size // steps, config.model_parallel,
+                        accumulation=steps) as shards:
         keras.utils.set_random_seed(config.seed)
-        yield replicas
+        yield shards
 
 
 def checkpoint_dir(config):
@@ -81,33 +133,62 @@ def segments(step, steps_per_epoch, epochs):
         yield epoch, epochs, 0
 
 
-def callbacks(config, progress, hint, before=(), after=()):
-    """The run's callbacks: stop on a NaN loss, `before`, `progress`, TensorBoard (with an output dir), `after`.
+def callbacks(config, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None,
+              examples_per_step=None):
+    """The run's callbacks: stop on a NaN loss, `before`, `progress`, progress lines, TensorBoard, `after`.
 
     `before` are callbacks that add to an epoch's logs (progress records
-    them); `after` see the checkpoint already written.
+    them); `after` see the checkpoint already written. Progress lines
+    (`config.log_every`) need `total_steps`; TensorBoard needs an output
+    directory and process 0.
     """
     directory = checkpoint_dir(config)
     hint = f"{hint}; the last checkpoint{f' ({directory})' if directory else ''} is kept."
-    tensorboard = [keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs"))] if config.output_dir else []
-    return [StopOnNonFiniteLoss(hint, progress.step), *before, progress, *tensorboard, *after]
+    steps = config.gradient_accumulation_steps
+    lines = []
+    every = log_every(config)
+    if total_steps and every != "0":
+        lines = [ProgressLog(every, total_steps, progress.step, tokens_per_step, examples_per_step, steps)]
+    tensorboard = [keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs"))] \
+        if config.output_dir and cluster.is_chief() else []
+    return [StopOnNonFiniteLoss(hint, progress.step, steps), *before, progress, *lines, *tensorboard, *after]
+
+
+def log_every(config):
+    """`config.log_every` with "auto" decided: every 60 s without a terminal (a log file), else none."""
+    if config.log_every != "auto":
+        return config.log_every
+    return "0" if sys.stdout.isatty() else "60s"
 
 
 def fit(model, calls, callbacks, validation=None):
-    """`model.fit` once per `(dataset, initial_epoch, epochs, steps_per_epoch)` of `calls`, sharing the callbacks."""
+    """`model.fit` once per `(dataset, initial_epoch, epochs, steps_per_epoch)` of `calls`, sharing the callbacks.
+
+    Keras prints a progress bar on a terminal, a line per epoch otherwise,
+    and nothing on processes other than 0.
+    """
+    verbose = (1 if os.isatty(1) else 2) if cluster.is_chief() else 0
     for dataset, first, last, steps in calls:
         model.fit(dataset, initial_epoch=first, epochs=last, steps_per_epoch=steps, validation_data=validation,
                   callbacks=callbacks, shuffle=False,  # batches are already drawn in the run's own order
-                  verbose=1 if os.isatty(1) else 2)
+                  verbose=verbose)
 
 
 def save_outputs(model, config, metrics, files):
     """Saves `model` as a preset and `metrics.json` (last: the preset is then complete) in `config.output_dir`.
 
-    `files` describes what the output directory then holds, for the closing message.
+    `files` describes what the output directory then holds, for the closing
+    message. Process 0 writes; the others wait until it has, so none exits
+    while the run's files are incomplete.
     """
     if not config.output_dir:
         return
-    save_preset(model, config.output_dir)
-    write_json(os.path.join(config.output_dir, "metrics.json"), metrics)
+    try:
+        with writing(config.output_dir) as directory:
+            if directory is not None:
+                save_preset(model, directory)
+                write_json(os.path.join(directory, "metrics.json"), metrics)
+    finally:
+        if cluster.current().several:
+            cluster.barrier()  # no process ends while the run's files are incomplete
     logger.info(f"Saved {files} and metrics.json in {config.output_dir}")

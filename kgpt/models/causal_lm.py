@@ -232,6 +232,17 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 lm.preprocessor = preprocessor
         return lm
 
+    def fit(self, x=None, y=None, batch_size=None, **kwargs):
+        """keras-hub's `fit` (text goes through the preprocessor), or Keras' own for a `tf.distribute` dataset.
+
+        A distributed dataset (TensorFlow, several processes:
+        `kgpt.train.distribute.feed`) holds model inputs already, and
+        keras-hub's `fit` cannot map a preprocessor over one.
+        """
+        if _is_distributed_dataset(x):
+            return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
+        return super().fit(x, y, batch_size=batch_size, **kwargs)
+
     def preprocess_samples(self, x, y=None, sample_weight=None):
         # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.
         if self.preprocessor is None or not _is_text(x):
@@ -488,3 +499,8 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             stops_before = ops.cumsum(is_stop, axis=-1) - is_stop
             padding_mask = ops.equal(stops_before, 0)
         return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+
+def _is_distributed_dataset(x):
+    return type(x).__name__ in ("DistributedDataset", "DistributedDatasetsFromFunction") and \
+        "tensorflow" in type(x).__module__

@@ -1,9 +1,26 @@
-"""Callbacks both training jobs share."""
+"""Callbacks both training jobs share: a NaN stop, a run's progress and checkpoints, progress lines.
 
+A run's "step" is an optimizer update. With gradient accumulation over `K`
+micro-batches, `fit` sees `K` batches per step; the callbacks count batches
+and act on whole steps only (`steps_per_batch` below is `1 / K`).
+"""
+
+import logging
 import math
+import signal
+import threading
+import time
 
 import keras
 import numpy as np
+
+from kgpt.train import cluster
+
+logger = logging.getLogger(__name__)
+
+
+class Preempted(Exception):  # noqa: N818 - an outcome, not an error: the command exits 0 with it
+    """Training stopped on SIGTERM after writing a checkpoint at the step it reached; the same command resumes."""
 
 
 class NonFiniteLossError(ArithmeticError):
@@ -23,12 +40,18 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         first_step: the optimizer step the run starts from (a resumed run).
     """
 
-    def __init__(self, hint="", first_step=0):
+    def __init__(self, hint="", first_step=0, accumulation=1):
         super().__init__()
-        self.hint, self.step = hint, first_step
+        self.hint, self.accumulation = hint, accumulation
+        self.batches = first_step * accumulation
+
+    @property
+    def step(self):
+        """The optimizer step the last batch belongs to (from 1)."""
+        return -(-self.batches // self.accumulation)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
+        self.batches += 1
         loss = (logs or {}).get("loss")
         if loss is None:
             return
@@ -39,13 +62,19 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 
 
 class Progress(keras.callbacks.Callback):
-    """A run's progress that survives a kill: per-epoch logs, `history.csv`, and checkpoints.
+    """A run's progress that survives a kill: per-epoch logs, `history.csv`, checkpoints, and SIGTERM.
 
     Counts optimizer steps itself (reading the model's step would sync JAX's
     state every batch), records each epoch's logs (a resumed epoch replaces
     its row, so no row repeats), rewrites `history_path` from them, and with a
     `directory` writes a checkpoint (`kgpt.train.checkpoint`) at every epoch end and
     every `every` steps. List it after callbacks that add to the epoch's logs.
+
+    A checkpoint also holds the epoch's running loss and metric sums, so an
+    epoch interrupted and resumed records the same loss as an uninterrupted one.
+    On SIGTERM (a scheduler's preemption notice) it writes a checkpoint at the
+    end of the current step and raises `Preempted`; with several processes
+    they agree on that step first. Only process 0 writes files.
 
     Args:
         directory: where checkpoints go, or None for none.
@@ -54,18 +83,24 @@ class Progress(keras.callbacks.Callback):
         every: steps between checkpoints besides epoch ends; 0 for epoch ends only.
         history_path: the CSV of per-epoch logs, or None.
         state: a restored checkpoint's state (`kgpt.train.checkpoint.restore`), or None.
+        accumulation: batches per optimizer step (gradient accumulation).
     """
 
     keep = ()  # checkpoint folders besides the latest that must survive (see kgpt.train.checkpoint.save)
 
-    def __init__(self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None):
+    def __init__(self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None, accumulation=1):
         super().__init__()
         self.directory, self.settings, self.every = directory, settings, every
         self.steps_per_epoch, self.history_path = steps_per_epoch, history_path
+        self.accumulation = accumulation
         state = state or {}
         self.step = state.get("step", 0)
         self.first_step = self.step  # where this process started (a resumed run: the checkpoint's step)
         self.epochs = state.get("epochs", [])  # one dict of logs per finished epoch
+        self.metric_state = state.get("metric_state")  # the interrupted epoch's running sums, restored once
+        self._batches = 0
+        self._signalled = False
+        self._previous_handler = None
 
     @property
     def history(self):
@@ -73,10 +108,49 @@ class Progress(keras.callbacks.Callback):
         names = list(dict.fromkeys(k for logs in self.epochs for k in logs))
         return {k: [logs.get(k) for logs in self.epochs] for k in names}
 
+    # --- SIGTERM -------------------------------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        if threading.current_thread() is threading.main_thread() and self._previous_handler is None:
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def on_train_end(self, logs=None):
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._previous_handler = None
+
+    def _on_sigterm(self, signum, frame):
+        self._signalled = True  # acted on at the end of the current step
+
+    def _preempted(self):
+        """Whether any process received SIGTERM (with several processes, they all decide at the same step)."""
+        return cluster.any_process(self._signalled) if cluster.current().several else self._signalled
+
+    # --- steps and epochs ------------------------------------------------------------------------------
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if self.metric_state is not None:  # a resumed epoch continues the sums of its first part
+            from kgpt.train import checkpoint
+
+            # At the first batch, not at the epoch's start: Keras builds the metrics' variables in between.
+            if not checkpoint.restore_metric_state(self.model, self.metric_state):
+                logger.info("The checkpoint's running loss does not fit this model's metrics: the resumed epoch's "
+                            "loss covers its batches after the checkpoint only.")
+            self.metric_state = None
+
     def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self._batches % self.accumulation:
+            return  # inside an accumulated step
         self.step += 1
+        if self._preempted():
+            self.on_train_end()
+            self.save(epoch_sums=True)
+            where = f" in {self.directory}" if self.directory else " (no output directory: nothing was kept)"
+            raise Preempted(f"stopped by SIGTERM at step {self.step:,}; checkpoint written{where}. Run the same "
+                            f"command again to resume.")
         if self.every and self.step % self.every == 0 and self.step % self.steps_per_epoch:
-            self.save()
+            self.save(epoch_sums=True)
 
     def on_epoch_end(self, epoch, logs=None):
         logs = {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
@@ -94,7 +168,7 @@ class Progress(keras.callbacks.Callback):
         return {}
 
     def write_history(self):
-        if not self.history_path:
+        if not self.history_path or not cluster.is_chief():
             return
         from kgpt.jobs.rundir import write_text
 
@@ -104,10 +178,98 @@ class Progress(keras.callbacks.Callback):
                  for i, logs in enumerate(self.epochs)]
         write_text(self.history_path, "\n".join(rows) + "\n")
 
-    def save(self):
+    def save(self, epoch_sums=False):
+        """Writes a checkpoint of this step (process 0); `epoch_sums` keeps the running epoch's metric sums."""
         if self.directory is None:
             return
-        from kgpt.train import checkpoint
+        model = self.model  # on JAX every process puts the training state back into the variables here
+        from kgpt.train import checkpoint, distribute
 
         state = {"settings": self.settings, "step": self.step, "epochs": self.epochs, **self.extra_state()}
-        checkpoint.save(self.model, self.directory, state, keep=self.keep)
+        with distribute.writing(self.directory) as directory:
+            if directory is None:
+                return
+            if epoch_sums and self.step % self.steps_per_epoch:
+                state["metric_state"] = checkpoint.metric_state(model)
+            checkpoint.save(model, directory, state, keep=self.keep)
+
+
+class ProgressLog(keras.callbacks.Callback):
+    """One line every `every` steps or seconds: step, loss, throughput and time left (process 0).
+
+    For a log file or a cluster's log, where Keras' per-epoch line may come
+    once an hour. `every` is `"N"` steps, `"Ns"` seconds, or `"0"` for none.
+
+    Args:
+        every: when to print.
+        total_steps: the run's last step.
+        first_step: the step the run starts from (a resumed run).
+        tokens_per_step: tokens in one step's batch, or None to count examples.
+        examples_per_step: examples in one step's batch.
+        accumulation: batches per optimizer step.
+    """
+
+    def __init__(self, every, total_steps, first_step=0, tokens_per_step=None, examples_per_step=None,
+                 accumulation=1):
+        super().__init__()
+        self.steps, self.seconds = parse_every(every)
+        self.total_steps, self.step, self.accumulation = total_steps, first_step, accumulation
+        self.tokens_per_step, self.examples_per_step = tokens_per_step, examples_per_step
+        self._batches = 0
+        self._since = self._last_step = None
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._batches += 1
+        if self._batches % self.accumulation:
+            return
+        self.step += 1
+        now = time.monotonic()
+        if self._since is None:  # the first step compiles: measure from its end
+            self._since, self._last_step = now, self.step
+            return
+        due = (self.steps and self.step % self.steps == 0) or (self.seconds and now - self._since >= self.seconds)
+        if due and cluster.is_chief():
+            self._print(now, logs or {})
+        if due:
+            self._since, self._last_step = now, self.step
+
+    def _print(self, now, logs):
+        done = self.step - self._last_step
+        rate = done / max(now - self._since, 1e-9)  # steps/s
+        parts = [f"step {self.step:,}/{self.total_steps:,}"]
+        loss = logs.get("loss")
+        if loss is not None:
+            parts.append(f"loss {float(np.asarray(keras.ops.convert_to_numpy(loss))):.4f}")
+        if self.tokens_per_step:
+            parts.append(f"{rate * self.tokens_per_step:,.0f} tokens/s")
+        elif self.examples_per_step:
+            parts.append(f"{rate * self.examples_per_step:,.1f} examples/s")
+        left = (self.total_steps - self.step) / rate if rate > 0 else float("inf")
+        parts.append(f"{_duration(left)} left")
+        logger.info(", ".join(parts))
+
+
+def parse_every(every):
+    """`"100"` -> `(100, None)` steps; `"30s"` -> `(None, 30.0)` seconds; `"0"` -> `(None, None)`."""
+    text = str(every).strip().lower()
+    try:
+        if text.endswith("s"):
+            seconds = float(text[:-1])
+            if not math.isfinite(seconds) or seconds < 0:
+                raise ValueError
+            return None, seconds or None
+        steps = int(text)
+        if steps < 0:
+            raise ValueError
+        return steps or None, None
+    except ValueError:
+        from kgpt.errors import ConfigError
+
+        raise ConfigError(f"log_every must be N steps ('100'), N seconds ('60s') or '0', got {every!r}.") from None
+
+
+def _duration(seconds):
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

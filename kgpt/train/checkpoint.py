@@ -35,6 +35,21 @@ def rng_variables(model):
     return [v for v in model.variables if v.name == "seed_generator_state"]
 
 
+def metric_state(model):
+    """The running sums of the model's loss and metrics (JSON-able): an interrupted epoch's, for its resumption."""
+    return [keras.ops.convert_to_numpy(v).tolist() for v in model.metrics_variables]
+
+
+def restore_metric_state(model, values):
+    """Puts `metric_state`'s sums back (at the start of the resumed epoch); skipped if the metrics differ."""
+    variables = model.metrics_variables
+    if len(values) != len(variables) or any(np.shape(v) != tuple(w.shape) for v, w in zip(values, variables)):
+        return False
+    for variable, value in zip(variables, values):
+        variable.assign(np.asarray(value, dtype=variable.dtype))
+    return True
+
+
 def save(model, directory, state, keep=()):
     """Writes a checkpoint of `model` with `state` (JSON-able, `state["step"]` required).
 

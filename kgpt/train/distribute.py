@@ -1,19 +1,21 @@
-"""Data-parallel training on the engine of the active Keras backend.
+"""Data- and model-parallel training on the engine of the active Keras backend, on one host or several.
 
-`data_parallel()` is a context manager that every model built, compiled and
-fitted inside it trains on all local accelerators (or all local CPU devices
-when there are none), each replica on an equal slice of every batch:
+`training_scope(distribution, dtype, batch_size)` is what the jobs build, compile
+and fit under:
 
-- JAX: `keras.distribution.DataParallel` over `keras.distribution.list_devices()`;
-- TensorFlow: `tf.distribute.MirroredStrategy` over the GPUs (or CPUs).
-  On TPUs, build and fit under a `tf.distribute.TPUStrategy` scope instead
-  (see README); the JAX backend handles TPUs through `DataParallel` as is.
+- `data_parallel()`: every device of every process of the run (`kgpt.train.cluster`)
+  holds the model and trains on an equal slice of every batch. JAX:
+  `keras.distribution.DataParallel` over all devices; TensorFlow:
+  `tf.distribute.MirroredStrategy` on one host, `MultiWorkerMirroredStrategy`
+  across hosts. On TPUs with TensorFlow, build and fit under a
+  `tf.distribute.TPUStrategy` scope instead (see README); JAX handles TPUs as is.
+- `model_parallel(k)` (JAX): each model split over `k` devices
+  (`model_parallel_layout`), the batch over the rest, across hosts too.
 
 Gradients are averaged over the global batch, so results match one device
-(the tests check the losses of a few steps on 2 virtual CPU devices).
-`model_parallel_layout(backbone_config)` is a `keras.distribution.LayoutMap`
-that shards a `GPTBackbone` over a `("batch", "model")` mesh on JAX, for
-models larger than one device.
+(tests check the losses on 2 virtual CPU devices and on 2 processes).
+Each process feeds only its rows of every global batch: `local_shards()`
+says which, and `feed()` turns a builder of those rows into what `fit` takes.
 """
 
 import contextlib
@@ -21,11 +23,14 @@ import logging
 
 import keras
 
+from kgpt.errors import ConfigError
+from kgpt.train import cluster
+
 logger = logging.getLogger(__name__)
 
 
-def local_devices():
-    """The devices a data-parallel run uses: accelerators if any, else CPUs."""
+def mesh_devices():
+    """The devices a distributed run uses: accelerators if any, else CPUs; every process's, in process order."""
     if keras.config.backend() == "jax":
         import jax
 
@@ -37,12 +42,23 @@ def local_devices():
     return gpus or tf.config.list_logical_devices("CPU")
 
 
+def _check_split(batch_size, parts, what, accumulation=1):
+    """Refuses a batch (of `accumulation` micro-batches of `batch_size` rows) that does not split over `parts`."""
+    if batch_size is None or batch_size % parts == 0:
+        return
+    if accumulation > 1:
+        raise ConfigError(f"{what}: each micro-batch (batch_size / gradient_accumulation_steps = {batch_size} rows) "
+                          f"must be a multiple of {parts}.")
+    raise ConfigError(f"{what}: batch_size {batch_size} must be a multiple of {parts}.")
+
+
 @contextlib.contextmanager
-def data_parallel(batch_size=None):
-    """Trains models created inside on every local device; yields the replica count.
+def data_parallel(batch_size=None, accumulation=1):
+    """Trains models created inside on every device of every process of the run; yields the replica count.
 
     Args:
-        batch_size: the global batch, checked to split evenly over the replicas.
+        batch_size: the global batch (of one micro-batch, with `accumulation`), checked to split evenly.
+        accumulation: micro-batches per update, for the error message.
 
     Example:
     ```python
@@ -52,18 +68,28 @@ def data_parallel(batch_size=None):
         lm.fit(dataset, steps_per_epoch=1000)
     ```
     """
-    devices = local_devices()
-    if batch_size is not None and batch_size % len(devices):
-        raise ValueError(
-            f"Data-parallel training splits each batch over {len(devices)} devices: batch_size {batch_size} "
-            f"must be a multiple of {len(devices)}."
-        )
     backend = keras.config.backend()
+    several = cluster.current().several
+    if backend == "tensorflow" and several:
+        strategy = cluster.strategy()
+        _check_split(batch_size, strategy.num_replicas_in_sync,
+                     f"Data-parallel training splits each batch over {strategy.num_replicas_in_sync} replicas of "
+                     f"{cluster.current().num_processes} processes", accumulation)
+        logger.info(f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow replica(s) of "
+                    f"{cluster.current().num_processes} processes (MultiWorkerMirroredStrategy).")
+        with strategy.scope():
+            yield strategy.num_replicas_in_sync
+        return
+    devices = mesh_devices()
+    where = f"{len(devices)} devices" + (f" of {cluster.current().num_processes} processes" if several else "")
+    _check_split(batch_size, len(devices), f"Data-parallel training splits each batch over {where}", accumulation)
     if backend == "jax":
         previous = keras.distribution.distribution()
         names = [f"{d.platform}:{d.id}" for d in devices]
-        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=names))
-        logger.info(f"Data-parallel on {len(devices)} JAX device(s): {', '.join(names)}.")
+        # Each process feeds only its rows of every batch (local_rows); Keras joins them into the global batch.
+        keras.distribution.set_distribution(keras.distribution.DataParallel(devices=names, auto_shard_dataset=False))
+        logger.info(f"Data-parallel on {len(devices)} JAX device(s)" + (f" of {cluster.current().num_processes} "
+                    f"processes." if several else f": {', '.join(names)}."))
         try:
             yield len(devices)
         finally:
@@ -78,6 +104,140 @@ def data_parallel(batch_size=None):
         f"{', '.join(d.name for d in devices)}.")
     with strategy.scope():
         yield strategy.num_replicas_in_sync
+
+
+@contextlib.contextmanager
+def model_parallel(model_devices, batch_size=None, accumulation=1):
+    """Splits every model over `model_devices` devices and the batch over the rest (JAX); yields the batch shards.
+
+    The mesh is `(devices / model_devices, model_devices)` over every device of
+    every process, named `("batch", "model")`, with `model_parallel_layout`:
+    a model too large for one device, on one host or across hosts.
+    """
+    if keras.config.backend() != "jax":
+        raise ConfigError("--distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); "
+                          "on TensorFlow use data_parallel.")
+    devices = mesh_devices()
+    if model_devices < 1 or len(devices) % model_devices:
+        raise ConfigError(f"--model_parallel {model_devices}: the {len(devices)} devices of the run do not split into "
+                          f"groups of {model_devices}.")
+    shards = len(devices) // model_devices
+    _check_split(batch_size, shards, f"Model-parallel training splits each batch over {shards} groups of "
+                 f"{model_devices} devices", accumulation)
+    mesh = keras.distribution.DeviceMesh((shards, model_devices), ["batch", "model"],
+                                         [f"{d.platform}:{d.id}" for d in devices])
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(keras.distribution.ModelParallel(
+        layout_map=model_parallel_layout(mesh), batch_dim_name="batch", auto_shard_dataset=False))
+    logger.info(f"Model-parallel on {len(devices)} JAX device(s): each model split over {model_devices}, the batch "
+                f"over {shards}.")
+    try:
+        yield shards
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+@contextlib.contextmanager
+def writing(directory):
+    """Yields where this process writes what only process 0 keeps (a checkpoint, a preset): or None to skip it.
+
+    Process 0 gets `directory`. On JAX the others skip the write, and
+    process 0 writes with the distribution unset: Keras creates variables
+    while saving (a throw-away optimizer, to learn which attributes to skip),
+    and a variable created under a distribution across processes is a
+    collective the others would never join (the weights are replicated, so
+    reading them needs no other process). On TensorFlow such a variable is a
+    collective of `MultiWorkerMirroredStrategy` whatever the scope, so every
+    process saves, the others into a temporary folder removed after.
+    """
+    here = cluster.current()
+    if not here.several:
+        yield directory
+        return
+    if keras.config.backend() == "tensorflow":
+        if here.chief:
+            yield directory
+            return
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="kgpt-not-chief-") as scratch:
+            yield scratch
+        return
+    if not here.chief:
+        yield None
+        return
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield directory
+    finally:
+        keras.distribution.set_distribution(previous)
+
+
+def local_shards():
+    """`(first, stop, total)`: this process feeds batch shards `first..stop-1` of `total` equal row blocks.
+
+    One process feeds them all. Several processes each feed their own rows
+    (JAX: the rows its devices hold in the distribution's data layout; those
+    of a model split across processes are fed by each of them).
+    """
+    c = cluster.current()
+    distribution = keras.distribution.distribution() if keras.config.backend() == "jax" else None
+    if not c.several:
+        return 0, 1, 1
+    if keras.config.backend() == "tensorflow":
+        return c.process_id, c.process_id + 1, c.num_processes
+    total = 1 if distribution is None else distribution.device_mesh.shape[
+        distribution.device_mesh.axis_names.index(distribution.batch_dim_name)]
+    layout = distribution.get_data_layout((total, 1)).backend_layout
+    rows = sorted({(s[0].start or 0, total if s[0].stop is None else s[0].stop)
+                   for s in layout.addressable_devices_indices_map((total, 1)).values()})
+    first, stop = rows[0][0], rows[-1][1]
+    if any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
+        raise ValueError(f"This process's devices hold rows {rows} of every batch, not one block.")
+    return first, stop, total
+
+
+def local_rows(size, shards=None):
+    """`(start, stop)`: the rows of a batch of `size` (a multiple of the shard count) this process feeds."""
+    first, stop, total = shards or local_shards()
+    return size * first // total, size * stop // total
+
+
+def feed(make_dataset, shards=None):
+    """What `fit`, `evaluate` and `predict` take: `make_dataset(first, stop, total)` gives this process's rows.
+
+    `make_dataset` builds a `tf.data.Dataset` of the rows of every global batch
+    from shard `first` to `stop` (of `total`: `local_rows`). On TensorFlow
+    with several processes it runs once per process inside
+    `distribute_datasets_from_function`, whose batches go to this process's
+    replicas in turn.
+    """
+    c = cluster.current()
+    if keras.config.backend() == "tensorflow" and c.several:
+        strategy = cluster.strategy()
+
+        def per_process(context):
+            first, stop = context.input_pipeline_id, context.input_pipeline_id + 1
+            data = make_dataset(first, stop, context.num_input_pipelines)
+            return _per_replica(data, context.num_replicas_in_sync // context.num_input_pipelines)
+
+        return strategy.distribute_datasets_from_function(per_process)
+    return make_dataset(*(shards or local_shards()))
+
+
+def _per_replica(data, replicas):
+    """Each batch of `data` cut into `replicas` consecutive batches (one per local replica)."""
+    if replicas == 1:
+        return data
+    import tensorflow as tf
+
+    def split(*batch):
+        batch = batch[0] if len(batch) == 1 else batch
+        return tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(lambda t: tf.stack(tf.split(t, replicas)),
+                                                                        batch))
+
+    return data.flat_map(split)
 
 
 def model_parallel_layout(device_mesh):
@@ -107,7 +267,7 @@ def model_parallel_layout(device_mesh):
     return layout
 
 
-DISTRIBUTIONS = ("none", "data_parallel")
+DISTRIBUTIONS = ("none", "data_parallel", "model_parallel")
 DTYPES = ("float32", "mixed_bfloat16", "mixed_float16", "bfloat16")
 
 
@@ -135,15 +295,23 @@ def dtype_policy(name):
 
 
 @contextlib.contextmanager
-def training_scope(distribution="none", dtype=None, batch_size=None):
-    """The dtype policy and device placement a kgpt job builds and trains its model under."""
+def training_scope(distribution="none", dtype=None, batch_size=None, model_devices=1, accumulation=1):
+    """The dtype policy and device placement a kgpt job builds and trains its model under; yields the batch shards.
+
+    With several processes, `"none"` means data parallel over all of them:
+    a process alone on its own slice of the data would train a model of its own.
+    """
     if distribution not in DISTRIBUTIONS:
         raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}.")
+    if distribution == "none" and cluster.current().several:
+        distribution = "data_parallel"
     with dtype_policy(dtype):
         if dtype:
             logger.info(f"Dtype policy {dtype}.")
         if distribution == "none":
             yield 1
             return
-        with data_parallel(batch_size) as replicas:
-            yield replicas
+        scope = model_parallel(model_devices, batch_size, accumulation) if distribution == "model_parallel" else \
+            data_parallel(batch_size, accumulation)
+        with scope as shards:
+            yield shards

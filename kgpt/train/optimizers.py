@@ -28,6 +28,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         total_steps: int or None. Update at which the rate reaches 0. `None`
             holds the peak after warm-up (when the horizon is not known yet).
         decay: `"cosine"` (pre-training) or `"linear"` (fine-tuning).
+        gradient_accumulation_steps: micro-batches per update. Keras gives
+            the schedule its micro-batch count; the schedule counts updates,
+            so an accumulated run follows the same rates as one without.
 
     Example:
     ```python
@@ -36,9 +39,12 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     ```
     """
 
-    def __init__(self, peak_learning_rate, warmup_steps, total_steps=None, decay="cosine"):
+    def __init__(self, peak_learning_rate, warmup_steps, total_steps=None, decay="cosine",
+                 gradient_accumulation_steps=1):
         if decay not in ("cosine", "linear"):
             raise ValueError(f"decay must be 'cosine' or 'linear', got {decay!r}.")
+        if int(gradient_accumulation_steps) < 1:
+            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.")
         if total_steps is not None and total_steps < warmup_steps:
             raise ValueError(
                 f"total_steps ({total_steps}) must be >= warmup_steps "
@@ -49,8 +55,11 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
         self.decay = decay
+        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
 
     def __call__(self, step):
+        if self.gradient_accumulation_steps > 1:  # micro-batches -> updates
+            step = ops.floor_divide(step, self.gradient_accumulation_steps)
         step = ops.cast(step, "float32")
         peak = ops.cast(self.peak_learning_rate, "float32")
         warmup = ops.cast(max(self.warmup_steps, 1), "float32")
@@ -72,6 +81,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
             "decay": self.decay,
+            **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
+               if self.gradient_accumulation_steps > 1 else {}),
         }
 
 
@@ -130,13 +141,17 @@ def gpt_adamw(
     decay="cosine",
     weight_decay=0.01,
     global_clipnorm=1.0,
+    gradient_accumulation_steps=1,
 ):
     """The paper's optimiser with its schedule; defaults are pre-training's.
 
     For fine-tuning: `gpt_adamw(6.25e-5, warmup_steps=int(0.002 * total),
-    total_steps=total, decay="linear")`.
+    total_steps=total, decay="linear")`. With `gradient_accumulation_steps`
+    K > 1, each update averages the gradients of K micro-batches (Keras'
+    own accumulation), clips that average, and `warmup_steps` and
+    `total_steps` still count updates.
     """
-    schedule = WarmupSchedule(learning_rate, warmup_steps, total_steps, decay)
+    schedule = WarmupSchedule(learning_rate, warmup_steps, total_steps, decay, gradient_accumulation_steps)
     return GPTAdamW(
         learning_rate=schedule,
         weight_decay=weight_decay,
@@ -144,4 +159,5 @@ def gpt_adamw(
         beta_2=0.999,
         epsilon=1e-8,
         global_clipnorm=global_clipnorm,
+        gradient_accumulation_steps=gradient_accumulation_steps if gradient_accumulation_steps > 1 else None,
     )

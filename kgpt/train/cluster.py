@@ -1,0 +1,441 @@
+"""Several processes, one run: joining them, checking they agree, and what they exchange.
+
+A run on several hosts is the same command started once per process (the
+hosts of a TPU pod slice, `srun` under SLURM, a Kubernetes indexed Job, or by
+hand):
+
+    kgpt-train --task lm ... --coordinator_address 10.0.0.1:1234 --num_processes 2 --process_id 0   # host 0
+    kgpt-train --task lm ... --coordinator_address 10.0.0.1:1234 --num_processes 2 --process_id 1   # host 1
+
+Without those flags the environment decides (`resolve`): on JAX, SLURM's,
+Open MPI's and Cloud TPU's variables (`--coordinator_address auto` hands the
+detection to `jax.distributed`, which also knows Kubernetes and mpi4py); on
+TensorFlow, `TF_CONFIG`. Nothing found means one process.
+
+The processes are joined by the backend's own runtime, never by kgpt's code:
+JAX through `jax.distributed.initialize` (gloo collectives on CPUs),
+TensorFlow through `tf.distribute.MultiWorkerMirroredStrategy`. `start()`
+must run before the backend computes anything: the commands call it first,
+and `kgpt.jobs` call it when a config names several processes.
+
+Process 0 (the chief) writes the outputs; every process trains on its slice
+of each global batch (`kgpt.train.distribute.local_rows`).
+
+Example (two processes on one machine, each in its own terminal):
+```python
+from kgpt.train import cluster
+
+cluster.start(cluster.resolve("127.0.0.1:8476", num_processes=2, process_id=0))   # 1 in the other
+cluster.check_agreement({"settings": {...}})   # a process started differently stops every one, by name
+```
+"""
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import pathlib
+import sys
+import threading
+
+from kgpt.errors import ConfigError
+from kgpt.train import multi_worker
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 300  # seconds every process waits for the others to join (JAX's own default)
+
+
+class ClusterError(RuntimeError):
+    """The processes of a run could not join, disagree, or lost one of them; the message names which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    """Where this process stands in a run: `process_id` of `num_processes`.
+
+    Attributes:
+        num_processes: processes in the run (1: a run on one host).
+        process_id: this process, from 0 (the chief, which writes the outputs).
+        coordinator: JAX's coordinator `HOST:PORT`, `"auto"` (JAX detects it), or None.
+        addresses: TensorFlow's worker addresses, one per process, in process order.
+        found_by: what set it up: "flags", "TF_CONFIG", "SLURM", "Open MPI", "Cloud TPU", or "" (one process).
+    """
+
+    num_processes: int = 1
+    process_id: int = 0
+    coordinator: str | None = None
+    addresses: tuple = ()
+    found_by: str = ""
+
+    @property
+    def chief(self):
+        """Whether this process writes the run's outputs (process 0)."""
+        return self.process_id == 0
+
+    @property
+    def several(self):
+        return self.num_processes > 1
+
+    def describe(self):
+        if not self.several:
+            return "one process"
+        return f"process {self.process_id} of {self.num_processes} ({self.found_by})"
+
+
+_current = Cluster()
+_strategy = None  # TensorFlow's MultiWorkerMirroredStrategy, once started
+_started = False
+
+
+def current():
+    """The `Cluster` this process joined (`Cluster()` until `start`)."""
+    return _current
+
+
+def strategy():
+    """TensorFlow's `MultiWorkerMirroredStrategy` of the run, or None (JAX, or one process)."""
+    return _strategy
+
+
+def is_chief():
+    return _current.chief
+
+
+# --- finding the processes ---------------------------------------------------------------------------
+
+
+def _address(value, flag="--coordinator_address"):
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{flag}: expected HOST:PORT (e.g. 10.0.0.1:8476), got {value!r}.")
+    return f"{host}:{int(port)}"
+
+
+def _int(value, name):
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{name} must be an integer, got {value!r}.") from None
+
+
+def _environment(environ, backend):
+    """`(found_by, num_processes, process_id, addresses)` the environment describes, or None."""
+    if backend == "tensorflow":
+        if environ.get("TF_CONFIG"):
+            return _tf_config(environ["TF_CONFIG"])
+        return None
+    slurm = ("SLURM_JOB_ID", "SLURM_STEP_NODELIST", "SLURM_NTASKS", "SLURM_PROCID", "SLURM_LOCALID")
+    if all(k in environ for k in slurm):
+        return "SLURM", _int(environ["SLURM_NTASKS"], "SLURM_NTASKS"), _int(environ["SLURM_PROCID"], "SLURM_PROCID"), ()
+    if "OMPI_MCA_orte_hnp_uri" in environ and "OMPI_COMM_WORLD_SIZE" in environ:
+        return ("Open MPI", _int(environ["OMPI_COMM_WORLD_SIZE"], "OMPI_COMM_WORLD_SIZE"),
+                _int(environ.get("OMPI_COMM_WORLD_RANK", 0), "OMPI_COMM_WORLD_RANK"), ())
+    hosts = environ.get("TPU_WORKER_HOSTNAMES") or environ.get("TPU_PROCESS_ADDRESSES")
+    if hosts and "," in hosts:
+        return "Cloud TPU", len(hosts.split(",")), _int(environ.get("TPU_WORKER_ID", 0), "TPU_WORKER_ID"), ()
+    return None
+
+
+def _tf_config(text):
+    try:
+        config = json.loads(text)
+        cluster, task = config["cluster"], config["task"]
+        jobs = [*cluster.get("chief", []), *cluster.get("worker", [])]
+        index = int(task["index"]) + (len(cluster.get("chief", [])) if task["type"] == "worker" else 0)
+        if task["type"] not in ("chief", "worker") or not jobs:
+            raise ValueError(f"task type {task['type']!r} (kgpt runs chief and worker tasks)")
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConfigError(f"TF_CONFIG cannot be read ({e}): expected {{\"cluster\": {{\"worker\": [\"HOST:PORT\", ...]}}, "
+                          f"\"task\": {{\"type\": \"worker\", \"index\": I}}}}.") from None
+    return "TF_CONFIG", len(jobs), index, tuple(_address(a, "TF_CONFIG") for a in jobs)
+
+
+def resolve(coordinator_address=None, num_processes=None, process_id=None, environ=None, backend=None):
+    """The `Cluster` the flags (or else the environment) describe; a `ConfigError` naming the flag if they cannot run.
+
+    Args:
+        coordinator_address: `HOST:PORT` of process 0's coordinator (JAX), or
+            `"auto"` for `jax.distributed`'s own detection. On TensorFlow one
+            address puts process i at PORT + i of that host (one machine);
+            several hosts need every process's address, comma-separated, in
+            process order (or `TF_CONFIG`).
+        num_processes, process_id: this process's place; all three flags go together.
+        environ: the environment to read (default `os.environ`).
+        backend: `"jax"` or `"tensorflow"` (default: Keras').
+    """
+    environ = os.environ if environ is None else environ
+    if backend is None:
+        import keras
+
+        backend = keras.config.backend()
+    given = {"--coordinator_address": coordinator_address, "--num_processes": num_processes,
+             "--process_id": process_id}
+    if coordinator_address == "auto":
+        if backend != "jax":
+            raise ConfigError("--coordinator_address auto asks jax.distributed to find the processes; on TensorFlow "
+                              "pass every process's address, or set TF_CONFIG.")
+        return Cluster(num_processes or 0, process_id or 0, "auto", (), "jax.distributed")
+    if any(v is not None for v in given.values()):
+        missing = [k for k, v in given.items() if v is None]
+        if missing:
+            raise ConfigError(f"{', '.join(missing)} missing: a run on several processes takes --coordinator_address, "
+                              f"--num_processes and --process_id together.")
+        return _from_flags(coordinator_address, num_processes, process_id, backend)
+    found = _environment(environ, backend)
+    if found is None or found[1] <= 1:
+        return Cluster()
+    found_by, count, index, addresses = found
+    _check_place(count, index, found_by)
+    return Cluster(count, index, None, addresses, found_by)
+
+
+def _check_place(count, index, what="--num_processes"):
+    if count < 1:
+        raise ConfigError(f"{what}: the number of processes must be >= 1, got {count}.")
+    if not 0 <= index < count:
+        raise ConfigError(f"{'--process_id' if what == '--num_processes' else what}: process {index} is not one of "
+                          f"the {count} processes (0..{count - 1}).")
+
+
+def _from_flags(address, count, index, backend):
+    count, index = _int(count, "--num_processes"), _int(index, "--process_id")
+    _check_place(count, index)
+    addresses = [_address(a.strip()) for a in str(address).split(",")]
+    if len(addresses) not in (1, count):
+        raise ConfigError(f"--coordinator_address: {len(addresses)} addresses for {count} processes; give one (process "
+                          f"0's) or one per process.")
+    if count == 1:
+        return Cluster()
+    if backend == "tensorflow" and len(addresses) == 1:
+        host, port = addresses[0].rsplit(":", 1)
+        if int(port) + count - 1 > 65535:
+            raise ConfigError(f"--coordinator_address {addresses[0]}: ports {port}..{int(port) + count - 1} do not fit.")
+        addresses = [f"{host}:{int(port) + i}" for i in range(count)]
+    return Cluster(count, index, addresses[0], tuple(addresses) if backend == "tensorflow" else (), "flags")
+
+
+# --- joining them -------------------------------------------------------------------------------------
+
+
+def fail(message, code=1):
+    """Prints `kgpt: error: message` and ends this process now.
+
+    Used where the runtime cannot be left to unwind: a process whose peers are
+    gone would otherwise wait for them at exit (JAX's shutdown barrier) or in
+    a collective that never completes.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    os.write(2, f"{os.path.basename(sys.argv[0]) or 'kgpt'}: error: {message}\n".encode("utf-8", "replace"))
+    os._exit(code)
+
+
+class deadline:  # noqa: N801 - a context manager used like a function
+    """Ends the process with `message` if the block has not finished after `seconds` (`fail`).
+
+    The runtimes' start-up can block in C++ with no timeout of their own
+    (TensorFlow's waits for every worker forever), so a watchdog thread bounds it.
+    """
+
+    def __init__(self, seconds, message):
+        self.seconds, self.message = seconds, message
+        self._timer = None
+
+    def __enter__(self):
+        self._timer = threading.Timer(self.seconds, fail, (self.message,))
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._timer.cancel()
+
+
+def start(cluster, timeout=DEFAULT_TIMEOUT):
+    """Joins the run's processes through the backend's runtime; nothing to do for one process.
+
+    Must run before the backend computes anything. Starting the same cluster
+    again does nothing; another one is an error (a runtime joins once).
+    """
+    global _current, _strategy, _started
+    if _started or not cluster.several and cluster.coordinator != "auto":
+        if _started and cluster != _current and cluster.several:
+            raise ConfigError(f"This process already joined a run as {_current.describe()}; it cannot join another "
+                              f"({cluster.describe()}).")
+        return _current
+    import keras
+
+    backend = keras.config.backend()
+    where = cluster.coordinator if cluster.coordinator != "auto" else "the address jax.distributed detects"
+    waiting = (f"the {cluster.num_processes or 'detected'} processes did not all join within {timeout} s (process "
+               f"{cluster.process_id}, coordinator {where}): check that every process was started with the same "
+               f"--coordinator_address and --num_processes, and that the address is reachable (--startup_timeout).")
+    with deadline(timeout + 30, waiting):
+        if backend == "jax":
+            cluster = _start_jax(cluster, timeout, where)
+        elif backend == "tensorflow":
+            _strategy = _start_tensorflow(cluster)
+        else:
+            raise ConfigError(f"Several processes run on the jax and tensorflow backends, not {backend!r}.")
+    _current, _started = cluster, True
+    logger.info(f"Joined a run of {cluster.num_processes} processes as process {cluster.process_id} "
+                f"({cluster.found_by}{f', coordinator {cluster.coordinator}' if cluster.coordinator else ''}).")
+    return cluster
+
+
+def _start_jax(cluster, timeout, where):
+    import jax
+
+    if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of other hosts
+    kwargs = {} if cluster.coordinator == "auto" or cluster.found_by not in ("flags",) else dict(
+        coordinator_address=cluster.coordinator, num_processes=cluster.num_processes, process_id=cluster.process_id)
+    try:
+        jax.distributed.initialize(**kwargs, initialization_timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - the runtime raises RuntimeError/XlaRuntimeError/ValueError
+        raise ClusterError(f"Process {cluster.process_id} could not join the run at {where}: "
+                           f"{_first_line(e)}") from None
+    if cluster.coordinator == "auto" or cluster.found_by != "flags":
+        cluster = dataclasses.replace(cluster, num_processes=jax.process_count(), process_id=jax.process_index())
+    return cluster
+
+
+def _start_tensorflow(cluster):
+    import tensorflow as tf
+
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec({"worker": list(cluster.addresses)}), task_type="worker", task_id=cluster.process_id,
+        rpc_layer="grpc")
+    try:
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
+    except Exception as e:  # noqa: BLE001 - gRPC and TensorFlow raise several types
+        raise ClusterError(f"Process {cluster.process_id} could not join the run ({', '.join(cluster.addresses)}): "
+                           f"{_first_line(e)}") from None
+    multi_worker.apply()
+    return strategy
+
+
+def _first_line(error):
+    text = str(error).strip().splitlines()
+    return text[0][:300] if text else type(error).__name__
+
+
+# --- what the processes exchange ------------------------------------------------------------------------
+
+
+def allgather(data):
+    """Every process's `data` (bytes), in process order; `[data]` with one process.
+
+    A collective of the backend's runtime: every process must call it at the same point.
+    """
+    if not _current.several:
+        return [bytes(data)]
+    import numpy as np
+
+    sizes = _allgather_array(np.asarray([len(data)], np.int64)).reshape(-1)
+    width = max(1, int(sizes.max()))  # an empty collective crashes TensorFlow's
+    padded = np.zeros(width, np.int32)  # TensorFlow's collectives take no 8-bit integers
+    padded[: len(data)] = np.frombuffer(bytes(data), np.uint8)
+    rows = _allgather_array(padded).reshape(_current.num_processes, width).astype(np.uint8)
+    return [rows[i, : int(sizes[i])].tobytes() for i in range(_current.num_processes)]
+
+
+def _allgather_array(array):
+    """`[num_processes * len(array)]`: every process's 1-D `array`, in process order."""
+    import numpy as np
+
+    if _strategy is None:
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(array)).reshape(-1)
+    import tensorflow as tf
+
+    value = tf.constant(array)
+    per_replica = _strategy.run(lambda: tf.identity(value))
+    # Each process may hold several replicas (GPUs), each with the same value: keep one per process.
+    gathered = _strategy.gather(per_replica, axis=0).numpy().reshape(_current.num_processes, -1, len(array))
+    return gathered[:, 0].reshape(-1)
+
+
+def barrier():
+    """Returns once every process has reached it (a collective)."""
+    allgather(b"")
+
+
+def any_process(flag):
+    """Whether `flag` is true on any process (each contributes its own)."""
+    return any(b == b"1" for b in allgather(b"1" if flag else b"0"))
+
+
+def source_fingerprint():
+    """kgpt's version and a hash of its source files: processes running different code disagree on it."""
+    from kgpt import __version__
+
+    digest = hashlib.sha256()
+    root = pathlib.Path(__file__).resolve().parents[1]
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return f"{__version__} (source {digest.hexdigest()[:12]})"
+
+
+def check_agreement(what):
+    """Raises `ClusterError` unless every process passes the same `what` (a JSON-able dict); names who differs.
+
+    Called by each job before it reads or writes anything, with its settings,
+    so a process started with another flag or another kgpt stops every process.
+    """
+    if not _current.several:
+        return
+    mine = {"kgpt": source_fingerprint(), **what}
+    others = [json.loads(b) for b in allgather(json.dumps(mine, sort_keys=True, default=str).encode())]
+    chief = others[0]
+    for index, theirs in enumerate(others[1:], start=1):
+        if theirs == chief:
+            continue
+        lines = _differences(chief, theirs)
+        raise ClusterError(f"Process {index} was started with other settings than process 0: {'; '.join(lines[:5])}"
+                           f"{' ...' if len(lines) > 5 else ''}. Start every process with the same command (only "
+                           f"--process_id differs).")
+
+
+def _differences(a, b, prefix=""):
+    lines = []
+    for key in sorted(set(a) | set(b), key=str):
+        x, y = a.get(key), b.get(key)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            lines += _differences(x, y, f"{prefix}{key}.")
+        else:
+            name = f"--{key}" if prefix == "settings." else f"{prefix}{key}"
+            lines.append(f"{name} is {x!r} on process 0, {y!r} there")
+    return lines
+
+
+_LOST = ("connection reset", "heartbeat", "unavailable", "socket closed", "broken pipe", "connection refused",
+         "gloo", "collective ops is aborted", "peer", "failed to connect", "stopped sending heartbeats", "is unhealthy")
+
+
+def lost_process(error):
+    """Whether `error` (raised inside a collective) means another process of the run stopped."""
+    if not _current.several:
+        return False
+    text = str(error).lower()
+    return any(marker in text for marker in _LOST)
+
+
+def stop_lost(error):
+    """Ends this process with a one-line message after another process of the run stopped (`fail`).
+
+    Exiting normally would wait for the lost process at the runtime's shutdown
+    barrier (minutes on JAX, forever on TensorFlow), so this process ends at
+    once; the last checkpoint is what a rerun resumes from.
+    """
+    fail(f"another process of this run stopped ({_first_line(error)}); process {_current.process_id} stopped too. "
+         f"Rerun every process with the same command to resume from the last checkpoint.")

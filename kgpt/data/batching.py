@@ -123,23 +123,26 @@ class EncodedSplit:
         padding_mask = (np.arange(length) < lengths[..., None]).astype("int32")
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
-    def batch(self, indices, lm=True, targets=True, plan=None):
+    def batch(self, indices, lm=True, targets=True, plan=None, length=None, real=None):
         """One training batch `(x, y, sample_weight)` for `GPTTaskModel`, or `x` alone without targets.
 
         `y = {"task": targets, "lm": next tokens}` and the LM's sample weight
         is 1 on real next tokens only (the auxiliary loss ignores padding).
-        Padded to `padded_length(indices, plan)`.
+        Padded to `length`, default `padded_length(indices, plan)`. `real`, a
+        boolean per row, marks the rows that count: the others (filling a
+        batch to split evenly over devices) weigh 0 in every loss.
         """
-        x = self.inputs(indices, self.padded_length(indices, plan))
+        x = self.inputs(indices, length or self.padded_length(indices, plan))
         if not targets:
             return x
         if self.targets is None:
             raise DataError(f"Split {self.name!r} has no labels to train or evaluate on.")
         y = {"task": self.targets[np.asarray(indices)]}
-        sample_weight = {"task": np.ones(len(indices), "float32")}
+        counts = np.ones(len(indices), "float32") if real is None else np.asarray(real, "float32")
+        sample_weight = {"task": counts}
         if lm:
             y["lm"] = x["token_ids"][..., 1:]
-            sample_weight["lm"] = x["padding_mask"][..., 1:].astype("float32")
+            sample_weight["lm"] = x["padding_mask"][..., 1:].astype("float32") * counts[:, None, None]
         return x, y, sample_weight
 
     def real_share(self, batches, plan=None):
@@ -275,7 +278,17 @@ def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None):
     return tuple(sorted(kept))
 
 
-def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0):
+def filled(indices, multiple):
+    """`(rows, real)`: `indices` with copies of its first row appended up to a multiple of `multiple`, and how
+    many of them are real. A batch split over devices must split evenly; the copies weigh 0 (`EncodedSplit.batch`)
+    and their predictions are dropped."""
+    indices = np.asarray(indices)
+    extra = -len(indices) % multiple
+    return (np.concatenate([indices, np.repeat(indices[:1], extra)]) if extra else indices), len(indices)
+
+
+def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0,
+            shards=(0, 1, 1), pad_to=1, micro_batches=1):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
@@ -286,6 +299,13 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     lengths of `length_plan(..., max_lengths)`. `skip` leaves out the first
     batches of epoch `first_epoch` (a run resumed mid-epoch); the dataset
     then holds the rest of that epoch only.
+
+    For several devices and processes (`kgpt.train.distribute.feed`): each
+    batch is filled to a multiple of `pad_to` x `micro_batches` rows (`filled`),
+    cut into `micro_batches` consecutive micro-batches (gradient accumulation),
+    and of each only the rows of batch shards `shards = (first, stop, total)`
+    are kept. Every process and micro-batch of a batch gets the batch's
+    padded length, so the batches are the same whatever the slicing.
     """
     import tensorflow as tf
 
@@ -307,6 +327,7 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     if not 0 <= skip < num_batches:
         raise ValueError(f"skip must be in 0..{num_batches - 1} (batches per epoch), got {skip}.")
     plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths)
+    first, stop, total = shards
 
     def generate():
         order = batch_indices(split.lengths, batch_size, seed, epoch[0])
@@ -315,21 +336,39 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
                 continue
             if seed is not None and i == len(order) - 1:
                 epoch[0] += 1  # the pass reached its last batch: the next one is the next epoch
-            yield split.batch(indices, lm=lm, targets=targets, plan=plan)
+            rows, real = filled(indices, pad_to * micro_batches)
+            length = split.padded_length(indices, plan)
+            size = len(rows) // micro_batches
+            begin, end = size * first // total, size * stop // total
+            for j in range(micro_batches):
+                at = np.arange(j * size + begin, j * size + end)
+                yield split.batch(rows[at], lm=lm, targets=targets, length=length, real=at < real)
 
     data = tf.data.Dataset.from_generator(generate, output_signature=signature)
-    return data.apply(tf.data.experimental.assert_cardinality(num_batches - skip)).prefetch(2)
+    return data.apply(tf.data.experimental.assert_cardinality((num_batches - skip) * micro_batches)).prefetch(2)
 
 
-def predict_outputs(predictor, split, batch_size, verbose=0):
+def predict_outputs(predictor, split, batch_size, verbose=0, feed=None, pad_to=1):
     """`predictor`'s outputs for every example of `split`, in the split's order (batches sorted by length).
 
     With a compiling predictor, as few padded lengths as `max_lengths_for`
-    allows. `verbose` is Keras' (1: a progress bar).
+    allows. `verbose` is Keras' (1: a progress bar). With several devices
+    or processes (`kgpt.train.distribute.predict_outputs`), `feed` turns a
+    builder of a process's rows into the dataset and batches are filled to
+    a multiple of `pad_to` rows, whose extra outputs are dropped here.
     """
-    order = np.concatenate(batch_indices(split.lengths, batch_size))
+    batches = batch_indices(split.lengths, batch_size)
     max_lengths = max_lengths_for(getattr(predictor, "jit_compile", False), math.ceil(len(split) / batch_size))
-    outputs = predictor.predict(dataset(split, batch_size, targets=False, max_lengths=max_lengths), verbose=verbose)
-    result = np.empty_like(outputs)
-    result[order] = outputs
+
+    def make(first, stop, total):
+        return dataset(split, batch_size, targets=False, max_lengths=max_lengths, shards=(first, stop, total),
+                       pad_to=pad_to)
+
+    outputs = predictor.predict(feed(make) if feed else make(0, 1, 1), verbose=verbose)
+    kept = np.concatenate([np.arange(len(filled(b, pad_to)[0])) < len(b) for b in batches])
+    if len(kept) != len(outputs):
+        raise ValueError(f"The predictor gave {len(outputs)} rows for {len(kept)} (filled batches of {len(split)} "
+                         f"examples).")
+    result = np.empty_like(outputs[kept])
+    result[np.concatenate(batches)] = outputs[kept]
     return result

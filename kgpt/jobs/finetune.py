@@ -43,6 +43,7 @@ from kgpt.tasks import metrics as metrics_lib
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import callbacks as callbacks_lib
 from kgpt.train import checkpoint as checkpoint_lib
+from kgpt.train import cluster, distribute
 from kgpt.train.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ def evaluate_split(task, model, split, batch_size):
     `probabilities` are what `model.predict` gives on text (probabilities or
     values); `metrics` are the task's, when the split is labeled.
     """
-    outputs = batching.predict_outputs(model.task_predictor(), split, batch_size)
+    outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size)
     predictions = task.head.decode(outputs)
     metrics = {}
     if split.targets is not None:
@@ -365,9 +366,11 @@ def finetune(config, registry=None):
     if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
         raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
                          f"{task.splits[0]!r}.")
+    run.join(config, "finetune", run_settings(config))
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or _embedded_data(task, os.path.join(work, "data"))
+            data_dir = config.data_dir or run.on_chief(lambda: _embedded_data(task, os.path.join(work, "data")),
+                                                       f"writing {task.name}'s embedded data")
             model, results, start = _finetune(config, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, task, data_dir, start, results)
@@ -495,7 +498,8 @@ def _train(config, task, model, splits, batch_size, origin):
     total_steps = steps_per_epoch * config.epochs
     model.compile(
         optimizer=gpt_adamw(config.learning_rate, warmup_steps=math.ceil(config.warmup_fraction * total_steps),
-                            total_steps=total_steps, decay="linear", weight_decay=config.weight_decay),
+                            total_steps=total_steps, decay="linear", weight_decay=config.weight_decay,
+                            gradient_accumulation_steps=config.gradient_accumulation_steps),
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
     dev_name = next((n for n, s in splits.items() if n != train_name and s.targets is not None), None)
@@ -529,7 +533,7 @@ def _evaluate_splits(config, task, model, splits, batch_size):
         results[name] = {**evaluation.metrics, "examples": split.counts}
         if evaluation.metrics:
             logger.info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
-        if config.output_dir:
+        if config.output_dir and cluster.is_chief():
             write_predictions(os.path.join(config.output_dir, "predictions", f"{name}.tsv"), task, split, evaluation)
             if config.predict_test and name in (task.submissions or {}):
                 path = os.path.join(config.output_dir, "submission", task.submissions[name])
@@ -574,7 +578,9 @@ class Training:
         if progress.step < self.config.epochs * self.steps_per_epoch:
             metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
             callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
-                                      "or check the data", before=metrics)
+                                      "or check the data", before=metrics,
+                                      total_steps=self.config.epochs * self.steps_per_epoch,
+                                      examples_per_step=self.batch_size)
             run.fit(self.model, self._calls(progress.step), callbacks, self._validation())
         return progress.history, progress.finish()
 
@@ -593,16 +599,25 @@ class Training:
     def _calls(self, step):
         """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
         max_lengths = self.model.max_padded_lengths(self.train, self.batch_size)
+        pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
         for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
-            dataset = batching.dataset(self.train, self.batch_size, seed=self.config.seed, lm=self.config.lm_coef > 0,
-                                       first_epoch=first, max_lengths=max_lengths, skip=skip)
-            yield dataset, first, last, None
+            def make(a, b, total, first=first, skip=skip):
+                return batching.dataset(self.train, self.batch_size, seed=self.config.seed,
+                                        lm=self.config.lm_coef > 0, first_epoch=first, max_lengths=max_lengths,
+                                        skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro)
+
+            yield distribute.feed(make), first, last, None
 
     def _validation(self):
         if self.dev is None:
             return None
-        return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0,
-                                max_lengths=self.model.max_padded_lengths(self.dev, self.batch_size))
+        max_lengths = self.model.max_padded_lengths(self.dev, self.batch_size)
+
+        def make(a, b, total):
+            return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0, max_lengths=max_lengths,
+                                    shards=(a, b, total), pad_to=distribute.batch_shards())
+
+        return distribute.feed(make)
 
 
 class Progress(callbacks_lib.Progress):
@@ -613,7 +628,8 @@ class Progress(callbacks_lib.Progress):
     def __init__(self, training, state=None):
         config = training.config
         super().__init__(training.directory, training.settings, training.steps_per_epoch, config.checkpoint_every,
-                         os.path.join(config.output_dir, "history.csv") if config.output_dir else None, state)
+                         os.path.join(config.output_dir, "history.csv") if config.output_dir else None, state,
+                         accumulation=config.gradient_accumulation_steps)
         self.training = training
         self.best = (state or {}).get("best")  # {"epoch": from 1, "score": value} or None
         self._best_weights = None
@@ -631,7 +647,9 @@ class Progress(callbacks_lib.Progress):
             self.best = {"epoch": epoch, "score": score}
             self._best_weights = [np.array(v) for v in self.model.get_weights()]
             if self.directory:
-                checkpoint_lib.save_weights(self.model, self.directory, "best")
+                with distribute.writing(self.directory) as directory:
+                    if directory is not None:
+                        checkpoint_lib.save_weights(self.model, directory, "best")
 
     def finish(self):
         """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""

@@ -31,6 +31,7 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.finetune import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines, read_jsonl, read_tsv_columns
 from kgpt.jobs.rundir import write_text
+from kgpt.train import distribute
 
 logger = logging.getLogger(__name__)
 
@@ -148,7 +149,7 @@ def write(model, inputs, output, batch_size=32, verbose=0):
         logger.info(f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
             f"{model.preprocessor.max_length} tokens per view: {split.counts['tokens_cut']} tokens were cut from the "
             f"end of their longest segments.")
-    outputs = batching.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
+    outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
     head = model.head
     rows = prediction_rows(head, split.uids, head.decode(outputs), head.probabilities(outputs))
     text = "\n".join(["\t".join(["id", "prediction", *prediction_columns(head)]), *rows]) + "\n"

@@ -19,6 +19,7 @@ the output directory, which every process must see (a shared file system).
 """
 
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -69,23 +70,35 @@ def workspace(config, job, settings, prefix):
             yield scratch
         return
     claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
-    error = None
-    if cluster.is_chief():
-        try:
-            claim.__enter__()
-        except Exception as e:  # noqa: BLE001 - told to the other processes, then raised here
-            error = e
-    if cluster.current().several:
-        told = cluster.allgather(str(error or "").encode())[0].decode()
-        if told and error is None:
-            raise cluster.ClusterError(f"Process 0 stopped: {told}")
-    if error is not None:
-        raise error
+    on_chief(claim.__enter__, f"claiming {config.output_dir}")
     try:
         yield config.output_dir
     finally:
         if cluster.is_chief():
             claim.__exit__(None, None, None)
+
+
+def on_chief(fn, what):
+    """Runs `fn()` on process 0 alone; every process gets its result (JSON-able), or stops with its error.
+
+    For what one process must do for all of them, such as claiming the
+    output directory or writing a task's embedded data.
+    """
+    if not cluster.current().several:
+        return fn()
+    result = error = None
+    if cluster.is_chief():
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - told to the other processes, then raised here
+            error = e
+    value = None if error is not None or not isinstance(result, (str, int, float, list, dict, type(None))) else result
+    told = json.loads(cluster.allgather(json.dumps([value, None if error is None else str(error)]).encode())[0])
+    if error is not None:
+        raise error
+    if told[1] is not None:
+        raise cluster.ClusterError(f"Process 0 stopped while {what}: {told[1]}")
+    return result if cluster.is_chief() else told[0]
 
 
 @contextlib.contextmanager

@@ -18,6 +18,7 @@ from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.lm_loss import LMLossMixin, TiedLMLoss
+from kgpt.train import distribute
 from kgpt.train.optimizers import gpt_adamw
 from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, load_task_preset, read_json
 from kgpt.data.task_preprocessor import GPTTaskPreprocessor
@@ -401,7 +402,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         """
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
-            outputs = batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
+            outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
             return self.head.probabilities(outputs)
         return keras.Model.predict(self, x, batch_size=batch_size, verbose=verbose, **kwargs)
 
@@ -413,7 +414,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
     def predict_outputs(self, x, batch_size=None):
         """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
-        return batching.predict_outputs(self.task_predictor(), split, batch_size or 32)
+        return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
 
     def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
         """Exports a TensorFlow SavedModel whose `serve` endpoint returns the task output only.

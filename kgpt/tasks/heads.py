@@ -71,7 +71,12 @@ class Head(Configurable):
         return scores
 
     def loss(self):
-        """The Keras loss of the task output."""
+        """The Keras loss of the task output.
+
+        Weigh examples by their sample weight (Keras' `"mean_with_sample_weight"`
+        reduction): a batch split over several devices is filled with copies
+        of a row that weigh 0 (`kgpt.data.batching.filled`).
+        """
         raise NotImplementedError
 
     def metrics(self):
@@ -111,7 +116,7 @@ class Categorical(Head):
     """A choice among several: logits, cross-entropy, accuracy, argmax, softmax probabilities."""
 
     def loss(self):
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
 
     def metrics(self):
         return ["accuracy"]
@@ -198,7 +203,7 @@ class Regression(Head):
         return ops.squeeze(scores, axis=-1)  # [B, 1] -> [B]
 
     def loss(self):
-        return keras.losses.MeanSquaredError()
+        return keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
 
     def target(self, label, source=""):
         where = f"{source}: " if source else ""

@@ -226,6 +226,65 @@ def feed(make_dataset, shards=None):
     return make_dataset(*(shards or local_shards()))
 
 
+def batch_shards():
+    """How many equal row blocks each batch is split into under the current distribution (1 without one)."""
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        return tf.distribute.get_strategy().num_replicas_in_sync
+    distribution = keras.distribution.distribution()
+    if distribution is None:
+        return 1
+    mesh = distribution.device_mesh
+    return mesh.shape[mesh.axis_names.index(distribution.batch_dim_name)]
+
+
+def predict_outputs(predictor, split, batch_size, verbose=0):
+    """`kgpt.data.batching.predict_outputs` under the current distribution: every process gets every output.
+
+    Batches are filled to split evenly over the devices, each process feeds
+    its rows, and on JAX with several processes the outputs are gathered
+    onto every process inside the compiled step (`gathering`).
+    """
+    from kgpt.data import batching
+
+    return batching.predict_outputs(gathering(predictor), split, batch_size, verbose=verbose, feed=feed,
+                                    pad_to=batch_shards())
+
+
+def gathering(model):
+    """`model`, or on JAX with several processes a model of the same layers whose outputs every process holds.
+
+    Keras' `predict` turns each batch's outputs into NumPy, which a JAX array
+    spread over other processes' devices cannot be; a replicated output can.
+    """
+    distribution = keras.distribution.distribution() if keras.config.backend() == "jax" else None
+    if distribution is None or not cluster.current().several:
+        return model
+    cached = getattr(model, "_kgpt_gathering", None)
+    if cached is not None and cached[0] is distribution:
+        return cached[1]
+    outputs = keras.tree.map_structure(Replicated(distribution.device_mesh), model.outputs)
+    gathered = keras.Model(model.inputs, outputs, name=f"{model.name}_gathered")
+    object.__setattr__(model, "_kgpt_gathering", (distribution, gathered))  # not tracked: it shares the layers
+    return gathered
+
+
+class Replicated(keras.layers.Layer):
+    """Its input, laid out whole on every device of `mesh` (a sharding constraint inside the compiled step)."""
+
+    def __init__(self, mesh, **kwargs):
+        super().__init__(**kwargs)
+        self.mesh = mesh
+
+    def call(self, x):
+        layout = keras.distribution.TensorLayout([None] * len(x.shape), self.mesh)
+        return keras.distribution.distribute_tensor(x, layout)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
 def _per_replica(data, replicas):
     """Each batch of `data` cut into `replicas` consecutive batches (one per local replica)."""
     if replicas == 1:
@@ -314,4 +373,9 @@ def training_scope(distribution="none", dtype=None, batch_size=None, model_devic
         scope = model_parallel(model_devices, batch_size, accumulation) if distribution == "model_parallel" else \
             data_parallel(batch_size, accumulation)
         with scope as shards:
+            if accumulation > 1 and shards > 1 and keras.config.backend() == "tensorflow":
+                raise ConfigError(f"gradient_accumulation_steps {accumulation} with {shards} TensorFlow replicas: "
+                                  "Keras accumulates inside a conditional that tf.distribute cannot synchronise "
+                                  "across replicas. Accumulate on one device, or train data-parallel on the jax "
+                                  "backend.")
             yield shards

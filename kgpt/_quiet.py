@@ -18,6 +18,9 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
+
+from kgpt import _children
 
 NOISE = re.compile(
     r"All log messages before absl::InitializeLog|oneDNN custom operations|cudart_stub\.cc|cuda_platform\.cc|"
@@ -71,15 +74,43 @@ def quiet_stderr():
 
 
 # Runs in the child: Ctrl-C is the command's to handle, so the child ignores it and drains the pipe
-# until the command closes it (or dies), then exits.
+# until the command closes it, then exits. When the command dies, even by SIGKILL, the child gets SIGTERM
+# (kgpt/_children.py, loaded by its path: this child does not import kgpt) and stops waiting for the pipe's
+# end, which a process the command forked may hold: it passes on what the pipe holds (all the command wrote
+# before it died) and exits. The handler only wakes the select (the wakeup fd), so no line is lost between
+# a read and its write.
 _FILTER = r"""
-import os, re, signal, sys
+import os, re, runpy, select, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 noise = re.compile(sys.argv[1])
-while chunk := os.read(0, 65536):
+
+def show(chunk):
     kept = [line for line in chunk.decode("utf-8", "replace").splitlines(keepends=True) if not noise.search(line)]
     if kept:
         os.write(2, "".join(kept).encode("utf-8"))
+
+woken, wake = os.pipe()
+os.set_blocking(wake, False)
+signal.set_wakeup_fd(wake)
+signal.signal(signal.SIGTERM, lambda *_: None)
+if int(sys.argv[3]):
+    try:
+        runpy.run_path(sys.argv[2])["die_with_parent"](int(sys.argv[3]), signal.SIGTERM)
+    except Exception:  # without it the child still ends when the pipe does
+        pass
+while True:
+    ready = select.select([0, woken], [], [])[0]
+    if woken in ready:
+        os.set_blocking(0, False)
+        try:
+            while chunk := os.read(0, 65536):
+                show(chunk)
+        except BlockingIOError:
+            pass
+        break
+    if not (chunk := os.read(0, 65536)):
+        break
+    show(chunk)
 """
 
 
@@ -87,7 +118,9 @@ class LiveFilter:
     """File descriptor 2 passed through a child process that drops `NOISE` lines, from `start()` to `stop()`.
 
     A child process rather than a thread, so that what this process writes
-    just before it dies (an abort, a fatal XLA error) still comes out.
+    just before it dies (an abort, a fatal XLA error) still comes out. The
+    child ends when this process does, even by SIGKILL (on Linux; see
+    `kgpt._children`), once it has passed on what this process wrote.
     """
 
     def __init__(self):
@@ -103,8 +136,10 @@ class LiveFilter:
             return
         read, write = os.pipe()
         try:
-            self._child = subprocess.Popen([sys.executable, "-c", _FILTER, NOISE.pattern], stdin=read, stderr=saved,
-                                           stdout=subprocess.DEVNULL)
+            # The child ends with the thread that starts it (kgpt._children): only the main thread asks for that.
+            parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
+            self._child = subprocess.Popen([sys.executable, "-c", _FILTER, NOISE.pattern, _children.__file__,
+                                            str(parent)], stdin=read, stderr=saved, stdout=subprocess.DEVNULL)
         except OSError:
             os.close(saved)
             return
@@ -123,5 +158,5 @@ class LiveFilter:
         self._saved = None
         try:
             self._child.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # a subprocess of the command still holds the pipe; the child ends with it
+        except subprocess.TimeoutExpired:  # a subprocess still holds the pipe: the child ends with it, or with us
             pass

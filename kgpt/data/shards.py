@@ -37,6 +37,7 @@ import zlib
 
 import numpy as np
 
+from kgpt._children import die_with_parent
 from kgpt.data.text import CHUNK_BYTES, LINE_BYTES, text_chunks
 from kgpt.errors import ConfigError
 from kgpt.data.tokenizer import MAX_WORD_CHARS, fix_text
@@ -89,8 +90,13 @@ def _encode_job(engine, job):
     return _Piece(source, ids, "\n" in lead, "\n" in trail, "\n" in fixed, engine.cut_words - cut)
 
 
-def _worker(engine, inbox, outbox):
-    """A worker process: encodes the jobs it is sent, returning each piece with the words it learned."""
+def _worker(engine, inbox, outbox, parent):
+    """A worker process: encodes the jobs it is sent, returning each piece with the words it learned.
+
+    It ends with `parent` (the pid of the process that started it), even
+    when that one is killed with SIGKILL and can send no None.
+    """
+    die_with_parent(parent)
     engine.record()
     while True:
         message = inbox.get()
@@ -130,8 +136,11 @@ class _Workers:
                 # JAX warns on any fork once its threads run. The deadlock it means needs the child to wait on
                 # a lock a JAX thread held; these workers only run the tokenizer and never call JAX.
                 warnings.filterwarnings("ignore", r"os\.fork\(\) was called", RuntimeWarning)
+                # The workers die with the thread that starts them here (PR_SET_PDEATHSIG, see
+                # kgpt._children): the one running build_shards (kgpt-train's main thread), which
+                # closes them before it returns.
                 for inbox, outbox in zip(self.inboxes, self.outboxes):
-                    process = context.Process(target=_worker, args=(engine, inbox, outbox), daemon=True)
+                    process = context.Process(target=_worker, args=(engine, inbox, outbox, os.getpid()), daemon=True)
                     process.start()
                     self.processes.append(process)
         finally:

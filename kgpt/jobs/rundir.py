@@ -1,7 +1,8 @@
 """Output directories that a crash, a second run or a typo cannot corrupt.
 
 A job's `--output_dir` is claimed with `RunDirectory`: an exclusive lock
-(`.lock`, released by the OS when the process dies, even by SIGKILL), and a
+(`.lock`, released by the OS when the process dies, even by SIGKILL, and
+never held by a process it forks), and a
 `run.json` naming the job and the settings its outputs depend on. Running
 the same command again in the directory continues (or re-evaluates) that
 run; a directory holding another run's outputs, or files kgpt did not
@@ -11,10 +12,12 @@ with `os.replace`, so a file is always either the old one or the new one.
 """
 
 import contextlib
+import errno
 import json
 import os
 import shutil
 import tempfile
+import threading
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
@@ -26,6 +29,13 @@ OUTPUTS = ("config.json", "model.weights.h5", "task.json", "task.weights.h5", "p
            "runs", "zero_shot_data", "zero_shot.md", "zero_shot.json", "transfer_depth.csv", "transfer_depth.md",
            "transfer_depth.png", "zero_shot_curve.csv", "zero_shot_curve.md", "zero_shot_curve.png", "ablations.csv",
            "ablations.md")
+
+
+# The lock files this process holds, as {(device, inode): pid}. A POSIX record lock is the process's, so
+# the process must refuse a second claim itself, and without opening the file: closing any descriptor of
+# a file drops the process's record locks on it.
+_held = {}
+_held_guard = threading.Lock()
 
 
 class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors
@@ -79,6 +89,15 @@ def same_path(a, b):
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def _file_id(file):
+    """`(device, inode)` of a path (None if there is no such file) or of an open descriptor."""
+    try:
+        stat = os.fstat(file) if isinstance(file, int) else os.stat(file)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
 class RunDirectory:
     """Claims `path` for one run of `job` with `settings` (a JSON-able dict); use as a context manager.
 
@@ -115,27 +134,43 @@ class RunDirectory:
         self._release()
 
     def _acquire(self):
+        # fcntl.lockf, a POSIX record lock, belongs to this process: the processes it forks (kgpt's tokenizer
+        # workers) inherit the descriptor but not the lock, so the lock goes when this process dies. A
+        # flock belongs to the open file, which fork shares: a child that outlived its parent kept it.
         import fcntl
 
-        self._lock = open(os.path.join(self.path, LOCK_FILE), "a+")
-        try:
-            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._lock.seek(0)
-            holder = self._lock.read().strip() or "another process"
-            self._lock.close()
-            self._lock = None
-            raise OutputDirError(f"{self.path} is in use by another kgpt run ({holder}): wait for it to finish, "
-                                 f"or pass another --output_dir.") from None
-        self._lock.seek(0)
-        self._lock.truncate()
-        self._lock.write(f"pid {os.getpid()}\n")
-        self._lock.flush()
+        path = os.path.join(self.path, LOCK_FILE)
+        with _held_guard:
+            if _held.get(_file_id(path)) == os.getpid():  # this process's own run
+                raise self._in_use(f"pid {os.getpid()}")
+            lock = open(path, "a+")
+            try:
+                fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    lock.close()
+                    raise
+                lock.seek(0)
+                holder = lock.read().strip() or "another process"
+                lock.close()  # this process held no lock on the file: closing it drops nothing
+                raise self._in_use(holder) from None
+            _held[_file_id(lock.fileno())] = os.getpid()
+            self._lock = lock
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}\n")
+        lock.flush()
+
+    def _in_use(self, holder):
+        return OutputDirError(f"{self.path} is in use by another kgpt run ({holder}): wait for it to finish, "
+                              f"or pass another --output_dir.")
 
     def _release(self):
         if self._lock is not None:
-            self._lock.close()  # closing drops the flock; the file stays, harmless
-            self._lock = None
+            with _held_guard:
+                _held.pop(_file_id(self._lock.fileno()), None)
+                self._lock.close()  # closing drops the lock; the file stays, harmless
+                self._lock = None
 
     def _check(self):
         run_file = os.path.join(self.path, RUN_FILE)

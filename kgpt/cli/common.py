@@ -34,25 +34,31 @@ def user_errors():
             ClusterError)
 
 
-def join_cluster(coordinator_address, num_processes, process_id, timeout):
-    """Joins the processes of a run on several hosts (`kgpt.train.cluster`); nothing for one process.
+def several_processes(coordinator_address, num_processes, process_id):
+    """Whether the flags (or the environment) make this a run of several processes; a bad flag is an error.
 
-    Runs before the backends start: JAX and TensorFlow join other processes
-    only before they compute anything.
+    The job joins them (`kgpt.jobs.run.join`) once its settings are checked;
+    until then no backend may compute anything, so the devices are not
+    looked up at start-up (`start_backends`).
     """
     from kgpt.train import cluster
 
-    cluster.start(cluster.resolve(coordinator_address, num_processes, process_id), timeout=timeout)
+    found = cluster.resolve(coordinator_address, num_processes, process_id)
+    return found.several or found.coordinator == "auto"
 
 
-def start_backends():
-    """Imports TensorFlow and the Keras backend and finds the devices, without their start-up noise."""
+def start_backends(devices=True):
+    """Imports TensorFlow and the Keras backend and finds the devices, without their start-up noise.
+
+    `devices=False` leaves JAX's devices alone: a process that joins others
+    (`kgpt.train.cluster`) must do so before JAX starts its backend.
+    """
     with quiet_stderr():
         import keras
         import tensorflow as tf
 
         tf.config.list_physical_devices()
-        if keras.config.backend() == "jax":
+        if keras.config.backend() == "jax" and devices:
             import jax
 
             jax.devices()
@@ -101,7 +107,8 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
 
     With `groups`, `--help` prints the flags of `main`'s module (and of
     `modules`) grouped (`print_help`) and exits before any job starts.
-    `start` runs before the backends start (e.g. `join_cluster`).
+    `start` runs before the backends start; when it returns True the
+    devices are not looked up yet (`several_processes`).
 
     A job stopped by SIGTERM after saving its checkpoint (`Preempted`) exits
     0 with one line; a job whose run lost another process ends at once
@@ -124,10 +131,9 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
     def guarded(argv):
         logging.set_verbosity(logging.WARNING)  # absl INFO lines from JAX/TF start-up
         try:
-            if start is not None:
-                start()
+            deferred = start() if start is not None else False
             if not flags.FLAGS.verbose:
-                start_backends()
+                start_backends(devices=not deferred)
             return main(argv)
         except app.UsageError:
             raise

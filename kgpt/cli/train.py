@@ -228,15 +228,14 @@ GROUPS = {
 }
 
 
-def join_cluster():
-    """Joins the run's other processes (the flags, else the environment) before the backend starts."""
-    if FLAGS.list_tasks:
-        return
-    common.join_cluster(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id, FLAGS.startup_timeout)
+def several_processes():
+    """Whether this run joins other processes (checked before the backends start; the job joins them)."""
+    return not FLAGS.list_tasks and common.several_processes(FLAGS.coordinator_address, FLAGS.num_processes,
+                                                             FLAGS.process_id)
 
 
 def run():
-    common.run(main, "kgpt-train", __doc__, GROUPS, start=join_cluster)
+    common.run(main, "kgpt-train", __doc__, GROUPS, start=several_processes)
 
 
 if __name__ == "__main__":

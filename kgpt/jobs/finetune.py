@@ -328,6 +328,7 @@ def check_config(config):
             raise ConfigError(f"{name} must be positive, got {value}.")
     if config.epochs < 0 or config.checkpoint_every < 0:
         raise ConfigError(f"epochs and checkpoint_every must be >= 0, got {config.epochs} and {config.checkpoint_every}.")
+    run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
     if config.keep not in KEEP:
         raise ConfigError(f"keep must be one of {', '.join(KEEP)}, got {config.keep!r}.")
     for name in ("learning_rate", "weight_decay", "lm_coef", "warmup_fraction", "classifier_dropout"):

@@ -127,6 +127,7 @@ def check_config(config):
         value = getattr(config, name)
         if not 0 <= value < 1:
             raise ConfigError(f"{name} must be in [0, 1), got {value}.")
+    run.check_run(config, config.batch_size)
 
 
 class PretrainProgress(Progress):

@@ -37,6 +37,29 @@ from kgpt.train.distribute import training_scope, writing
 logger = logging.getLogger(__name__)
 
 
+def check_run(config, batch_size):
+    """Raises `ConfigError` for run settings (`RunConfig`) that cannot work together, before anything starts."""
+    from kgpt.train.callbacks import parse_every
+
+    steps = config.gradient_accumulation_steps
+    for name in ("gradient_accumulation_steps", "model_parallel", "startup_timeout"):
+        value = getattr(config, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}.")
+    if batch_size % steps:
+        raise ConfigError(f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
+                          f"update is accumulated over {steps} equal micro-batches.")
+    if config.log_every != "auto":
+        parse_every(config.log_every)
+    if config.distribution == "model_parallel" and keras.config.backend() != "jax":
+        raise ConfigError("distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); on "
+                          "TensorFlow use data_parallel.")
+    count = config.num_processes or 1
+    if count > 1 and (batch_size // steps) % count:
+        raise ConfigError(f"batch_size {batch_size}{f' / gradient_accumulation_steps {steps}' if steps > 1 else ''} "
+                          f"must split evenly over the {count} processes (and their devices).")
+
+
 def join(config, job, settings):
     """Joins the run's other processes, if any, and checks that they run this job with these settings.
 

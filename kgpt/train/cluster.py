@@ -37,7 +37,6 @@ import logging
 import os
 import pathlib
 import sys
-import threading
 
 from kgpt.errors import ConfigError
 from kgpt.train import multi_worker
@@ -236,25 +235,55 @@ def fail(message, code=1):
     os._exit(code)
 
 
-class deadline:  # noqa: N801 - a context manager used like a function
-    """Ends the process with `message` if the block has not finished after `seconds` (`fail`).
+# A watchdog child: prints the message if its parent has not closed the pipe after the given seconds.
+_WATCHDOG = r"""
+import os, runpy, select, signal, sys
+try:
+    runpy.run_path(sys.argv[1])["die_with_parent"](int(sys.argv[2]))
+except Exception:  # without it the child still ends when the pipe does
+    pass
+if not select.select([0], [], [], float(sys.argv[3]))[0]:
+    os.write(2, sys.argv[4].encode("utf-8", "replace"))
+"""
 
-    The runtimes' start-up can block in C++ with no timeout of their own
-    (TensorFlow's waits for every worker forever), so a watchdog thread bounds it.
+
+class deadline:  # noqa: N801 - a context manager used like a function
+    """Ends the process with `message` and exit code 1 if the block has not finished after `seconds`.
+
+    The runtimes' start-up blocks in C++ holding the interpreter (TensorFlow
+    waits for every worker forever), so neither a thread nor a signal
+    handler of this process could act: a watchdog child prints the message,
+    and `faulthandler`'s own C thread ends this process a second later.
     """
 
     def __init__(self, seconds, message):
         self.seconds, self.message = seconds, message
-        self._timer = None
+        self._child = self._devnull = None
 
     def __enter__(self):
-        self._timer = threading.Timer(self.seconds, fail, (self.message,))
-        self._timer.daemon = True
-        self._timer.start()
+        import faulthandler
+        import subprocess
+
+        from kgpt import _children
+
+        line = f"{os.path.basename(sys.argv[0]) or 'kgpt'}: error: {self.message}\n"
+        try:
+            self._child = subprocess.Popen([sys.executable, "-c", _WATCHDOG, _children.__file__, str(os.getpid()),
+                                            str(self.seconds), line], stdin=subprocess.PIPE)
+        except OSError:
+            self._child = None
+        self._devnull = open(os.devnull, "w")
+        faulthandler.dump_traceback_later(self.seconds + 1, exit=True, file=self._devnull)
         return self
 
     def __exit__(self, *exc):
-        self._timer.cancel()
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()
+        self._devnull.close()
+        if self._child is not None:
+            self._child.stdin.close()  # the watchdog sees the end of its input and exits
+            self._child.wait()
 
 
 def start(cluster, timeout=DEFAULT_TIMEOUT):
@@ -276,16 +305,19 @@ def start(cluster, timeout=DEFAULT_TIMEOUT):
     waiting = (f"the {cluster.num_processes or 'detected'} processes did not all join within {timeout} s (process "
                f"{cluster.process_id}, coordinator {where}): check that every process was started with the same "
                f"--coordinator_address and --num_processes, and that the address is reachable (--startup_timeout).")
-    with deadline(timeout + 30, waiting):
+    with deadline(timeout, waiting):
         if backend == "jax":
-            cluster = _start_jax(cluster, timeout, where)
+            cluster = _start_jax(cluster, timeout + 60, where)  # JAX's own limit aborts the process: ours comes first
         elif backend == "tensorflow":
             _strategy = _start_tensorflow(cluster)
         else:
             raise ConfigError(f"Several processes run on the jax and tensorflow backends, not {backend!r}.")
     _current, _started = cluster, True
     logger.info(f"Joined a run of {cluster.num_processes} processes as process {cluster.process_id} "
-                f"({cluster.found_by}{f', coordinator {cluster.coordinator}' if cluster.coordinator else ''}).")
+                f"({cluster.found_by}{f', coordinator {cluster.coordinator}' if cluster.coordinator else ''})"
+                + ("." if cluster.chief else "; process 0 reports the progress, this one only its warnings."))
+    if not cluster.chief:
+        logging.getLogger("kgpt").setLevel(logging.WARNING)
     return cluster
 
 

@@ -30,6 +30,7 @@ import logging
 import multiprocessing
 import os
 import queue
+import shutil
 import sys
 import time
 import warnings
@@ -416,8 +417,24 @@ class _ShardWriter:
             self._file = None
 
 
+@dataclasses.dataclass(frozen=True)
+class Team:
+    """Processes that build one corpus's shards together: this one is `index` of `count`.
+
+    `agree(flag)` is a collective of the run's runtime (`kgpt.train.cluster`):
+    it returns whether `flag` is true on every process, once all have called it.
+    """
+
+    index: int = 0
+    count: int = 1
+    agree: object = None
+
+    def all(self, flag):
+        return flag if self.count == 1 else bool(self.agree(flag))
+
+
 def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None,
-                 chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES, reuse_only=False):
+                 chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES, team=None):
     """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
 
     Args:
@@ -428,55 +445,115 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
         workers: processes that tokenize (default: one per core this
             process may use); the shards are the same for any number.
         chunk_bytes, line_bytes: the reading sizes (see `kgpt.data.text.text_chunks`).
-        reuse_only: only read shards already built (another process of the
-            run wrote them); a `ConfigError` if they do not match.
+        team: several processes (hosts) building the shards together in one
+            `directory` they all see (`Team`): each tokenizes every
+            `count`-th chunk into a part file, process 0 joins the parts
+            into the shards, byte for byte those one process builds.
 
     Empty files (no tokens) and cut lines and words are counted and
     reported; a corpus with no tokens at all is an error.
     """
+    team = team or Team()
     os.makedirs(directory, exist_ok=True)
     sources = [_source(p) for p in files]
     fingerprint = tokenizer.fingerprint()
     index = _matching_index(directory, sources, fingerprint)
-    if index is not None:
+    if team.all(index is not None):
         logger.info(f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked).")
         return index
-    if reuse_only:
-        raise ConfigError(f"{directory} holds no shards of these {len(files)} corpus file(s) with this tokenizer, as "
-                         f"this process sees them (their sizes and modification times are part of the index): every "
-                         f"process must see the same files at the same paths.")
     index_path = os.path.join(directory, INDEX_FILE)
-    if os.path.exists(index_path):
-        os.remove(index_path)  # stale: the corpus or tokenizer changed
+    parts = os.path.join(directory, PARTS)
+    if team.index == 0:
+        if os.path.exists(index_path):
+            os.remove(index_path)  # stale: the corpus or tokenizer changed
+        shutil.rmtree(parts, ignore_errors=True)
+    team.all(True)  # nobody reads the old index or writes a part before this
     workers = default_workers() if workers is None else max(1, int(workers))
     engine = tokenizer.text_encoder
     dtype = token_dtype(tokenizer.vocabulary_size())
-    start, cuts, counts = time.perf_counter(), collections.Counter(), [0] * len(files)
+    start, cuts = time.perf_counter(), collections.Counter()
     used = {"workers": 1}
-    pieces = _encoded(_jobs(files, chunk_bytes, line_bytes, cuts), engine, workers, used)
+    jobs = _jobs(files, chunk_bytes, line_bytes, cuts)
+    if team.count == 1:
+        index = _write_shards(_encoded(jobs, engine, workers, used), files, sources, fingerprint, cuts, directory,
+                              dtype, shard_tokens, engine.newline_id, line_bytes)
+    else:
+        mine = (job for k, job in enumerate(jobs) if k % team.count == team.index)
+        _write_part(_encoded(mine, engine, workers, used), parts, team.index, dtype)
+        team.all(True)  # every part is written
+        if team.index == 0:
+            index = _write_shards(_read_parts(parts, team.count, dtype), files, sources, fingerprint, cuts,
+                                  directory, dtype, shard_tokens, engine.newline_id, line_bytes)
+            shutil.rmtree(parts, ignore_errors=True)
+        team.all(True)  # the index is written
+        if team.index:
+            index = _matching_index(directory, sources, fingerprint)
+            if index is None:
+                raise ConfigError(f"{directory} holds no shards of these {len(files)} corpus file(s) as this "
+                                  f"process sees them (their sizes and modification times are part of the index): "
+                                  f"every process must see the same files at the same paths.")
+    seconds = time.perf_counter() - start
+    logger.info(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in "
+        f"{directory}: {seconds:.1f} s, {index.total_tokens / max(seconds, 1e-9):,.0f} tokens/s with "
+        f"{used['workers']} worker(s)" + (f" ({workers} allowed; one chunk needs no more)" if used["workers"] < workers else "")
+        + (f" on each of {team.count} processes" if team.count > 1 else "") + ".")
+    return index
+
+
+def _write_shards(pieces, files, sources, fingerprint, cuts, directory, dtype, shard_tokens, newline_id, line_bytes):
+    """Joins `pieces` (in corpus order) into shards and writes the index last; returns the `ShardIndex`."""
+    counts = [0] * len(files)
     writer = _ShardWriter(directory, dtype, shard_tokens)
     try:
         for source, group in itertools.groupby(_counting(pieces, cuts), key=lambda piece: piece.source):
-            for ids in _file_ids(group, engine.newline_id):
+            for ids in _file_ids(group, newline_id):
                 writer.write(ids)
                 counts[source] += len(ids)
     finally:
         writer.close()
-    seconds = time.perf_counter() - start
-    for source, count in zip(sources, counts):
-        source["tokens"] = count
+    sources = [dict(source, tokens=count) for source, count in zip(sources, counts)]
     _report(files, counts, cuts, line_bytes)
     index = ShardIndex(directory, np.dtype(dtype).name, writer.shards, sources, fingerprint, dict(cuts), INDEX_FORMAT)
     if not index.total_tokens:
         raise ValueError(f"All {len(files)} corpus file(s) are empty.")
+    index_path = os.path.join(directory, INDEX_FILE)
     tmp = index_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(dataclasses.asdict(index) | {"total_tokens": index.total_tokens}, f, indent=1)
     os.replace(tmp, index_path)  # the index appears only once every shard is complete
-    logger.info(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(writer.shards)} shard(s) in "
-        f"{directory}: {seconds:.1f} s, {index.total_tokens / max(seconds, 1e-9):,.0f} tokens/s with "
-        f"{used['workers']} worker(s)" + (f" ({workers} allowed; one chunk needs no more)" if used["workers"] < workers else "") + ".")
     return index
+
+
+PARTS = "parts"  # where the processes of a team write their pieces before process 0 joins them
+_PIECE_FIELDS = 6  # source, number of ids, starts_line, ends_line, has_newline, cut_words
+
+
+def _write_part(pieces, directory, index, dtype):
+    """Writes this process's pieces to `directory/part-INDEX.bin` (their ids) and `.npy` (a row of facts each)."""
+    os.makedirs(directory, exist_ok=True)
+    rows = []
+    with open(os.path.join(directory, f"part-{index:05d}.bin"), "wb") as f:
+        for piece in pieces:
+            f.write(np.asarray(piece.ids, dtype).tobytes())
+            rows.append([piece.source, len(piece.ids), piece.starts_line, piece.ends_line, piece.has_newline,
+                         piece.cut_words])
+    np.save(os.path.join(directory, f"part-{index:05d}.npy"), np.asarray(rows, np.int64).reshape(-1, _PIECE_FIELDS))
+
+
+def _read_parts(directory, count, dtype):
+    """Yields every process's pieces in corpus order (chunk k came from process k mod `count`)."""
+    rows = [np.load(os.path.join(directory, f"part-{i:05d}.npy")) for i in range(count)]
+    ids = [np.memmap(os.path.join(directory, f"part-{i:05d}.bin"), dtype=dtype, mode="r")
+           if os.path.getsize(os.path.join(directory, f"part-{i:05d}.bin")) else np.zeros(0, dtype)
+           for i in range(count)]
+    at, offset = [0] * count, [0] * count
+    for k in range(sum(len(r) for r in rows)):
+        i = k % count
+        source, n, starts_line, ends_line, has_newline, cut_words = (int(v) for v in rows[i][at[i]])
+        yield _Piece(source, np.asarray(ids[i][offset[i]:offset[i] + n]), bool(starts_line), bool(ends_line),
+                     bool(has_newline), cut_words)
+        at[i] += 1
+        offset[i] += n
 
 
 def _counting(pieces, cuts):

@@ -19,7 +19,7 @@ import numpy as np
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.data import demo_world
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
-from kgpt.data.shards import build_shards
+from kgpt.data.shards import Team, build_shards
 from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
@@ -205,30 +205,21 @@ def prepare(config):
 def _prepare(config, work):
     """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or `work/shards`.
 
-    With several processes, process 0 learns the tokenizer and writes the
-    shards (the others wait, then read them).
+    With several processes, process 0 writes the demo text and learns the
+    tokenizer, and every process tokenizes its share of the corpus
+    (`kgpt.data.shards.Team`).
     """
-    if cluster.current().several and not cluster.is_chief():
-        cluster.barrier()  # process 0 has written the tokenizer and the shards
-        return _prepare_here(config, work)
-    try:
-        return _prepare_here(config, work)
-    finally:
-        if cluster.current().several:
-            cluster.barrier()
-
-
-def _prepare_here(config, work):
     if config.corpus:
         files = corpus_files(config.corpus)
-    elif cluster.is_chief():
-        files = [demo_world.write_corpus(work)]
-        logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
     else:
-        files = [demo_world.corpus_path(work)]
+        files = [run.on_chief(lambda: demo_world.write_corpus(work), "writing the demo text")]
+        logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
+    if config.tokenizer == "train" and cluster.current().several:
+        run.on_chief(lambda: load_tokenizer(config, files).fingerprint(), "learning the tokenizer")
     tokenizer = load_tokenizer(config, files)
-    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"),
-                         reuse_only=not cluster.is_chief())
+    here = cluster.current()
+    team = Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
+    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"), team=team)
     logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
                 f"(vocabulary {tokenizer.vocabulary_size():,}).")
     return index, tokenizer

@@ -648,9 +648,7 @@ class Progress(callbacks_lib.Progress):
             self.best = {"epoch": epoch, "score": score}
             self._best_weights = [np.array(v) for v in self.model.get_weights()]
             if self.directory:
-                with distribute.writing(self.directory) as directory:
-                    if directory is not None:
-                        checkpoint_lib.save_weights(self.model, directory, "best")
+                checkpoint_lib.save_weights(self.model, self.directory, "best")
 
     def finish(self):
         """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""

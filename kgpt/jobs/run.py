@@ -32,7 +32,7 @@ from kgpt.jobs.rundir import RunDirectory, save_preset, write_json
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.train import cluster
 from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss
-from kgpt.train.distribute import training_scope, writing
+from kgpt.train.distribute import gathered_copy, training_scope, writing
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +219,7 @@ def save_outputs(model, config, metrics, files):
     """
     if not config.output_dir:
         return
+    model = gathered_copy(model)  # a model split across processes, whole (every process takes part)
     try:
         with writing(config.output_dir) as directory:
             if directory is not None:

@@ -183,15 +183,12 @@ class Progress(keras.callbacks.Callback):
         if self.directory is None:
             return
         model = self.model  # on JAX every process puts the training state back into the variables here
-        from kgpt.train import checkpoint, distribute
+        from kgpt.train import checkpoint
 
         state = {"settings": self.settings, "step": self.step, "epochs": self.epochs, **self.extra_state()}
-        with distribute.writing(self.directory) as directory:
-            if directory is None:
-                return
-            if epoch_sums and self.step % self.steps_per_epoch:
-                state["metric_state"] = checkpoint.metric_state(model)
-            checkpoint.save(model, directory, state, keep=self.keep)
+        if epoch_sums and self.step % self.steps_per_epoch:
+            state["metric_state"] = checkpoint.metric_state(model)
+        checkpoint.save(model, self.directory, state, keep=self.keep)  # every process: process 0 writes
 
 
 class ProgressLog(keras.callbacks.Callback):

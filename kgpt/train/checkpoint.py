@@ -8,6 +8,13 @@ resumed run would repeat the first steps' dropout masks) and `state.json`
 is replaced atomically after the folder is complete, so a kill at any moment
 leaves a whole checkpoint behind; older folders are removed afterwards.
 
+Every process of a run calls `save` and `restore`. Process 0 writes the
+checkpoint (the weights of a data-parallel run are replicated: it holds them
+all). A model split across processes (JAX, `--distribution model_parallel`
+over several hosts) is never gathered onto one: each process writes its own
+parts of every array through Orbax (`sharded/`, JAX's checkpointing library,
+`pip install orbax-checkpoint`) and reads them back onto the same layout.
+
 Example:
 ```python
 kgpt.train.checkpoint.save(model, "out/checkpoint", {"settings": settings, "step": 120})
@@ -23,9 +30,12 @@ import numpy as np
 
 from kgpt.io.presets import CheckpointError, check_weights_file, read_json
 from kgpt.jobs.rundir import write_json
+from kgpt.train import cluster
+from kgpt.train.distribute import spread_over_processes, writing
 
 LATEST = "latest.json"
 WEIGHTS = "model.weights.h5"
+SHARDED = "sharded"
 RNG = "rng.npz"
 STATE = "state.json"
 
@@ -51,17 +61,41 @@ def restore_metric_state(model, values):
 
 
 def save(model, directory, state, keep=()):
-    """Writes a checkpoint of `model` with `state` (JSON-able, `state["step"]` required).
+    """Writes a checkpoint of `model` with `state` (JSON-able, `state["step"]` required); every process calls it.
 
     Folders named in `keep` (e.g. the best epoch's weights) survive the
     clean-up of older checkpoints.
     """
     name = f"step-{int(state['step']):09d}"
-    target = os.path.join(directory, name)
-    partial = target + ".partial"
+    if not spread_over_processes(model):
+        with writing(directory) as target:
+            if target is not None:
+                partial = _begin(target, name)
+                model.save_weights(os.path.join(partial, WEIGHTS))
+                _finish(model, target, name, state, keep)
+        return
+    here = cluster.current()
+    if here.chief:
+        _begin(directory, name)
+    cluster.barrier()  # the folder exists
+    _orbax_save(model, os.path.join(directory, name + ".partial", SHARDED))  # every process writes its parts
+    cluster.barrier()
+    if here.chief:
+        with writing(directory):  # reading the replicated RNG states touches no other process
+            _finish(model, directory, name, state, keep)
+    cluster.barrier()  # no process reads the checkpoint before it is complete
+
+
+def _begin(directory, name):
+    partial = os.path.join(directory, name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    model.save_weights(os.path.join(partial, WEIGHTS))
+    return partial
+
+
+def _finish(model, directory, name, state, keep):
+    target = os.path.join(directory, name)
+    partial = target + ".partial"
     np.savez(os.path.join(partial, RNG), *[keras.ops.convert_to_numpy(v) for v in rng_variables(model)])
     write_json(os.path.join(partial, STATE), state)
     shutil.rmtree(target, ignore_errors=True)
@@ -73,8 +107,63 @@ def save(model, directory, state, keep=()):
             shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
 
 
+def _orbax():
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        from kgpt.errors import ConfigError
+
+        raise ConfigError("A model split across processes is checkpointed by each process through Orbax: pip "
+                          "install orbax-checkpoint (or kgpt[multihost]).") from None
+    return ocp
+
+
+def _state_tree(model):
+    return {"model": [v.value for v in model.weights], "optimizer": [v.value for v in model.optimizer.variables]}
+
+
+def _orbax_save(model, path):
+    checkpointer = _orbax().StandardCheckpointer()
+    checkpointer.save(os.path.abspath(path), _state_tree(model))
+    checkpointer.wait_until_finished()
+    checkpointer.close()
+
+
+def _orbax_restore(model, path):
+    import jax
+
+    tree = _state_tree(model)
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), tree)
+    checkpointer = _orbax().StandardCheckpointer()
+    try:
+        restored = checkpointer.restore(os.path.abspath(path), target)
+    except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many types for a damaged folder
+        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {_first(e)}).") from e
+    finally:
+        checkpointer.close()
+    for variable, value in zip([*model.weights, *model.optimizer.variables], [*restored["model"],
+                                                                              *restored["optimizer"]]):
+        variable.assign(value)
+
+
+def _first(error):
+    lines = str(error).strip().splitlines()
+    return lines[0][:300] if lines else ""
+
+
 def save_weights(model, directory, name):
-    """Writes `model`'s weights alone to `directory/name/` (e.g. the best epoch's), atomically."""
+    """Writes `model`'s weights alone to `directory/name/` (e.g. the best epoch's), atomically (process 0)."""
+    if spread_over_processes(model):
+        from kgpt.errors import ConfigError
+
+        raise ConfigError("keep='best' keeps a copy of the best epoch's weights in one file, which a model split "
+                          "across processes has not: use keep='last'.")
+    with writing(directory) as target_directory:
+        if target_directory is not None:
+            return _save_weights(model, target_directory, name)
+
+
+def _save_weights(model, directory, name):
     target = os.path.join(directory, name)
     partial = target + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
@@ -123,6 +212,10 @@ def restore(model, directory, settings):
         raise CheckpointError(f"{directory} holds a checkpoint of a run with other settings ({changed}): pass "
                               f"another --output_dir, or --overwrite to start over.")
     model.optimizer.build(model.trainable_variables)
+    if os.path.isdir(os.path.join(folder, SHARDED)):
+        _orbax_restore(model, os.path.join(folder, SHARDED))
+        _restore_rng(model, os.path.join(folder, RNG))
+        return state
     path = os.path.join(folder, WEIGHTS)
     check_weights_file(path, model.weights)
     try:

@@ -174,6 +174,50 @@ def writing(directory):
         keras.distribution.set_distribution(previous)
 
 
+def spread_over_processes(model):
+    """Whether some of `model`'s arrays are split across processes, so that no process holds all of them (JAX)."""
+    if not cluster.current().several or keras.config.backend() != "jax":
+        return False
+    return any(not _held_here(v.value) for v in model.weights)
+
+
+def _held_here(array):
+    sharding = getattr(array, "sharding", None)
+    if sharding is None:
+        return True
+
+    def key(index):
+        return tuple((s.start, s.stop) for s in index)
+
+    here = {key(i) for i in sharding.addressable_devices_indices_map(array.shape).values()}
+    return here >= {key(i) for i in sharding.devices_indices_map(array.shape).values()}
+
+
+def gathered_copy(model):
+    """`model`, or for a model split across processes a copy of it on this process with every array gathered.
+
+    Every process must call it (a collective per array); for a preset, which
+    holds the whole model in one file anyway. The copy is built with no
+    distribution and shares `model`'s preprocessor.
+    """
+    if not spread_over_processes(model):
+        return model
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    values = [np.asarray(multihost_utils.process_allgather(v.value, tiled=True)) for v in model.weights]
+    previous = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        copy = type(model).from_config(model.get_config())
+        copy.set_weights(values)
+    finally:
+        keras.distribution.set_distribution(previous)
+    if getattr(model, "preprocessor", None) is not None:
+        copy.preprocessor = model.preprocessor
+    return copy
+
+
 def local_shards():
     """`(first, stop, total)`: this process feeds batch shards `first..stop-1` of `total` equal row blocks.
 

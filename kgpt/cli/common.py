@@ -130,6 +130,9 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
 
     def guarded(argv):
         logging.set_verbosity(logging.WARNING)  # absl INFO lines from JAX/TF start-up
+        from kgpt.train import cluster
+
+        cluster.PROG = prog
         try:
             deferred = start() if start is not None else False
             if not flags.FLAGS.verbose:
@@ -138,7 +141,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
         except app.UsageError:
             raise
         except Exception as e:  # noqa: BLE001 - sorted into mistakes and bugs below
-            from kgpt.train import callbacks, cluster
+            from kgpt.train import callbacks
 
             if isinstance(e, callbacks.Preempted):
                 print(f"{prog}: {e}", file=sys.stderr)

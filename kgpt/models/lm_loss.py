@@ -90,6 +90,65 @@ def scale_for_replicas(loss):
     return loss
 
 
+def summed_over_replicas(value):
+    """`value` summed over the replicas under `tf.distribute` (an all-reduce), or None outside one (and on JAX).
+
+    JAX computes a data-parallel batch as one program, so its means are the
+    batch's; under `tf.distribute` each replica sees only its own rows.
+    """
+    if keras.config.backend() != "tensorflow":
+        return None
+    import tensorflow as tf
+
+    context = tf.distribute.get_replica_context()
+    if context is None or context.num_replicas_in_sync <= 1:
+        return None
+    return context.all_reduce(tf.distribute.ReduceOp.SUM, tf.stop_gradient(value))
+
+
+@keras.saving.register_keras_serializable(package="kgpt")
+class BatchMean(keras.losses.Loss):
+    """`loss`'s per-example values averaged by sample weight over the whole batch, whatever its devices.
+
+    Under `tf.distribute` a Keras loss is each replica's own mean, scaled by
+    the replica count: replicas holding different weight totals (a batch
+    filled with rows that weigh 0, `kgpt.data.batching.filled`) then weigh
+    their examples differently than one device would. This divides each
+    replica's weighted sum by the batch's total weight instead (an
+    all-reduce), so the replicas' gradients sum to the batch's. Elsewhere it
+    is Keras' `"mean_with_sample_weight"`.
+
+    Args:
+        loss: a Keras loss whose `call(y_true, y_pred)` gives one value per example.
+    """
+
+    def __init__(self, loss, name=None, **kwargs):
+        loss = keras.losses.get(loss)
+        super().__init__(name=name or f"batch_mean_{loss.name}", **kwargs)
+        self.loss = loss
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        values = ops.cast(self.loss.call(y_true, y_pred), "float32")
+        weights = ops.ones_like(values) if sample_weight is None else ops.cast(
+            ops.reshape(sample_weight, ops.shape(values)), "float32")
+        total = ops.sum(values * weights)
+        count = ops.sum(weights)
+        everywhere = summed_over_replicas(count)
+        if everywhere is not None:
+            return ops.divide_no_nan(total, everywhere)
+        return ops.divide_no_nan(total, count)
+
+    def call(self, y_true, y_pred):
+        return self.loss.call(y_true, y_pred)
+
+    def get_config(self):
+        return {"loss": keras.saving.serialize_keras_object(self.loss), "name": self.name}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.saving.deserialize_keras_object(config.pop("loss")), **config)
+
+
 def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHUNK_SIZE, training=True):
     """Weighted sums of next-token cross-entropies and of correct argmax predictions.
 
@@ -275,6 +334,9 @@ class TiedLMLoss(keras.losses.Loss):
             divisor = ops.sum(ops.cast(sample_weight, "float32"))
         else:
             divisor = ops.cast(ops.size(y_true), "float32")
+        total = summed_over_replicas(divisor)
+        if total is not None:  # the mean over the whole batch's tokens: the replicas' gradients sum to its gradient
+            return ops.divide_no_nan(loss_sum, total)
         return scale_for_replicas(ops.divide_no_nan(loss_sum, divisor))
 
     def __call__(self, y_true, y_pred, sample_weight=None):

@@ -17,7 +17,7 @@ from keras_hub.models import Task as KerasHubTask
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models.backbone import GPTBackbone
-from kgpt.models.lm_loss import LMLossMixin, TiedLMLoss
+from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.train import distribute
 from kgpt.train.optimizers import gpt_adamw
 from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, load_task_preset, read_json
@@ -278,8 +278,10 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             optimizer: `"auto"` for `kgpt.gpt_adamw(6.25e-5)` with 0.2% linear
                 warm-up and linear decay to 0 at `total_steps` (constant
                 after warm-up when `None`), or any optimizer.
-            loss: `"auto"` for the head's loss plus `lm_coef` x the LM
-                cross-entropy averaged over real tokens; or a Keras loss spec.
+            loss: `"auto"` for the head's loss (averaged over the batch's
+                examples by sample weight, `kgpt.models.lm_loss.BatchMean`)
+                plus `lm_coef` x the LM cross-entropy averaged over real
+                tokens; or a Keras loss spec.
             weighted_metrics: `"auto"` for the head's metrics (accuracy for
                 classification and multiple choice).
             total_steps: the fine-tuning run's number of updates.
@@ -292,7 +294,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             optimizer = gpt_adamw(6.25e-5, warmup_steps=warmup, total_steps=total_steps, decay="linear")
         loss_weights = kwargs.pop("loss_weights", None)
         if loss == "auto":
-            loss = {"task": self.head.loss()}
+            loss = {"task": BatchMean(self.head.loss())}
             loss_weights = {"task": 1.0}
             if "lm" in self.output:
                 loss["lm"] = self.tied_lm_loss(lm_loss_chunk_size)

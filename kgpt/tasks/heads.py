@@ -71,11 +71,10 @@ class Head(Configurable):
         return scores
 
     def loss(self):
-        """The Keras loss of the task output.
+        """The Keras loss of the task output; its `call(y_true, y_pred)` gives one value per example.
 
-        Weigh examples by their sample weight (Keras' `"mean_with_sample_weight"`
-        reduction): a batch split over several devices is filled with copies
-        of a row that weigh 0 (`kgpt.data.batching.filled`).
+        The model averages those values by sample weight over the whole batch
+        (`kgpt.models.lm_loss.BatchMean`), however many devices hold it.
         """
         raise NotImplementedError
 
@@ -116,7 +115,7 @@ class Categorical(Head):
     """A choice among several: logits, cross-entropy, accuracy, argmax, softmax probabilities."""
 
     def loss(self):
-        return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
+        return keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     def metrics(self):
         return ["accuracy"]
@@ -203,7 +202,7 @@ class Regression(Head):
         return ops.squeeze(scores, axis=-1)  # [B, 1] -> [B]
 
     def loss(self):
-        return keras.losses.MeanSquaredError(reduction="mean_with_sample_weight")
+        return keras.losses.MeanSquaredError()
 
     def target(self, label, source=""):
         where = f"{source}: " if source else ""

@@ -44,6 +44,7 @@ from kgpt.train import multi_worker
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 300  # seconds every process waits for the others to join (JAX's own default)
+PROG = "kgpt"  # how messages name the command; kgpt.cli.common sets it (kgpt-train, ...)
 
 
 class ClusterError(RuntimeError):
@@ -231,7 +232,7 @@ def fail(message, code=1):
         sys.stderr.flush()
     except (OSError, ValueError):
         pass
-    os.write(2, f"{os.path.basename(sys.argv[0]) or 'kgpt'}: error: {message}\n".encode("utf-8", "replace"))
+    os.write(2, f"{PROG}: error: {message}\n".encode("utf-8", "replace"))
     os._exit(code)
 
 
@@ -266,7 +267,7 @@ class deadline:  # noqa: N801 - a context manager used like a function
 
         from kgpt import _children
 
-        line = f"{os.path.basename(sys.argv[0]) or 'kgpt'}: error: {self.message}\n"
+        line = f"{PROG}: error: {self.message}\n"
         try:
             self._child = subprocess.Popen([sys.executable, "-c", _WATCHDOG, _children.__file__, str(os.getpid()),
                                             str(self.seconds), line], stdin=subprocess.PIPE)

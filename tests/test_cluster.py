@@ -1,0 +1,324 @@
+"""Several processes, one run: real `kgpt-train` processes on 127.0.0.1 against one process.
+
+Every wait is bounded, and every process a test starts is killed at its end.
+The runs are tiny (2 x 32 model, a 0.6 MB corpus, a few dozen steps): they
+check behaviour (the same losses, resuming, stopping), not speed
+(`benchmarks/processes.py` measures that).
+"""
+
+import contextlib
+import json
+import os
+import pathlib
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import keras
+import numpy as np
+import pytest
+
+JAX = keras.config.backend() == "jax"
+# TensorFlow's replicas each draw their own dropout masks, so only JAX's runs match one process with dropout.
+DROPOUT = "0.1" if JAX else "0"
+WORDS = ("the keeper of the lighthouse wrote the date in the log every night while the sea rose and the ships "
+         "came home before the storm").split()
+
+
+def free_ports(count):
+    """`count` consecutive free ports on 127.0.0.1 (TensorFlow puts process i at PORT + i)."""
+    for _ in range(50):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            base = probe.getsockname()[1]
+        if base + count > 65535:
+            continue
+        try:
+            for port in range(base, base + count):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """0.6 MB of text in two files: three 256 KiB chunks, so both processes tokenize some."""
+    folder = tmp_path_factory.mktemp("corpus")
+    rng = random.Random(0)
+    for name, lines in (("a.txt", 3000), ("b.txt", 2000)):
+        text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(20)) for _ in range(lines))
+        (folder / name).write_text(text + "\n", encoding="utf-8")
+    return str(folder)
+
+
+def lm_args(corpus, out, *extra):
+    return ["--task=lm", f"--corpus={corpus}/*.txt", f"--output_dir={out}", "--tokenizer=train", "--num_merges=60",
+            "--num_layers=2", "--num_heads=2", "--hidden_dim=32", "--intermediate_dim=64", "--sequence_length=32",
+            "--batch_size=8", "--warmup_steps=4", "--learning_rate=3e-3", f"--dropout={DROPOUT}", *extra]
+
+
+def start(args, log, env=None, devices=None):
+    """`python -m kgpt.cli.train ARGS` with its output in `log` (a file, so a full pipe never stalls it)."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
+    if devices:
+        env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
+    with open(log, "w") as out:
+        return subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args], stdout=out, stderr=subprocess.STDOUT,
+                                env=env, cwd=pathlib.Path(log).parent)
+
+
+def cluster_flags(port, count, index):
+    return [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={count}", f"--process_id={index}"]
+
+
+def start_all(args, logs, count=2, env=None, devices=None, extra=None):
+    port = free_ports(count)
+    return [start([*args, *cluster_flags(port, count, i), *((extra or {}).get(i, []))], logs[i],
+                  env=(env or {}).get(i), devices=devices) for i in range(count)]
+
+
+def finish(processes, timeout=300):
+    """Waits for every process (bounded); returns their exit codes; kills what is left."""
+    deadline = time.monotonic() + timeout
+    try:
+        return [p.wait(timeout=max(1, deadline - time.monotonic())) for p in processes]
+    finally:
+        stop(processes)
+
+
+def stop(processes):
+    for p in processes:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=30)
+
+
+def run_one(args, log, timeout=300, **kwargs):
+    process = start(args, log, **kwargs)
+    assert finish([process], timeout) == [0], pathlib.Path(log).read_text()[-3000:]
+
+
+def metrics(out):
+    return json.loads(pathlib.Path(out, "metrics.json").read_text())
+
+
+def wait_for_checkpoint(out, step, processes, timeout=240):
+    """Waits until the run in `out` has a checkpoint at `step` or later; returns it."""
+    deadline = time.monotonic() + timeout
+    latest = pathlib.Path(out, "checkpoint", "latest.json")
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError, ValueError):
+            name = json.loads(latest.read_text())["checkpoint"]
+            if int(name.split("-")[1]) >= step:
+                return int(name.split("-")[1])
+        assert all(p.poll() is None for p in processes), "a process ended before the checkpoint"
+        time.sleep(0.1)
+    raise AssertionError(f"no checkpoint at step {step} within {timeout} s")
+
+
+def lines(log):
+    return pathlib.Path(log).read_text().strip().splitlines()
+
+
+def test_two_processes_pretrain_like_one_process_and_only_process_0_writes(corpus, tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    args = ["--max_steps=24", "--evaluations=2", "--log_every=6"]
+    processes = start_all(lm_args(corpus, two, *args), [tmp_path / "p0.log", tmp_path / "p1.log"])
+    run_one(lm_args(corpus, one, *args), tmp_path / "one.log")
+    assert finish(processes) == [0, 0], (tmp_path / "p0.log").read_text()[-3000:]
+    single, double = metrics(one), metrics(two)
+    assert single["train_loss"][-1] < single["train_loss"][0]  # it trained
+    np.testing.assert_allclose(double["train_loss"], single["train_loss"], rtol=1e-5)
+    np.testing.assert_allclose(double["validation_loss"], single["validation_loss"], rtol=1e-4)
+    # The shards the two processes built together are those one process builds, byte for byte.
+    for shard in sorted((one / "shards").glob("tokens_*.bin")):
+        assert (two / "shards" / shard.name).read_bytes() == shard.read_bytes()
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+    # Process 0 reports the progress (a line every 6 steps); process 1 says it joined, and nothing else.
+    first = lines(tmp_path / "p0.log")
+    assert sum(line.startswith("step 12/24, loss ") and "tokens/s" in line for line in first) == 1
+    second = [line for line in lines(tmp_path / "p1.log") if not line.startswith("[Gloo]")]
+    assert len(second) == 1 and second[0].startswith("Joined a run of 2 processes as process 1"), second
+
+
+def odd_scitail(folder):
+    """SciTail files of 61, 23 and 23 rows: batches of 10 end in 1 and 3 rows, which must fill to split."""
+    from kgpt_tasks import scitail_demo
+
+    data = pathlib.Path(scitail_demo.write(str(folder)))
+    for split, rows in (("train", 61), ("dev", 23), ("test", 23)):
+        (path,) = data.rglob(f"scitail_1.0_{split}.tsv")
+        path.write_text("".join(path.read_text().splitlines(keepends=True)[:rows]))
+    return str(data)
+
+
+def test_two_processes_fine_tune_like_one_process(tmp_path):
+    data = odd_scitail(tmp_path / "data")
+    # No dropout: a filled batch has another shape, and so other dropout masks, than the same batch unfilled.
+    args = ["--task=scitail", f"--data_dir={data}", "--init=scratch", "--num_layers=2", "--num_heads=2",
+            "--hidden_dim=32", "--intermediate_dim=64", "--max_length=48", "--batch_size=10", "--epochs=2",
+            "--learning_rate=1e-3", "--dropout=0", "--classifier_dropout=0"]
+    processes = start_all([*args, f"--output_dir={tmp_path / 'two'}"], [tmp_path / "p0.log", tmp_path / "p1.log"])
+    run_one([*args, f"--output_dir={tmp_path / 'one'}"], tmp_path / "one.log")
+    assert finish(processes) == [0, 0], (tmp_path / "p0.log").read_text()[-3000:]
+    single, double = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert single["splits"]["train"]["examples"]["used"] == 61
+    # Keras averages an epoch's batch losses weighted by rows, the filler rows included, so the one filled
+    # batch of each epoch counts a little more in the reported loss (not in training: the predictions match).
+    np.testing.assert_allclose(double["history"]["loss"], single["history"]["loss"], rtol=1e-3)
+    np.testing.assert_allclose(double["history"]["val_loss"], single["history"]["val_loss"], rtol=1e-3)
+    for split in ("dev", "test"):
+        assert double["splits"][split]["accuracy"] == single["splits"][split]["accuracy"]
+        # Every example scored once, in order, with the same probabilities (the filler rows dropped).
+        ours = [row.split("\t") for row in (tmp_path / "two" / "predictions" / f"{split}.tsv").read_text().splitlines()]
+        theirs = [row.split("\t") for row in (tmp_path / "one" / "predictions" / f"{split}.tsv").read_text().splitlines()]
+        assert len(ours) == len(theirs) == 24 and [r[0] for r in ours] == [r[0] for r in theirs]
+        ours, theirs = (np.asarray([r[2:4] for r in rows[1:]], float) for rows in (ours, theirs))
+        np.testing.assert_allclose(ours, theirs, atol=2e-5)
+
+
+def descendants(pid):
+    """Every live process below `pid` (from /proc)."""
+    children = {}
+    for entry in pathlib.Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid):
+    with contextlib.suppress(OSError):
+        state = pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        return state != "Z"
+    return False
+
+
+def test_kill_9_of_one_process_stops_the_other_and_sigterm_checkpoints_then_the_rerun_matches(corpus, tmp_path):
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    args = lm_args(corpus, out, "--max_steps=60", "--evaluations=3", "--checkpoint_every=4")
+    logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
+    # 1. kill -9 of process 1 after a checkpoint: process 0 stops, at once, with one line.
+    processes = start_all(args, logs)
+    try:
+        wait_for_checkpoint(out, 8, processes)
+        family = [pid for p in processes for pid in [p.pid, *descendants(p.pid)]]
+        processes[1].send_signal(signal.SIGKILL)
+        assert processes[0].wait(timeout=60) == 1
+        message = lines(logs[0])[-1]
+        assert message.startswith("kgpt-train: error: another process of this run stopped (") and \
+            "Rerun every process with the same command" in message, message
+        deadline = time.monotonic() + 15
+        while any(alive(pid) for pid in family) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not [pid for pid in family if alive(pid)], "processes of the run outlived it"
+    finally:
+        stop(processes)
+    # 2. The same command resumes; SIGTERM to process 0 makes both write a checkpoint and exit 0.
+    processes = start_all(args, logs)
+    try:
+        step = wait_for_checkpoint(out, 24, processes)
+        processes[0].send_signal(signal.SIGTERM)
+        assert finish(processes, timeout=120) == [0, 0]
+    finally:
+        stop(processes)
+    assert any(line.startswith("Resuming from the checkpoint at step ") for line in lines(logs[0]))
+    for log in logs:
+        last = lines(log)[-1]
+        assert last.startswith("kgpt-train: stopped by SIGTERM at step ") and "Run the same command" in last, last
+    stopped = int(lines(logs[0])[-1].split("at step ")[1].split(";")[0])
+    assert stopped >= step and (out / "checkpoint" / f"step-{stopped:09d}").is_dir()
+    # 3. Once more to the end: the run ends as one uninterrupted process's does.
+    assert finish(start_all(args, logs)) == [0, 0], logs[0].read_text()[-3000:]
+    run_one(lm_args(corpus, reference, "--max_steps=60", "--evaluations=3"), tmp_path / "reference.log")
+    resumed, whole = metrics(out), metrics(reference)
+    assert resumed["resumed_from_step"] == stopped
+    # The epochs cut by the kill and by SIGTERM record the loss of all their steps (the checkpoint keeps the sums).
+    np.testing.assert_allclose(resumed["train_loss"], whole["train_loss"], rtol=1e-4 if JAX else 2e-3)
+    np.testing.assert_allclose(resumed["validation_loss"], whole["validation_loss"], rtol=1e-4 if JAX else 2e-3)
+
+
+@pytest.mark.skipif(not JAX, reason="keras.distribution.ModelParallel is JAX's")
+def test_a_model_split_over_two_processes_trains_checkpoints_and_resumes_like_one_process(corpus, tmp_path):
+    out, reference = tmp_path / "split", tmp_path / "reference"
+    # 2 processes x 2 devices, each model split over all 4 (--num_heads 4: heads split 4 ways).
+    args = lm_args(corpus, out, "--max_steps=40", "--evaluations=2", "--checkpoint_every=4", "--num_heads=4",
+                   "--distribution=model_parallel", "--model_parallel=4")
+    logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
+    processes = start_all(args, logs, devices=2)
+    try:
+        wait_for_checkpoint(out, 8, processes)
+        processes[1].send_signal(signal.SIGTERM)
+        assert finish(processes, timeout=120) == [0, 0], logs[0].read_text()[-3000:]
+    finally:
+        stop(processes)
+    (folder,) = (out / "checkpoint").glob("step-*")
+    assert (folder / "sharded").is_dir() and not (folder / "model.weights.h5").exists()  # each process wrote its parts
+    assert finish(start_all(args, logs, devices=2)) == [0, 0], logs[0].read_text()[-3000:]
+    assert any("Model-parallel on 4 JAX device(s): each model split over 4" in line for line in lines(logs[0]))
+    run_one(lm_args(corpus, reference, "--max_steps=40", "--evaluations=2", "--num_heads=4"), tmp_path / "one.log")
+    np.testing.assert_allclose(metrics(out)["train_loss"], metrics(reference)["train_loss"], rtol=1e-4)
+    np.testing.assert_allclose(metrics(out)["validation_loss"], metrics(reference)["validation_loss"], rtol=1e-4)
+    import kgpt
+
+    # The preset holds the whole model, gathered: it loads on one process.
+    assert kgpt.GPTBackbone.from_preset(str(out)).num_heads == 4
+
+
+def test_processes_started_differently_stop_before_writing_anything(corpus, tmp_path):
+    out = tmp_path / "run"
+    args = lm_args(corpus, out, "--max_steps=8")
+    # Process 1 runs another kgpt (its source hash differs) and another learning rate.
+    patch = tmp_path / "patch"
+    patch.mkdir()
+    (patch / "sitecustomize.py").write_text(
+        "import kgpt.train.cluster as c\nc.source_fingerprint = lambda: '0.0.1 (source another)'\n")
+    logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
+    processes = start_all(args, logs, env={1: {"PYTHONPATH": f"{patch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}},
+                          extra={1: ["--learning_rate=1e-2"]})
+    assert finish(processes, timeout=180) == [1, 1]
+    for log in logs:
+        last = lines(log)[-1]
+        assert last.startswith("kgpt-train: error: Process 1 was started with other settings than process 0: "), last
+        assert "--learning_rate is 0.003 on process 0, 0.01 there" in last and "kgpt is " in last, last
+    assert not out.exists()  # nothing written
+
+
+def test_a_process_whose_coordinator_never_answers_stops_within_the_timeout(corpus, tmp_path):
+    log = tmp_path / "alone.log"
+    began = time.monotonic()
+    process = start([*lm_args(corpus, tmp_path / "run"), *cluster_flags(free_ports(2), 2, 1), "--startup_timeout=3"],
+                    log)
+    assert finish([process], timeout=120) == [1]
+    assert time.monotonic() - began < 90
+    last = lines(log)[-1]
+    assert last.startswith("kgpt-train: error: the 2 processes did not all join within 3 s (process 1, coordinator "
+                           "127.0.0.1:"), last
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--num_processes=2", "--process_id=2", "--coordinator_address=127.0.0.1:9"],
+     "--process_id: process 2 is not one of the 2 processes (0..1)."),
+    (["--num_processes=2", "--process_id=0"], "--coordinator_address missing: a run on several processes takes"),
+    (["--num_processes=2", "--process_id=0", "--coordinator_address=localhost"],
+     "--coordinator_address: expected HOST:PORT"),
+    (["--num_processes=2", "--process_id=0", "--coordinator_address=127.0.0.1:9", "--batch_size=7"],
+     "batch_size 7 must split evenly over the 2 processes"),
+])
+def test_flags_that_cannot_run_end_in_one_line_before_any_process_joins(tmp_path, flags, message):
+    process = start(["--task=lm", *flags], tmp_path / "run.log")
+    assert finish([process], timeout=120) == [1]
+    last = lines(tmp_path / "run.log")
+    assert len([line for line in last if "Traceback" in line]) == 0 and message in last[-1], last[-5:]

@@ -126,27 +126,6 @@ def lines(log):
     return pathlib.Path(log).read_text().strip().splitlines()
 
 
-def test_two_processes_pretrain_like_one_process_and_only_process_0_writes(corpus, tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
-    args = ["--max_steps=24", "--evaluations=2", "--log_every=6"]
-    processes = start_all(lm_args(corpus, two, *args), [tmp_path / "p0.log", tmp_path / "p1.log"])
-    run_one(lm_args(corpus, one, *args), tmp_path / "one.log")
-    assert finish(processes) == [0, 0], (tmp_path / "p0.log").read_text()[-3000:]
-    single, double = metrics(one), metrics(two)
-    assert single["train_loss"][-1] < single["train_loss"][0]  # it trained
-    np.testing.assert_allclose(double["train_loss"], single["train_loss"], rtol=1e-5)
-    np.testing.assert_allclose(double["validation_loss"], single["validation_loss"], rtol=1e-4)
-    # The shards the two processes built together are those one process builds, byte for byte.
-    for shard in sorted((one / "shards").glob("tokens_*.bin")):
-        assert (two / "shards" / shard.name).read_bytes() == shard.read_bytes()
-    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
-    # Process 0 reports the progress (a line every 6 steps); process 1 says it joined, and nothing else.
-    first = lines(tmp_path / "p0.log")
-    assert sum(line.startswith("step 12/24, loss ") and "tokens/s" in line for line in first) == 1
-    second = [line for line in lines(tmp_path / "p1.log") if not line.startswith("[Gloo]")]
-    assert len(second) == 1 and second[0].startswith("Joined a run of 2 processes as process 1"), second
-
-
 def odd_scitail(folder):
     """SciTail files of 61, 23 and 23 rows: batches of 10 end in 1 and 3 rows, which must fill to split."""
     from kgpt_tasks import scitail_demo
@@ -206,9 +185,9 @@ def alive(pid):
     return False
 
 
-def test_kill_9_of_one_process_stops_the_other_and_sigterm_checkpoints_then_the_rerun_matches(corpus, tmp_path):
+def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_process_0_writes(corpus, tmp_path):
     out, reference = tmp_path / "run", tmp_path / "reference"
-    args = lm_args(corpus, out, "--max_steps=60", "--evaluations=3", "--checkpoint_every=4")
+    args = lm_args(corpus, out, "--max_steps=60", "--evaluations=3", "--checkpoint_every=4", "--log_every=10")
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
     # 1. kill -9 of process 1 after a checkpoint: process 0 stops, at once, with one line.
     processes = start_all(args, logs)
@@ -244,17 +223,25 @@ def test_kill_9_of_one_process_stops_the_other_and_sigterm_checkpoints_then_the_
     assert finish(start_all(args, logs)) == [0, 0], logs[0].read_text()[-3000:]
     run_one(lm_args(corpus, reference, "--max_steps=60", "--evaluations=3"), tmp_path / "reference.log")
     resumed, whole = metrics(out), metrics(reference)
-    assert resumed["resumed_from_step"] == stopped
+    assert resumed["resumed_from_step"] == stopped and whole["train_loss"][-1] < whole["train_loss"][0]
     # The epochs cut by the kill and by SIGTERM record the loss of all their steps (the checkpoint keeps the sums).
     np.testing.assert_allclose(resumed["train_loss"], whole["train_loss"], rtol=1e-4 if JAX else 2e-3)
     np.testing.assert_allclose(resumed["validation_loss"], whole["validation_loss"], rtol=1e-4 if JAX else 2e-3)
+    # The shards the two processes built together are those one process builds, byte for byte.
+    for shard in sorted((reference / "shards").glob("tokens_*.bin")):
+        assert (out / "shards" / shard.name).read_bytes() == shard.read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    # Process 0 reports the progress (a line every 10 steps); process 1 says it joined, and nothing else.
+    assert any(line.startswith("step 50/60, loss ") and "tokens/s" in line for line in lines(logs[0]))
+    second = [line for line in lines(logs[1]) if not line.startswith("[Gloo]")]
+    assert len(second) == 1 and second[0].startswith("Joined a run of 2 processes as process 1"), second
 
 
 @pytest.mark.skipif(not JAX, reason="keras.distribution.ModelParallel is JAX's")
 def test_a_model_split_over_two_processes_trains_checkpoints_and_resumes_like_one_process(corpus, tmp_path):
     out, reference = tmp_path / "split", tmp_path / "reference"
     # 2 processes x 2 devices, each model split over all 4 (--num_heads 4: heads split 4 ways).
-    args = lm_args(corpus, out, "--max_steps=40", "--evaluations=2", "--checkpoint_every=4", "--num_heads=4",
+    args = lm_args(corpus, out, "--max_steps=24", "--evaluations=2", "--checkpoint_every=4", "--num_heads=4",
                    "--distribution=model_parallel", "--model_parallel=4")
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
     processes = start_all(args, logs, devices=2)
@@ -268,7 +255,7 @@ def test_a_model_split_over_two_processes_trains_checkpoints_and_resumes_like_on
     assert (folder / "sharded").is_dir() and not (folder / "model.weights.h5").exists()  # each process wrote its parts
     assert finish(start_all(args, logs, devices=2)) == [0, 0], logs[0].read_text()[-3000:]
     assert any("Model-parallel on 4 JAX device(s): each model split over 4" in line for line in lines(logs[0]))
-    run_one(lm_args(corpus, reference, "--max_steps=40", "--evaluations=2", "--num_heads=4"), tmp_path / "one.log")
+    run_one(lm_args(corpus, reference, "--max_steps=24", "--evaluations=2", "--num_heads=4"), tmp_path / "one.log")
     np.testing.assert_allclose(metrics(out)["train_loss"], metrics(reference)["train_loss"], rtol=1e-4)
     np.testing.assert_allclose(metrics(out)["validation_loss"], metrics(reference)["validation_loss"], rtol=1e-4)
     import kgpt
@@ -322,3 +309,26 @@ def test_flags_that_cannot_run_end_in_one_line_before_any_process_joins(tmp_path
     assert finish([process], timeout=120) == [1]
     last = lines(tmp_path / "run.log")
     assert len([line for line in last if "Traceback" in line]) == 0 and message in last[-1], last[-5:]
+
+
+@pytest.mark.skipif(not JAX, reason="the same code path on both backends; one is enough for the analysis")
+def test_kgpt_analyze_transfer_on_two_processes_gives_the_table_of_one(tiny_preset, tmp_path):
+    data = odd_scitail(tmp_path / "data")
+    args = ["transfer", f"--init={tiny_preset}", f"--tasks=scitail={data}", "--layers=0,2", "--epochs=1",
+            "--batch_size=10", "--max_length=48", "--dropout=0", "--classifier_dropout=0", "--learning_rate=1e-3"]
+    analyze = [sys.executable, "-m", "kgpt.cli.analyze"]
+    logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
+    port = free_ports(2)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    processes = []
+    for index, log in enumerate(logs):
+        with open(log, "w") as out:
+            processes.append(subprocess.Popen([*analyze, *args, f"--output_dir={tmp_path / 'two'}",
+                                               *cluster_flags(port, 2, index)], stdout=out,
+                                              stderr=subprocess.STDOUT, env=env, cwd=tmp_path))
+    one = subprocess.run([*analyze, *args, f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
+                         env=env, cwd=tmp_path, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    assert finish(processes) == [0, 0], logs[0].read_text()[-3000:]
+    assert (tmp_path / "two" / "transfer_depth.csv").read_text() == (tmp_path / "one" / "transfer_depth.csv").read_text()
+    assert (tmp_path / "two" / "transfer_depth.png").is_file()

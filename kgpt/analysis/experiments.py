@@ -19,6 +19,7 @@ from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_LSTM, DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.tasks.registry import TaskRegistry
+from kgpt.train import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -55,15 +56,17 @@ def _plt():
 
 
 def write_table(path_stem, header, rows):
-    """Writes `rows` as `path_stem.csv` and a Markdown table `path_stem.md`; returns the Markdown."""
+    """Writes `rows` as `path_stem.csv` and a Markdown table `path_stem.md` (process 0); returns the Markdown."""
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    markdown = "\n".join(lines) + "\n"
+    if not cluster.is_chief():
+        return markdown
     os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
     with open(path_stem + ".csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
-    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    markdown = "\n".join(lines) + "\n"
     with open(path_stem + ".md", "w") as f:
         f.write(markdown)
     return markdown
@@ -132,6 +135,8 @@ def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
         rows.append((n, metric, value))
     stem = os.path.join(output_dir, "transfer_depth")
     markdown = write_table(stem, ["layers transferred", "metric", f"{task.name} dev"], rows)
+    if not cluster.is_chief():
+        return rows
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([r[0] for r in rows], [r[2] for r in rows], marker="o", label=f"{task.name} dev")

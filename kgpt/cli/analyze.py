@@ -64,12 +64,27 @@ def main(argv):
     from kgpt.jobs.rundir import RunDirectory
     from kgpt.tasks.registry import TaskRegistry
 
+    from kgpt.jobs import run
+    from kgpt.train import cluster
+
     logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
                 f"outputs in {output_dir}")
+    if train.several_processes():
+        if mode in ("zero-shot", "zero-shot-curve"):
+            raise app.UsageError(f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
+                                 "run it without --num_processes.", exitcode=2)
+        # Before any model is loaded: the processes join before the backend computes anything.
+        run.join(dataclasses.replace(train.finetune_config_from_flags(), output_dir=output_dir), "analyze",
+                 {"mode": mode, "tasks": tasks, "seeds": seeds})
     # The modes share the directory (zero-shot reads the model that transfer pre-trained there); each
     # experiment's own run under runs/ is claimed with its settings by its job.
-    with RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite):
+    claim = RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite)
+    run.on_chief(claim.__enter__, f"claiming {output_dir}")
+    try:
         _run(mode, tasks, output_dir, TaskRegistry(), seeds)
+    finally:
+        if cluster.is_chief():
+            claim.__exit__(None, None, None)
 
 
 def _run(mode, tasks, output_dir, registry, seeds):
@@ -110,7 +125,7 @@ def _seeds():
 
 def run():
     groups = {"Analysis": ["tasks", "layers", "rows", "lstm_init", "architectures", "seeds"], **train.GROUPS}
-    common.run(main, "kgpt-analyze", __doc__, groups, modules=(train.__name__,))
+    common.run(main, "kgpt-analyze", __doc__, groups, modules=(train.__name__,), start=train.several_processes)
 
 
 if __name__ == "__main__":

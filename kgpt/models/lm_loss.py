@@ -128,6 +128,8 @@ class BatchMean(keras.losses.Loss):
         self.loss = loss
 
     def __call__(self, y_true, y_pred, sample_weight=None):
+        if len(y_pred.shape) == 1:  # one value per example (regression): Keras' losses reduce the last axis
+            y_true, y_pred = ops.expand_dims(y_true, -1), ops.expand_dims(y_pred, -1)
         values = ops.cast(self.loss.call(y_true, y_pred), "float32")
         weights = ops.ones_like(values) if sample_weight is None else ops.cast(
             ops.reshape(sample_weight, ops.shape(values)), "float32")

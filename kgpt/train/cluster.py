@@ -371,7 +371,7 @@ def allgather(data):
         return [bytes(data)]
     import numpy as np
 
-    sizes = _allgather_array(np.asarray([len(data)], np.int64)).reshape(-1)
+    sizes = _allgather_array(np.asarray([len(data)], np.int32)).reshape(-1)
     width = max(1, int(sizes.max()))  # an empty collective crashes TensorFlow's
     padded = np.zeros(width, np.int32)  # TensorFlow's collectives take no 8-bit integers
     padded[: len(data)] = np.frombuffer(bytes(data), np.uint8)
@@ -380,7 +380,7 @@ def allgather(data):
 
 
 def _allgather_array(array):
-    """`[num_processes * len(array)]`: every process's 1-D `array`, in process order."""
+    """`[num_processes * len(array)]`: every process's 1-D int32 `array`, in process order."""
     import numpy as np
 
     if _strategy is None:
@@ -391,12 +391,12 @@ def _allgather_array(array):
     import tensorflow as tf
 
     if _tf_gather is None:  # compiled: eagerly, each collective costs ~50 ms; inside a tf.function ~2 ms
-        @tf.function(reduce_retracing=True)
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])  # one trace for every length
         def gather(value):
             return _strategy.gather(_strategy.run(tf.identity, (value,)), axis=0)
 
         _tf_gather = gather
-    gathered = _tf_gather(tf.constant(array)).numpy()
+    gathered = _tf_gather(tf.constant(array, tf.int32)).numpy()
     # Each process may hold several replicas (GPUs), each with the same value: keep one per process.
     return gathered.reshape(_current.num_processes, -1, len(array))[:, 0].reshape(-1)
 

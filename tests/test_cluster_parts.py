@@ -1,0 +1,256 @@
+"""The parts of a run on several processes that one process can check: finding the processes, shards built by a
+team, each process's rows, gradient accumulation, progress lines, an interrupted epoch's loss."""
+
+import contextlib
+import json
+import os
+import signal
+import threading
+
+import keras
+import numpy as np
+import pytest
+
+import kgpt
+from kgpt.data import batching, shards
+from kgpt.errors import ConfigError
+from kgpt.jobs.pretrain import PretrainConfig, pretrain
+from kgpt.train import callbacks, cluster, distribute
+from kgpt.train.optimizers import WarmupSchedule
+
+JAX = keras.config.backend() == "jax"
+
+
+# --- finding the processes -----------------------------------------------------------------------------
+
+def test_flags_make_a_cluster_and_tensorflow_gets_every_address():
+    found = cluster.resolve("10.0.0.1:8476", 2, 1, environ={}, backend="jax")
+    assert (found.num_processes, found.process_id, found.coordinator, found.chief) == (2, 1, "10.0.0.1:8476", False)
+    found = cluster.resolve("10.0.0.1:8476", 3, 0, environ={}, backend="tensorflow")
+    assert found.addresses == ("10.0.0.1:8476", "10.0.0.1:8477", "10.0.0.1:8478")  # one host: consecutive ports
+    found = cluster.resolve("a:1,b:2", 2, 1, environ={}, backend="tensorflow")
+    assert found.addresses == ("a:1", "b:2") and found.coordinator == "a:1"
+    assert cluster.resolve("10.0.0.1:8476", 1, 0, environ={}, backend="jax") == cluster.Cluster()
+
+
+@pytest.mark.parametrize("args, message", [
+    (("h:1", 2, 2), "--process_id: process 2 is not one of the 2 processes (0..1)."),
+    (("h:1", 0, 0), "--num_processes: the number of processes must be >= 1, got 0."),
+    ((None, 2, 0), "--coordinator_address missing"),
+    (("h:1", None, None), "--num_processes, --process_id missing"),
+    (("h", 2, 0), "--coordinator_address: expected HOST:PORT"),
+    (("h:99999", 2, 0), "--coordinator_address: expected HOST:PORT"),
+    (("a:1,b:2,c:3", 2, 0), "--coordinator_address: 3 addresses for 2 processes"),
+])
+def test_flags_that_cannot_run_are_named(args, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        cluster.resolve(*args, environ={}, backend="jax")
+
+
+@pytest.mark.parametrize("environ, backend, expected", [
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "4", "SLURM_PROCID": "3",
+      "SLURM_LOCALID": "1"}, "jax", (4, 3, "SLURM")),
+    ({"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
+     "jax", (2, 1, "Open MPI")),
+    ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3", "TPU_WORKER_ID": "2"}, "jax", (4, 2, "Cloud TPU")),
+    ({"TF_CONFIG": json.dumps({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]},
+                               "task": {"type": "worker", "index": 1}})}, "tensorflow", (3, 2, "TF_CONFIG")),
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
+      "SLURM_LOCALID": "0"}, "jax", (1, 0, "")),  # one task: one process, nothing to join
+    ({"TF_CONFIG": "{}"}, "jax", (1, 0, "")),  # TF_CONFIG is TensorFlow's
+])
+def test_the_environment_describes_the_processes(environ, backend, expected):
+    found = cluster.resolve(environ=environ, backend=backend)
+    assert (found.num_processes, found.process_id, found.found_by) == expected
+
+
+def test_a_tf_config_that_cannot_be_read_is_named():
+    with pytest.raises(ConfigError, match="TF_CONFIG cannot be read"):
+        cluster.resolve(environ={"TF_CONFIG": "{not json"}, backend="tensorflow")
+    with pytest.raises(ConfigError, match="on TensorFlow pass every process's address"):
+        cluster.resolve("auto", environ={}, backend="tensorflow")
+
+
+def test_differing_settings_are_listed_by_flag():
+    chief = {"kgpt": "0.1.0 (source a)", "settings": {"learning_rate": 1e-3, "seed": 0}}
+    other = {"kgpt": "0.1.0 (source b)", "settings": {"learning_rate": 2e-3, "seed": 0}}
+    assert cluster._differences(chief, other) == [
+        "kgpt is '0.1.0 (source a)' on process 0, '0.1.0 (source b)' there",
+        "--learning_rate is 0.001 on process 0, 0.002 there"]
+
+
+def test_one_process_exchanges_with_itself():
+    assert cluster.allgather(b"abc") == [b"abc"] and cluster.any_process(True) and not cluster.any_process(False)
+    cluster.check_agreement({"settings": {}})  # nothing to compare
+
+
+# --- shards built by a team ---------------------------------------------------------------------------
+
+def test_a_team_builds_the_shards_one_process_builds(tmp_path):
+    """Three processes (threads here) each tokenize every third chunk; process 0 joins them: the same bytes."""
+    tokenizer = kgpt.GPTTokenizer.gpt1()
+    files = []
+    for name, count in (("a.txt", 40), ("b.txt", 1), ("c.txt", 25)):
+        path = tmp_path / name
+        path.write_text("".join(f"Line {i} of {name}: the keeper &amp; the sea.\n\n" for i in range(count)))
+        files.append(str(path))
+    alone = shards.build_shards(files, tokenizer, str(tmp_path / "alone"), workers=1, chunk_bytes=200,
+                                shard_tokens=300)
+    barrier, votes = threading.Barrier(3, timeout=60), {}
+
+    def agree(index, flag):
+        votes[index] = flag
+        barrier.wait()
+        result = all(votes.values())
+        barrier.wait()
+        return result
+
+    built, errors = {}, []
+
+    def member(index):
+        try:
+            team = shards.Team(index, 3, lambda flag: agree(index, flag))
+            built[index] = shards.build_shards(files, tokenizer, str(tmp_path / "team"), workers=1, chunk_bytes=200,
+                                               shard_tokens=300, team=team)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors and len(built) == 3, errors
+    assert len(alone.shards) > 1 and all(index.total_tokens == alone.total_tokens for index in built.values())
+    for shard in alone.shards:
+        assert (tmp_path / "team" / shard["file"]).read_bytes() == (tmp_path / "alone" / shard["file"]).read_bytes()
+    assert not (tmp_path / "team" / shards.PARTS).exists()  # the parts are removed once joined
+    # Built again with the same files, they are reused by every member.
+    again = shards.build_shards(files, tokenizer, str(tmp_path / "team"), team=shards.Team(0, 1))
+    assert again.shards == built[0].shards
+
+
+# --- each process's rows ------------------------------------------------------------------------------
+
+def test_the_shards_of_a_batch_are_the_batch_filled_to_split_evenly():
+    split = batching.SplitBuilder("train", num_views=1)
+    rng = np.random.default_rng(0)
+    for i in range(13):
+        split.add([list(rng.integers(1, 50, rng.integers(3, 20)))], target=i % 2, uid=str(i))
+    split = split.build()
+    whole = list(batching.dataset(split, 5, seed=3).as_numpy_iterator())
+    parts = [list(batching.dataset(split, 5, seed=3, shards=(i, i + 1, 2), pad_to=2).as_numpy_iterator())
+             for i in range(2)]
+    assert len(whole) == len(parts[0]) == len(parts[1]) == 3
+    for batch, first, second in zip(whole, *parts):
+        (x, y, w), (x0, y0, w0), (x1, y1, w1) = batch, first, second
+        rows = len(y["task"])
+        joined = np.concatenate([x0["token_ids"], x1["token_ids"]])
+        assert len(joined) == rows + rows % 2  # filled to an even count, with rows that weigh nothing
+        np.testing.assert_array_equal(joined[:rows], x["token_ids"])
+        weights = np.concatenate([w0["task"], w1["task"]])
+        assert weights.tolist() == [1.0] * rows + [0.0] * (rows % 2)
+        assert not np.concatenate([w0["lm"], w1["lm"]])[rows:].any()
+    # Micro-batches (gradient accumulation): each batch comes as 2 consecutive halves, filled to split in 2.
+    micro = list(batching.dataset(split, 5, seed=3, micro_batches=2).as_numpy_iterator())
+    assert len(micro) == 6
+    rows = len(whole[0][1]["task"])
+    np.testing.assert_array_equal(np.concatenate([micro[0][0]["token_ids"], micro[1][0]["token_ids"]])[:rows],
+                                  whole[0][0]["token_ids"])
+
+
+def test_one_process_feeds_every_row():
+    assert distribute.local_shards() == (0, 1, 1)
+    assert distribute.local_rows(8, (1, 2, 4)) == (2, 4)
+
+
+def test_tensorflow_replicas_refuse_gradient_accumulation(monkeypatch):
+    if JAX:
+        pytest.skip("JAX accumulates on any number of devices")
+
+    @contextlib.contextmanager
+    def two_replicas(batch_size=None, accumulation=1):
+        yield 2
+
+    monkeypatch.setattr(distribute, "data_parallel", two_replicas)
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps 2 with 2 TensorFlow replicas"):
+        with distribute.training_scope("data_parallel", batch_size=8, accumulation=2):
+            pass
+
+
+# --- gradient accumulation ------------------------------------------------------------------------------
+
+def test_the_schedule_counts_updates_not_micro_batches():
+    plain, accumulated = WarmupSchedule(1e-3, 10, 100), WarmupSchedule(1e-3, 10, 100, gradient_accumulation_steps=4)
+    for update in (0, 5, 10, 50, 99):
+        for micro in range(4):
+            assert float(accumulated(update * 4 + micro)) == pytest.approx(float(plain(update)))
+    assert accumulated.get_config()["gradient_accumulation_steps"] == 4
+    assert "gradient_accumulation_steps" not in plain.get_config()  # configs saved before it still read the same
+
+
+def tiny_pretrain(tmp_path, name, **overrides):
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        rng = np.random.default_rng(0)
+        words = "the keeper of the lighthouse wrote a date in the log every night".split()
+        corpus.write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(400)))
+    settings = dict(corpus=str(corpus), tokenizer="train", num_merges=30, num_layers=1, num_heads=2, hidden_dim=16,
+                    intermediate_dim=32, sequence_length=16, batch_size=8, max_steps=12, evaluations=2,
+                    warmup_steps=2, learning_rate=1e-2, sample_tokens=2, output_dir=str(tmp_path / name))
+    return pretrain(PretrainConfig(**{**settings, **overrides}))[2]
+
+
+def test_an_accumulated_run_trains_like_one_without(tmp_path):
+    whole = tiny_pretrain(tmp_path, "whole", dropout=0.0)
+    accumulated = tiny_pretrain(tmp_path, "accumulated", dropout=0.0, gradient_accumulation_steps=4)
+    assert accumulated["optimizer_steps"] == whole["optimizer_steps"] == 12
+    np.testing.assert_allclose(accumulated["train_loss"], whole["train_loss"], rtol=1e-5)
+    np.testing.assert_allclose(accumulated["validation_loss"], whole["validation_loss"], rtol=1e-5)
+
+
+# --- progress lines --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text, expected", [("100", (100, None)), ("30s", (None, 30.0)), ("0", (None, None)),
+                                            ("0s", (None, None))])
+def test_log_every_takes_steps_or_seconds(text, expected):
+    assert callbacks.parse_every(text) == expected
+
+
+@pytest.mark.parametrize("text", ["5m", "-1", "1.5", "s", "nan s", ""])
+def test_a_bad_log_every_is_named(text):
+    with pytest.raises(ConfigError, match="log_every must be"):
+        callbacks.parse_every(text)
+
+
+def test_progress_lines_give_step_loss_throughput_and_time_left(capsys):
+    line = callbacks.ProgressLog("2", total_steps=10, first_step=2, tokens_per_step=512, accumulation=2)
+    for batch in range(12):  # 6 steps of 2 micro-batches: steps 3..8
+        line.on_train_batch_end(batch, {"loss": 3.25 - batch / 100})
+    messages = [m for m in capsys.readouterr().out.splitlines() if m.startswith("step ")]
+    assert [m.split(",")[0] for m in messages] == ["step 4/10", "step 6/10", "step 8/10"]
+    assert all("tokens/s" in m and m.endswith(" left") for m in messages)
+    assert "loss 3.2200" in messages[0]  # the loss Keras reported at the batch that ended step 4
+
+
+# --- an interrupted epoch's loss --------------------------------------------------------------------------
+
+def test_sigterm_checkpoints_and_the_resumed_epoch_records_all_its_steps(tmp_path, monkeypatch):
+    whole = tiny_pretrain(tmp_path, "whole", evaluations=1, max_steps=10)
+    original = callbacks.Progress.on_train_batch_end
+
+    def terminate_at_step_4(self, batch, logs=None):
+        if self.step == 3:  # this batch ends step 4: SIGTERM arrives during it
+            os.kill(os.getpid(), signal.SIGTERM)
+        return original(self, batch, logs)
+
+    monkeypatch.setattr(callbacks.Progress, "on_train_batch_end", terminate_at_step_4)
+    with pytest.raises(callbacks.Preempted, match="stopped by SIGTERM at step 4; checkpoint written in"):
+        tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10)
+    assert signal.getsignal(signal.SIGTERM) is not None  # the handler the run replaced is back
+    monkeypatch.setattr(callbacks.Progress, "on_train_batch_end", original)
+    resumed = tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10)
+    assert resumed["resumed_from_step"] == 4
+    # One epoch of 10 steps, cut after 4: its loss is the mean of all 10, as the uninterrupted run's.
+    np.testing.assert_allclose(resumed["train_loss"], whole["train_loss"], rtol=1e-5)

@@ -1,7 +1,6 @@
 """The parts of a run on several processes that one process can check: finding the processes, shards built by a
 team, each process's rows, gradient accumulation, progress lines, an interrupted epoch's loss."""
 
-import contextlib
 import json
 import os
 import signal
@@ -169,14 +168,13 @@ def test_tensorflow_replicas_refuse_gradient_accumulation(monkeypatch):
     if JAX:
         pytest.skip("JAX accumulates on any number of devices")
 
-    @contextlib.contextmanager
-    def two_replicas(batch_size=None, accumulation=1):
-        yield 2
-
-    monkeypatch.setattr(distribute, "data_parallel", two_replicas)
+    monkeypatch.setattr(distribute, "mesh_devices", lambda: ["/cpu:0", "/cpu:1"])
     with pytest.raises(ConfigError, match="gradient_accumulation_steps 2 with 2 TensorFlow replicas"):
-        with distribute.training_scope("data_parallel", batch_size=8, accumulation=2):
-            pass
+        distribute.check_placement("data_parallel", batch_size=4, accumulation=2)
+    with pytest.raises(ConfigError, match="each micro-batch .batch_size / gradient_accumulation_steps = 3 rows. must be "
+                                          "a multiple of 2"):
+        distribute.check_placement("data_parallel", batch_size=3, accumulation=2)
+    assert distribute.check_placement("data_parallel", batch_size=4) == 2
 
 
 # --- gradient accumulation ------------------------------------------------------------------------------
@@ -246,11 +244,24 @@ def test_sigterm_checkpoints_and_the_resumed_epoch_records_all_its_steps(tmp_pat
         return original(self, batch, logs)
 
     monkeypatch.setattr(callbacks.Progress, "on_train_batch_end", terminate_at_step_4)
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(callbacks.Preempted, match="stopped by SIGTERM at step 4; checkpoint written in"):
-        tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10)
-    assert signal.getsignal(signal.SIGTERM) is not None  # the handler the run replaced is back
+        tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10, checkpoint_every=3)
+    assert signal.getsignal(signal.SIGTERM) is before  # the run puts back the handler it replaced
     monkeypatch.setattr(callbacks.Progress, "on_train_batch_end", original)
-    resumed = tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10)
+    resumed = tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10, checkpoint_every=3)
     assert resumed["resumed_from_step"] == 4
     # One epoch of 10 steps, cut after 4: its loss is the mean of all 10, as the uninterrupted run's.
     np.testing.assert_allclose(resumed["train_loss"], whole["train_loss"], rtol=1e-5)
+
+
+def test_tensorflow_replicas_feed_the_blocks_keras_puts_back_in_order():
+    """Keras joins a multi-worker strategy's outputs as `gather` (worker-major: w0r0, w0r1, w1r0, ...) taken
+    replica by replica (`replicas[r::replicas_per_worker]`, keras/src/backend/tensorflow/trainer.py
+    `_multi_worker_concat`): the blocks each replica feeds must come back as 0, 1, 2, ..."""
+    for workers, replicas in ((2, 1), (2, 2), (3, 4)):
+        fed = {(w, r): block for w in range(workers)
+               for r, block in enumerate(distribute.replica_blocks(w, workers, replicas))}
+        gathered = [fed[(w, r)] for w in range(workers) for r in range(replicas)]
+        joined = [block for r in range(replicas) for block in gathered[r::replicas]]
+        assert joined == list(range(workers * replicas))

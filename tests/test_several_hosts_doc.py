@@ -57,5 +57,6 @@ def test_a_command_of_the_guide_parses_and_its_processes_can_run(environ, args):
     backend = "tensorflow" if environ.get("KERAS_BACKEND") == "tensorflow" else "jax"
     found = cluster.resolve(values["coordinator_address"], values["num_processes"], values["process_id"],
                             environ=environ, backend=backend)
-    assert found.several or found.coordinator == "auto" or not any(
-        values[k] is not None for k in ("coordinator_address", "num_processes", "process_id")), found
+    flags_or_environment = environ.get("TF_CONFIG") or values["coordinator_address"]
+    if flags_or_environment:  # the line says where the processes are: they are several (or JAX finds them)
+        assert found.several or found.coordinator == "auto", found

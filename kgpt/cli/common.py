@@ -10,6 +10,7 @@ import logging as std_logging
 import os
 import sys
 import textwrap
+import traceback
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is imported
 
@@ -134,13 +135,14 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
 
         cluster.PROG = prog
         try:
-            deferred = start() if start is not None else False
+            with quiet_stderr():  # deciding may import Keras, and TensorFlow with it
+                deferred = start() if start is not None else False
             if not flags.FLAGS.verbose:
                 start_backends(devices=not deferred)
             return main(argv)
         except app.UsageError:
             raise
-        except Exception as e:  # noqa: BLE001 - sorted into mistakes and bugs below
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - sorted into mistakes and bugs below
             from kgpt.train import callbacks
 
             if isinstance(e, callbacks.Preempted):
@@ -148,10 +150,15 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
                 sys.exit(0)
             if cluster.lost_process(e):
                 cluster.stop_lost(e)
-            if not isinstance(e, user_errors()) or flags.FLAGS.verbose or os.environ.get("KGPT_TRACEBACK"):
-                raise
+            mistake = isinstance(e, user_errors()) and not flags.FLAGS.verbose and not os.environ.get("KGPT_TRACEBACK")
             if cluster.current().several:  # exiting normally would wait for the other processes at shutdown
-                cluster.fail(e)
+                if not mistake:
+                    traceback.print_exc()
+                where = f"process {cluster.current().process_id}"
+                cluster.fail(e if mistake else f"{type(e).__name__} on {where} (its traceback is above); the other "
+                             f"processes stop when they notice.", code=130 if isinstance(e, KeyboardInterrupt) else 1)
+            if not mistake:
+                raise
             print(f"{prog}: error: {e}", file=sys.stderr)
             sys.exit(1)
 

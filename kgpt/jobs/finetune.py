@@ -367,7 +367,7 @@ def finetune(config, registry=None):
     if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
         raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
                          f"{task.splits[0]!r}.")
-    run.join(config, "finetune", run_settings(config))
+    run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
             data_dir = config.data_dir or run.on_chief(lambda: _embedded_data(task, os.path.join(work, "data")),
@@ -476,6 +476,9 @@ def _finetune(config, task, data_dir, initial=None):
     preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
                                        max_length=min(config.max_length or default_length, limit))
     splits = _read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
+    # Every process must read the same examples: each feeds its rows of the same batches.
+    cluster.check_agreement({"data": {name: split_fingerprint(split) for name, split in splits.items()}},
+                            hint=f"Every process must read the same data ({data_dir}).")
     batch_size = _batch_size(config, start)
     model = _build_model(config, task, start, preprocessor)
     results = {"task": task.name, "init": start.origin, "init_dir": run_settings(config)["init"],
@@ -507,6 +510,9 @@ def _train(config, task, model, splits, batch_size, origin):
     if config.keep == "best" and dev_name is None:
         raise ConfigError(f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} "
                          f"was found.")
+    if config.keep == "best" and distribute.spread_over_processes(model):
+        raise ConfigError("keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
+                          "across processes does not fit in: use keep='last'.")
     plan = batching.length_plan(train.lengths, batch_size, config.seed, train.limit,
                                 model.max_padded_lengths(train, batch_size))
     real_share = train.real_share(batching.batch_indices(train.lengths, batch_size, config.seed), plan)

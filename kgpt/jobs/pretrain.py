@@ -215,7 +215,7 @@ def _prepare(config, work):
         files = [run.on_chief(lambda: demo_world.write_corpus(work), "writing the demo text")]
         logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
     if config.tokenizer == "train" and cluster.current().several:
-        run.on_chief(lambda: load_tokenizer(config, files).fingerprint(), "learning the tokenizer")
+        run.on_chief(lambda: load_tokenizer(config, files) and None, "learning the tokenizer")  # then read by all
     tokenizer = load_tokenizer(config, files)
     here = cluster.current()
     team = Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
@@ -232,7 +232,7 @@ def pretrain(config, registry=None):
     default: every installed plugin.
     """
     check_config(config)
-    several = run.join(config, "pretrain", run_settings(config)).several
+    several = run.join(config, "pretrain", run_settings(config), config.batch_size).several
     if several and config.zero_shot:
         raise ConfigError("--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
                           "one process only: evaluate the saved model with kgpt-analyze zero-shot instead.")
@@ -295,11 +295,15 @@ def _validation(val_ids, sequence_length, shards, batch_size):
     if not len(val_ids):
         return None
     val_x, val_y, dropped = validation_windows(val_ids, sequence_length)
-    uneven = len(val_y) % shards if len(val_y) >= shards else 0
+    uneven = len(val_y) % shards
     if uneven:  # every batch must split evenly over the devices
         val_x = {k: v[: len(val_y) - uneven] for k, v in val_x.items()}
         val_y = val_y[: len(val_y) - uneven]
         dropped += uneven * val_y.shape[1]
+    if not len(val_y):
+        logger.info(f"No validation: the {uneven} held-out window(s) of {sequence_length} tokens are fewer than the "
+                    f"{shards} devices each batch splits over; raise --validation_fraction or --validation_tokens.")
+        return None
     logger.info(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
                 + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
     batch_size = min(batch_size, len(val_y))

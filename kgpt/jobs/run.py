@@ -31,8 +31,8 @@ from kgpt.errors import ConfigError
 from kgpt.jobs.rundir import RunDirectory, save_preset, write_json
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.train import cluster
-from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss
-from kgpt.train.distribute import gathered_copy, training_scope, writing
+from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss, catching_sigterm
+from kgpt.train.distribute import check_placement, gathered_copy, training_scope, writing
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +60,13 @@ def check_run(config, batch_size):
                           f"must split evenly over the {count} processes (and their devices).")
 
 
-def join(config, job, settings):
+def join(config, job, settings, batch_size=None):
     """Joins the run's other processes, if any, and checks that they run this job with these settings.
 
     Returns the `kgpt.train.cluster.Cluster`. Called first by each job, so a
     process started with another flag stops every process before anything
-    is read or written.
+    is read or written; with `batch_size`, so does a distribution the run's
+    devices cannot hold.
     """
     here = cluster.start(cluster.resolve(config.coordinator_address, config.num_processes, config.process_id),
                          timeout=config.startup_timeout)
@@ -74,8 +75,11 @@ def join(config, job, settings):
             raise ConfigError("A run on several processes needs --output_dir: a folder every process can read "
                               "(token shards, the tokenizer, checkpoints), which process 0 writes.")
         cluster.check_agreement({"job": job, "settings": settings, "output_dir": config.output_dir,
-                                 "placement": {"model_parallel": config.model_parallel,
-                                               "num_processes": here.num_processes}})
+                                 "placement": {"model_parallel": config.model_parallel}})
+    if batch_size is not None:
+        distribution = "data_parallel" if config.distribution == "none" and here.several else config.distribution
+        steps = config.gradient_accumulation_steps
+        check_placement(distribution, batch_size // steps, config.model_parallel, steps)
     return here
 
 
@@ -88,17 +92,18 @@ def workspace(config, job, settings, prefix):
     nothing is kept. With several processes, process 0 claims the directory
     and the others go on only if it could.
     """
-    if not config.output_dir:
-        with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
-            yield scratch
-        return
-    claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
-    on_chief(claim.__enter__, f"claiming {config.output_dir}")
-    try:
-        yield config.output_dir
-    finally:
-        if cluster.is_chief():
-            claim.__exit__(None, None, None)
+    with catching_sigterm():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
+        if not config.output_dir:
+            with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+                yield scratch
+            return
+        claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
+        on_chief(claim.__enter__, f"claiming {config.output_dir}")
+        try:
+            yield config.output_dir
+        finally:
+            if cluster.is_chief():
+                claim.__exit__(None, None, None)
 
 
 def on_chief(fn, what):
@@ -131,10 +136,7 @@ def scope(config, batch_size):
     Each micro-batch (`batch_size / gradient_accumulation_steps` rows) splits
     evenly over the shards.
     """
-    steps = config.gradient_accumulation_steps
-    if batch_size % steps:
-        raise ConfigError(f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
-                          f"update is accumulated over {steps} equal micro-batches.")
+    steps = config.gradient_accumulation_steps  # batch_size splits into them: check_run
     with training_scope(config.distribution, config.dtype, batch_size // steps, config.model_parallel,
                         accumulation=steps) as shards:
         keras.utils.set_random_seed(config.seed)

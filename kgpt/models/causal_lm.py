@@ -502,5 +502,8 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
 
 def _is_distributed_dataset(x):
-    return type(x).__name__ in ("DistributedDataset", "DistributedDatasetsFromFunction") and \
-        "tensorflow" in type(x).__module__
+    if not type(x).__module__.startswith("tensorflow"):
+        return False
+    import tensorflow as tf
+
+    return isinstance(x, tf.distribute.DistributedDataset)

@@ -5,6 +5,7 @@ micro-batches, `fit` sees `K` batches per step; the callbacks count batches
 and act on whole steps only (`steps_per_batch` below is `1 / K`).
 """
 
+import contextlib
 import logging
 import math
 import signal
@@ -21,6 +22,45 @@ logger = logging.getLogger(__name__)
 
 class Preempted(Exception):  # noqa: N818 - an outcome, not an error: the command exits 0 with it
     """Training stopped on SIGTERM after writing a checkpoint at the step it reached; the same command resumes."""
+
+
+_SIGTERM = {"received": False, "depth": 0, "previous": None}
+
+
+@contextlib.contextmanager
+def catching_sigterm():
+    """Inside, SIGTERM (a scheduler's notice) is noted instead of ending the process; `Progress` acts on it.
+
+    A job holds it from start to end, so a notice that comes while the corpus
+    is tokenized stops the run before it trains, and one during training at
+    the end of that step (with a checkpoint); one during the final evaluation
+    lets the run finish. Outside the main thread (where Python cannot catch
+    signals) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    if _SIGTERM["depth"] == 0:
+        _SIGTERM["received"] = False
+        # JAX's runtime may have a handler of its own there (not Python's, so getsignal gives None).
+        _SIGTERM["previous"] = signal.signal(signal.SIGTERM, _note_sigterm)
+    _SIGTERM["depth"] += 1
+    try:
+        yield
+    finally:
+        _SIGTERM["depth"] -= 1
+        if _SIGTERM["depth"] == 0:
+            previous = _SIGTERM["previous"]
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+
+
+def _note_sigterm(signum, frame):
+    _SIGTERM["received"] = True
+
+
+def sigterm_received():
+    """Whether SIGTERM came inside `catching_sigterm` (on this process)."""
+    return _SIGTERM["received"]
 
 
 class NonFiniteLossError(ArithmeticError):
@@ -99,8 +139,6 @@ class Progress(keras.callbacks.Callback):
         self.epochs = state.get("epochs", [])  # one dict of logs per finished epoch
         self.metric_state = state.get("metric_state")  # the interrupted epoch's running sums, restored once
         self._batches = 0
-        self._signalled = False
-        self._previous_handler = None
 
     @property
     def history(self):
@@ -111,20 +149,14 @@ class Progress(keras.callbacks.Callback):
     # --- SIGTERM -------------------------------------------------------------------------------------
 
     def on_train_begin(self, logs=None):
-        if threading.current_thread() is threading.main_thread() and self._previous_handler is None:
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def on_train_end(self, logs=None):
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
-
-    def _on_sigterm(self, signum, frame):
-        self._signalled = True  # acted on at the end of the current step
+        if self._preempted():  # before the first step: the last checkpoint (if any) is where the run stands
+            raise Preempted(f"stopped by SIGTERM before training from step {self.step:,}; nothing new to keep. Run "
+                            f"the same command again to resume.")
 
     def _preempted(self):
         """Whether any process received SIGTERM (with several processes, they all decide at the same step)."""
-        return cluster.any_process(self._signalled) if cluster.current().several else self._signalled
+        received = sigterm_received()
+        return cluster.any_process(received) if cluster.current().several else received
 
     # --- steps and epochs ------------------------------------------------------------------------------
 
@@ -144,11 +176,12 @@ class Progress(keras.callbacks.Callback):
             return  # inside an accumulated step
         self.step += 1
         if self._preempted():
-            self.on_train_end()
             self.save(epoch_sums=True)
-            where = f" in {self.directory}" if self.directory else " (no output directory: nothing was kept)"
-            raise Preempted(f"stopped by SIGTERM at step {self.step:,}; checkpoint written{where}. Run the same "
-                            f"command again to resume.")
+            if self.directory is None:
+                raise Preempted(f"stopped by SIGTERM at step {self.step:,}; this run writes no checkpoints (no "
+                                f"--output_dir, or --checkpoint_every 0), so a rerun starts over.")
+            raise Preempted(f"stopped by SIGTERM at step {self.step:,}; checkpoint written in {self.directory}. Run "
+                            f"the same command again to resume.")
         if self.every and self.step % self.every == 0 and self.step % self.steps_per_epoch:
             self.save(epoch_sums=True)
 

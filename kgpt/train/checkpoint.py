@@ -22,6 +22,7 @@ state = kgpt.train.checkpoint.restore(model, "out/checkpoint", settings)  # None
 ```
 """
 
+import logging
 import os
 import shutil
 
@@ -32,6 +33,8 @@ from kgpt.io.presets import CheckpointError, check_weights_file, read_json
 from kgpt.jobs.rundir import write_json
 from kgpt.train import cluster
 from kgpt.train.distribute import spread_over_processes, writing
+
+logger = logging.getLogger(__name__)
 
 LATEST = "latest.json"
 WEIGHTS = "model.weights.h5"
@@ -138,17 +141,14 @@ def _orbax_restore(model, path):
     try:
         restored = checkpointer.restore(os.path.abspath(path), target)
     except Exception as e:  # noqa: BLE001 - tensorstore and Orbax raise many types for a damaged folder
-        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {_first(e)}).") from e
+        first = (str(e).strip().splitlines() or [""])[0][:300]
+        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {first}).") from e
     finally:
         checkpointer.close()
     for variable, value in zip([*model.weights, *model.optimizer.variables], [*restored["model"],
                                                                               *restored["optimizer"]]):
         variable.assign(value)
 
-
-def _first(error):
-    lines = str(error).strip().splitlines()
-    return lines[0][:300] if lines else ""
 
 
 def save_weights(model, directory, name):
@@ -175,11 +175,23 @@ def _save_weights(model, directory, name):
 
 
 def latest(directory):
-    """`(folder, state)` of the newest complete checkpoint in `directory`, or None."""
+    """`(folder, state)` of the newest complete checkpoint in `directory`, or None.
+
+    With several processes, process 0's answer is every process's: a shared
+    file system may show another process an older `latest.json` for a while.
+    """
     pointer = os.path.join(directory, LATEST)
-    if not os.path.exists(pointer):
+    name = read_json(pointer, "the name of the latest checkpoint").get("checkpoint") if os.path.exists(pointer) \
+        else None
+    if cluster.current().several:
+        import json
+
+        chosen = json.loads(cluster.allgather(json.dumps(name if isinstance(name, str) else None).encode())[0])
+        if chosen != name and cluster.current().process_id:
+            logger.warning(f"Resuming from {chosen or 'the start'}, as process 0 does (this process sees {name}).")
+            name = chosen
+    if name is None:
         return None
-    name = read_json(pointer, "the name of the latest checkpoint").get("checkpoint")
     folder = os.path.join(directory, str(name))
     if not isinstance(name, str) or os.sep in name or not os.path.isdir(folder):
         raise CheckpointError(f"{pointer} names checkpoint {name!r}, which is not in {directory}: delete {directory} "

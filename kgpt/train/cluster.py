@@ -290,22 +290,29 @@ class deadline:  # noqa: N801 - a context manager used like a function
 def start(cluster, timeout=DEFAULT_TIMEOUT):
     """Joins the run's processes through the backend's runtime; nothing to do for one process.
 
-    Must run before the backend computes anything. Starting the same cluster
-    again does nothing; another one is an error (a runtime joins once).
+    Must run before the backend computes anything. Once joined, the same
+    place again (however it was found: flags, `auto`, the environment) does
+    nothing; another one is an error (a runtime joins once).
     """
     global _current, _strategy, _started
-    if _started or not cluster.several and cluster.coordinator != "auto":
-        if _started and cluster != _current and cluster.several:
+    if _started:
+        place = (cluster.num_processes, cluster.process_id)
+        if cluster.several and cluster.coordinator != "auto" and place != (_current.num_processes,
+                                                                            _current.process_id):
             raise ConfigError(f"This process already joined a run as {_current.describe()}; it cannot join another "
                               f"({cluster.describe()}).")
+        return _current
+    if not cluster.several and cluster.coordinator != "auto":
         return _current
     import keras
 
     backend = keras.config.backend()
-    where = cluster.coordinator if cluster.coordinator != "auto" else "the address jax.distributed detects"
+    where = cluster.coordinator if cluster.coordinator not in (None, "auto") else \
+        f"the address jax.distributed finds from {cluster.found_by}"
     waiting = (f"the {cluster.num_processes or 'detected'} processes did not all join within {timeout} s (process "
                f"{cluster.process_id}, coordinator {where}): check that every process was started with the same "
-               f"--coordinator_address and --num_processes, and that the address is reachable (--startup_timeout).")
+               f"--coordinator_address and --num_processes, that the address is reachable, and that no process "
+               f"stopped before joining (its log says why) (--startup_timeout).")
     with deadline(timeout, waiting):
         if backend == "jax":
             cluster = _start_jax(cluster, timeout + 60, where)  # JAX's own limit aborts the process: ours comes first
@@ -407,8 +414,12 @@ def barrier():
 
 
 def any_process(flag):
-    """Whether `flag` is true on any process (each contributes its own)."""
-    return any(b == b"1" for b in allgather(b"1" if flag else b"0"))
+    """Whether `flag` is true on any process (each contributes its own): one small collective."""
+    if not _current.several:
+        return bool(flag)
+    import numpy as np
+
+    return bool(_allgather_array(np.asarray([1 if flag else 0], np.int32)).any())
 
 
 def source_fingerprint():
@@ -423,7 +434,7 @@ def source_fingerprint():
     return f"{__version__} (source {digest.hexdigest()[:12]})"
 
 
-def check_agreement(what):
+def check_agreement(what, hint="Start every process with the same command (only --process_id differs)."):
     """Raises `ClusterError` unless every process passes the same `what` (a JSON-able dict); names who differs.
 
     Called by each job before it reads or writes anything, with its settings,
@@ -439,8 +450,7 @@ def check_agreement(what):
             continue
         lines = _differences(chief, theirs)
         raise ClusterError(f"Process {index} was started with other settings than process 0: {'; '.join(lines[:5])}"
-                           f"{' ...' if len(lines) > 5 else ''}. Start every process with the same command (only "
-                           f"--process_id differs).")
+                           f"{' ...' if len(lines) > 5 else ''}. {hint}")
 
 
 def _differences(a, b, prefix=""):
@@ -457,13 +467,23 @@ def _differences(a, b, prefix=""):
     return lines
 
 
-_LOST = ("connection reset", "heartbeat", "unavailable", "socket closed", "broken pipe", "connection refused",
-         "gloo", "collective ops is aborted", "peer", "failed to connect", "stopped sending heartbeats", "is unhealthy")
+# What the runtimes' errors say when another process of the run went away (gloo on CPUs, gRPC, the coordination
+# service), in lower case.
+_LOST = ("gloo", "connection reset by peer", "connection closed by peer", "heartbeat", "collective ops is aborted",
+         "socket closed", "failed to connect to all addresses", "stopped sending heartbeats")
 
 
 def lost_process(error):
-    """Whether `error` (raised inside a collective) means another process of the run stopped."""
+    """Whether `error`, raised by the JAX or TensorFlow runtime in a collective, means another process stopped.
+
+    Only the runtimes' own errors count (never one of kgpt's, whatever its
+    text says): an error in a process's own work keeps its message.
+    """
     if not _current.several:
+        return False
+    kind = type(error)
+    if kind.__module__.startswith("kgpt") or not (
+            kind.__module__.split(".")[0] in ("jax", "jaxlib", "tensorflow") or kind in (ValueError, RuntimeError)):
         return False
     text = str(error).lower()
     return any(marker in text for marker in _LOST)

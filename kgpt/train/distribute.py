@@ -70,19 +70,15 @@ def data_parallel(batch_size=None, accumulation=1):
     """
     backend = keras.config.backend()
     several = cluster.current().several
+    check_placement("data_parallel", batch_size, accumulation=accumulation)
     if backend == "tensorflow" and several:
         strategy = cluster.strategy()
-        _check_split(batch_size, strategy.num_replicas_in_sync,
-                     f"Data-parallel training splits each batch over {strategy.num_replicas_in_sync} replicas of "
-                     f"{cluster.current().num_processes} processes", accumulation)
         logger.info(f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow replica(s) of "
                     f"{cluster.current().num_processes} processes (MultiWorkerMirroredStrategy).")
         with strategy.scope():
             yield strategy.num_replicas_in_sync
         return
     devices = mesh_devices()
-    where = f"{len(devices)} devices" + (f" of {cluster.current().num_processes} processes" if several else "")
-    _check_split(batch_size, len(devices), f"Data-parallel training splits each batch over {where}", accumulation)
     if backend == "jax":
         previous = keras.distribution.distribution()
         names = [f"{d.platform}:{d.id}" for d in devices]
@@ -114,16 +110,8 @@ def model_parallel(model_devices, batch_size=None, accumulation=1):
     every process, named `("batch", "model")`, with `model_parallel_layout`:
     a model too large for one device, on one host or across hosts.
     """
-    if keras.config.backend() != "jax":
-        raise ConfigError("--distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); "
-                          "on TensorFlow use data_parallel.")
+    shards = check_placement("model_parallel", batch_size, model_devices, accumulation)
     devices = mesh_devices()
-    if model_devices < 1 or len(devices) % model_devices:
-        raise ConfigError(f"--model_parallel {model_devices}: the {len(devices)} devices of the run do not split into "
-                          f"groups of {model_devices}.")
-    shards = len(devices) // model_devices
-    _check_split(batch_size, shards, f"Model-parallel training splits each batch over {shards} groups of "
-                 f"{model_devices} devices", accumulation)
     mesh = keras.distribution.DeviceMesh((shards, model_devices), ["batch", "model"],
                                          [f"{d.platform}:{d.id}" for d in devices])
     previous = keras.distribution.distribution()
@@ -135,6 +123,40 @@ def model_parallel(model_devices, batch_size=None, accumulation=1):
         yield shards
     finally:
         keras.distribution.set_distribution(previous)
+
+
+def check_placement(distribution, batch_size=None, model_devices=1, accumulation=1):
+    """The batch shards `distribution` would give, or a `ConfigError` saying why it cannot run; changes nothing.
+
+    The jobs call it before they write or read anything, the scopes again
+    when they set the distribution up. `batch_size` is a micro-batch's rows.
+    """
+    here, backend = cluster.current(), keras.config.backend()
+    if distribution == "none" and not here.several:
+        return 1
+    of = f" of {here.num_processes} processes" if here.several else ""
+    if distribution == "model_parallel":
+        if backend != "jax":
+            raise ConfigError("--distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); "
+                              "on TensorFlow use data_parallel.")
+        devices = len(mesh_devices())
+        if model_devices < 1 or devices % model_devices:
+            raise ConfigError(f"--model_parallel {model_devices}: the {devices} devices{of} do not split into groups "
+                              f"of {model_devices}.")
+        shards = devices // model_devices
+        what = f"Model-parallel training splits each batch over {shards} groups of {model_devices} devices{of}"
+    elif backend == "tensorflow" and here.several:
+        shards = cluster.strategy().num_replicas_in_sync
+        what = f"Data-parallel training splits each batch over {shards} replicas{of}"
+    else:
+        shards = len(mesh_devices())
+        what = f"Data-parallel training splits each batch over {shards} devices{of}"
+    _check_split(batch_size, shards, what, accumulation)
+    if accumulation > 1 and shards > 1 and backend == "tensorflow":
+        raise ConfigError(f"gradient_accumulation_steps {accumulation} with {shards} TensorFlow replicas: Keras "
+                          "accumulates inside a conditional that tf.distribute cannot synchronise across replicas. "
+                          "Accumulate on one device, or train data-parallel on the jax backend.")
+    return shards
 
 
 @contextlib.contextmanager
@@ -227,12 +249,11 @@ def local_shards():
     """
     c = cluster.current()
     distribution = keras.distribution.distribution() if keras.config.backend() == "jax" else None
-    if not c.several:
+    if not c.several or (distribution is None and keras.config.backend() == "jax"):
         return 0, 1, 1
     if keras.config.backend() == "tensorflow":
         return c.process_id, c.process_id + 1, c.num_processes
-    total = 1 if distribution is None else distribution.device_mesh.shape[
-        distribution.device_mesh.axis_names.index(distribution.batch_dim_name)]
+    total = distribution.device_mesh.shape[distribution.device_mesh.axis_names.index(distribution.batch_dim_name)]
     layout = distribution.get_data_layout((total, 1)).backend_layout
     rows = sorted({(s[0].start or 0, total if s[0].stop is None else s[0].stop)
                    for s in layout.addressable_devices_indices_map((total, 1)).values()})
@@ -252,22 +273,40 @@ def feed(make_dataset, shards=None):
     """What `fit`, `evaluate` and `predict` take: `make_dataset(first, stop, total)` gives this process's rows.
 
     `make_dataset` builds a `tf.data.Dataset` of the rows of every global batch
-    from shard `first` to `stop` (of `total`: `local_rows`). On TensorFlow
-    with several processes it runs once per process inside
-    `distribute_datasets_from_function`, whose batches go to this process's
-    replicas in turn.
+    in shards `first` to `stop` of `total` equal row blocks (`local_rows`).
+    On TensorFlow with several processes it runs inside
+    `distribute_datasets_from_function`, once per local replica: worker w's
+    replica r gets block `r * workers + w` (`replica_blocks`), the order in
+    which Keras puts the replicas' predictions back together.
     """
     c = cluster.current()
     if keras.config.backend() == "tensorflow" and c.several:
-        strategy = cluster.strategy()
+        import tensorflow as tf
 
         def per_process(context):
-            first, stop = context.input_pipeline_id, context.input_pipeline_id + 1
-            data = make_dataset(first, stop, context.num_input_pipelines)
-            return _per_replica(data, context.num_replicas_in_sync // context.num_input_pipelines)
+            replicas = context.num_replicas_in_sync // context.num_input_pipelines
+            total = context.num_replicas_in_sync
+            parts = [make_dataset(b, b + 1, total)
+                     for b in replica_blocks(context.input_pipeline_id, context.num_input_pipelines, replicas)]
+            if replicas == 1:
+                return parts[0]
+            # Batches go to this process's replicas in turn: replica 0's part of a batch, replica 1's, ...
+            together = tf.data.Dataset.choose_from_datasets(parts, tf.data.Dataset.range(replicas).repeat())
+            return together.apply(tf.data.experimental.assert_cardinality(parts[0].cardinality() * replicas))
 
-        return strategy.distribute_datasets_from_function(per_process)
+        return cluster.strategy().distribute_datasets_from_function(per_process)
     return make_dataset(*(shards or local_shards()))
+
+
+def replica_blocks(worker, workers, replicas):
+    """The row blocks (of `workers * replicas`) each local replica of `worker` feeds, replica by replica.
+
+    Keras concatenates a multi-worker strategy's outputs replica-major (every
+    worker's replica 0, then every worker's replica 1, ...), so replica r of
+    worker w holds block `r * workers + w` for the outputs to come back in
+    the batch's order.
+    """
+    return [r * workers + worker for r in range(replicas)]
 
 
 def batch_shards():
@@ -327,20 +366,6 @@ class Replicated(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
-
-
-def _per_replica(data, replicas):
-    """Each batch of `data` cut into `replicas` consecutive batches (one per local replica)."""
-    if replicas == 1:
-        return data
-    import tensorflow as tf
-
-    def split(*batch):
-        batch = batch[0] if len(batch) == 1 else batch
-        return tf.data.Dataset.from_tensor_slices(tf.nest.map_structure(lambda t: tf.stack(tf.split(t, replicas)),
-                                                                        batch))
-
-    return data.flat_map(split)
 
 
 def model_parallel_layout(device_mesh):
@@ -417,9 +442,4 @@ def training_scope(distribution="none", dtype=None, batch_size=None, model_devic
         scope = model_parallel(model_devices, batch_size, accumulation) if distribution == "model_parallel" else \
             data_parallel(batch_size, accumulation)
         with scope as shards:
-            if accumulation > 1 and shards > 1 and keras.config.backend() == "tensorflow":
-                raise ConfigError(f"gradient_accumulation_steps {accumulation} with {shards} TensorFlow replicas: "
-                                  "Keras accumulates inside a conditional that tf.distribute cannot synchronise "
-                                  "across replicas. Accumulate on one device, or train data-parallel on the jax "
-                                  "backend.")
             yield shards

@@ -89,6 +89,21 @@ def char_tokenizer():
     return kgpt.GPTTokenizer(encoder, [])
 
 
+def newline_tokenizer():
+    """The conftest character tokenizer plus the newline token GPT-1's vocabulary ends with."""
+    base = char_tokenizer()
+    encoder = {s: i for s, i in base.encoder.items() if s not in base.special_tokens}
+    encoder["\n</w>"] = len(encoder)
+    return kgpt.GPTTokenizer(encoder, [])
+
+
+def text_lm(tokenizer, sequence_length=16):
+    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
+    return kgpt.GPTCausalLM(backbone, preprocessor=GPTCausalLMPreprocessor(tokenizer, sequence_length))
+
+
 @pytest.fixture
 def tiny_preset(tmp_path):
     """A preset directory (backbone config + weights + tokenizer) with a tiny model."""

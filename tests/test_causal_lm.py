@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from conftest import TINY, random_inputs, to_numpy
+from conftest import TINY, newline_tokenizer, random_inputs, text_lm, to_numpy
 
 
 def log_softmax(x):
@@ -103,7 +103,7 @@ def test_generate_rejects_bad_lengths(causal_lm):
         causal_lm.generate([[1, 2]], max_length=32)
     with pytest.raises(ValueError, match="no room"):
         causal_lm.generate([[1] * 8], max_length=8)
-    with pytest.raises(ValueError, match="at least one token"):
+    with pytest.raises(ValueError, match="prompt 0 is empty"):
         causal_lm.generate([[]], max_length=8)
 
 
@@ -160,23 +160,6 @@ def test_get_config_round_trip(causal_lm):
 
 
 # --- text in, text out (with a GPTCausalLMPreprocessor) ------------------------
-
-def newline_tokenizer():
-    """The conftest character tokenizer plus the newline token GPT-1's vocabulary ends with."""
-    from conftest import char_tokenizer
-
-    base = char_tokenizer()
-    encoder = {s: i for s, i in base.encoder.items() if s not in base.special_tokens}
-    encoder["\n</w>"] = len(encoder)
-    return kgpt.GPTTokenizer(encoder, [])
-
-
-def text_lm(tokenizer, sequence_length=16):
-    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
-
-    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
-    return kgpt.GPTCausalLM(backbone, preprocessor=GPTCausalLMPreprocessor(tokenizer, sequence_length))
-
 
 def test_generate_text_equals_generate_ids():
     tokenizer = newline_tokenizer()

@@ -615,6 +615,15 @@ class GPTTokenizer(Tokenizer):
         """
         from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
+        from kgpt.models.inputs import positive_int
+
+        if isinstance(files, (str, bytes, os.PathLike)):
+            raise TypeError(f"files must be a list of paths, got the single path {files!r}: pass [{files!r}].")
+        files = [os.fspath(f) for f in files]
+        if not files:
+            raise ValueError("GPTTokenizer.train() got no files: pass the paths of the text to learn from.")
+        num_merges = positive_int(num_merges, "num_merges", minimum=0)
+        min_frequency = positive_int(min_frequency, "min_frequency")
         words = TextEncoder({}, [], splitter)
 
         def texts():
@@ -644,6 +653,9 @@ class GPTTokenizer(Tokenizer):
             char = symbol[: -len("</w>")] if symbol.endswith("</w>") else symbol
             if symbol != "<unk>" and len(char) == 1 and char not in chars:
                 chars.append(char)
+        if not chars:
+            raise ValueError(f"GPTTokenizer.train() found no text in {', '.join(files)[:200]}: the files are empty "
+                             f"or hold only spaces and newlines.")
         encoder = {"<unk>": 0}
         for symbol in chars + [c + "</w>" for c in chars] + [a + b for a, b in merges] + ["\n</w>"]:
             encoder.setdefault(symbol, len(encoder))

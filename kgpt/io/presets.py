@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 import warnings
 
 import h5py
@@ -206,6 +207,39 @@ def upgraded_weights_file(path):
         yield upgraded
 
 
+PARTIAL_DIR = ".preset.partial"
+# What a save replaces: the files of keras-hub's preset layout that belong to one model. The tokenizer
+# stays when the new model has none (a pre-training run writes it first, the model later).
+_MODEL_FILES = {CONFIG_FILE, MODEL_WEIGHTS_FILE, "model.weights.json", TASK_CONFIG_FILE, TASK_WEIGHTS_FILE,
+                "preprocessor.json", METADATA_FILE}
+_SHARD_FILE = re.compile(r"model_\d+\.weights\.h5$")
+_saving = threading.local()
+
+
+def replace_preset(directory, write):
+    """Calls `write(folder)` on a hidden folder in `directory`, then moves what it wrote into `directory`.
+
+    The model files of the preset already there that `write` did not write
+    again are removed first. A crash inside `write` leaves the old preset
+    whole (and a hidden folder the next save removes).
+    """
+    os.makedirs(directory, exist_ok=True)
+    tmp = os.path.join(directory, PARTIAL_DIR)
+    shutil.rmtree(tmp, ignore_errors=True)
+    write(tmp)
+    written = set(os.listdir(tmp))
+    for name in os.listdir(directory):
+        if name not in written and (name in _MODEL_FILES or _SHARD_FILE.match(name)):
+            os.remove(os.path.join(directory, name))
+    # The configs last: until they move, a reader loads the old config with the old weights it checks.
+    for name in sorted(written, key=lambda n: (n.endswith(".json") and n != "model.weights.json", n)):
+        source, target = os.path.join(tmp, name), os.path.join(directory, name)
+        if os.path.isdir(source):
+            shutil.rmtree(target, ignore_errors=True)
+        os.replace(source, target)
+    os.rmdir(tmp)
+
+
 def stamp_metadata(preset_dir, **extra):
     """Adds the kgpt version (and `extra`) to keras-hub's `metadata.json`."""
     from kgpt import __version__
@@ -288,9 +322,28 @@ class PresetMixin:
             super().load_weights(path, *args, **kwargs)
 
     def save_to_preset(self, preset_dir, max_shard_size=10):
-        """Writes the keras-hub preset layout to `preset_dir` (created if needed)."""
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
-        stamp_metadata(preset_dir)
+        """Writes the keras-hub preset layout to `preset_dir` (created if needed), replacing any preset there.
+
+        The files are written into a hidden folder inside `preset_dir` and
+        moved into place only when all are complete, so an interrupted save
+        leaves the previous preset loadable; the previous preset's files that
+        this model does not write (a causal LM's `task.json` under a new
+        backbone) are removed, never left to be loaded with the new weights.
+        Other files in the folder stay.
+        """
+        if getattr(_saving, "active", False):  # a task saving its backbone: inside the task's own save
+            super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
+            return
+
+        def write(directory):
+            super(PresetMixin, self).save_to_preset(directory, max_shard_size=max_shard_size)
+            stamp_metadata(directory)
+
+        _saving.active = True
+        try:
+            replace_preset(os.fspath(preset_dir), write)
+        finally:
+            _saving.active = False
 
     @classmethod
     def from_preset(cls, preset, **kwargs):

@@ -28,7 +28,7 @@ import tempfile
 import keras
 
 from kgpt.errors import ConfigError
-from kgpt.jobs.rundir import RunDirectory, save_preset, write_json
+from kgpt.jobs.rundir import RunDirectory, write_json
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.train import cluster
 from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss, catching_sigterm
@@ -225,7 +225,7 @@ def save_outputs(model, config, metrics, files):
     try:
         with writing(config.output_dir) as directory:
             if directory is not None:
-                save_preset(model, directory)
+                model.save_to_preset(directory)  # whole, or the old preset
                 write_json(os.path.join(directory, "metrics.json"), metrics)
     finally:
         if cluster.current().several:

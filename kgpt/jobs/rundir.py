@@ -62,23 +62,6 @@ def write_text(path, text):
         raise
 
 
-def save_preset(model, directory):
-    """`model.save_to_preset(directory)`, each file moved into place only once all are written.
-
-    A crash while saving leaves the previous preset's files (and a hidden
-    temporary folder that the next save removes), never a half-written file.
-    """
-    tmp = os.path.join(directory, ".preset.partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_to_preset(tmp)
-    for name in sorted(os.listdir(tmp)):
-        source, target = os.path.join(tmp, name), os.path.join(directory, name)
-        if os.path.isdir(source):
-            shutil.rmtree(target, ignore_errors=True)
-        os.replace(source, target)
-    os.rmdir(tmp)
-
-
 def same_path(a, b):
     """Whether two paths name the same existing directory (or the same path, when neither exists)."""
     if a is None or b is None:

@@ -1,12 +1,16 @@
 """The GPT-1 language model: backbone + LM head tied to the token embedding."""
 
+import numbers
 import os
+import threading
+import warnings
 
 import keras
 import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 
+from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
@@ -18,6 +22,8 @@ try:
     import tensorflow as tf
 except ImportError:
     tf = None
+
+_GENERATE_FUNCTION_LOCK = threading.Lock()
 
 _NO_PREPROCESSOR = (
     "This GPTCausalLM has no preprocessor, so it takes token ids only. Load it with "
@@ -241,7 +247,63 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """
         if _is_distributed_dataset(x):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
+        _check_not_empty(x, "fit", "x")
+        self._check_ids(x, y)
+        if _is_text(x):
+            self._check_texts(x, y, "fit")
         return super().fit(x, y, batch_size=batch_size, **kwargs)
+
+    def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
+        """keras-hub's `evaluate`; text is checked as `fit` checks it."""
+        _check_not_empty(x, "evaluate", "x")
+        self._check_ids(x, y)
+        if _is_text(x):
+            self._check_texts(x, y, "evaluate")
+        return super().evaluate(x, y, batch_size=batch_size, **kwargs)
+
+    def predict(self, x=None, batch_size=None, **kwargs):
+        """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
+        _check_not_empty(x, "predict", "x")
+        self._check_ids(x, None)
+        if _is_text(x):
+            self._check_texts(x, None, "predict")
+        return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def _check_ids(self, x, y):
+        """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep
+        in TensorFlow); datasets and tensors go unchecked."""
+        vocabulary = self.backbone.vocabulary_size
+        if isinstance(x, dict) and isinstance(x.get("token_ids"), (np.ndarray, list)):
+            checks.token_ids(x["token_ids"], "x['token_ids']", vocabulary)
+        if isinstance(y, (np.ndarray, list)) and not _is_text(x):
+            checks.token_ids(y, "y", vocabulary)
+
+    def _check_texts(self, texts, y, method):
+        """Refuses `y` beside text (the targets are the text's own next tokens) and text with nothing to
+        predict; warns, with counts, of texts with none and of texts longer than the packed length."""
+        if self.preprocessor is None:
+            raise ValueError(_NO_PREPROCESSOR)
+        if y is not None:
+            raise ValueError(f"{method}() on text uses each text's own next tokens as targets, so it takes no y: "
+                             f"leave y out (for labels, fine-tune a kgpt.GPTTaskModel).")
+        texts = texts.numpy() if tf is not None and isinstance(texts, tf.Tensor) else texts
+        texts = [texts] if isinstance(texts, (str, bytes)) else np.asarray(texts, dtype=object).reshape(-1).tolist()
+        start = int(bool(self.preprocessor.add_start_token))
+        length = self.preprocessor.sequence_length
+        sizes = np.array([start + len(self.preprocessor.tokenizer.encode(t.decode("utf-8") if isinstance(t, bytes)
+                                                                        else t)) for t in texts])
+        empty, cut = int((sizes < 2).sum()), int((sizes > length + 1).sum())
+        used = {"fit": "trained on", "evaluate": "evaluated", "predict": "predicted"}[method]
+        if empty == len(texts) and method != "predict":
+            raise ValueError(f"{method}() got {len(texts)} text(s) with nothing to predict: each needs at least 2 "
+                             f"tokens (a token and the one after it).")
+        if empty and method != "predict":
+            warnings.warn(f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}.",
+                          stacklevel=3)
+        if cut:
+            warnings.warn(f"{cut} of {len(texts)} texts are longer than sequence_length={length} tokens (+1 target): "
+                          f"{int(np.maximum(sizes - length - 1, 0).sum())} tokens past it are not {used}. Split "
+                          f"long texts into windows to use all of them.", stacklevel=3)
 
     def preprocess_samples(self, x, y=None, sample_weight=None):
         # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.
@@ -277,18 +339,20 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         lm.score("The keeper climbed the tower.")  # array([-3.1, -7.9, ...], dtype=float32)
         ```
         """
+        batch_size = checks.positive_int(batch_size, "batch_size")
         if _is_text(token_ids):
             return self._score_text(token_ids, batch_size)
-        token_ids = np.asarray(token_ids, dtype="int32")
-        if token_ids.ndim != 2 or token_ids.shape[1] < 2:
+        token_ids = checks.token_ids(token_ids, "token_ids", self.backbone.vocabulary_size)
+        if token_ids.shape[0] == 0 or token_ids.shape[1] < 2:
             raise ValueError(
-                "score() needs token_ids of shape [batch, length >= 2], got "
+                "score() needs token_ids of shape [batch >= 1, length >= 2], got "
                 f"{token_ids.shape}."
             )
         if padding_mask is None:
             padding_mask = np.ones_like(token_ids)
+        padding_mask = checks.padding_mask(padding_mask, "padding_mask", token_ids.shape)
         self._check_length(token_ids.shape[1])
-        inputs = {"token_ids": token_ids, "padding_mask": np.asarray(padding_mask, "int32")}
+        inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
         return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
 
     def _score_text(self, texts, batch_size):
@@ -382,6 +446,10 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """
         if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
             stop_token_ids = None  # keras-hub's "auto" is the end token, which GPT-1 lacks
+        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
+        max_length = checks.positive_int(max_length, "max_length", minimum=2, allow_none=True)
+        if max_length is not None:
+            self._check_length(max_length)
         if _is_text(inputs):
             if self.preprocessor is None:
                 raise ValueError(_NO_PREPROCESSOR)
@@ -393,32 +461,87 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             return super().generate(
                 inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
             )
-        if not isinstance(inputs, dict):
+        if isinstance(inputs, dict):
+            inputs = self._check_packed_prompts(inputs, max_length)
+        else:
             inputs = self._pack_prompts(inputs, max_length)
-        self._check_length(np.shape(inputs["token_ids"])[1])
-        # Token ids skip the preprocessor, which would try to tokenize them.
-        preprocessor = self.preprocessor
-        object.__setattr__(self, "_preprocessor", None)  # untracked swap, restored below
-        try:
-            return super().generate(
-                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
-            )
-        finally:
-            object.__setattr__(self, "_preprocessor", preprocessor)
+        # Token ids never go through the preprocessor. keras-hub's generate() would run it, and
+        # detaching it for the call would race with other threads' calls on text.
+        return self._generate_ids(inputs, stop_token_ids, strip_prompt)
+
+    def make_generate_function(self):
+        # keras-hub sets generate_function to the plain step before compiling it: a second thread
+        # must not pick up that half-made state.
+        with _GENERATE_FUNCTION_LOCK:
+            return super().make_generate_function()
+
+    def _generate_ids(self, inputs, stop_token_ids, strip_prompt):
+        """keras-hub's generate() passes for packed token ids, without the preprocessor: compiled
+        generation, then the prompt rolled to the end of each row when `strip_prompt`."""
+        generate_function = self.make_generate_function()
+        distribution = keras.distribution.distribution()
+        feed = dict(inputs)
+        if distribution is not None:
+            for key, value in feed.items():
+                value = ops.convert_to_tensor(value)
+                layout = distribution.get_data_layout(value.shape)
+                feed[key] = keras.distribution.distribute_tensor(value, layout) if layout else value
+        outputs = generate_function(feed, stop_token_ids=stop_token_ids)
+        token_ids = np.asarray(ops.convert_to_numpy(outputs["token_ids"]))
+        mask = np.asarray(ops.convert_to_numpy(outputs["padding_mask"])).astype(bool)
+        if strip_prompt:
+            prompt = np.asarray(inputs["padding_mask"]).astype(bool)
+            shifts = -prompt.sum(axis=-1)
+            token_ids = np.stack([np.roll(row, n) for row, n in zip(token_ids, shifts)])
+            mask = np.stack([np.roll(m, n) ^ np.roll(p, n) for m, p, n in zip(mask, prompt, shifts)])
+        return {"token_ids": token_ids, "padding_mask": mask}
+
+    def _check_stop_token_ids(self, stop_token_ids):
+        if stop_token_ids is None:
+            return None
+        if isinstance(stop_token_ids, (numbers.Integral, np.integer)) and not isinstance(stop_token_ids, bool):
+            stop_token_ids = [stop_token_ids]
+        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, np.ndarray)):
+            raise TypeError(f"stop_token_ids must be None or a list of token ids, got {stop_token_ids!r}.")
+        vocabulary = self.backbone.vocabulary_size
+        return tuple(checks.positive_int(t, "each of stop_token_ids", minimum=0, maximum=vocabulary - 1)
+                     for t in stop_token_ids)
+
+    def _check_packed_prompts(self, inputs, max_length):
+        missing = {"token_ids", "padding_mask"} - set(inputs)
+        if missing:
+            raise ValueError(f"generate() on a dict needs the keys 'token_ids' and 'padding_mask' "
+                             f"(right-padded prompts); missing {sorted(missing)}.")
+        ids = checks.token_ids(inputs["token_ids"], "token_ids", self.backbone.vocabulary_size)
+        mask = checks.padding_mask(inputs["padding_mask"], "padding_mask", ids.shape)
+        if max_length is not None and max_length != ids.shape[1]:
+            raise ValueError(f"max_length={max_length}, but the token_ids are padded to {ids.shape[1]}: the "
+                             f"padded width is the generated length. Pad them to {max_length}, or leave out "
+                             f"max_length.")
+        self._check_length(ids.shape[1])
+        _check_room(mask.sum(axis=-1), ids.shape[1])
+        return {"token_ids": ids, "padding_mask": mask}
 
     def _pack_prompts(self, prompts, max_length):
-        prompts = [list(p) for p in prompts]
+        if isinstance(prompts, np.ndarray):
+            prompts = list(prompts)
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"generate() takes a prompt string, a list of them, a list of token-id lists or a "
+                            f"dict of padded arrays; got {type(prompts).__name__}.")
+        if not prompts:
+            raise ValueError("generate() got no prompts.")
+        if any(isinstance(p, (str, bytes)) for p in prompts):
+            raise TypeError("generate() got a list that mixes strings with token ids: pass all prompts as text, "
+                            "or all as lists of token ids.")
+        if not all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
+            raise TypeError("generate() takes token ids as a list of prompts, each a list of ids (e.g. "
+                            "[[5, 6, 7]]), not a flat list of numbers.")
+        prompts = [checks.token_ids([list(p)], f"prompt {i}", self.backbone.vocabulary_size)[0]
+                   for i, p in enumerate(prompts)]
         if max_length is None:
             max_length = self.backbone.max_sequence_length
         self._check_length(max_length)
-        if not prompts or any(not p for p in prompts):
-            raise ValueError("generate() needs at least one token in every prompt.")
-        longest = max(len(p) for p in prompts)
-        if longest >= max_length:
-            raise ValueError(
-                f"A prompt has {longest} tokens, leaving no room to generate "
-                f"within max_length={max_length}."
-            )
+        _check_room(np.array([len(p) for p in prompts]), max_length)
         token_ids = np.zeros((len(prompts), max_length), "int32")
         # Boolean, as the text preprocessor gives it: text and id prompts of
         # one shape then share one compiled generate function.
@@ -499,6 +622,25 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             stops_before = ops.cumsum(is_stop, axis=-1) - is_stop
             padding_mask = ops.equal(stops_before, 0)
         return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+
+def _check_not_empty(x, method, name):
+    """Refuses an empty list or array (Keras would fail inside its first traced step)."""
+    if isinstance(x, dict):
+        for key, value in x.items():
+            _check_not_empty(value, method, f"{name}[{key!r}]")
+    elif isinstance(x, (list, tuple, np.ndarray)) and len(x) == 0:
+        raise ValueError(f"{method}() got no examples: {name} is empty.")
+
+
+def _check_room(lengths, max_length):
+    """Every prompt has a token, and leaves room for one generated token within `max_length`."""
+    if (lengths == 0).any():
+        raise ValueError(f"generate() needs at least one token in every prompt; prompt {int(np.argmin(lengths))} "
+                         f"has none.")
+    if lengths.max() >= max_length:
+        raise ValueError(f"Prompt {int(np.argmax(lengths))} has {int(lengths.max())} tokens, leaving no room to "
+                         f"generate within max_length={max_length}.")
 
 
 def _is_distributed_dataset(x):

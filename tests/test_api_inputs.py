@@ -276,3 +276,171 @@ def test_checks_name_the_argument():
     with pytest.raises(TypeError, match="n must be an integer, got None"):
         checks.positive_int(None, "n")
     assert checks.positive_int(None, "n", allow_none=True) is None
+
+
+# --- constructors, layers and presets: the wider hostile set -----------------------------------------
+
+def backbone_with(**overrides):
+    return lambda: kgpt.GPTBackbone(**{**TINY, **overrides})
+
+
+@pytest.mark.parametrize("build, error, match", [
+    (backbone_with(num_layers=0), ValueError, "num_layers must be an integer >= 1, got 0"),
+    (backbone_with(num_heads=0), ValueError, "num_heads must be an integer >= 1, got 0"),
+    (backbone_with(hidden_dim=-16), ValueError, "hidden_dim must be an integer >= 1, got -16"),
+    (backbone_with(hidden_dim=16.0), TypeError, "hidden_dim must be an integer, got 16.0"),
+    (backbone_with(intermediate_dim=0), ValueError, "intermediate_dim must be"),
+    (backbone_with(vocabulary_size=0), ValueError, "vocabulary_size must be"),
+    (backbone_with(max_sequence_length=8.5), TypeError, "max_sequence_length must be an integer, got 8.5"),
+    (backbone_with(max_sequence_length=0), ValueError, "max_sequence_length must be"),
+    (backbone_with(dropout=1.5), ValueError, r"dropout must be a number in \[0, 1\), got 1.5"),
+    (backbone_with(attention_dropout=2.0), ValueError, "attention_dropout must be a number"),
+    (backbone_with(initializer_range=float("nan")), ValueError, "initializer_range must be > 0"),
+])
+def test_backbone_refuses_bad_sizes(build, error, match):
+    with pytest.raises(error, match=match):
+        build()
+
+
+def test_backbone_call_checks_host_arrays():
+    backbone = kgpt.GPTBackbone(**TINY)
+    ids = np.ones((2, 8), "int32")
+    mask = np.ones((2, 8), "int32")
+    with pytest.raises(ValueError, match=r"inputs\['token_ids'\]\[0, 0\] is 97"):
+        backbone({"token_ids": ids * 97, "padding_mask": mask})
+    with pytest.raises(ValueError, match=r"is -1"):
+        backbone({"token_ids": -ids, "padding_mask": mask})
+    with pytest.raises(TypeError, match="integer token ids, got dtype float64"):
+        backbone({"token_ids": ids * 3.5, "padding_mask": mask})
+    with pytest.raises(ValueError, match="has length 32: it must be between 1 and the model's max_sequence_length=16"):
+        backbone.predict({"token_ids": np.ones((2, 32), "int32"), "padding_mask": np.ones((2, 32), "int32")},
+                         verbose=0)
+    with pytest.raises(ValueError, match=r"inputs\['padding_mask'\] must have the shape of token_ids \(2, 8\)"):
+        backbone({"token_ids": ids, "padding_mask": mask[:, :5]})
+    # The model still works after each refusal (a failed over-long call broke it on JAX before).
+    assert to_numpy(backbone({"token_ids": ids, "padding_mask": mask})).shape == (2, 8, TINY["hidden_dim"])
+
+
+def test_models_refuse_a_tokenizer_larger_than_the_vocabulary():
+    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+
+    small = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": 20})
+    with pytest.raises(ValueError, match="tokenizer has 99 ids, more than the backbone's vocabulary_size=20"):
+        kgpt.GPTCausalLM(small, preprocessor=GPTCausalLMPreprocessor(newline_tokenizer(), 16))
+
+
+def test_task_model_refuses_bad_settings():
+    from kgpt.tasks.heads import Classification
+
+    backbone = kgpt.GPTBackbone(**TINY)
+    for kwargs, error, match in [
+        ({"lm_coef": float("nan")}, ValueError, "lm_coef must be a finite number >= 0, got nan"),
+        ({"num_views": 0}, ValueError, "num_views must be an integer >= 1, got 0"),
+        ({"classifier_dropout": 1.5}, ValueError, "classifier_dropout must be a number in"),
+    ]:
+        with pytest.raises(error, match=match):
+            kgpt.GPTTaskModel(backbone, head=Classification(["a", "b"]), **kwargs)
+
+
+def test_causal_lm_preprocessor_refuses_bad_arguments():
+    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+
+    tokenizer = newline_tokenizer()
+    for args, error, match in [
+        ((tokenizer, 0), ValueError, "sequence_length must be an integer >= 1, got 0"),
+        ((tokenizer, 2.5), TypeError, "sequence_length must be an integer, got 2.5"),
+        ((tokenizer, "8"), TypeError, "sequence_length must be an integer"),
+        ((None, 8), TypeError, "tokenizer must be a kgpt.GPTTokenizer, got None"),
+        (("gpt1", 8), TypeError, "tokenizer must be a kgpt.GPTTokenizer, got 'gpt1'"),
+    ]:
+        with pytest.raises(error, match=match):
+            GPTCausalLMPreprocessor(*args)
+    preprocessor = GPTCausalLMPreprocessor(tokenizer, 8)
+    with pytest.raises(ValueError, match="got no texts"):
+        preprocessor([])
+    with pytest.raises(ValueError, match="takes no y"):
+        preprocessor(["a cab"], y=[1])
+    with pytest.raises(ValueError, match="sequence_length must be an integer >= 2, got 0"):
+        preprocessor.generate_preprocess(["a cab"], sequence_length=0)
+
+
+def test_tokenizer_refuses_bad_ids_and_encoders():
+    tokenizer = newline_tokenizer()
+    for ids, error, match in [
+        ([2.7], TypeError, "integer token ids, got float64"),
+        ([True, 2], TypeError, "integer token ids"),
+        (None, TypeError, "sequence of token ids, got None"),
+        (5, TypeError, "sequence of token ids, got 5"),
+        ("abc", TypeError, "sequence of token ids, got 'abc'"),
+        ([[1, 2], [3]], ValueError, "rows of different lengths"),
+        (np.ones((2, 2), "int32"), ValueError, r"got shape \(2, 2\)"),
+    ]:
+        with pytest.raises(error, match=match):
+            tokenizer.decode(ids)
+    assert tokenizer.decode([]) == ""
+    with pytest.raises(ValueError, match="ids run from 0 to 5 with gaps"):
+        kgpt.GPTTokenizer({"a</w>": 0, "b</w>": 5}, [])
+    with pytest.raises(ValueError, match="id 0 is given to more than one symbol"):
+        kgpt.GPTTokenizer({"a</w>": 0, "b</w>": 0}, [])
+    with pytest.raises(TypeError, match="encoder must be a dict"):
+        kgpt.GPTTokenizer(["a</w>"], [])
+
+
+def test_fit_and_predict_refuse_bad_batches(lm):
+    task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.Classification(["a", "b"]))
+    for call in (lambda: lm.fit(["a cab"], batch_size=0), lambda: lm.predict(["a cab"], batch_size=-2),
+                 lambda: task.predict(["a cab"], batch_size=0), lambda: task.fit(["a"], ["a"], batch_size=2.5)):
+        with pytest.raises((ValueError, TypeError), match="batch_size must be an integer"):
+            call()
+    with pytest.raises(TypeError, match="x.0. is None, not text"):
+        lm.fit([None, "a cab"])
+    ids = np.ones((2, 8), "int32")
+    with pytest.raises(ValueError, match=r"y must have the shape of x\['token_ids'\] \(2, 8\).*got \(2, 5\)"):
+        lm.fit({"token_ids": ids, "padding_mask": ids}, ids[:, :5], verbose=0)
+    with pytest.raises(ValueError, match="sampler='nucleus' is not a keras-hub sampler"):
+        text_lm(newline_tokenizer()).compile(sampler="nucleus")
+
+
+def test_presets_refuse_bad_paths_and_arguments(tmp_path, lm):
+    folder = str(tmp_path / "lm")
+    lm.save_to_preset(folder)
+    a_file = tmp_path / "file.txt"
+    a_file.write_text("x")
+    for save in (lm.save_to_preset, lm.backbone.save_to_preset, lm.preprocessor.tokenizer.save_to_preset):
+        with pytest.raises(ValueError, match="file.txt is a file: a preset is saved as a folder"):
+            save(str(a_file))
+        with pytest.raises(ValueError, match="preset_dir is empty"):
+            save("")
+    with pytest.raises(TypeError, match="GPTCausalLM.from_preset.. got 'bogus_kwarg'"):
+        kgpt.GPTCausalLM.from_preset(folder, bogus_kwarg=1)
+    with pytest.raises(TypeError, match="got 'sequence_length', which GPTCausalLM does not take"):
+        kgpt.GPTCausalLM.from_preset(folder, sequence_length=64)
+    with pytest.raises(TypeError, match="load_weights must be True or False, got 'no'"):
+        kgpt.GPTCausalLM.from_preset(folder, load_weights="no")
+    with pytest.raises(TypeError, match="task must be a registered task's name or a kgpt.Task, got 5"):
+        kgpt.GPTTaskModel.from_preset(folder, task=5)
+    with pytest.raises(ValueError, match="max_length must be an integer >= 1, got 0"):
+        kgpt.GPTTaskModel.from_preset(folder, task="sst2", max_length=0)
+
+
+def test_from_preset_without_weights_builds_fresh_ones(tmp_path, lm):
+    folder = str(tmp_path / "lm")
+    lm.save_to_preset(folder)
+    os.remove(os.path.join(folder, "model.weights.h5"))  # not read, not needed
+    fresh = kgpt.GPTCausalLM.from_preset(folder, load_weights=False)
+    assert fresh.preprocessor is not None
+    table, saved = to_numpy(fresh.backbone.token_embedding.embeddings), to_numpy(lm.backbone.token_embedding.embeddings)
+    assert table.shape == saved.shape and not np.allclose(table, saved)
+    backbone = kgpt.GPTBackbone.from_preset(folder, load_weights=False)
+    assert backbone.count_params() == lm.backbone.count_params()
+
+
+def test_a_preset_whose_tokenizer_outgrows_the_model_is_refused(tmp_path, lm):
+    folder = str(tmp_path / "lm")
+    lm.save_to_preset(folder)
+    chars = [chr(c) for c in range(ord("a"), ord("a") + 60)]
+    encoder = {"<unk>": 0, **{c: 1 + i for i, c in enumerate(chars)}, **{c + "</w>": 61 + i for i, c in enumerate(chars)}}
+    kgpt.GPTTokenizer(encoder, []).save_to_preset(folder)  # another vocabulary's files, as if copied in
+    with pytest.raises(kgpt.io.presets.CheckpointError, match=r"lm: The preprocessor's tokenizer has 124 ids, more "
+                                                              r"than the backbone's vocabulary_size=99"):
+        kgpt.GPTCausalLM.from_preset(folder)

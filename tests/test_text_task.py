@@ -5,7 +5,7 @@ import json
 import keras
 import numpy as np
 import pytest
-from conftest import char_tokenizer
+from conftest import TINY, char_tokenizer
 
 import kgpt
 import kgpt.testing
@@ -112,8 +112,9 @@ def test_preprocessor_errors_name_the_example(transform, inputs, message):
         preprocessor(inputs)
 
 
-def test_truncation_is_counted_and_reported(backbone):
+def test_truncation_is_counted_and_reported():
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=8)
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": char_tokenizer().vocabulary_size()})
     split = preprocessor.encode_batch(["abcdefghij", "ab"])
     assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
     assert split.view_lengths.ravel().tolist() == [8, 4]
@@ -185,6 +186,10 @@ def test_text_needs_a_preprocessor_that_fits(backbone):
     with pytest.raises(ValueError, match="Text inputs need a preprocessor"):
         model.predict(["some text"])
     tokenizer = char_tokenizer()
+    with pytest.raises(ValueError, match="tokenizer has 98 ids, more than the backbone's vocabulary_size=97"):
+        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
+                          preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16))
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     with pytest.raises(ValueError, match=r"max_length=512 exceeds the model's context max_sequence_length=16"):
         kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
                           preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification()))

@@ -9,6 +9,7 @@ from keras_hub.models import CausalLMPreprocessor
 from kgpt.models.backbone import GPTBackbone
 from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
 from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.models.inputs import positive_int
 
 PREPROCESSOR_CONFIG = "preprocessor.json"  # keras-hub's preset layout
 
@@ -57,6 +58,9 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
             raise ValueError(
                 "GPT-1 has no end-of-text token, so add_end_token must be False (GPTTokenizer.end_token_id is None)."
             )
+        if not isinstance(tokenizer, GPTTokenizer):
+            raise TypeError(f"tokenizer must be a kgpt.GPTTokenizer, got {tokenizer!r:.100}.")
+        sequence_length = positive_int(sequence_length, "sequence_length")
         super().__init__(
             tokenizer=tokenizer,
             sequence_length=sequence_length,
@@ -64,6 +68,15 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
             add_end_token=add_end_token,
             **kwargs,
         )
+
+    def call(self, x, y=None, sample_weight=None, sequence_length=None):
+        if y is not None:
+            raise ValueError("GPTCausalLMPreprocessor makes the targets from the text itself (each next token), so it "
+                             "takes no y: leave it out.")
+        if isinstance(x, (list, tuple)) and not x:
+            raise ValueError("GPTCausalLMPreprocessor got no texts: x is empty.")
+        sequence_length = positive_int(sequence_length, "sequence_length", allow_none=True)
+        return super().call(x, sample_weight=sample_weight, sequence_length=sequence_length)
 
     def generate_preprocess(self, x, sequence_length=None):
         """Prompts -> right-padded `{"token_ids", "padding_mask"}` for `generate()`.
@@ -73,6 +86,9 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
         token, or one that fills `sequence_length` (leaving nothing to
         generate), is an error.
         """
+        sequence_length = positive_int(sequence_length, "sequence_length", minimum=2, allow_none=True)
+        if isinstance(x, (list, tuple)) and not x:
+            raise ValueError("generate() got no prompts.")
         if not self.built:
             self.build(None)
         token_ids, padding_mask = self.packer(

@@ -48,7 +48,7 @@ from keras_hub.tokenizers import Tokenizer
 
 from kgpt.models.backbone import GPTBackbone
 from kgpt.data.text import text_chunks
-from kgpt.io.presets import CheckpointError, deserialize, read_json
+from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
 
 logger = logging.getLogger(__name__)
 
@@ -530,7 +530,7 @@ class GPTTokenizer(Tokenizer):
     def _set_vocabulary(self, encoder, merges):
         state = dict(encoder=None, merges=None, bpe_ranks=None, decoder=None, text_encoder=None)
         if encoder is not None:
-            encoder = dict(encoder)
+            encoder = _checked_encoder(encoder)
             base = len(encoder)
             for offset, token in enumerate(SPECIAL_TOKENS):
                 encoder.setdefault(token, base + offset)
@@ -814,12 +814,28 @@ class GPTTokenizer(Tokenizer):
             )
         return ids
 
+    def save_to_preset(self, preset_dir):
+        """Writes `tokenizer.json` and the two BPE files (`assets/tokenizer/`) into the folder `preset_dir`."""
+        super().save_to_preset(check_save_target(preset_dir))
+
     def decode(self, ids):
         """Text from ids; words are joined by single spaces (case is lost)."""
         self._check_vocabulary()
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") and not hasattr(ids, "__array__"):
+            raise TypeError(f"decode() takes a sequence of token ids, got {ids!r:.80}.")
+        try:
+            array = np.asarray(ids)
+        except ValueError:
+            raise ValueError("decode() takes one flat sequence of token ids; got rows of different lengths "
+                             "(decode each row).") from None
+        if array.ndim != 1:
+            raise ValueError(f"decode() takes one flat sequence of token ids, got shape {array.shape} (decode each "
+                             f"row).")
+        if array.size and (array.dtype == object or array.dtype.kind not in "iu"
+                           or isinstance(ids, (list, tuple)) and any(isinstance(i, bool) for i in ids)):
+            raise TypeError(f"decode() takes integer token ids, got {array.dtype} values ({ids!r:.80}).")
         pieces = []
-        for i in ids:
-            i = int(i)
+        for i in array.tolist():
             if i not in self.decoder:
                 raise ValueError(f"Token id {i} is outside the vocabulary (size {self.vocabulary_size()}).")
             symbol = self.decoder[i]
@@ -1031,6 +1047,30 @@ def _read_merges(path, encoder):
             )
         merges.append(tuple(parts))
     return merges, recorded and recorded.group(1)
+
+
+def _checked_encoder(encoder):
+    """A copy of `encoder` after checking it maps strings to the ids 0 .. n-1, each once."""
+    if not isinstance(encoder, dict):
+        raise TypeError(f"encoder must be a dict of BPE symbols to ids, got {type(encoder).__name__}.")
+    encoder = dict(encoder)
+    bad = next(((k, v) for k, v in encoder.items() if not isinstance(k, str) or isinstance(v, bool)
+                or not isinstance(v, (int, np.integer))), None)
+    if bad is not None:
+        raise TypeError(f"encoder must map strings to integer ids; it maps {bad[0]!r} to {bad[1]!r}.")
+    ids = sorted(int(v) for v in encoder.values())
+    if ids != list(range(len(ids))):
+        seen, duplicate = set(), None
+        for i in ids:
+            if i in seen:
+                duplicate = i
+                break
+            seen.add(i)
+        problem = (f"id {duplicate} is given to more than one symbol" if duplicate is not None else
+                   f"its ids run from {ids[0]} to {ids[-1]} with gaps")
+        raise ValueError(f"encoder must give each of its {len(ids)} symbols one of the ids 0 .. {len(ids) - 1}: "
+                         f"{problem}.")
+    return encoder
 
 
 def _check_derivable(encoder, merges, encoder_path, merges_path):

@@ -14,6 +14,7 @@ half-loading (Keras itself ignores surplus arrays silently).
 
 import collections
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -132,7 +133,7 @@ def check_weights_file(path, variables):
         )
 
 
-def load_weights(load, path):
+def _load_weights(load, path):
     """Runs Keras' own loader `load(path)`, re-raising its errors with the file named."""
     try:
         with warnings.catch_warnings():
@@ -207,6 +208,26 @@ def upgraded_weights_file(path):
         yield upgraded
 
 
+def check_overrides(cls, overrides):
+    """Refuses `from_preset` keyword arguments that `cls`'s constructor does not take (Keras would drop them)."""
+    allowed = {name for name, p in inspect.signature(cls.__init__).parameters.items()
+               if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"} | {"name", "dtype", "trainable"}
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise TypeError(f"{cls.__name__}.from_preset() got {', '.join(map(repr, unknown))}, which {cls.__name__} "
+                        f"does not take; it takes load_weights and {', '.join(sorted(allowed))}.")
+
+
+def check_save_target(preset_dir):
+    """A preset is a folder: refuses an empty path or the path of a file, naming it."""
+    path = os.fspath(preset_dir)
+    if not path:
+        raise ValueError("preset_dir is empty: pass the folder to save the preset in.")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{path} is a file: a preset is saved as a folder; pass a folder's path.")
+    return path
+
+
 PARTIAL_DIR = ".preset.partial"
 # What a save replaces: the files of keras-hub's preset layout that belong to one model. The tokenizer
 # stays when the new model has none (a pre-training run writes it first, the model later).
@@ -252,15 +273,21 @@ def stamp_metadata(preset_dir, **extra):
         json.dump(metadata, f, indent=4)
 
 
-def load_backbone_preset(cls, preset, **kwargs):
-    """`cls.from_preset` for kgpt backbones: config and weights checked before loading."""
+def load_backbone_preset(cls, preset, load_weights=True, **kwargs):
+    """`cls.from_preset` for kgpt backbones: config and weights checked before loading.
+
+    With `load_weights=False` the weights file is neither read nor needed:
+    the model comes freshly initialised (keras-hub's meaning).
+    """
     config = check_preset_dir(preset, CONFIG_FILE, cls)
     config["config"].update(kwargs)
     path = os.path.join(preset, MODEL_WEIGHTS_FILE)
-    check_sizes(config, os.path.join(preset, CONFIG_FILE), path)
+    if load_weights:
+        check_sizes(config, os.path.join(preset, CONFIG_FILE), path)
     backbone = deserialize(config, os.path.join(preset, CONFIG_FILE), f"a {cls.__name__}")
-    check_weights_file(path, backbone.weights)
-    load_weights(backbone.load_weights, path)
+    if load_weights:
+        check_weights_file(path, backbone.weights)
+        _load_weights(backbone.load_weights, path)
     return backbone
 
 
@@ -273,7 +300,7 @@ def load_any_backbone(preset, **kwargs):
     return load_backbone_preset(cls, preset, **kwargs)
 
 
-def load_task_preset(cls, preset, **kwargs):
+def load_task_preset(cls, preset, load_weights=True, **kwargs):
     """`cls.from_preset` for kgpt task models: task config, task and backbone weights checked.
 
     A preprocessor saved inside `task.json` gets its tokenizer's files from
@@ -286,26 +313,35 @@ def load_task_preset(cls, preset, **kwargs):
     backbone_config = check_preset_dir(preset, CONFIG_FILE, Backbone)
     config["config"].update(kwargs)
     backbone_path = os.path.join(preset, MODEL_WEIGHTS_FILE)
-    check_sizes(backbone_config, os.path.join(preset, CONFIG_FILE), backbone_path)
-    nested = config["config"].get("backbone")
-    if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
-        check_sizes(nested, os.path.join(preset, TASK_CONFIG_FILE), backbone_path)
+    if load_weights:
+        check_sizes(backbone_config, os.path.join(preset, CONFIG_FILE), backbone_path)
+        nested = config["config"].get("backbone")
+        if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
+            check_sizes(nested, os.path.join(preset, TASK_CONFIG_FILE), backbone_path)
     task = deserialize(config, os.path.join(preset, TASK_CONFIG_FILE), f"a {cls.__name__}")
-    check_weights_file(backbone_path, task.backbone.weights)
     backbone_ids = {id(v) for v in task.backbone.weights}
     head = [v for v in task.weights if id(v) not in backbone_ids]
     task_path = os.path.join(preset, TASK_WEIGHTS_FILE)
-    if head:
-        check_weights_file(task_path, head)
-    elif os.path.exists(task_path):
-        raise CheckpointError(f"{task_path} holds head weights, but the model in task.json has no head.")
+    if load_weights:
+        check_weights_file(backbone_path, task.backbone.weights)
+        if head:
+            check_weights_file(task_path, head)
+        elif os.path.exists(task_path):
+            raise CheckpointError(f"{task_path} holds head weights, but the model in task.json has no head.")
     # A preprocessor in task.json comes back without its tokenizer's files (as in keras-hub).
     preprocessor = getattr(task, "preprocessor", None)
     if preprocessor is not None and hasattr(preprocessor, "load_preset_assets"):
+        from kgpt.models.inputs import tokenizer_fits
+
         preprocessor.load_preset_assets(os.fspath(preset))
-    load_weights(task.backbone.load_weights, backbone_path)
-    if head:
-        load_weights(task.load_task_weights, task_path)
+        try:
+            tokenizer_fits(preprocessor, task.backbone)
+        except ValueError as e:
+            raise CheckpointError(f"{preset}: {e}") from None
+    if load_weights:
+        _load_weights(task.backbone.load_weights, backbone_path)
+        if head:
+            _load_weights(task.load_task_weights, task_path)
     return task
 
 
@@ -339,17 +375,26 @@ class PresetMixin:
             super(PresetMixin, self).save_to_preset(directory, max_shard_size=max_shard_size)
             stamp_metadata(directory)
 
+        path = check_save_target(preset_dir)
         _saving.active = True
         try:
-            replace_preset(os.fspath(preset_dir), write)
+            replace_preset(path, write)
         finally:
             _saving.active = False
 
     @classmethod
-    def from_preset(cls, preset, **kwargs):
-        """Loads a local kgpt preset directory; `kwargs` override config entries (e.g. `dropout`)."""
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Loads a local kgpt preset directory; `kwargs` override config entries (e.g. `dropout`).
+
+        `load_weights=False` builds the model the preset describes with fresh
+        weights (keras-hub's meaning). An argument the class does not take is
+        refused by name.
+        """
         from keras_hub.models import Backbone
 
+        if not isinstance(load_weights, bool):
+            raise TypeError(f"load_weights must be True or False, got {load_weights!r}.")
+        check_overrides(cls, kwargs)
         if issubclass(cls, Backbone):
-            return load_backbone_preset(cls, preset, **kwargs)
-        return load_task_preset(cls, preset, **kwargs)
+            return load_backbone_preset(cls, preset, load_weights=load_weights, **kwargs)
+        return load_task_preset(cls, preset, load_weights=load_weights, **kwargs)

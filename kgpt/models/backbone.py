@@ -7,6 +7,8 @@ initialisation (`initializer_range`) and dropout 0.1 on embeddings, attention we
 There is no final layer norm (that is GPT-2).
 """
 
+import numbers
+
 import keras
 import numpy as np
 from keras import ops
@@ -16,6 +18,7 @@ from keras_hub.models import Backbone
 
 from kgpt.io import original
 from kgpt.io.presets import PresetMixin
+from kgpt.models import inputs as checks
 from kgpt.models.decoder_block import GPTDecoderBlock
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
@@ -132,7 +135,14 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         dtype=None,
         **kwargs,
     ):
-        if not initializer_range > 0:
+        for key, value in (("vocabulary_size", vocabulary_size), ("num_layers", num_layers),
+                           ("num_heads", num_heads), ("hidden_dim", hidden_dim),
+                           ("intermediate_dim", intermediate_dim), ("max_sequence_length", max_sequence_length)):
+            checks.positive_int(value, key)
+        checks.rate(dropout, "dropout")
+        checks.rate(attention_dropout, "attention_dropout", allow_none=True)
+        if isinstance(initializer_range, bool) or not isinstance(initializer_range, numbers.Real) \
+                or not 0 < initializer_range < float("inf"):
             raise ValueError(f"initializer_range must be > 0, got {initializer_range!r}.")
         if hidden_dim % num_heads:
             raise ValueError(
@@ -196,6 +206,15 @@ class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
         self.dropout = dropout
         self.attention_dropout = attention_dropout
         self.initializer_range = initializer_range
+
+    def __call__(self, inputs, *args, **kwargs):
+        checks.model_inputs(inputs, self.vocabulary_size, self.max_sequence_length, name="inputs")
+        return super().__call__(inputs, *args, **kwargs)
+
+    def predict(self, x, *args, **kwargs):
+        """Keras `predict`; token-id arrays are checked first (ids, length, mask) as in a call."""
+        checks.model_inputs(x, self.vocabulary_size, self.max_sequence_length)
+        return super().predict(x, *args, **kwargs)
 
     @staticmethod
     def min_weight_count(config):

@@ -15,7 +15,7 @@ from kgpt.models.backbone import GPTBackbone
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.train.optimizers import gpt_adamw
-from kgpt.io.presets import PresetMixin
+from kgpt.io.presets import CheckpointError, PresetMixin
 from kgpt.data.tokenizer import PRESET_CONFIG
 
 try:
@@ -98,6 +98,8 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
     preprocessor_cls = GPTCausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        if preprocessor is not None:
+            checks.tokenizer_fits(preprocessor, backbone)
         length = getattr(preprocessor, "sequence_length", None)
         if isinstance(length, int) and length > backbone.max_sequence_length:
             raise ValueError(
@@ -147,6 +149,12 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 `None`: all tokens at once). A custom loss or metric trains on
                 the logits; it takes `"auto"` or `None` only.
         """
+        if isinstance(sampler, str):
+            from keras_hub.samplers import Sampler, get
+
+            if not isinstance(get(sampler), Sampler):  # keras-hub hands back an unknown name as it is
+                raise ValueError(f"sampler={sampler!r} is not a keras-hub sampler: pass 'greedy', 'top_k', 'top_p', "
+                                 f"'beam', 'random', 'contrastive' or a keras_hub.samplers.Sampler.")
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
         custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
@@ -235,6 +243,10 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 preprocessor = cls.preprocessor_cls.from_preset(preset)
                 limit = lm.backbone.max_sequence_length
                 preprocessor.sequence_length = min(preprocessor.sequence_length, limit)
+                try:
+                    checks.tokenizer_fits(preprocessor, lm.backbone)
+                except ValueError as e:
+                    raise CheckpointError(f"{preset}: {e}") from None
                 lm.preprocessor = preprocessor
         return lm
 
@@ -247,6 +259,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """
         if _is_distributed_dataset(x):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
+        batch_size = checks.batch_size(batch_size)
         _check_not_empty(x, "fit", "x")
         self._check_ids(x, y)
         if _is_text(x):
@@ -255,6 +268,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """keras-hub's `evaluate`; text is checked as `fit` checks it."""
+        batch_size = checks.batch_size(batch_size)
         _check_not_empty(x, "evaluate", "x")
         self._check_ids(x, y)
         if _is_text(x):
@@ -263,6 +277,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     def predict(self, x=None, batch_size=None, **kwargs):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
+        batch_size = checks.batch_size(batch_size)
         _check_not_empty(x, "predict", "x")
         self._check_ids(x, None)
         if _is_text(x):
@@ -273,10 +288,17 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep
         in TensorFlow); datasets and tensors go unchecked."""
         vocabulary = self.backbone.vocabulary_size
-        if isinstance(x, dict) and isinstance(x.get("token_ids"), (np.ndarray, list)):
-            checks.token_ids(x["token_ids"], "x['token_ids']", vocabulary)
+        checks.model_inputs(x, vocabulary, self.backbone.max_sequence_length)
         if isinstance(y, (np.ndarray, list)) and not _is_text(x):
-            checks.token_ids(y, "y", vocabulary)
+            targets = checks.token_ids(y, "y", vocabulary)
+            if isinstance(x, dict) and isinstance(x.get("token_ids"), (np.ndarray, list)):
+                shape = np.shape(x["token_ids"])
+                if targets.shape != shape:
+                    raise ValueError(f"y must have the shape of x['token_ids'] {shape} (the next token at each "
+                                     f"position), got {targets.shape}.")
+        if isinstance(x, (list, tuple)) and any(isinstance(t, (str, bytes)) for t in x) and not _is_text(x):
+            bad = next(i for i, t in enumerate(x) if not isinstance(t, (str, bytes)))
+            raise TypeError(f"x[{bad}] is {x[bad]!r}, not text: a list of texts must hold only strings.")
 
     def _check_texts(self, texts, y, method):
         """Refuses `y` beside text (the targets are the text's own next tokens) and text with nothing to
@@ -297,8 +319,9 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         if empty == len(texts) and method != "predict":
             raise ValueError(f"{method}() got {len(texts)} text(s) with nothing to predict: each needs at least 2 "
                              f"tokens (a token and the one after it).")
-        if empty and method != "predict":
-            warnings.warn(f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}.",
+        if empty:
+            warnings.warn(f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}"
+                          + (" (their logits predict no token of theirs)." if method == "predict" else "."),
                           stacklevel=3)
         if cut:
             warnings.warn(f"{cut} of {len(texts)} texts are longer than sequence_length={length} tokens (+1 target): "

@@ -51,7 +51,8 @@ def token_ids(value, name, vocabulary_size, ndim=2):
         raise TypeError(f"{name} must hold integer token ids, got {kind}"
                         + (" (rows of different lengths?)" if array.dtype == object else "") + ".")
     if array.ndim != ndim:
-        raise ValueError(f"{name} must have {ndim} dimensions [batch, length], got shape {array.shape}.")
+        dims = "[batch, length]" if ndim == 2 else "[batch, views, length]" if ndim == 3 else ""
+        raise ValueError(f"{name} must have {ndim} dimensions {dims}, got shape {array.shape}.")
     if array.size:
         low, high = int(array.min()), int(array.max())
         if low < 0 or high >= vocabulary_size:
@@ -70,3 +71,55 @@ def padding_mask(value, name, shape):
     if array.dtype.kind not in "biuf" or (array.size and not np.isin(array, (0, 1)).all()):
         raise ValueError(f"{name} must hold only 0 and 1 (or booleans).")
     return array.astype(bool)
+
+
+def rate(value, name, allow_none=False):
+    """`value` as a float in `[0, 1)`: a dropout rate."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) < 1:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}.")
+    return float(value)
+
+
+def nonnegative(value, name):
+    """`value` as a finite float >= 0."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= float(value) < float("inf")):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}.")
+    return float(value)
+
+
+def model_inputs(x, vocabulary_size, max_sequence_length, ndim=2, name="x"):
+    """Checks a `{"token_ids", "padding_mask"}` dict of arrays (lists or NumPy) before a model sees it.
+
+    Ids in the vocabulary, a length between 1 and `max_sequence_length`, a
+    0/1 mask of the same shape. Tensors (symbolic, traced or a dataset's)
+    are left to the model: only host arrays can be checked for free.
+    """
+    if not isinstance(x, dict) or not isinstance(x.get("token_ids"), (np.ndarray, list)):
+        return
+    ids = token_ids(x["token_ids"], f"{name}['token_ids']", vocabulary_size, ndim=ndim)
+    length = ids.shape[-1]
+    if not 1 <= length <= max_sequence_length:
+        raise ValueError(f"{name}['token_ids'] has length {length}: it must be between 1 and the model's "
+                         f"max_sequence_length={max_sequence_length}.")
+    if isinstance(x.get("padding_mask"), (np.ndarray, list)):
+        padding_mask(x["padding_mask"], f"{name}['padding_mask']", ids.shape)
+
+
+def batch_size(value, allow_none=True):
+    """`batch_size` as an int >= 1 (or None)."""
+    return positive_int(value, "batch_size", allow_none=allow_none)
+
+
+def tokenizer_fits(preprocessor, backbone):
+    """The preprocessor's tokenizer gives only ids the backbone's embedding has rows for."""
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    if getattr(tokenizer, "encoder", None) is None:
+        return  # a preset's tokenizer before its files are read: checked once they are
+    size = tokenizer.vocabulary_size()
+    if isinstance(size, int) and size > backbone.vocabulary_size:
+        raise ValueError(f"The preprocessor's tokenizer has {size} ids, more than the backbone's vocabulary_size="
+                         f"{backbone.vocabulary_size}: its ids past {backbone.vocabulary_size - 1} have no embedding. "
+                         f"Use the tokenizer the backbone was trained with (backbone.with_added_tokens(n) makes rows for "
+                         f"n added tokens).")

@@ -16,11 +16,12 @@ from keras_hub.models import Task as KerasHubTask
 
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
+from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.train import distribute
 from kgpt.train.optimizers import gpt_adamw
-from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, load_task_preset, read_json
+from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json
 from kgpt.data.task_preprocessor import GPTTaskPreprocessor
 
 
@@ -147,11 +148,13 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.Classification(labels)), got {head!r}.")
         if head.pooling not in ("sum", "each"):
             raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
+        num_views = checks.positive_int(num_views, "num_views")
         if isinstance(head, heads_lib.MultipleChoice) and head.num_choices != num_views:
             raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
-        if lm_coef < 0:
-            raise ValueError(f"lm_coef must be >= 0, got {lm_coef}.")
+        checks.nonnegative(lm_coef, "lm_coef")
+        checks.rate(classifier_dropout, "classifier_dropout")
         if preprocessor is not None:
+            checks.tokenizer_fits(preprocessor, backbone)
             transform = preprocessor.transform
             problem = head.check(transform) or (
                 f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
@@ -241,11 +244,18 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
                 paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
             **kwargs: overrides of the saved config (e.g. `dtype`).
         """
+        load_weights = kwargs.pop("load_weights", True)
+        if not isinstance(load_weights, bool):
+            raise TypeError(f"load_weights must be True or False, got {load_weights!r}.")
+        check_overrides(cls, kwargs)
+        max_length = checks.positive_int(max_length, "max_length", allow_none=True)
+        if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):
+            raise TypeError(f"task must be a registered task's name or a kgpt.Task, got {task!r}.")
         if is_task_preset(preset, cls):
             if lm_coef is not None or classifier_dropout is not None:
                 raise ValueError(f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "
                                  f"chosen when fine-tuning starts from a pre-trained preset.")
-            model = load_task_preset(cls, preset, **kwargs)
+            model = load_task_preset(cls, preset, load_weights=load_weights, **kwargs)
             if max_length is not None and model.preprocessor is not None:
                 model.preprocessor.max_length = min(max_length, model.backbone.max_sequence_length)
             name = getattr(task, "name", task)
@@ -256,6 +266,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         if task is None:
             raise ValueError(f"{preset} is not a fine-tuned task model: pass task=NAME (a registered task or a "
                              f"kgpt.Task) to fine-tune it.")
+        if not load_weights:
+            raise ValueError(f"load_weights=False: {preset} is a pre-trained model to fine-tune from, so its weights "
+                             f"are the point. For fresh weights build kgpt.GPTTaskModel(kgpt.GPTBackbone(...), ...).")
         from kgpt.io.pretrained import load_pretrained, with_special_tokens
         from kgpt.tasks.registry import TaskRegistry
 
@@ -376,6 +389,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         NumPy's global seed (`keras.utils.set_random_seed`) when `shuffle`.
         `validation_data=(texts, labels)` is encoded the same way.
         """
+        batch_size = checks.batch_size(batch_size)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
             x = self._text_dataset(x, y, batch_size, seed=seed)
@@ -393,6 +407,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
+        batch_size = checks.batch_size(batch_size)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
@@ -402,6 +417,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
         On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
         """
+        batch_size = checks.batch_size(batch_size)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
@@ -410,11 +426,13 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
     def predict_labels(self, x, batch_size=None):
         """Predictions on raw text as the task names them: label names, choice indices or values."""
+        batch_size = checks.batch_size(batch_size)
         outputs = self.predict_outputs(x, batch_size)
         return [self.head.prediction_name(p) for p in self.head.decode(outputs)]
 
     def predict_outputs(self, x, batch_size=None):
         """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
+        batch_size = checks.batch_size(batch_size)
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
         return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
 

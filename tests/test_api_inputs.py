@@ -444,3 +444,37 @@ def test_a_preset_whose_tokenizer_outgrows_the_model_is_refused(tmp_path, lm):
     with pytest.raises(kgpt.io.presets.CheckpointError, match=r"lm: The preprocessor's tokenizer has 124 ids, more "
                                                               r"than the backbone's vocabulary_size=99"):
         kgpt.GPTCausalLM.from_preset(folder)
+
+
+def test_eager_tensors_are_checked_like_arrays(lm):
+    """Ids given as a backend's eager tensors (a JAX array, a tf.Tensor) are checked as NumPy ones are: out of
+    range gave NaN on JAX and an error deep in TensorFlow's gather."""
+    ids = keras.ops.convert_to_tensor(np.full((1, 6), 150, "int32"))
+    mask = keras.ops.convert_to_tensor(np.ones((1, 6), "int32"))
+    with pytest.raises(ValueError, match=r"inputs\['token_ids'\]\[0, 0\] is 150"):
+        lm.backbone({"token_ids": ids, "padding_mask": mask})
+    with pytest.raises(ValueError, match=r"x\['token_ids'\]\[0, 0\] is 150"):
+        lm.predict({"token_ids": ids, "padding_mask": mask}, verbose=0)
+    task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.Classification(["a", "b"]))
+    with pytest.raises(ValueError, match=r"x\['token_ids'\]\[0, 0, 0\] is 150"):
+        task.predict({"token_ids": np.full((1, 1, 4), 150), "padding_mask": np.ones((1, 1, 4))}, verbose=0)
+
+
+def test_inputs_of_the_wrong_kind_are_named(lm, tmp_path):
+    lm.save_to_preset(str(tmp_path / "lm"))
+    task = kgpt.GPTTaskModel.from_preset(str(tmp_path / "lm"), task=kgpt.Task(
+        name="tone", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"), read=lambda s, d: []))
+    with pytest.raises(TypeError, match="x is a generator: pass a list"):
+        lm.predict(t for t in ["a cab"])
+    with pytest.raises(TypeError, match="x is a generator"):
+        task.predict(t for t in ["a cab"])
+    with pytest.raises(TypeError, match=r"x\[0\] is None, not text"):
+        task.fit([None, "a", "b"], ["a", "b", "a"])
+    with pytest.raises(TypeError, match="A tuple is read as columns of segments"):
+        task.predict(("a cab", "the dog", "a dog"))
+    with pytest.raises(TypeError, match=r"takes a list of texts, got one string: pass \['a cab'\]"):
+        lm.predict("a cab")
+    # A tuple of texts is texts (keras-hub read it as (x, y, sample_weight)); a 0-d array is one prompt.
+    assert lm.predict(("a cab", "the dog"), verbose=0).shape[0] == 2
+    assert lm.generate(np.array("a cab"), max_length=10) == lm.generate("a cab", max_length=10)
+

@@ -136,5 +136,5 @@ def test_head_and_views_must_agree():
         kgpt.GPTTaskModel(tiny_backbone(), head="classification")
     with pytest.raises(ValueError, match="head must be a kgpt.tasks.heads.Head"):
         kgpt.GPTTaskModel(tiny_backbone(), head=3)
-    with pytest.raises(ValueError, match="lm_coef must be >= 0"):
+    with pytest.raises(ValueError, match="lm_coef must be a finite number >= 0, got -1"):
         kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.Regression(), lm_coef=-1)

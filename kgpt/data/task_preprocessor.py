@@ -126,6 +126,10 @@ class GPTTaskPreprocessor(Preprocessor):
             return [((text,), ()) for text in _texts(items, "x")]
         if isinstance(x, tuple):
             columns = list(x)
+            if any(isinstance(c, (str, bytes)) for c in columns):
+                raise TypeError(f"A tuple is read as columns of segments, (premises, hypotheses), each a list of "
+                                f"texts; got a tuple holding a string ({next(c for c in columns if isinstance(c, (str, bytes)))!r:.40}). "
+                                f"Pass texts as a list, or each example as a tuple inside a list.")
             choices = None
             if self.transform.takes_choices:
                 if len(columns) < 2:

@@ -214,8 +214,10 @@ def check_overrides(cls, overrides):
                if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"} | {"name", "dtype", "trainable"}
     unknown = sorted(set(overrides) - allowed)
     if unknown:
+        hint = (" The packed length is the preprocessor's: set model.preprocessor.sequence_length after loading."
+                if "sequence_length" in unknown else "")
         raise TypeError(f"{cls.__name__}.from_preset() got {', '.join(map(repr, unknown))}, which {cls.__name__} "
-                        f"does not take; it takes load_weights and {', '.join(sorted(allowed))}.")
+                        f"does not take; it takes load_weights and {', '.join(sorted(allowed))}.{hint}")
 
 
 def check_save_target(preset_dir):

@@ -259,46 +259,47 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """
         if _is_distributed_dataset(x):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
-        batch_size = checks.batch_size(batch_size)
-        _check_not_empty(x, "fit", "x")
-        self._check_ids(x, y)
-        if _is_text(x):
-            self._check_texts(x, y, "fit")
+        x, batch_size = self._check_call("fit", x, y, batch_size)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """keras-hub's `evaluate`; text is checked as `fit` checks it."""
-        batch_size = checks.batch_size(batch_size)
-        _check_not_empty(x, "evaluate", "x")
-        self._check_ids(x, y)
-        if _is_text(x):
-            self._check_texts(x, y, "evaluate")
+        x, batch_size = self._check_call("evaluate", x, y, batch_size)
         return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
     def predict(self, x=None, batch_size=None, **kwargs):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
-        batch_size = checks.batch_size(batch_size)
-        _check_not_empty(x, "predict", "x")
-        self._check_ids(x, None)
-        if _is_text(x):
-            self._check_texts(x, None, "predict")
+        x, batch_size = self._check_call("predict", x, None, batch_size)
         return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def _check_call(self, method, x, y, batch_size):
+        """The checks `fit`, `evaluate` and `predict` share; returns `x` (a tuple of texts as a list, since
+        keras-hub reads a tuple as `(x, y, sample_weight)`) and `batch_size`."""
+        batch_size = checks.batch_size(batch_size)
+        checks.not_a_generator(x)
+        _check_not_empty(x, method, "x")
+        if isinstance(x, tuple) and _is_text(x):
+            x = list(x)
+        if isinstance(x, (str, bytes)):
+            raise TypeError(f"{method}() takes a list of texts, got one string: pass [{x!r:.40}].")
+        self._check_ids(x, y)
+        if _is_text(x):
+            self._check_texts(x, y, method)
+        return x, batch_size
 
     def _check_ids(self, x, y):
         """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep
         in TensorFlow); datasets and tensors go unchecked."""
         vocabulary = self.backbone.vocabulary_size
         checks.model_inputs(x, vocabulary, self.backbone.max_sequence_length)
-        if isinstance(y, (np.ndarray, list)) and not _is_text(x):
-            targets = checks.token_ids(y, "y", vocabulary)
-            if isinstance(x, dict) and isinstance(x.get("token_ids"), (np.ndarray, list)):
-                shape = np.shape(x["token_ids"])
-                if targets.shape != shape:
-                    raise ValueError(f"y must have the shape of x['token_ids'] {shape} (the next token at each "
-                                     f"position), got {targets.shape}.")
-        if isinstance(x, (list, tuple)) and any(isinstance(t, (str, bytes)) for t in x) and not _is_text(x):
-            bad = next(i for i, t in enumerate(x) if not isinstance(t, (str, bytes)))
-            raise TypeError(f"x[{bad}] is {x[bad]!r}, not text: a list of texts must hold only strings.")
+        targets = checks.concrete(y)
+        if targets is not None and not _is_text(x):
+            targets = checks.token_ids(targets, "y", vocabulary)
+            ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
+            if ids is not None and targets.shape != np.shape(ids):
+                raise ValueError(f"y must have the shape of x['token_ids'] {np.shape(ids)} (the next token at each "
+                                 f"position), got {targets.shape}.")
+        checks.text_list(x)
 
     def _check_texts(self, texts, y, method):
         """Refuses `y` beside text (the targets are the text's own next tokens) and text with nothing to
@@ -473,6 +474,9 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         max_length = checks.positive_int(max_length, "max_length", minimum=2, allow_none=True)
         if max_length is not None:
             self._check_length(max_length)
+        if isinstance(inputs, np.ndarray) and inputs.ndim == 0:
+            inputs = inputs.item()  # a 0-d array of one prompt: the prompt
+        checks.not_a_generator(inputs, "inputs")
         if _is_text(inputs):
             if self.preprocessor is None:
                 raise ValueError(_NO_PREPROCESSOR)

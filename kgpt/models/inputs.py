@@ -89,22 +89,62 @@ def nonnegative(value, name):
     return float(value)
 
 
+def concrete(value):
+    """`value` as something NumPy can read when it holds values now (a list, an array, an eager tensor);
+    None for what only has values later (Keras' symbolic tensors, JAX tracers, TensorFlow graph tensors,
+    datasets), which no host check can see without a per-step cost."""
+    if isinstance(value, (np.ndarray, list)):
+        return value
+    module = type(value).__module__
+    if module.startswith(("jax", "jaxlib")):
+        import jax
+
+        return None if isinstance(value, jax.core.Tracer) else np.asarray(value)
+    if module.startswith("tensorflow"):
+        import tensorflow as tf
+
+        if isinstance(value, tf.Tensor) and tf.executing_eagerly() and hasattr(value, "numpy"):
+            return value.numpy()
+    return None
+
+
 def model_inputs(x, vocabulary_size, max_sequence_length, ndim=2, name="x"):
-    """Checks a `{"token_ids", "padding_mask"}` dict of arrays (lists or NumPy) before a model sees it.
+    """Checks a `{"token_ids", "padding_mask"}` dict before a model sees it.
 
     Ids in the vocabulary, a length between 1 and `max_sequence_length`, a
-    0/1 mask of the same shape. Tensors (symbolic, traced or a dataset's)
-    are left to the model: only host arrays can be checked for free.
+    0/1 mask of the same shape: for lists, NumPy arrays and eager tensors
+    (`concrete`). Symbolic or traced tensors and datasets are left to the
+    model.
     """
-    if not isinstance(x, dict) or not isinstance(x.get("token_ids"), (np.ndarray, list)):
+    if not isinstance(x, dict):
         return
-    ids = token_ids(x["token_ids"], f"{name}['token_ids']", vocabulary_size, ndim=ndim)
+    ids = concrete(x.get("token_ids"))
+    if ids is None:
+        return
+    ids = token_ids(ids, f"{name}['token_ids']", vocabulary_size, ndim=ndim)
     length = ids.shape[-1]
     if not 1 <= length <= max_sequence_length:
         raise ValueError(f"{name}['token_ids'] has length {length}: it must be between 1 and the model's "
                          f"max_sequence_length={max_sequence_length}.")
-    if isinstance(x.get("padding_mask"), (np.ndarray, list)):
-        padding_mask(x["padding_mask"], f"{name}['padding_mask']", ids.shape)
+    mask = concrete(x.get("padding_mask"))
+    if mask is not None:
+        padding_mask(mask, f"{name}['padding_mask']", ids.shape)
+
+
+def text_list(x, name="x"):
+    """Refuses a list that mixes texts with other things (None, numbers), naming the first that is not text."""
+    if isinstance(x, list) and any(isinstance(t, (str, bytes)) for t in x):
+        bad = next((i for i, t in enumerate(x) if not isinstance(t, (str, bytes))), None)
+        if bad is not None:
+            raise TypeError(f"{name}[{bad}] is {x[bad]!r:.60}, not text: a list of texts must hold only strings.")
+
+
+def not_a_generator(x, name="x"):
+    """Refuses iterators and generators, which Keras and keras-hub read only partly or not at all."""
+    import types
+
+    if isinstance(x, types.GeneratorType) or (hasattr(x, "__next__") and not hasattr(x, "__len__")):
+        raise TypeError(f"{name} is a {type(x).__name__}: pass a list, an array or a tf.data.Dataset.")
 
 
 def batch_size(value, allow_none=True):

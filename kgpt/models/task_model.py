@@ -375,6 +375,13 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output,
                                 max_lengths=self.max_padded_lengths(split, batch_size or 32))
 
+    def _check_inputs(self, x, batch_size):
+        """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`."""
+        checks.not_a_generator(x)
+        checks.text_list(x)
+        checks.model_inputs(x, self.backbone.vocabulary_size, self.backbone.max_sequence_length, ndim=3)
+        return checks.batch_size(batch_size)
+
     def max_padded_lengths(self, split, batch_size):
         """How many padded lengths batches of `split` may use: all without XLA, fewer with (`kgpt.data.batching`)."""
         return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size))
@@ -389,7 +396,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         NumPy's global seed (`keras.utils.set_random_seed`) when `shuffle`.
         `validation_data=(texts, labels)` is encoded the same way.
         """
-        batch_size = checks.batch_size(batch_size)
+        batch_size = self._check_inputs(x, batch_size)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
             x = self._text_dataset(x, y, batch_size, seed=seed)
@@ -407,7 +414,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
-        batch_size = checks.batch_size(batch_size)
+        batch_size = self._check_inputs(x, batch_size)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
@@ -417,7 +424,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
         On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
         """
-        batch_size = checks.batch_size(batch_size)
+        batch_size = self._check_inputs(x, batch_size)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
@@ -426,13 +433,13 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
     def predict_labels(self, x, batch_size=None):
         """Predictions on raw text as the task names them: label names, choice indices or values."""
-        batch_size = checks.batch_size(batch_size)
+        batch_size = self._check_inputs(x, batch_size)
         outputs = self.predict_outputs(x, batch_size)
         return [self.head.prediction_name(p) for p in self.head.decode(outputs)]
 
     def predict_outputs(self, x, batch_size=None):
         """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
-        batch_size = checks.batch_size(batch_size)
+        batch_size = self._check_inputs(x, batch_size)
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
         return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
 

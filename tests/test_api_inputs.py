@@ -478,3 +478,17 @@ def test_inputs_of_the_wrong_kind_are_named(lm, tmp_path):
     assert lm.predict(("a cab", "the dog"), verbose=0).shape[0] == 2
     assert lm.generate(np.array("a cab"), max_length=10) == lm.generate("a cab", max_length=10)
 
+
+
+def test_a_fit_inside_the_default_warm_up_says_so():
+    lm = text_lm(newline_tokenizer(), sequence_length=8)
+    lm.compile()  # the paper's pre-training schedule: 2,000 updates of warm-up
+    texts = ["a cab ran", "the dog ran"] * 25
+    with pytest.warns(UserWarning, match=r"fit\(\) runs 4 update\(s\), ending at update 4 of the optimizer's "
+                                         r"2000-update warm-up: the learning rate reaches only 5e-07"):
+        lm.fit(texts, batch_size=32, epochs=2, verbose=0)
+    lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=2, total_steps=10))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        lm.fit(texts, batch_size=32, epochs=2, verbose=0)
+    assert not [w for w in caught if "warm-up" in str(w.message)]  # a warm-up the run gets past: nothing to say

@@ -14,7 +14,7 @@ from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
 from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
-from kgpt.train.optimizers import gpt_adamw
+from kgpt.train.optimizers import WarmupSchedule, gpt_adamw
 from kgpt.io.presets import CheckpointError, PresetMixin
 from kgpt.data.tokenizer import PRESET_CONFIG
 
@@ -77,7 +77,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                                 hidden_dim=16, intermediate_dim=32,
                                 max_sequence_length=16)
     lm = kgpt.GPTCausalLM(backbone)
-    lm.compile(total_steps=100)  # Adam, warm-up 2000 then cosine by default
+    lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=10, total_steps=100))  # default: 2,000 warm-up updates
     ids = np.random.randint(0, 64, (8, 17)).astype("int32")
     x = {"token_ids": ids[:, :-1], "padding_mask": np.ones((8, 16), "int32")}
     lm.fit(x, ids[:, 1:], batch_size=4, epochs=1, verbose=0)
@@ -260,6 +260,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         if _is_distributed_dataset(x):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
         x, batch_size = self._check_call("fit", x, y, batch_size)
+        self._warn_if_warming_up(x, batch_size, kwargs)
         return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
@@ -271,6 +272,30 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
         x, batch_size = self._check_call("predict", x, None, batch_size)
         return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def _warn_if_warming_up(self, x, batch_size, kwargs):
+        """Says so when the whole `fit` stays inside the learning-rate warm-up (`compile()`'s default is
+        the paper's 2,000 updates of pre-training: a short fit barely moves the weights)."""
+        schedule = getattr(getattr(self, "optimizer", None), "_learning_rate", None)
+        if not isinstance(schedule, WarmupSchedule) or schedule.warmup_steps <= 0:
+            return
+        rows = len(x) if isinstance(x, (list, np.ndarray)) else None
+        if isinstance(x, dict) and checks.concrete(x.get("token_ids")) is not None:
+            rows = len(checks.concrete(x["token_ids"]))
+        steps = kwargs.get("steps_per_epoch") or (-(-rows // (batch_size or 32)) if rows else None)
+        if not steps:
+            return
+        accumulation = schedule.gradient_accumulation_steps
+        done = int(ops.convert_to_numpy(self.optimizer.iterations)) // accumulation
+        end = done + steps * kwargs.get("epochs", 1) // accumulation
+        if end < schedule.warmup_steps:
+            reached = schedule.peak_learning_rate * end / schedule.warmup_steps
+            warnings.warn(
+                f"fit() runs {end - done} update(s), ending at update {end} of the optimizer's {schedule.warmup_steps}-"
+                f"update warm-up: the learning rate reaches only {reached:.3g} of its peak "
+                f"{schedule.peak_learning_rate:g}, so the model will barely change. For a short run, compile with a "
+                f"shorter warm-up: lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=..., total_steps=...)).",
+                stacklevel=3)
 
     def _check_call(self, method, x, y, batch_size):
         """The checks `fit`, `evaluate` and `predict` share; returns `x` (a tuple of texts as a list, since

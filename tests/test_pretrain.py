@@ -211,3 +211,24 @@ def test_pretrain_with_a_tokenizer_learned_from_the_corpus(tmp_path):
     saved = kgpt.GPTTokenizer.from_preset(str(tmp_path / "out"))
     assert saved.merges == tokenizer.merges
     assert kgpt.GPTBackbone.from_preset(str(tmp_path / "out")).vocabulary_size == tokenizer.vocabulary_size()
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task=lm", "--hidden_dim=32", "--num_heads=3"], "hidden_dim 32 must be a multiple of num_heads 3"),
+    (["--task=lm", "--max_steps=30"], "warmup_steps 50 is more than max_steps 30: .* Pass warmup_steps 3"),
+])
+def test_settings_that_cannot_train_end_in_one_line_before_anything_is_built(tmp_path, args, message):
+    out = tmp_path / "out"
+    result = run_cli(*args, f"--output_dir={out}", cwd=tmp_path)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 1 and re.search(message, lines[-1]) and "Traceback" not in result.stderr, \
+        result.stderr[-2000:]
+    assert not out.exists() or os.listdir(out) == []  # no tokenizer learned, no shards built
+
+
+def test_analyze_names_a_bad_layers_flag(tmp_path):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    result = subprocess.run([sys.executable, "-m", "kgpt.cli.analyze", "transfer", "--layers=0,x", "--init=demo"],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    assert result.returncode != 0 and "Traceback" not in result.stderr
+    assert "--layers takes block counts" in result.stderr, result.stderr[-2000:]

@@ -37,6 +37,8 @@ TABLE5_ROWS = ("full", "no_pretraining", "no_aux_lm", "lstm")
 flags.DEFINE_list("tasks", None, "Tasks as NAME or NAME=DATA_DIR (NAME alone: its embedded data). Default: "
                   "sst2,cola for the zero-shot modes and ablations, scitail for transfer (which uses the first).")
 flags.DEFINE_list("layers", None, "transfer: numbers of blocks to transfer (default 0..all).")
+flags.register_validator("layers", lambda v: v is None or all(n.strip().isdigit() for n in v),
+                         "--layers takes block counts, whole numbers >= 0 separated by commas (e.g. 0,2,4).")
 flags.DEFINE_list("rows", list(TABLE5_ROWS), "ablations: Table 5 rows to run.")
 flags.DEFINE_string("lstm_init", None, "ablations: the pre-trained LSTM preset for the lstm row "
                     "(kgpt-train --task lm --architecture lstm); pre-trained on the demo text without --init.")

@@ -127,6 +127,13 @@ def check_config(config):
         value = getattr(config, name)
         if not 0 <= value < 1:
             raise ConfigError(f"{name} must be in [0, 1), got {value}.")
+    if config.architecture != "lstm" and config.hidden_dim % config.num_heads:
+        raise ConfigError(f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "
+                          f"head takes an equal share.")
+    if config.warmup_steps > config.max_steps:
+        raise ConfigError(f"warmup_steps {config.warmup_steps} is more than max_steps {config.max_steps}: the run would "
+                          f"end inside the learning-rate warm-up. Pass warmup_steps {max(1, config.max_steps // 10)} "
+                          f"(a tenth) or more steps.")
     run.check_run(config, config.batch_size)
 
 

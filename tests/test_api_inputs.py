@@ -492,3 +492,17 @@ def test_a_fit_inside_the_default_warm_up_says_so():
         warnings.simplefilter("always")
         lm.fit(texts, batch_size=32, epochs=2, verbose=0)
     assert not [w for w in caught if "warm-up" in str(w.message)]  # a warm-up the run gets past: nothing to say
+
+
+def test_small_mistakes_are_named(lm, tmp_path):
+    with pytest.raises(ValueError, match=r"x\[0\] is not valid UTF-8 text \(surrogates not allowed at character 1\)"):
+        lm.fit(["x\ud800y dog", "the dog"], verbose=0)
+    folder = tmp_path / "lm"
+    lm.save_to_preset(str(folder))
+    with pytest.raises(kgpt.io.presets.CheckpointError, match=r"tokenizer.json is a file: a preset is the folder that "
+                                                              r"holds it; pass GPTTokenizer.from_preset\("):
+        kgpt.GPTTokenizer.from_preset(str(folder / "tokenizer.json"))
+    text = tmp_path / "a.txt"
+    text.write_text("the keeper climbed the tower\n" * 5)
+    with pytest.raises(ValueError, match="a.txt is a file: the tokenizer's two files are saved into a folder"):
+        kgpt.GPTTokenizer.train([text], num_merges=5, directory=str(text))

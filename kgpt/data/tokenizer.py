@@ -669,6 +669,8 @@ class GPTTokenizer(Tokenizer):
     def save(self, directory):
         """Writes the two files in the original formats (the splitter on the merges file's first line)."""
         self._check_vocabulary()
+        if os.path.exists(directory) and not os.path.isdir(directory):
+            raise ValueError(f"directory {directory} is a file: the tokenizer's two files are saved into a folder.")
         os.makedirs(directory, exist_ok=True)
         plain = {s: i for s, i in self.encoder.items() if s not in SPECIAL_TOKENS}
         with open(os.path.join(directory, ENCODER_FILE), "w", encoding="utf-8") as f:
@@ -722,6 +724,10 @@ class GPTTokenizer(Tokenizer):
         ```
         """
         preset = os.fspath(preset)
+        if os.path.isfile(preset):
+            folder = os.path.dirname(preset) or "."
+            raise CheckpointError(f"{preset} is a file: a preset is the folder that holds it; pass "
+                                  f"GPTTokenizer.from_preset({folder!r}).")
         path = os.path.join(preset, config_file)
         if not os.path.isfile(path):
             return cls.from_original(preset, **kwargs)

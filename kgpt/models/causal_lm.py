@@ -338,6 +338,12 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         texts = [texts] if isinstance(texts, (str, bytes)) else np.asarray(texts, dtype=object).reshape(-1).tolist()
         start = int(bool(self.preprocessor.add_start_token))
         length = self.preprocessor.sequence_length
+        for i, text in enumerate(texts):  # TensorFlow's string tensors take UTF-8 only
+            try:
+                text.decode("utf-8") if isinstance(text, bytes) else text.encode("utf-8")
+            except UnicodeError as e:
+                raise ValueError(f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): {text!r:.60}"
+                                 ) from None
         sizes = np.array([start + len(self.preprocessor.tokenizer.encode(t.decode("utf-8") if isinstance(t, bytes)
                                                                         else t)) for t in texts])
         empty, cut = int((sizes < 2).sum()), int((sizes > length + 1).sum())

@@ -47,6 +47,7 @@ import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.models.backbone import GPTBackbone
+from kgpt.models.inputs import positive_int
 from kgpt.data.text import text_chunks
 from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
 
@@ -615,8 +616,6 @@ class GPTTokenizer(Tokenizer):
         """
         from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-        from kgpt.models.inputs import positive_int
-
         if isinstance(files, (str, bytes, os.PathLike)):
             raise TypeError(f"files must be a list of paths, got the single path {files!r}: pass [{files!r}].")
         files = [os.fspath(f) for f in files]
@@ -1066,12 +1065,7 @@ def _checked_encoder(encoder):
         raise TypeError(f"encoder must map strings to integer ids; it maps {bad[0]!r} to {bad[1]!r}.")
     ids = sorted(int(v) for v in encoder.values())
     if ids != list(range(len(ids))):
-        seen, duplicate = set(), None
-        for i in ids:
-            if i in seen:
-                duplicate = i
-                break
-            seen.add(i)
+        duplicate = next((a for a, b in zip(ids, ids[1:]) if a == b), None)  # sorted: repeats are neighbours
         problem = (f"id {duplicate} is given to more than one symbol" if duplicate is not None else
                    f"its ids run from {ids[0]} to {ids[-1]} with gaps")
         raise ValueError(f"encoder must give each of its {len(ids)} symbols one of the ids 0 .. {len(ids) - 1}: "

@@ -279,9 +279,8 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         schedule = getattr(getattr(self, "optimizer", None), "_learning_rate", None)
         if not isinstance(schedule, WarmupSchedule) or schedule.warmup_steps <= 0:
             return
-        rows = len(x) if isinstance(x, (list, np.ndarray)) else None
-        if isinstance(x, dict) and checks.concrete(x.get("token_ids")) is not None:
-            rows = len(checks.concrete(x["token_ids"]))
+        ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
+        rows = len(x) if isinstance(x, (list, np.ndarray)) else len(ids) if ids is not None else None
         steps = kwargs.get("steps_per_epoch") or (-(-rows // (batch_size or 32)) if rows else None)
         if not steps:
             return
@@ -338,14 +337,18 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         texts = [texts] if isinstance(texts, (str, bytes)) else np.asarray(texts, dtype=object).reshape(-1).tolist()
         start = int(bool(self.preprocessor.add_start_token))
         length = self.preprocessor.sequence_length
-        for i, text in enumerate(texts):  # TensorFlow's string tensors take UTF-8 only
-            try:
-                text.decode("utf-8") if isinstance(text, bytes) else text.encode("utf-8")
+        sizes = []
+        for i, text in enumerate(texts):
+            try:  # TensorFlow's string tensors take UTF-8 only
+                if isinstance(text, bytes):
+                    text = text.decode("utf-8")
+                else:
+                    text.encode("utf-8")
             except UnicodeError as e:
                 raise ValueError(f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): {text!r:.60}"
                                  ) from None
-        sizes = np.array([start + len(self.preprocessor.tokenizer.encode(t.decode("utf-8") if isinstance(t, bytes)
-                                                                        else t)) for t in texts])
+            sizes.append(start + len(self.preprocessor.tokenizer.encode(text)))
+        sizes = np.array(sizes)
         empty, cut = int((sizes < 2).sum()), int((sizes > length + 1).sum())
         used = {"fit": "trained on", "evaluate": "evaluated", "predict": "predicted"}[method]
         if empty == len(texts) and method != "predict":
@@ -557,7 +560,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
     def _check_stop_token_ids(self, stop_token_ids):
         if stop_token_ids is None:
             return None
-        if isinstance(stop_token_ids, (numbers.Integral, np.integer)) and not isinstance(stop_token_ids, bool):
+        if isinstance(stop_token_ids, numbers.Integral) and not isinstance(stop_token_ids, bool):
             stop_token_ids = [stop_token_ids]
         if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, np.ndarray)):
             raise TypeError(f"stop_token_ids must be None or a list of token ids, got {stop_token_ids!r}.")

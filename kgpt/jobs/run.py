@@ -28,7 +28,8 @@ import tempfile
 import keras
 
 from kgpt.errors import ConfigError
-from kgpt.jobs.rundir import RunDirectory, write_json
+from kgpt.io import storage
+from kgpt.jobs.rundir import OUTPUTS, RunDirectory, write_json
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.train import cluster
 from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss, catching_sigterm
@@ -71,6 +72,9 @@ def join(config, job, settings, batch_size=None):
     here = cluster.start(cluster.resolve(config.coordinator_address, config.num_processes, config.process_id),
                          timeout=config.startup_timeout)
     if here.several:
+        if config.output_dir and storage.is_remote(config.output_dir):
+            raise ConfigError(f"--output_dir {config.output_dir}: a run on several processes writes a folder they all "
+                              f"see at one path; mount the bucket (e.g. GCS FUSE) and pass the mount's path.")
         if not config.output_dir:
             raise ConfigError("A run on several processes needs --output_dir: a folder every process can read "
                               "(token shards, the tokenizer, checkpoints), which process 0 writes.")
@@ -100,10 +104,31 @@ def workspace(config, job, settings, prefix):
         claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
         on_chief(claim.__enter__, f"claiming {config.output_dir}")
         try:
-            yield config.output_dir
+            if storage.is_remote(config.output_dir):
+                with _staged(config, claim) as local:
+                    yield local
+            else:
+                yield config.output_dir
         finally:
             if cluster.is_chief():
                 claim.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
+def _staged(config, claim):
+    """Runs the job in a local mirror of the remote `config.output_dir` (`kgpt.io.storage.Mirror`).
+
+    `config.output_dir` names the mirror until the job ends: every path the
+    job derives from it (checkpoints, shards, the preset) is then local, and
+    `kgpt.io.storage.publish` copies them out after each checkpoint and save.
+    """
+    remote = config.output_dir
+    with storage.Mirror(remote, names=OUTPUTS, lock=claim.remote_lock) as mirror:
+        config.output_dir = mirror.local
+        try:
+            yield mirror.local
+        finally:
+            config.output_dir = remote
 
 
 def on_chief(fn, what):
@@ -227,7 +252,8 @@ def save_outputs(model, config, metrics, files):
             if directory is not None:
                 model.save_to_preset(directory)  # whole, or the old preset
                 write_json(os.path.join(directory, "metrics.json"), metrics)
+                storage.publish(directory)
     finally:
         if cluster.current().several:
             cluster.barrier()  # no process ends while the run's files are incomplete
-    logger.info(f"Saved {files} and metrics.json in {config.output_dir}")
+    logger.info(f"Saved {files} and metrics.json in {storage.remote_of(config.output_dir)}")

@@ -9,15 +9,21 @@ run; a directory holding another run's outputs, or files kgpt did not
 write, is refused unless `overwrite=True`, which clears kgpt's own outputs
 first. Every output is written under a temporary name and moved into place
 with `os.replace`, so a file is always either the old one or the new one.
+
+A remote directory (`gs://...`, any path with a scheme: `kgpt.io.storage`)
+is checked the same way through `tf.io.gfile`; its lock is a lock object
+naming the holder's host and pid (`kgpt.io.storage.RemoteLock`), since an
+object store has no lock that dies with its process.
 """
 
 import contextlib
 import errno
 import json
 import os
-import shutil
 import tempfile
 import threading
+
+from kgpt.io import storage
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
@@ -102,10 +108,16 @@ class RunDirectory:
     def __init__(self, path, job, settings, overwrite=False):
         self.path, self.job, self.settings, self.overwrite = path, job, settings, overwrite
         self._lock = None
+        self.remote_lock = None  # the claim of a remote directory (`kgpt.io.storage.RemoteLock`)
 
     def __enter__(self):
-        os.makedirs(self.path, exist_ok=True)
-        self._acquire()
+        if storage.is_remote(self.path):
+            storage.check_folder(self.path)
+            self.remote_lock = storage.RemoteLock(self.path)
+            self.remote_lock.acquire()
+        else:
+            os.makedirs(self.path, exist_ok=True)
+            self._acquire()
         try:
             self._check()
         except BaseException:
@@ -149,6 +161,9 @@ class RunDirectory:
                               f"or pass another --output_dir.")
 
     def _release(self):
+        if self.remote_lock is not None:
+            self.remote_lock.release()
+            self.remote_lock = None
         if self._lock is not None:
             with _held_guard:
                 _held.pop(_file_id(self._lock.fileno()), None)
@@ -156,12 +171,11 @@ class RunDirectory:
                 self._lock = None
 
     def _check(self):
-        run_file = os.path.join(self.path, RUN_FILE)
+        run_file = storage.join(self.path, RUN_FILE)
         theirs = None
-        if os.path.exists(run_file):
+        if storage.exists(run_file):
             try:
-                with open(run_file, encoding="utf-8") as f:
-                    theirs = json.load(f)
+                theirs = json.loads(storage.read_text(run_file))
             except (OSError, ValueError) as e:
                 if not self.overwrite:
                     raise OutputDirError(f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
@@ -169,14 +183,15 @@ class RunDirectory:
         ours = {"job": self.job, "settings": self.settings}
         if theirs == ours:
             return  # the same run again: it resumes or re-evaluates
-        foreign = [n for n in os.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)]
+        foreign = [n for n in storage.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)
+                   and not storage.is_upload(n)]
         if theirs is None and not foreign:
-            write_json(run_file, ours)
+            storage.write_text(run_file, json.dumps(ours, indent=2) + "\n")
             return
         if not self.overwrite:
             raise OutputDirError(self._refusal(theirs, foreign))
         self._clear()
-        write_json(run_file, ours)
+        storage.write_text(run_file, json.dumps(ours, indent=2) + "\n")
 
     def _refusal(self, theirs, foreign):
         if theirs is None:
@@ -197,8 +212,4 @@ class RunDirectory:
     def _clear(self):
         """Removes whatever kgpt jobs write (`OUTPUTS`); other files stay."""
         for name in OUTPUTS:
-            target = os.path.join(self.path, name)
-            if os.path.isdir(target) and not os.path.islink(target):
-                shutil.rmtree(target)
-            elif os.path.lexists(target):
-                os.remove(target)
+            storage.remove(storage.join(self.path, name))

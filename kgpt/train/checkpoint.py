@@ -29,6 +29,7 @@ import shutil
 import keras
 import numpy as np
 
+from kgpt.io import storage
 from kgpt.io.presets import CheckpointError, check_weights_file, read_json
 from kgpt.jobs.rundir import write_json
 from kgpt.train import cluster
@@ -76,6 +77,7 @@ def save(model, directory, state, keep=()):
                 partial = _begin(target, name)
                 model.save_weights(os.path.join(partial, WEIGHTS))
                 _finish(model, target, name, state, keep)
+                storage.publish(target)  # a remote output directory gets the checkpoint now
         return
     here = cluster.current()
     if here.chief:
@@ -160,7 +162,9 @@ def save_weights(model, directory, name):
                           "across processes has not: use keep='last'.")
     with writing(directory) as target_directory:
         if target_directory is not None:
-            return _save_weights(model, target_directory, name)
+            path = _save_weights(model, target_directory, name)
+            storage.publish(target_directory)
+            return path
 
 
 def _save_weights(model, directory, name):

@@ -1,0 +1,491 @@
+"""The one place kgpt reaches an output location that may be remote: `gs://`, `file://`, `ram://`, ...
+
+A path without a scheme is the local file system, used directly as ever
+(nothing here is imported on that path's way). A path with a scheme
+(`SCHEME://...`) goes through TensorFlow's file systems, `tf.io.gfile`
+(TensorFlow is installed with kgpt, so JAX runs have it too): `gs://`
+everywhere, `s3://` and `hdfs://` where a TensorFlow plugin adds them,
+`file://` and the in-memory `ram://`.
+
+A run never writes a remote output directory file by file while it trains:
+it works in a local mirror (`Mirror`) that starts as a copy of the remote
+folder's kgpt outputs (so a rerun resumes from the remote checkpoint and
+memory-maps its shards from local disk), and `publish` copies what changed
+back after every checkpoint, saved preset and `metrics.json`, and at the end.
+Pointer files (a checkpoint's `latest.json`, a preset's `metrics.json`) are
+copied after the files they name, and replaced files go out under a
+temporary name first, so the remote folder always holds a whole checkpoint.
+`RemoteLock` stands in for the POSIX lock an object store lacks.
+
+Example:
+```python
+with kgpt.io.storage.Mirror("gs://bucket/run") as mirror:   # pulls the remote folder
+    kgpt.io.storage.publish(mirror.local)                      # pushes what changed (also done at exit)
+```
+"""
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import uuid
+
+logger = logging.getLogger(__name__)
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+# Seconds the first contact with a remote folder may take before the run stops: a host without
+# network or credentials must not hang (TensorFlow's GCS client retries for minutes).
+TIMEOUT_S = 60.0
+# Written after everything else: each names or completes files that must already be there.
+POINTERS = ("latest.json", "metrics.json")
+_UPLOADING = ".kgpt-upload"
+
+
+class StorageError(OSError):
+    """A remote output location that cannot be used: an unknown scheme, unreachable, refused, or failing."""
+
+
+def scheme(path):
+    """The scheme of `path` (`"gs"` for `gs://b/x`), or None for a local path."""
+    match = _SCHEME.match(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+    return match.group(1).lower() if match else None
+
+
+def is_remote(path):
+    """Whether `path` names a location reached through `tf.io.gfile` rather than the local file system."""
+    return scheme(path) is not None
+
+
+def join(path, *names):
+    """`os.path.join` for a local path, `/`-joined for a remote one."""
+    if not is_remote(path):
+        return os.path.join(path, *names)
+    return "/".join([os.fspath(path).rstrip("/"), *names])
+
+
+def _gfile():
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def _errors():
+    import tensorflow as tf
+
+    return tf.errors
+
+
+def _first_line(error):
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
+
+
+def _bounded(fn, what, timeout):
+    """`fn()` in a thread that the caller stops waiting for after `timeout` s (StorageError naming `what`)."""
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True, name="kgpt-storage-check")
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise StorageError(f"{what}: no answer within {timeout:g} s (no network, or the storage service is "
+                           f"unreachable from here).")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def check_folder(path, flag="--output_dir", create=True, timeout=None):
+    """Checks that the remote folder `path` can be reached (and created); a one-line `StorageError` if not.
+
+    An unknown scheme, a bucket that does not exist, missing credentials or
+    no network are each told with `flag` and `path`, within `timeout` s.
+    """
+    name = scheme(path)
+    what = f"{flag} {path}"
+    try:
+        registered = _gfile().get_registered_schemes()
+    except AttributeError:  # an older TensorFlow: the first call below tells
+        registered = None
+    if registered is not None and name not in registered:
+        known = ", ".join(f"{s}://" for s in sorted(s for s in registered if s))
+        raise StorageError(f"{what}: no file system for {name}:// is installed here (TensorFlow has {known}; "
+                           f"s3:// and others need a TensorFlow file-system plugin).")
+
+    def probe():
+        gfile = _gfile()
+        if create:
+            gfile.makedirs(path)
+        if not gfile.isdir(path):
+            raise StorageError(f"{what} is not a folder.")
+
+    errors = _errors()
+    try:
+        _bounded(probe, what, TIMEOUT_S if timeout is None else timeout)
+    except StorageError:
+        raise
+    except errors.UnimplementedError as e:
+        raise StorageError(f"{what}: {_first_line(e)}.") from None
+    except errors.NotFoundError as e:
+        raise StorageError(f"{what} cannot be created: {_first_line(e)} (does the bucket exist?).") from None
+    except (errors.PermissionDeniedError, errors.UnauthenticatedError) as e:
+        raise StorageError(f"{what}: access refused ({_first_line(e)}); check the credentials "
+                           f"(GOOGLE_APPLICATION_CREDENTIALS for gs://).") from None
+    except errors.OpError as e:
+        raise StorageError(f"{what} cannot be reached ({type(e).__name__}: {_first_line(e)}).") from None
+
+
+def _call(what, fn, *args):
+    """A gfile call whose failure is a one-line `StorageError` naming `what`."""
+    try:
+        return fn(*args)
+    except _errors().OpError as e:
+        raise StorageError(f"{what}: {type(e).__name__}: {_first_line(e)}") from None
+
+
+def exists(path):
+    return _call(path, _gfile().exists, path) if is_remote(path) else os.path.exists(path)
+
+
+def isdir(path):
+    return _call(path, _gfile().isdir, path) if is_remote(path) else os.path.isdir(path)
+
+
+def listdir(path):
+    """The names in folder `path` (without the trailing `/` some object stores give folders)."""
+    if not is_remote(path):
+        return os.listdir(path)
+    return [name.rstrip("/") for name in _call(path, _gfile().listdir, path)]
+
+
+def read_text(path):
+    if not is_remote(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    with _gfile().GFile(path, "r") as f:
+        return _call(path, f.read)
+
+
+def write_text(path, text):
+    """Writes `text` to `path`: a remote file under a temporary name first, then renamed over the old one."""
+    if not is_remote(path):
+        from kgpt.jobs.rundir import write_text as local_write
+
+        local_write(path, text)
+        return
+    tmp = f"{path}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
+
+    def put():
+        with _gfile().GFile(tmp, "w") as f:
+            f.write(text)
+        _gfile().rename(tmp, path, overwrite=True)
+
+    _call(path, put)
+
+
+def remove(path):
+    """Removes the file or folder `path`, if there is one."""
+    if not is_remote(path):
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+        elif os.path.lexists(path):
+            os.remove(path)
+        return
+    gfile = _gfile()
+    if _call(path, gfile.isdir, path):
+        _call(path, gfile.rmtree, path)
+    elif _call(path, gfile.exists, path):
+        _call(path, gfile.remove, path)
+
+
+def is_upload(name):
+    """Whether `name` is a file an interrupted upload left under its temporary name."""
+    return _UPLOADING in name
+
+
+def download(remote, local):
+    """Copies the remote file or folder `remote` to the local path `local` (replacing it)."""
+    gfile = _gfile()
+    if _call(remote, gfile.isdir, remote):
+        os.makedirs(local, exist_ok=True)
+        for name in listdir(remote):
+            if not is_upload(name):
+                download(join(remote, name), os.path.join(local, name))
+        return
+    os.makedirs(os.path.dirname(local) or ".", exist_ok=True)
+    _call(remote, gfile.copy, remote, local, True)
+
+
+def local_copy(path, prefix="kgpt-remote-"):
+    """A context manager yielding a local folder holding a copy of the remote folder `path` (deleted after).
+
+    For reading what a remote run wrote with code that needs local files
+    (`GPTCausalLM.from_preset(local)` and the like); a local `path` is
+    yielded as it is.
+    """
+    import contextlib
+
+    @contextlib.contextmanager
+    def copy():
+        if not is_remote(path):
+            yield path
+            return
+        if not isdir(path):
+            raise StorageError(f"{path}: no such remote folder.")
+        with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+            local = os.path.join(scratch, "copy")
+            download(path, local)
+            yield local
+
+    return copy()
+
+
+# The mirrors of the remote folders this process writes: {local root: Mirror}.
+_mirrors = {}
+_mirrors_guard = threading.Lock()
+
+
+def publish(path):
+    """Copies what changed in the mirror holding local `path` to its remote folder; nothing for other paths.
+
+    Called after each checkpoint, saved preset and metrics write; cheap when
+    `path` is an ordinary local output (no mirror holds it).
+    """
+    if not _mirrors:
+        return
+    path = os.path.abspath(os.fspath(path))
+    with _mirrors_guard:
+        mirror = next((m for root, m in _mirrors.items() if path == root or path.startswith(root + os.sep)), None)
+    if mirror is not None:
+        mirror.push()
+
+
+def remote_of(path):
+    """The remote location a mirrored local `path` stands for (for messages), or `path` itself."""
+    path = os.path.abspath(os.fspath(path)) if path is not None and not is_remote(path) else path
+    for root, mirror in list(_mirrors.items()):
+        if path == root or (isinstance(path, str) and path.startswith(root + os.sep)):
+            return join(mirror.remote, *os.path.relpath(path, root).split(os.sep)) if path != root else mirror.remote
+    return path
+
+
+def _signature(path):
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
+
+
+class Mirror:
+    """A local folder standing for the remote folder `remote` while a run writes it; a context manager.
+
+    Entering copies `names` (default: all) from the remote folder into a new
+    local folder (`self.local`); `push()` copies every file that changed
+    since the last push (pointer files last) and removes remote files that
+    were pulled or pushed and are gone locally (an older checkpoint);
+    leaving pushes once more and deletes the local folder. Other files in
+    the remote folder are left alone.
+    """
+
+    def __init__(self, remote, names=None, prefix="kgpt-staged-", lock=None):
+        self.remote, self.names, self.prefix = os.fspath(remote).rstrip("/"), names, prefix
+        self.lock = lock  # a RemoteLock checked before each push: a run that lost its folder stops writing it
+        self.local = None
+        self._sent = {}  # relative path -> the signature it was pushed or pulled with
+        self._guard = threading.Lock()
+
+    def __enter__(self):
+        self.local = os.path.realpath(tempfile.mkdtemp(prefix=self.prefix))
+        try:
+            for name in listdir(self.remote):
+                if self.names is None or name in self.names:
+                    download(join(self.remote, name), os.path.join(self.local, name))
+            self._sent = {rel: _signature(os.path.join(self.local, rel)) for rel in self._files()}
+        except BaseException:
+            shutil.rmtree(self.local, ignore_errors=True)
+            raise
+        with _mirrors_guard:
+            _mirrors[self.local] = self
+        logger.info(f"Writing {self.remote} through the local folder {self.local} (copied there after each "
+                    f"checkpoint and save).")
+        return self
+
+    def __exit__(self, kind, error, trace):
+        try:
+            self.push()
+        except StorageError as e:
+            if kind is None:
+                raise
+            logger.warning(f"Could not copy the last outputs to {self.remote}: {e}")  # the run's own error goes on
+        finally:
+            with _mirrors_guard:
+                _mirrors.pop(self.local, None)
+            shutil.rmtree(self.local, ignore_errors=True)
+
+    def _files(self):
+        found = []
+        for folder, _, files in os.walk(self.local):
+            for name in files:
+                found.append(os.path.relpath(os.path.join(folder, name), self.local).replace(os.sep, "/"))
+        return found
+
+    def push(self):
+        """Copies changed files to the remote folder (pointer files last), then removes what is gone locally."""
+        with self._guard:
+            if self.lock is not None:
+                self.lock.check()
+            current = {}
+            for rel in self._files():
+                try:
+                    current[rel] = _signature(os.path.join(self.local, rel))
+                except FileNotFoundError:  # removed while listed (a temporary file)
+                    continue
+            changed = [rel for rel, sig in current.items() if self._sent.get(rel) != sig and not _temporary(rel)]
+            changed.sort(key=lambda rel: (rel.rsplit("/", 1)[-1] in POINTERS, rel))
+            gfile = _gfile() if changed or set(self._sent) - set(current) else None
+            for rel in changed:
+                target = join(self.remote, rel)
+                tmp = f"{target}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
+                parent = target.rsplit("/", 1)[0]
+                _call(target, gfile.makedirs, parent)
+                _call(target, gfile.copy, os.path.join(self.local, rel), tmp, True)
+                _call(target, gfile.rename, tmp, target, True)
+                self._sent[rel] = current[rel]
+            for rel in sorted(set(self._sent) - set(current)):
+                target = join(self.remote, rel)
+                if _call(target, gfile.exists, target):
+                    _call(target, gfile.remove, target)
+                del self._sent[rel]
+            if gfile is not None:
+                self._prune_folders(gfile)
+
+    def _prune_folders(self, gfile):
+        """Removes remote folders that are gone locally (an old checkpoint's, emptied above)."""
+        local_dirs = {os.path.relpath(f, self.local).replace(os.sep, "/") for f, _, _ in os.walk(self.local)}
+        for folder, _, _ in reversed(list(_call(self.remote, gfile.walk, self.remote))):
+            rel = folder[len(self.remote):].strip("/")
+            if rel and rel not in local_dirs and not _call(folder, gfile.listdir, folder):
+                _call(folder, gfile.rmtree, folder)
+
+
+def _temporary(rel):
+    """A file that is no output: one being written under a temporary name (`.NAME.*.tmp`), or a local lock."""
+    base = rel.rsplit("/", 1)[-1]
+    return (base.endswith(".tmp") and base.startswith(".")) or base == ".lock"
+
+
+class RemoteLock:
+    """The claim of a remote output folder: a lock object naming its holder's host and pid; a context manager.
+
+    An object store has no record lock that dies with its process, so the
+    claim is an object (`.lock`) holding this host, pid and a token,
+    refreshed every `refresh_s` by a thread. A present lock is refused while
+    it is fresh; it is taken over when it is older than `stale_s` (its
+    process died without removing it) or when its holder is a process of
+    this host that is gone. Two runs that claim the folder within the same
+    instant can both win: the check is read-then-write, which an object
+    store cannot make atomic. A run that finds its lock taken over stops
+    at its next push.
+    """
+
+    def __init__(self, folder, stale_s=120.0, refresh_s=30.0):
+        self.path = join(folder, ".lock")
+        self.folder, self.stale_s, self.refresh_s = folder, stale_s, refresh_s
+        self.token = uuid.uuid4().hex
+        self._stop = threading.Event()
+        self._thread = None
+
+    def holder(self):
+        """The lock's content (a dict), or None when there is none or it is unreadable."""
+        if not exists(self.path):
+            return None
+        try:
+            found = json.loads(read_text(self.path))
+        except (ValueError, StorageError):
+            return {}
+        return found if isinstance(found, dict) else {}
+
+    def _stale(self, found):
+        age = time.time() - float(found.get("time", 0) or 0)
+        if age > self.stale_s:
+            return f"not refreshed for {age:.0f} s"
+        if found.get("host") == socket.gethostname() and isinstance(found.get("pid"), int):
+            try:
+                os.kill(found["pid"], 0)
+            except ProcessLookupError:
+                return f"process {found['pid']} of this host is gone"
+            except PermissionError:
+                pass
+        return None
+
+    def acquire(self):
+        """Claims the folder, or raises `StorageError` naming the holder while its lock is fresh."""
+        found = self.holder()
+        if found is not None:
+            why = self._stale(found)
+            if why is None:
+                raise StorageError(self.in_use(found))
+            logger.warning(f"Taking over the lock of {self.folder} ({_describe(found)}): {why}.")
+        self._write()
+        time.sleep(0.2)  # a claim written at the same moment replaces ours: read back who won
+        found = self.holder() or {}
+        if found.get("token") != self.token:
+            raise StorageError(self.in_use(found))
+        self._thread = threading.Thread(target=self._refresh, daemon=True, name="kgpt-lock")
+        self._thread.start()
+
+    def in_use(self, found):
+        return (f"{self.folder} is in use by another kgpt run ({_describe(found)}): wait for it to finish, or pass "
+                f"another --output_dir (a lock left by a process that died is taken over after {self.stale_s:.0f} s "
+                f"without refresh, or delete {self.path}).")
+
+    def _write(self):
+        write_text(self.path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
+                                          "time": time.time()}) + "\n")
+
+    def _refresh(self):
+        while not self._stop.wait(self.refresh_s):
+            try:
+                if (self.holder() or {}).get("token") != self.token:
+                    logger.error(f"The lock of {self.folder} was taken over by another run: this run's outputs "
+                                 f"there are no longer its own.")
+                    return
+                self._write()
+            except StorageError as e:
+                logger.warning(f"Could not refresh the lock of {self.folder}: {e}")
+
+    def check(self):
+        """Raises `StorageError` when another run has taken the folder over."""
+        found = self.holder() or {}
+        if found.get("token") != self.token:
+            raise StorageError(f"{self.folder}: another run took over this run's lock ({_describe(found)}); this "
+                               f"run stops writing there.")
+
+    def release(self):
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+            if (self.holder() or {}).get("token") == self.token:
+                remove(self.path)
+
+    def __enter__(self):
+        self.acquire()
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def _describe(found):
+    if not found:
+        return "an unreadable lock"
+    return f"pid {found.get('pid')} on {found.get('host')}"

@@ -43,11 +43,11 @@ def tiny_lm_config(tmp_path, output_dir, **overrides):
     return kgpt.jobs.pretrain.PretrainConfig(**values)
 
 
-def run_cli(*args, cwd, **popen):
+def run_cli(*args, cwd, background=False):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     command = [sys.executable, "-m", "kgpt.cli.train", *args]
-    if popen:
-        return subprocess.Popen(command, cwd=cwd, env=env, **popen)
+    if background:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
@@ -189,6 +189,7 @@ def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, 
         np.testing.assert_allclose(loaded.predict(texts, verbose=0), model.predict(texts, verbose=0), atol=1e-5)
 
 
+@pytest.mark.large  # three command-line runs (about 140 s on a busy 2-core machine)
 def test_a_killed_run_resumes_from_the_remote_checkpoint(tmp_path):
     (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
     remote = tmp_path / "bucket" / "run"
@@ -203,7 +204,7 @@ def test_a_killed_run_resumes_from_the_remote_checkpoint(tmp_path):
         except (OSError, ValueError, KeyError):  # not copied yet (each file is renamed into place)
             return 0
 
-    first = run_cli(*args, cwd=tmp_path, popen={})
+    first = run_cli(*args, cwd=tmp_path, background=True)
     deadline = time.time() + 300
     while time.time() < deadline and first.poll() is None and remote_step() < 8:
         time.sleep(0.02)
@@ -222,7 +223,10 @@ def test_a_killed_run_resumes_from_the_remote_checkpoint(tmp_path):
     metrics = json.loads((remote / "metrics.json").read_text())
     assert metrics["resumed_from_step"] == resumed and metrics["optimizer_steps"] == 120
     assert not (remote / ".lock").exists()
-    bad = run_cli("--task=lm", "--output_dir=zz://bucket/run", "--max_steps=1", cwd=tmp_path)
+
+
+def test_the_command_line_names_an_unknown_scheme_in_one_line(tmp_path):
+    bad = run_cli("--task=lm", "--output_dir=zz://bucket/run", "--max_steps=1", "--warmup_steps=0", cwd=tmp_path)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].startswith("kgpt-train: error: --output_dir zz://bucket/run: no file "
                                                           "system for zz://")

@@ -230,3 +230,29 @@ def test_the_command_line_names_an_unknown_scheme_in_one_line(tmp_path):
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert bad.stderr.strip().splitlines()[-1].startswith("kgpt-train: error: --output_dir zz://bucket/run: no file "
                                                           "system for zz://")
+
+
+@pytest.mark.large  # two runs of two processes and one of one (minutes on a 2-core machine)
+def test_two_processes_write_a_remote_folder_like_one_process_and_resume_from_it(tmp_path):
+    from test_cluster import finish, lines, metrics, run_one, start_all
+
+    (tmp_path / "corpus.txt").write_text(TEXT * 20, encoding="utf-8")
+    remote, reference = tmp_path / "bucket" / "run", tmp_path / "reference"
+
+    def args(out):
+        return ["--task=lm", f"--corpus={tmp_path / 'corpus.txt'}", f"--output_dir={out}", "--tokenizer=train",
+                "--num_merges=30", "--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32",
+                "--sequence_length=16", "--batch_size=8", "--warmup_steps=2", "--learning_rate=3e-3", "--dropout=0",
+                "--max_steps=8", "--evaluations=2", "--checkpoint_every=4"]
+
+    logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
+    assert finish(start_all(args(f"file://{remote}"), logs)) == [0, 0], logs[1].read_text()[-3000:]
+    run_one(args(reference), tmp_path / "reference.log")
+    two, one = metrics(remote), metrics(reference)
+    np.testing.assert_allclose(two["train_loss"], one["train_loss"], rtol=1e-4)
+    assert sorted(p.name for p in remote.iterdir()) == sorted(p.name for p in reference.iterdir() if p.name != ".lock")
+    # Again: both processes read the checkpoint back from the remote folder, each into its own copy.
+    assert finish(start_all(args(f"file://{remote}"), logs)) == [0, 0], logs[1].read_text()[-3000:]
+    assert any("Resuming from the checkpoint at step 8 of 8" in line for line in lines(logs[0]))
+    assert not any("as process 0 does" in line for line in lines(logs[1]))  # process 1 saw the same checkpoint
+    assert metrics(remote)["resumed_from_step"] == 8

@@ -261,13 +261,18 @@ def publish(path):
     Called after each checkpoint, saved preset and metrics write; cheap when
     `path` is an ordinary local output (no mirror holds it).
     """
-    if not _mirrors:
-        return
-    path = os.path.abspath(os.fspath(path))
-    with _mirrors_guard:
-        mirror = next((m for root, m in _mirrors.items() if path == root or path.startswith(root + os.sep)), None)
+    mirror = mirror_of(path)
     if mirror is not None:
         mirror.push()
+
+
+def mirror_of(path):
+    """The `Mirror` whose local folder holds `path`, or None (an ordinary local path)."""
+    if not _mirrors or path is None or is_remote(path):
+        return None
+    path = os.path.abspath(os.fspath(path))
+    with _mirrors_guard:
+        return next((m for root, m in _mirrors.items() if path == root or path.startswith(root + os.sep)), None)
 
 
 def remote_of(path):
@@ -295,9 +300,10 @@ class Mirror:
     the remote folder are left alone.
     """
 
-    def __init__(self, remote, names=None, prefix="kgpt-staged-", lock=None):
+    def __init__(self, remote, names=None, prefix="kgpt-staged-", lock=None, writer=True):
         self.remote, self.names, self.prefix = os.fspath(remote).rstrip("/"), names, prefix
         self.lock = lock  # a RemoteLock checked before each push: a run that lost its folder stops writing it
+        self.writer = writer  # False: a reading copy (the processes of a run other than 0) that never pushes
         self.local = None
         self._sent = {}  # relative path -> the signature it was pushed or pulled with
         self._guard = threading.Lock()
@@ -314,13 +320,14 @@ class Mirror:
             raise
         with _mirrors_guard:
             _mirrors[self.local] = self
-        logger.info(f"Writing {self.remote} through the local folder {self.local} (copied there after each "
-                    f"checkpoint and save).")
+        if self.writer:
+            logger.info(f"Writing {self.remote} through the local folder {self.local} (copied there after each "
+                        f"checkpoint and save).")
         return self
 
     def __exit__(self, kind, error, trace):
         try:
-            self.push()
+            self.push()  # nothing for a reading copy
         except StorageError as e:
             if kind is None:
                 raise
@@ -337,8 +344,16 @@ class Mirror:
                 found.append(os.path.relpath(os.path.join(folder, name), self.local).replace(os.sep, "/"))
         return found
 
+    def pull(self, names):
+        """Copies `names` (files or folders of the remote folder) over the local ones: what another process wrote."""
+        for name in names:
+            if exists(join(self.remote, name)):
+                download(join(self.remote, name), os.path.join(self.local, name))
+
     def push(self):
         """Copies changed files to the remote folder (pointer files last), then removes what is gone locally."""
+        if not self.writer:
+            return
         with self._guard:
             if self.lock is not None:
                 self.lock.check()

@@ -370,7 +370,7 @@ def finetune(config, registry=None):
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or run.on_chief(lambda: _embedded_data(task, os.path.join(work, "data")),
+            data_dir = config.data_dir or run.for_all(config, lambda: _embedded_data(task, os.path.join(work, "data")),
                                                        f"writing {task.name}'s embedded data")
             model, results, start = _finetune(config, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:

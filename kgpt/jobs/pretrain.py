@@ -219,13 +219,16 @@ def _prepare(config, work):
     if config.corpus:
         files = corpus_files(config.corpus)
     else:
-        files = [run.on_chief(lambda: demo_world.write_corpus(work), "writing the demo text")]
+        files = [run.for_all(config, lambda: demo_world.write_corpus(work), "writing the demo text")]
         logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
     if config.tokenizer == "train" and cluster.current().several:
-        run.on_chief(lambda: load_tokenizer(config, files) and None, "learning the tokenizer")  # then read by all
+        run.on_chief(lambda: load_tokenizer(config, files) and run.publish(config), "learning the tokenizer")
+        run.fetch(config, (PRESET_CONFIG, "assets"))  # then read by all
     tokenizer = load_tokenizer(config, files)
     here = cluster.current()
-    team = Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
+    # Processes that each have their own copy of a remote output directory build its shards alone.
+    team = Team() if run.staged(config) else Team(here.process_id, here.num_processes,
+                                                  lambda ok: not cluster.any_process(not ok))
     index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"), team=team)
     logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
                 f"(vocabulary {tokenizer.vocabulary_size():,}).")

@@ -15,7 +15,9 @@ resumes from the last checkpoint; without one, nothing is.
 
 On several processes (`kgpt.train.cluster`) every process runs the same job
 on its rows of each batch (`join` first); process 0 alone claims and writes
-the output directory, which every process must see (a shared file system).
+the output directory, which every process must see (a shared file system),
+or which is remote (`gs://...`): each process then works in its own local
+copy and process 0 copies its outputs back (`kgpt.io.storage.Mirror`).
 """
 
 import contextlib
@@ -72,9 +74,10 @@ def join(config, job, settings, batch_size=None):
     here = cluster.start(cluster.resolve(config.coordinator_address, config.num_processes, config.process_id),
                          timeout=config.startup_timeout)
     if here.several:
-        if config.output_dir and storage.is_remote(config.output_dir):
-            raise ConfigError(f"--output_dir {config.output_dir}: a run on several processes writes a folder they all "
-                              f"see at one path; mount the bucket (e.g. GCS FUSE) and pass the mount's path.")
+        if config.output_dir and storage.is_remote(config.output_dir) and config.distribution == "model_parallel":
+            raise ConfigError(f"--output_dir {config.output_dir}: a model split across processes is checkpointed by "
+                              f"every process into one folder, which kgpt writes on a local file system only: mount "
+                              f"the bucket (e.g. GCS FUSE) and pass the mount's path, or use data_parallel.")
         if not config.output_dir:
             raise ConfigError("A run on several processes needs --output_dir: a folder every process can read "
                               "(token shards, the tokenizer, checkpoints), which process 0 writes.")
@@ -123,12 +126,39 @@ def _staged(config, claim):
     `kgpt.io.storage.publish` copies them out after each checkpoint and save.
     """
     remote = config.output_dir
-    with storage.Mirror(remote, names=OUTPUTS, lock=claim.remote_lock) as mirror:
+    # Every process reads its own copy (taken after process 0's claim); process 0 alone writes it back.
+    with storage.Mirror(remote, names=OUTPUTS, lock=claim.remote_lock, writer=cluster.is_chief()) as mirror:
         config.output_dir = mirror.local
         try:
             yield mirror.local
         finally:
             config.output_dir = remote
+
+
+def staged(config):
+    """Whether the run's `output_dir` is the local mirror of a remote folder (each process has its own)."""
+    return storage.mirror_of(config.output_dir) is not None
+
+
+def for_all(config, fn, what):
+    """`on_chief(fn, what)`, or `fn()` on every process when each has its own copy of the output directory.
+
+    For files a job derives and reads back (the demo text, a task's embedded
+    data): on a shared folder process 0 writes them once for all.
+    """
+    return fn() if staged(config) else on_chief(fn, what)
+
+
+def publish(config):
+    """Copies what process 0 wrote so far to a remote output directory (nothing for a local one); returns None."""
+    storage.publish(config.output_dir)
+
+
+def fetch(config, names):
+    """On processes other than 0 with a remote output directory: copies `names` that process 0 wrote there."""
+    mirror = storage.mirror_of(config.output_dir)
+    if mirror is not None and not mirror.writer:
+        mirror.pull(names)
 
 
 def on_chief(fn, what):

@@ -19,6 +19,9 @@ import tensorflow as tf
 
 import kgpt
 from kgpt.io import storage
+from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import predict as predict_lib
+from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.rundir import OutputDirError, RunDirectory
 from kgpt_tasks import scitail_demo
 
@@ -40,7 +43,7 @@ def tiny_lm_config(tmp_path, output_dir, **overrides):
                   warmup_steps=1, max_steps=6, evaluations=2, sample_tokens=2, checkpoint_every=3,
                   tokenizer="train", num_merges=20)
     values.update(overrides)
-    return kgpt.jobs.pretrain.PretrainConfig(**values)
+    return pretrain_lib.PretrainConfig(**values)
 
 
 def run_cli(*args, cwd, background=False):
@@ -151,7 +154,7 @@ def test_a_mirror_copies_changes_pointers_last_and_leaves_other_files_alone(monk
 def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_path):
     out = ram("lm")
     config = tiny_lm_config(tmp_path, out)
-    lm, tokenizer, metrics = kgpt.jobs.pretrain.pretrain(config)
+    lm, tokenizer, metrics = pretrain_lib.pretrain(config)
     assert config.output_dir == out  # the job's local mirror is not left in the config
     assert json.loads(storage.read_text(out + "/checkpoint/latest.json"))["checkpoint"] == "step-000000006"
     assert json.loads(storage.read_text(out + "/metrics.json"))["optimizer_steps"] == 6
@@ -162,11 +165,11 @@ def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_pa
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(lm(x)), atol=1e-6)
     # The same command again finds the remote checkpoint at the last step and trains nothing.
-    _, _, again = kgpt.jobs.pretrain.pretrain(config)
+    _, _, again = pretrain_lib.pretrain(config)
     assert again["resumed_from_step"] == 6 and again["train_loss"] == metrics["train_loss"]
     other = tiny_lm_config(tmp_path, out, learning_rate=5e-3)
     with pytest.raises(OutputDirError, match=rf"{out} holds a pretrain run with other settings \(learning_rate: "):
-        kgpt.jobs.pretrain.pretrain(other)
+        pretrain_lib.pretrain(other)
     storage.write_text(out + "/mine.txt", "not kgpt's")
     with RunDirectory(out, "pretrain", {"other": 1}, overwrite=True):  # clears kgpt's outputs, and only those
         assert sorted(gfile.listdir(out)) == [".lock", "mine.txt", "run.json"]
@@ -174,10 +177,10 @@ def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_pa
 
 def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, tmp_path):
     out = f"file://{tmp_path}/remote/rte"
-    config = kgpt.jobs.finetune.FinetuneConfig(task="scitail", init=tiny_preset, output_dir=out, epochs=1,
+    config = finetune_lib.FinetuneConfig(task="scitail", init=tiny_preset, output_dir=out, epochs=1,
                                                batch_size=32, learning_rate=1e-3, max_length=32,
                                                data_dir=scitail_demo.write(str(tmp_path / "data")))
-    model, results = kgpt.jobs.finetune.finetune(config)
+    model, results = finetune_lib.finetune(config)
     folder = tmp_path / "remote" / "rte"
     assert json.loads((folder / "metrics.json").read_text())["splits"]["dev"]["accuracy"] == \
         results["splits"]["dev"]["accuracy"]
@@ -187,6 +190,12 @@ def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, 
     with storage.local_copy(out) as local:
         loaded = kgpt.GPTTaskModel.from_preset(local)
         np.testing.assert_allclose(loaded.predict(texts, verbose=0), model.predict(texts, verbose=0), atol=1e-5)
+    # Predictions of new inputs go to a remote file too (kgpt-predict --output).
+    (tmp_path / "new.tsv").write_text("A dog runs.\tAn animal moves.\n")
+    inputs = predict_lib.read_inputs(str(tmp_path / "new.tsv"), loaded.preprocessor.transform)
+    target = ram("predict") + "/p.tsv"
+    assert predict_lib.write(loaded, inputs, target) == 1
+    assert storage.read_text(target).startswith("id\tprediction\tp_entails")
 
 
 @pytest.mark.large  # three command-line runs (about 140 s on a busy 2-core machine)
@@ -225,6 +234,13 @@ def test_a_killed_run_resumes_from_the_remote_checkpoint(tmp_path):
     assert not (remote / ".lock").exists()
 
 
+def test_storage_errors_are_user_mistakes_the_command_line_prints_in_one_line():
+    from kgpt.cli.common import user_errors
+
+    assert issubclass(storage.StorageError, user_errors())
+
+
+@pytest.mark.large  # one command-line start (20 to 40 s on a busy 2-core machine); the test above checks the type
 def test_the_command_line_names_an_unknown_scheme_in_one_line(tmp_path):
     bad = run_cli("--task=lm", "--output_dir=zz://bucket/run", "--max_steps=1", "--warmup_steps=0", cwd=tmp_path)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr

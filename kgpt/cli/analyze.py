@@ -55,6 +55,9 @@ def main(argv):
     mode = argv[1]
     absl_logging.set_verbosity(absl_logging.WARNING)
     output_dir = FLAGS.output_dir or "analysis"
+    if "://" in output_dir:  # its tables and runs are written to a local folder only
+        raise app.UsageError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).",
+                             exitcode=2)
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode])
     seeds = _seeds()
     if seeds is not None and mode != "ablations":

@@ -44,7 +44,9 @@ def _check_flags():
         raise app.UsageError("Pass either --input FILE or --data_dir DIR (with --split).", exitcode=2)
     if not FLAGS.output:
         raise app.UsageError("--output is required (a file, or - for standard output).", exitcode=2)
-    if FLAGS.output != "-" and os.path.exists(FLAGS.output) and not FLAGS.overwrite:
+    from kgpt.io import storage
+
+    if FLAGS.output != "-" and storage.exists(FLAGS.output) and not FLAGS.overwrite:  # gs://... too
         raise app.UsageError(f"--output {FLAGS.output} exists: pass --overwrite to replace it.", exitcode=2)
 
 

@@ -13,8 +13,9 @@ folder's kgpt outputs (so a rerun resumes from the remote checkpoint and
 memory-maps its shards from local disk), and `publish` copies what changed
 back after every checkpoint, saved preset and `metrics.json`, and at the end.
 Pointer files (a checkpoint's `latest.json`, a preset's `metrics.json`) are
-copied after the files they name, and replaced files go out under a
-temporary name first, so the remote folder always holds a whole checkpoint.
+copied after the files they name, and each file arrives whole (an object
+store's uploads do; elsewhere it is written under a temporary name and
+renamed), so the remote folder always holds a whole checkpoint.
 `RemoteLock` stands in for the POSIX lock an object store lacks.
 
 Example:
@@ -44,6 +45,8 @@ TIMEOUT_S = 60.0
 # Written after everything else: each names or completes files that must already be there.
 POINTERS = ("latest.json", "metrics.json")
 _UPLOADING = ".kgpt-upload"
+# Object stores whose uploads appear whole or not at all: written in place (a rename there is a second copy).
+WHOLE_OBJECTS = ("gs", "s3")
 
 
 class StorageError(OSError):
@@ -183,12 +186,13 @@ def write_text(path, text):
 
         local_write(path, text)
         return
-    tmp = f"{path}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
+    tmp = path if scheme(path) in WHOLE_OBJECTS else f"{path}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
 
     def put():
         with _gfile().GFile(tmp, "w") as f:
             f.write(text)
-        _gfile().rename(tmp, path, overwrite=True)
+        if tmp != path:
+            _gfile().rename(tmp, path, overwrite=True)
 
     _call(path, put)
 
@@ -368,11 +372,13 @@ class Mirror:
             gfile = _gfile() if changed or set(self._sent) - set(current) else None
             for rel in changed:
                 target = join(self.remote, rel)
-                tmp = f"{target}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
-                parent = target.rsplit("/", 1)[0]
-                _call(target, gfile.makedirs, parent)
-                _call(target, gfile.copy, os.path.join(self.local, rel), tmp, True)
-                _call(target, gfile.rename, tmp, target, True)
+                _call(target, gfile.makedirs, target.rsplit("/", 1)[0])
+                if scheme(target) in WHOLE_OBJECTS:
+                    _call(target, gfile.copy, os.path.join(self.local, rel), target, True)
+                else:
+                    tmp = f"{target}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
+                    _call(target, gfile.copy, os.path.join(self.local, rel), tmp, True)
+                    _call(target, gfile.rename, tmp, target, True)
                 self._sent[rel] = current[rel]
             for rel in sorted(set(self._sent) - set(current)):
                 target = join(self.remote, rel)

@@ -134,6 +134,9 @@ def check_config(config):
         raise ConfigError(f"warmup_steps {config.warmup_steps} is more than max_steps {config.max_steps}: the run would "
                           f"end inside the learning-rate warm-up. Pass warmup_steps {max(1, config.max_steps // 10)} "
                           f"(a tenth) or more steps.")
+    if config.shards_dir and "://" in config.shards_dir:
+        raise ConfigError(f"shards_dir {config.shards_dir}: shards are memory-mapped from a local folder (a remote "
+                          f"--output_dir keeps them, copied there and back).")
     run.check_run(config, config.batch_size)
 
 
@@ -227,8 +230,8 @@ def _prepare(config, work):
     tokenizer = load_tokenizer(config, files)
     here = cluster.current()
     # Processes that each have their own copy of a remote output directory build its shards alone.
-    team = Team() if run.staged(config) else Team(here.process_id, here.num_processes,
-                                                  lambda ok: not cluster.any_process(not ok))
+    alone = run.staged(config) and not config.shards_dir
+    team = Team() if alone else Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
     index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"), team=team)
     logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
                 f"(vocabulary {tokenizer.vocabulary_size():,}).")

@@ -54,7 +54,10 @@ def write_json(path, data):
 
 
 def write_text(path, text):
-    """Writes text atomically (a temporary file in the same directory, then `os.replace`)."""
+    """Writes text atomically (a temporary file in the same directory, then `os.replace`); remote paths too."""
+    if storage.is_remote(path):  # e.g. kgpt-predict --output gs://...
+        storage.write_text(path, text)
+        return
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")

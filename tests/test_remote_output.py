@@ -191,8 +191,8 @@ def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, 
         loaded = kgpt.GPTTaskModel.from_preset(local)
         np.testing.assert_allclose(loaded.predict(texts, verbose=0), model.predict(texts, verbose=0), atol=1e-5)
     # Predictions of new inputs go to a remote file too (kgpt-predict --output).
-    (tmp_path / "new.tsv").write_text("A dog runs.\tAn animal moves.\n")
-    inputs = predict_lib.read_inputs(str(tmp_path / "new.tsv"), loaded.preprocessor.transform)
+    (tmp_path / "new.txt").write_text("A dog runs.\tAn animal moves.\n")
+    inputs = predict_lib.read_inputs(str(tmp_path / "new.txt"), loaded.preprocessor.transform)
     target = ram("predict") + "/p.tsv"
     assert predict_lib.write(loaded, inputs, target) == 1
     assert storage.read_text(target).startswith("id\tprediction\tp_entails")

@@ -189,12 +189,12 @@ class RunDirectory:
         foreign = [n for n in storage.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)
                    and not storage.is_upload(n)]
         if theirs is None and not foreign:
-            storage.write_text(run_file, json.dumps(ours, indent=2) + "\n")
+            write_json(run_file, ours)
             return
         if not self.overwrite:
             raise OutputDirError(self._refusal(theirs, foreign))
         self._clear()
-        storage.write_text(run_file, json.dumps(ours, indent=2) + "\n")
+        write_json(run_file, ours)
 
     def _refusal(self, theirs, foreign):
         if theirs is None:

@@ -15,6 +15,12 @@ over several hosts) is never gathered onto one: each process writes its own
 parts of every array through Orbax (`sharded/`, JAX's checkpointing library,
 `pip install orbax-checkpoint`) and reads them back onto the same layout.
 
+A checkpoint in the local mirror of a remote output directory
+(`kgpt.io.storage`) is copied out as soon as it is complete, `latest.json`
+last. Orbax checkpoints need one folder every process writes, so a remote
+output directory is refused for a model split across processes
+(`kgpt.jobs.run.join`).
+
 Example:
 ```python
 kgpt.train.checkpoint.save(model, "out/checkpoint", {"settings": settings, "step": 120})

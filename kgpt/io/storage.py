@@ -25,6 +25,7 @@ with kgpt.io.storage.Mirror("gs://bucket/run") as mirror:   # pulls the remote f
 ```
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -230,28 +231,23 @@ def download(remote, local):
     _call(remote, gfile.copy, remote, local, True)
 
 
+@contextlib.contextmanager
 def local_copy(path, prefix="kgpt-remote-"):
-    """A context manager yielding a local folder holding a copy of the remote folder `path` (deleted after).
+    """Yields a local folder holding a copy of the remote folder `path`, deleted afterwards.
 
     For reading what a remote run wrote with code that needs local files
     (`GPTCausalLM.from_preset(local)` and the like); a local `path` is
     yielded as it is.
     """
-    import contextlib
-
-    @contextlib.contextmanager
-    def copy():
-        if not is_remote(path):
-            yield path
-            return
-        if not isdir(path):
-            raise StorageError(f"{path}: no such remote folder.")
-        with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
-            local = os.path.join(scratch, "copy")
-            download(path, local)
-            yield local
-
-    return copy()
+    if not is_remote(path):
+        yield path
+        return
+    if not isdir(path):
+        raise StorageError(f"{path}: no such remote folder.")
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        local = os.path.join(scratch, "copy")
+        download(path, local)
+        yield local
 
 
 # The mirrors of the remote folders this process writes: {local root: Mirror}.

@@ -425,7 +425,7 @@ def analyze(mode, config, tasks, output, layers=None, rows=None, lstm_init=None,
     plan.add("output", output_dir(output, "analyze", {}, config.overwrite))
     for name, data_dir in tasks.items():
         task = registry.get(name)
-        plan.add(f"task {name}", task_data(task, data_dir, None if mode != "zero-shot-curve" else None))
+        plan.add(f"task {name}", task_data(task, data_dir))
     if mode == "zero-shot-curve":
         pretrain_lib.check_config(config)
         plan.add("pre-training", f"{', '.join(architectures)}: {config.max_steps:,} steps each on "

@@ -30,6 +30,7 @@ import json
 import os
 import pathlib
 import re
+import resource
 import shlex
 import shutil
 import subprocess
@@ -363,7 +364,7 @@ def results(tmp_path_factory):
             groups.setdefault(group, []).append((_id(command), {"prog": command["prog"], "args": args, "env": env,
                                                                 "cwd": folder}))
         earlier.update(outputs(command))
-    found = {}
+    found, cpu = {}, resource.getrusage(resource.RUSAGE_CHILDREN)
     for (group, backend), items in groups.items():
         result = subprocess.run([sys.executable, str(ROOT / "tests" / "documented_commands_worker.py"), group],
                                 input=json.dumps([c for _, c in items]), capture_output=True, text=True,
@@ -371,6 +372,9 @@ def results(tmp_path_factory):
         assert result.returncode == 0, result.stderr[-3000:]
         for (name, _), outcome in zip(items, json.loads(result.stdout.strip().splitlines()[-1])):
             found[name] = outcome
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = used.ru_utime + used.ru_stime - cpu.ru_utime - cpu.ru_stime
+    print(f"{len(found)} commands in {len(groups)} process(es): {seconds:.1f} s of CPU")
     return found
 
 

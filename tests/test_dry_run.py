@@ -127,3 +127,50 @@ def test_a_truncated_weights_file_is_named(preset, tmp_path):
         dry_run.pretrained(str(broken))
     with pytest.raises(kgpt.CheckpointError, match="model.weights.h5"):
         kgpt.GPTBackbone.from_preset(str(broken))
+
+
+def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path):
+    data = write_glue(tmp_path / "RTE", "rte")
+    os.remove(os.path.join(data, "train.tsv"))
+    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=rte", f"--init={preset}",
+                             f"--data_dir={data}", f"--output_dir={tmp_path / 'out'}", "--dry_run"],
+                            capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kgpt-train: error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
+    assert "train.tsv" in errors[0] and "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def cola_model(preset, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cola") / "cola")
+    kgpt.GPTTaskModel.from_preset(preset, task="cola").save_to_preset(path)
+    with open(os.path.join(path, "metrics.json"), "w") as f:  # as kgpt-train writes it: errors name the origin
+        json.dump({"init_dir": preset}, f)
+    return path
+
+
+@pytest.mark.parametrize("case", ["epochs 0 on a pre-trained model", "fine-tuned for another task",
+                                  "transfer from a fine-tuned model", "a folder with no model",
+                                  "no embedded data"])
+def test_the_starting_point_and_task_errors_are_the_jobs(case, preset, cola_model, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    task, config = {
+        "epochs 0 on a pre-trained model": ("rte", dict(init=preset, epochs=0)),
+        "fine-tuned for another task": ("sst2", dict(init=cola_model)),
+        "transfer from a fine-tuned model": ("cola", dict(init=cola_model, transfer_layers=1)),
+        "a folder with no model": ("rte", dict(init=str(empty))),
+        "no embedded data": ("rte", dict(init=preset)),
+    }[case]
+    config = FinetuneConfig(task=task, **config)
+    whole_job = case == "no embedded data"
+    if whole_job:
+        run = lambda: finetune.finetune(config, REGISTRY)  # noqa: E731 - raised before anything is read
+    else:
+        run = lambda: finetune.starting_point(config, REGISTRY.get(task))  # noqa: E731
+    with pytest.raises(Exception) as job:
+        run()
+    with pytest.raises(type(job.value)) as dry:
+        dry_run.finetune(config, REGISTRY) if whole_job else dry_run.init(config, REGISTRY.get(task))
+    assert str(dry.value) == str(job.value)

@@ -252,16 +252,17 @@ def init(config, task=None):
         saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
         name = saved.get("task_name")
         if name != task.name:
+            source = finetune_lib._recorded_init(config.init)
             raise ConfigError(f"--init {config.init} is fine-tuned for task {name!r}, not {task.name!r}: pass --task "
                               f"{name} to evaluate or train it further, or --init the pre-trained model to fine-tune "
-                              f"for {task.name!r}.")
+                              f"for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
         if config.transfer_layers is not None or not config.pretrained_weights:
             raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
                               f"{config.init} is fine-tuned.")
         return f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init)}): its head is kept"
     if task is not None and config.epochs == 0:
-        raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
-                          f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} "
+        raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its "
+                          f"{task.name} head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} "
                           f"run.")
     found = pretrained(config.init, sizes := {})
     if config.transfer_layers is not None and not 0 <= config.transfer_layers <= sizes.get("num_layers", 0):
@@ -341,9 +342,7 @@ def _huggingface(path, sizes):
 @contextlib.contextmanager
 def _data_dir(task, data_dir):
     """`data_dir`, or the task's embedded data written to a temporary folder deleted at exit."""
-    if data_dir is not None:
-        if not os.path.isdir(data_dir):
-            raise FileNotFoundError(errno.ENOENT, f"no such data folder for task {task.name!r}", data_dir)
+    if data_dir is not None:  # a missing folder is the reader's error, as in the run
         yield data_dir
         return
     if task.default_data is None:

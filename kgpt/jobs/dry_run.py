@@ -64,6 +64,15 @@ class Plan:
         return self.items
 
 
+def settings(config):
+    """The config's settings that are not the paper's defaults (`name=value, ...`)."""
+    import dataclasses
+
+    changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default and f.name not in ("output_dir", "corpus", "data_dir", "init")]
+    return ", ".join(changed) or "the paper's defaults"
+
+
 def weight_count(vocabulary_size, num_layers, hidden_dim, intermediate_dim, max_sequence_length, **_):
     """The weights of a `GPTBackbone` of these sizes (embeddings, then per block attention, MLP and two layer norms)."""
     h, i = hidden_dim, intermediate_dim
@@ -139,6 +148,7 @@ def pretrain(config):
     """Checks a `PretrainConfig` as `kgpt-train --task lm` would run it; returns the findings."""
     plan = Plan("kgpt-train --task lm")
     pretrain_lib.check_config(config)
+    plan.add("settings", settings(config))
     plan.add("processes", processes(config))
     plan.add("output", output_dir(config.output_dir, "pretrain", pretrain_lib.run_settings(config), config.overwrite))
     if config.corpus:
@@ -224,6 +234,7 @@ def finetune(config, registry=None):
                           f"{task.splits[0]!r}.")
     plan.add("task", f"{task.name} ({task.transform.kind} input, {task.head.kind} head"
                      + (f", labels {', '.join(task.labels)}" if task.labels else "") + ")")
+    plan.add("settings", settings(config))
     plan.add("processes", processes(config))
     plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
     plan.add("init", init(config, task))

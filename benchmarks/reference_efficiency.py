@@ -63,7 +63,7 @@ curves that agree after they leave it.
 The defaults (4 x 256, 4 heads, 1024 inner, 64 tokens, batch 16, 400 steps,
 warm-up 40, peak 1e-3, cosine to 0; an 8,000-merge BPE of the shared corpus:
 615,192 tokens, vocabulary 8,443) took 22 minutes for all four runs on a
-2-core CPU shared with another job; the README has the table.
+2-core CPU shared with another job; docs/benchmarks.md has the table.
 """
 
 import glob

@@ -74,6 +74,9 @@ def main(argv):
 
     logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
                 f"outputs in {output_dir}")
+    if FLAGS.dry_run:
+        _dry_run(mode, tasks, output_dir, seeds)
+        return
     if train.several_processes():
         if mode in ("zero-shot", "zero-shot-curve"):
             raise app.UsageError(f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
@@ -113,6 +116,19 @@ def _run(mode, tasks, output_dir, registry, seeds):
         else:
             experiments.ablations(base, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir,
                                   registry=registry, seeds=seeds)
+
+
+def _dry_run(mode, tasks, output_dir, seeds):
+    from kgpt.jobs import dry_run
+
+    if mode == "zero-shot-curve":
+        FLAGS.zero_shot = None  # the tasks come from --tasks here
+        config = train.pretrain_config_from_flags()
+    else:
+        config = train.finetune_config_from_flags()
+    layers = [int(n) for n in FLAGS.layers] if FLAGS.layers else None
+    dry_run.analyze(mode, config, tasks, output_dir, layers=layers, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init,
+                    seeds=seeds, architectures=FLAGS.architectures)
 
 
 def _seeds():

@@ -19,6 +19,9 @@ from absl import app, flags, logging
 from kgpt._quiet import LiveFilter, quiet_stderr
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and TensorFlow's start-up log lines.")
+flags.DEFINE_bool("dry_run", False, "Check the flags, the files, the first rows of the data, the starting model, the "
+                  "tokenizer and the output directory, print what would run, and exit without training, predicting "
+                  "or writing anything (kgpt.jobs.dry_run).")
 
 
 def user_errors():

@@ -55,10 +55,14 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
     _check_flags()
     import kgpt
-    from kgpt.jobs import finetune, predict
+    from kgpt.jobs import dry_run, finetune, predict
 
     if FLAGS.output == "-":  # the predictions own standard output
         common.log_to_stderr()
+    if FLAGS.dry_run:
+        dry_run.predict(FLAGS.model, FLAGS.output, FLAGS.overwrite, FLAGS.input, FLAGS.format, FLAGS.columns,
+                        FLAGS.data_dir, FLAGS.split)
+        return
     from kgpt.models.task_model import is_task_preset
 
     if not os.path.isdir(FLAGS.model) or not is_task_preset(FLAGS.model):
@@ -91,7 +95,7 @@ GROUPS = {
     "Model and inputs": ["model", "input", "format", "columns", "data_dir", "split"],
     "Output": ["output", "overwrite"],
     "Batching": ["batch_size", "max_length"],
-    "Errors": ["verbose"],
+    "Checks and errors": ["dry_run", "verbose"],
 }
 
 

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 CONFIGS = {"lm": config_lib.PretrainConfig, "finetune": config_lib.FinetuneConfig}
 # Flags with no config field: they choose what the command does ("verbose" is kgpt.cli.common's).
-CLI_ONLY = ("task", "list_tasks", "prepare_only", "recipe", "verbose")
+CLI_ONLY = ("task", "list_tasks", "prepare_only", "recipe", "verbose", "dry_run")
 
 
 def _flag_type(field):
@@ -168,7 +168,7 @@ def finetune_config_from_flags():
 
 
 # Flags every job takes; the others belong to the job whose config has a field of their name.
-_COMMON = {"task", "list_tasks", "seed", "output_dir", "verbose"}
+_COMMON = {"task", "list_tasks", "recipe", "seed", "output_dir", "verbose"}
 
 
 def check_stage_flags(config_cls, job):
@@ -201,18 +201,21 @@ def main(argv):
             raise app.UsageError(f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)", exitcode=2)
     import keras
 
-    from kgpt.jobs import finetune, pretrain
+    from kgpt.jobs import dry_run, finetune, pretrain
 
     logger.info(f"kgpt-train --task {FLAGS.task} on Keras {keras.__version__}, backend {keras.config.backend()}")
     if FLAGS.task == "lm":
         check_stage_flags(config_lib.PretrainConfig, "lm")
+        if FLAGS.dry_run:
+            dry_run.pretrain(pretrain_config_from_flags())
+            return
         if FLAGS.prepare_only:
             pretrain.prepare(pretrain_config_from_flags())
             return
         pretrain.pretrain(pretrain_config_from_flags(), registry)
     else:
         check_stage_flags(config_lib.FinetuneConfig, FLAGS.task)
-        finetune.finetune(finetune_config_from_flags(), registry)
+        (dry_run.finetune if FLAGS.dry_run else finetune.finetune)(finetune_config_from_flags(), registry)
 
 
 _DEVICES = ["distribution", "model_parallel", "dtype", "gradient_accumulation_steps", "coordinator_address",
@@ -220,7 +223,7 @@ _DEVICES = ["distribution", "model_parallel", "dtype", "gradient_accumulation_st
 GROUPS = {
     "Common": ["task", "list_tasks", "recipe",
                *(n for n in config_lib.own_fields(config_lib.RunConfig) if n not in _DEVICES),
-               "verbose"],
+               "dry_run", "verbose"],
     "Pre-training (--task lm)": [*config_lib.own_fields(config_lib.PretrainConfig), "prepare_only"],
     "Fine-tuning (--task NAME)": [n for n in config_lib.own_fields(config_lib.FinetuneConfig) if n != "task"],
     "Model (lm, and fine-tuning --init scratch)": config_lib.own_fields(config_lib.ModelConfig),

@@ -8,7 +8,7 @@ and fit under:
   `keras.distribution.DataParallel` over all devices; TensorFlow:
   `tf.distribute.MirroredStrategy` on one host, `MultiWorkerMirroredStrategy`
   across hosts. On TPUs with TensorFlow, build and fit under a
-  `tf.distribute.TPUStrategy` scope instead (see README); JAX handles TPUs as is.
+  `tf.distribute.TPUStrategy` scope instead (docs/guide-devices.md); JAX handles TPUs as is.
 - `model_parallel(k)` (JAX): each model split over `k` devices
   (`model_parallel_layout`), the batch over the rest, across hosts too.
 

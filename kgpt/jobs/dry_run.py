@@ -1,0 +1,469 @@
+"""`--dry_run`: what a command would do, checked in seconds without training or writing anything.
+
+Each function takes the settings the real job takes, runs the same checks
+the job runs before it starts (so a mistake is the same one-line error),
+then reads what the job would read only as far as it takes to know it can:
+
+- the flags and settings (`check_config` of the job),
+- the data: every corpus file found and the start of each (UTF-8), the
+  first `ROWS` rows of each task split through the task's plugin (rows read,
+  used, skipped by reason, labels in the task's label set),
+- the starting model (`--init`, `--model`, `--lstm_init`): its config read
+  and its weights file's header compared with it, never the model built,
+- the tokenizer, the output directory (new, resumed, or refused as the run
+  would refuse it), the model's size and the steps the run would take.
+
+It prints what it found through the "kgpt" logger and returns it as a list
+of `(what, finding)` pairs. Nothing is trained, no shard is built and no
+file is written: a task's embedded data is written to a temporary folder
+that is deleted at once.
+"""
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+from kgpt.data.text import text_chunks
+from kgpt.errors import ConfigError
+from kgpt.io import original
+from kgpt.io.presets import CheckpointError, check_sizes, read_json
+from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import pretrain as pretrain_lib
+from kgpt.jobs.config import DEMO_PRETRAIN
+from kgpt.jobs.rundir import LOCK_FILE, OUTPUTS, RUN_FILE, OutputDirError, RunDirectory
+from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
+from kgpt.models.task_model import is_task_preset
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.train import checkpoint as checkpoint_lib
+from kgpt.train import cluster
+
+logger = logging.getLogger(__name__)
+
+ROWS = 1000  # rows read from each split: enough to meet a format's mistakes, few enough to take a second
+
+
+class Plan:
+    """The findings of a dry run, printed as they come: `(what, finding)` pairs."""
+
+    def __init__(self, command):
+        self.command, self.items = command, []
+        logger.info(f"{command} --dry_run: checking, without training or writing anything.")
+
+    def add(self, what, finding):
+        self.items.append((what, finding))
+        logger.info(f"  {what + ':':<14} {finding}")
+
+    def done(self):
+        logger.info(f"{self.command} --dry_run: no problem found; the same command without --dry_run runs this.")
+        return self.items
+
+
+def settings(config):
+    """The config's settings that are not the paper's defaults (`name=value, ...`)."""
+    import dataclasses
+
+    changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
+               if getattr(config, f.name) != f.default and f.name not in ("output_dir", "corpus", "data_dir", "init")]
+    return ", ".join(changed) or "the paper's defaults"
+
+
+def weight_count(vocabulary_size, num_layers, hidden_dim, intermediate_dim, max_sequence_length, **_):
+    """The weights of a `GPTBackbone` of these sizes (embeddings, then per block attention, MLP and two layer norms)."""
+    h, i = hidden_dim, intermediate_dim
+    block = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h
+    return (vocabulary_size + max_sequence_length) * h + num_layers * block
+
+
+def output_dir(path, job, settings, overwrite=False):
+    """What a run claiming `path` for `job` would find there; raises what `RunDirectory` would raise."""
+    if not path:
+        return "none: nothing is kept (pass --output_dir to keep the model)"
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise FileExistsError(errno.EEXIST, "a file is in the way of the output directory", path)
+    if not os.path.isdir(path):
+        return f"{path} (new)"
+    _check_unlocked(path)
+    claim = RunDirectory(path, job, settings, overwrite=overwrite)
+    run_file = os.path.join(path, RUN_FILE)
+    theirs = None
+    if os.path.exists(run_file):
+        try:
+            with open(run_file, encoding="utf-8") as f:
+                theirs = json.load(f)
+        except (OSError, ValueError) as e:
+            if not overwrite:
+                raise OutputDirError(f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
+                                     f"directory's outputs, or another --output_dir.") from None
+    if theirs == {"job": job, "settings": settings}:
+        found = checkpoint_lib.latest(os.path.join(path, "checkpoint")) \
+            if os.path.isdir(os.path.join(path, "checkpoint")) else None
+        step = f"resumes from its checkpoint at step {found[1]['step']:,}" if found else "starts again (no checkpoint)"
+        return f"{path}: the same run as before, which {step}"
+    foreign = [n for n in os.listdir(path) if n not in (LOCK_FILE, RUN_FILE)]
+    if theirs is None and not foreign:
+        return f"{path} (empty)"
+    if not overwrite:
+        raise OutputDirError(claim._refusal(theirs, foreign))
+    replaced = sorted(n for n in foreign if n in OUTPUTS)
+    return f"{path}: --overwrite replaces kgpt's outputs there ({', '.join(replaced) or 'none yet'}); other files stay"
+
+
+def _check_unlocked(path):
+    """Raises the run's 'in use' error when another process holds `path`'s lock (testing it takes no lock)."""
+    import fcntl
+
+    lock_path = os.path.join(path, LOCK_FILE)
+    if not os.path.exists(lock_path) or not os.access(lock_path, os.W_OK):
+        return
+    with open(lock_path, "r+") as lock:
+        try:
+            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EACCES, errno.EAGAIN):
+                raise
+            holder = lock.read().strip() or "another process"
+            raise RunDirectory(path, "", {})._in_use(holder) from None
+        fcntl.lockf(lock, fcntl.LOCK_UN)
+
+
+def processes(config):
+    """How many processes the run's flags or environment describe (they are not joined)."""
+    found = cluster.resolve(config.coordinator_address, config.num_processes, config.process_id)
+    if found.coordinator == "auto":
+        return "found by jax.distributed at start-up (--coordinator_address auto)"
+    if found.several:
+        return f"{found.num_processes} (this one is process {found.process_id}; coordinator {found.coordinator})"
+    return "1"
+
+
+# Pre-training.
+
+def pretrain(config):
+    """Checks a `PretrainConfig` as `kgpt-train --task lm` would run it; returns the findings."""
+    plan = Plan("kgpt-train --task lm")
+    pretrain_lib.check_config(config)
+    plan.add("settings", settings(config))
+    plan.add("processes", processes(config))
+    plan.add("output", output_dir(config.output_dir, "pretrain", pretrain_lib.run_settings(config), config.overwrite))
+    if config.corpus:
+        plan.add("corpus", corpus(config.corpus))
+    else:
+        plan.add("corpus", "the embedded demo text (kgpt.data.demo_world: 3,000 paragraphs, about 172,000 tokens)")
+    vocabulary = tokenizer(config, plan)
+    plan.add("shards", shards(config))
+    if config.architecture == "lstm":
+        plan.add("model", f"LSTM, {config.num_layers} layer(s) of {config.lstm_units} units, context "
+                          f"{config.sequence_length}")
+    else:
+        count = weight_count(vocabulary or 0, config.num_layers, config.hidden_dim, config.intermediate_dim,
+                             config.sequence_length)
+        size = f"{count:,} weights" if vocabulary else "its weights counted once the vocabulary is learned"
+        plan.add("model", f"{config.num_layers} x {config.hidden_dim}, {config.num_heads} heads, inner "
+                          f"{config.intermediate_dim}, context {config.sequence_length}: {size}")
+    tokens = config.max_steps * config.batch_size * config.sequence_length
+    plan.add("training", f"{config.max_steps:,} steps of {config.batch_size} x {config.sequence_length} tokens "
+                         f"({tokens:,} tokens), peak rate {config.learning_rate:g} after {config.warmup_steps:,} "
+                         f"warm-up steps, {config.evaluations} validation passes, checkpoint every "
+                         f"{config.checkpoint_every or 'never'}")
+    if config.zero_shot:
+        registry = TaskRegistry()
+        for name, data_dir in config.zero_shot.items():
+            plan.add(f"zero-shot {name}", task_data(registry.get(name), data_dir, splits=None))
+    return plan.done()
+
+
+def corpus(pattern):
+    """The corpus files `pattern` names, the start of each decoded as the job decodes it."""
+    files = pretrain_lib.corpus_files(pattern)
+    sizes = [os.path.getsize(f) for f in files]
+    for path in files:
+        next(iter(text_chunks(path)), None)  # a file that is not UTF-8 fails here as in the job, naming the byte
+    empty = sum(1 for s in sizes if s == 0)
+    if empty == len(files):
+        raise ConfigError(f"Every file matching {pattern!r} is empty.")
+    return (f"{len(files):,} file(s) ({sum(sizes):,} bytes)" + (f", {empty} empty (skipped)" if empty else "")
+            + "; the start of each is UTF-8")
+
+
+def tokenizer(config, plan):
+    """Describes the run's tokenizer; returns its vocabulary size with special tokens, None before it is learned."""
+    from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
+
+    if config.tokenizer is None:
+        size = GPT1_CONFIG["vocabulary_size"] + NUM_SPECIAL_TOKENS
+        plan.add("tokenizer", f"the original GPT-1 vocabulary ({size:,} tokens with the special ones)")
+        return size
+    if config.tokenizer != "train":
+        loaded = GPTTokenizer.from_preset(config.tokenizer)
+        plan.add("tokenizer", f"{config.tokenizer} ({loaded.vocabulary_size():,} tokens)")
+        return loaded.vocabulary_size()
+    if config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG)):
+        loaded = GPTTokenizer.from_preset(config.output_dir)
+        plan.add("tokenizer", f"the one learned earlier in {config.output_dir} ({loaded.vocabulary_size():,} tokens)")
+        return loaded.vocabulary_size()
+    plan.add("tokenizer", f"learned from the corpus first ({config.num_merges:,} merges)")
+    return None
+
+
+def shards(config):
+    where = config.shards_dir or (os.path.join(config.output_dir, "shards") if config.output_dir else None)
+    if where is None:
+        return "built in a temporary folder, deleted at exit"
+    if os.path.isfile(os.path.join(where, "index.json")):
+        return f"{where}: reused if built from the same files and tokenizer, else rebuilt"
+    return f"built in {where}"
+
+
+# Fine-tuning.
+
+def finetune(config, registry=None):
+    """Checks a `FinetuneConfig` as `kgpt-train --task NAME` would run it; returns the findings."""
+    plan = Plan(f"kgpt-train --task {config.task}")
+    finetune_lib.check_config(config)
+    task = (registry or TaskRegistry()).get(config.task)
+    if config.data_dir is None and task.default_data is None:
+        raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
+    if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
+        raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
+                          f"{task.splits[0]!r}.")
+    plan.add("task", f"{task.name} ({task.transform.kind} input, {task.head.kind} head"
+                     + (f", labels {', '.join(task.labels)}" if task.labels else "") + ")")
+    plan.add("settings", settings(config))
+    plan.add("processes", processes(config))
+    plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
+    plan.add("init", init(config, task))
+    splits = task.splits if config.epochs > 0 else task.splits[1:]
+    plan.add("data", task_data(task, config.data_dir, splits, required=task.splits[0] if config.epochs else None))
+    batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
+    training = f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef " \
+               f"{config.lm_coef:g}, keep {config.keep}" if config.epochs else "none (--epochs 0 evaluates --init)"
+    plan.add("training", training)
+    if finetune_lib.runs_baseline(config):
+        plan.add("baseline", "the same fine-tuning from fresh weights beside it (--scratch_baseline)")
+    return plan.done()
+
+
+def init(config, task=None):
+    """Describes and checks `config.init` as fine-tuning would start from it, without building the model."""
+    if config.init == "scratch":
+        return "fresh weights (no pre-training), the GPT-1 vocabulary"
+    if config.init == "demo":
+        kept = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+        if kept and os.path.exists(os.path.join(kept, "metrics.json")):
+            return f"the demo model pre-trained earlier in {kept}"
+        return ("the small demo model, pre-trained on the embedded text first ("
+                + ", ".join(f"{k}={v}" for k, v in DEMO_PRETRAIN.items()) + ")")
+    if task is not None and is_task_preset(config.init):
+        saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
+        name = saved.get("task_name")
+        if name != task.name:
+            source = finetune_lib._recorded_init(config.init)
+            raise ConfigError(f"--init {config.init} is fine-tuned for task {name!r}, not {task.name!r}: pass --task "
+                              f"{name} to evaluate or train it further, or --init the pre-trained model to fine-tune "
+                              f"for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
+        if config.transfer_layers is not None or not config.pretrained_weights:
+            raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
+                              f"{config.init} is fine-tuned.")
+        return f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init)}): its head is kept"
+    if task is not None and config.epochs == 0:
+        raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its "
+                          f"{task.name} head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} "
+                          f"run.")
+    found = pretrained(config.init, sizes := {})
+    if config.transfer_layers is not None and not 0 <= config.transfer_layers <= sizes.get("num_layers", 0):
+        raise ConfigError(f"transfer_layers must be in 0..{sizes.get('num_layers')}, got {config.transfer_layers}.")
+    return f"{config.init}: {found}"
+
+
+def pretrained(path, sizes=None):
+    """Checks the files of a pre-trained model (preset, original release, Hugging Face) as loading would,
+    without building it; returns what it holds. `sizes` receives the backbone's config."""
+    sizes = {} if sizes is None else sizes
+    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
+        return _original_release(path, sizes)
+    if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
+        return _huggingface(path, sizes)
+    if not os.path.isfile(os.path.join(path, "config.json")):  # load_pretrained's message
+        raise FileNotFoundError(
+            f"{path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
+            f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
+            f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)")
+    config_path = os.path.join(path, "config.json")
+    config = read_json(config_path, "the Keras config of a backbone")
+    if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
+        raise CheckpointError(f"{config_path}: not a Keras object config (no 'config' mapping).")
+    weights = os.path.join(path, "model.weights.h5")
+    check_sizes(config, config_path, weights)  # reads the weights file's header: its arrays and their shapes
+    from kgpt.io.presets import _file_shapes
+
+    count = sum(int(np.prod(s)) for s in _file_shapes(weights))
+    for name in ("tokenizer.json", os.path.join("assets", "tokenizer")):
+        if not os.path.exists(os.path.join(path, name)):
+            raise CheckpointError(f"Missing {os.path.join(path, name)}: a preset holds its tokenizer (saved with "
+                                  f"save_to_preset).")
+    inner = config["config"]
+    sizes.update(inner)
+    kind = config.get("registered_name", "?").rsplit(">", 1)[-1]
+    shape = f"{inner.get('num_layers')} x {inner.get('hidden_dim', inner.get('lstm_units'))}"
+    return f"a {kind} preset, {shape}, vocabulary {inner.get('vocabulary_size'):,}, {count:,} weights"
+
+
+def _original_release(path, sizes):
+    shapes = read_json(os.path.join(path, original.SHAPES_FILE), "the release's list of array shapes")
+    if not isinstance(shapes, list) or not shapes:
+        raise CheckpointError(f"{os.path.join(path, original.SHAPES_FILE)}: expected a list of array shapes.")
+    needed = sum(int(np.prod(s)) for s in shapes)
+    held, index = 0, 0
+    while os.path.isfile(shard := os.path.join(path, f"params_{index}.npy")):
+        try:
+            with open(shard, "rb") as f:
+                read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+                shape, _, _ = read[np.lib.format.read_magic(f)](f)
+        except (ValueError, OSError, KeyError) as e:
+            raise CheckpointError(f"{shard} is not a NumPy array file ({e}).") from None
+        held += int(np.prod(shape))
+        index += 1
+    if held != needed:
+        raise CheckpointError(f"{path}: the params_*.npy files hold {held:,} numbers, {original.SHAPES_FILE} describes "
+                              f"{needed:,}.")
+    sizes.update(num_layers=(len(shapes) - 2) // 12, hidden_dim=shapes[0][-1])
+    return f"the original GPT-1 release format, {index} shard(s), {needed:,} weights"
+
+
+def _huggingface(path, sizes):
+    config = read_json(os.path.join(path, original.HF_CONFIG_FILE), "Hugging Face's openai-gpt config")
+    weights = os.path.join(path, original.HF_WEIGHTS_FILE)
+    try:
+        with open(weights, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            header = json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as e:
+        raise CheckpointError(f"{weights} is not a readable safetensors file ({e}).") from None
+    count = sum(int(np.prod(v["shape"])) for k, v in header.items() if k != "__metadata__")
+    sizes.update(num_layers=config.get("n_layer"), hidden_dim=config.get("n_embd"))
+    return f"Hugging Face openai-gpt files, {config.get('n_layer')} x {config.get('n_embd')}, {count:,} weights"
+
+
+@contextlib.contextmanager
+def _data_dir(task, data_dir):
+    """`data_dir`, or the task's embedded data written to a temporary folder deleted at exit."""
+    if data_dir is not None:  # a missing folder is the reader's error, as in the run
+        yield data_dir
+        return
+    if task.default_data is None:
+        raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
+    with tempfile.TemporaryDirectory(prefix="kgpt-dry-run-") as scratch:
+        yield task.default_data(os.path.join(scratch, "data"))
+
+
+def task_data(task, data_dir, splits=None, required=None, rows=ROWS):
+    """The first `rows` examples of each split read through the task's plugin, counted; labels checked.
+
+    A split other than `required` that is missing is reported, as the job
+    reports it; a malformed row is the job's `DataError`.
+    """
+    found = []
+    with _data_dir(task, data_dir) as folder:
+        for split in splits or task.splits:
+            tally, used = {}, 0
+            try:
+                for item in task.iter_examples(split, folder, tally):
+                    if item.label is not None:
+                        task.label_value(item)  # a label outside the label set names its file and line
+                    used += 1
+                    if tally["read"] >= rows:
+                        break
+            except FileNotFoundError as e:
+                if split == required:
+                    raise
+                found.append(f"{split}: not found ({e})" if data_dir else f"{split}: none (not evaluated)")
+                continue
+            if not used:
+                raise task.no_examples(split, folder, tally)
+            more = "+" if tally["read"] >= rows else ""
+            skipped = sum(tally["skipped"].values())
+            found.append(f"{split}: {tally['read']:,}{more} rows read, {used:,} used"
+                         + (f", {skipped} skipped ({', '.join(f'{r}: {n}' for r, n in tally['skipped'].items())})"
+                            if skipped else ""))
+    where = data_dir or "embedded data"
+    return f"{where}: " + "; ".join(found) + (f" (the first {rows:,} rows of each split checked)"
+                                              if any("+" in f for f in found) else "")
+
+
+# Prediction.
+
+def predict(model, output, overwrite=False, input=None, format=None, columns=None, data_dir=None, split="test",
+            registry=None):
+    """Checks what `kgpt-predict` would read and write; returns the findings."""
+    from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+    from kgpt.jobs import predict as predict_lib
+
+    plan = Plan("kgpt-predict")
+    if not os.path.isdir(model) or not is_task_preset(model):
+        raise ConfigError(f"--model {model} is not a fine-tuned model (no task.json of a GPTTaskModel): pass the "
+                          f"--output_dir of a kgpt-train --task NAME run.")
+    saved = read_json(os.path.join(model, "task.json"), "a kgpt task config").get("config", {})
+    plan.add("model", f"{model}: fine-tuned for {saved.get('task_name')} ({pretrained(model)})")
+    preprocessor = GPTTaskPreprocessor.from_preset(model)
+    if input:
+        inputs = predict_lib.read_inputs(input, preprocessor.transform, format, columns)
+        plan.add("input", f"{input}: {len(inputs.examples):,} example(s)"
+                 + (f" from column(s) {', '.join(inputs.columns)}" if inputs.columns else ""))
+    else:
+        task = (registry or TaskRegistry()).get(saved.get("task_name"))
+        plan.add("input", task_data(task, data_dir, [split], required=split))
+    if output != "-" and os.path.exists(output) and not overwrite:
+        raise ConfigError(f"--output {output} exists: pass --overwrite to replace it.")
+    plan.add("output", "standard output" if output == "-" else f"{output}"
+             + (" (replaced: --overwrite)" if os.path.exists(output) else ""))
+    return plan.done()
+
+
+# Analyses.
+
+def analyze(mode, config, tasks, output, layers=None, rows=None, lstm_init=None, seeds=None, architectures=None,
+            registry=None):
+    """Checks what `kgpt-analyze MODE` would run: its tasks' data, the models, the output directory."""
+    registry = registry or TaskRegistry()
+    plan = Plan(f"kgpt-analyze {mode}")
+    plan.add("output", output_dir(output, "analyze", {}, config.overwrite))
+    for name, data_dir in tasks.items():
+        task = registry.get(name)
+        plan.add(f"task {name}", task_data(task, data_dir))
+    if mode == "zero-shot-curve":
+        pretrain_lib.check_config(config)
+        plan.add("pre-training", f"{', '.join(architectures)}: {config.max_steps:,} steps each on "
+                                 f"{corpus(config.corpus) if config.corpus else 'the embedded demo text'}")
+        return plan.done()
+    if mode == "zero-shot":
+        plan.add("model", f"{config.init}: {pretrained(config.init)}")
+        return plan.done()
+    finetune_lib.check_config(config)
+    if config.init == "demo":
+        plan.add("model", "none given: the small demo models are pre-trained on the embedded text first")
+    else:
+        plan.add("model", init(config))
+    if mode == "transfer":
+        sizes = {}
+        if config.init != "demo":
+            pretrained(config.init, sizes)
+        depth = sizes.get("num_layers", DEMO_PRETRAIN["num_layers"])
+        wanted = layers if layers is not None else list(range(depth + 1))
+        if any(n > depth for n in wanted):
+            raise ConfigError(f"--layers {','.join(map(str, wanted))}: the model has {depth} blocks.")
+        plan.add("runs", f"{len(wanted)} fine-tuning run(s) of {next(iter(tasks))}, transferring "
+                         f"{', '.join(map(str, wanted))} block(s)")
+    else:
+        if "lstm" in rows:
+            plan.add("LSTM", f"{lstm_init}: {pretrained(lstm_init)}" if lstm_init else
+                     "none given: pre-trained on the embedded text first")
+        plan.add("runs", f"{len(rows)} row(s) ({', '.join(rows)}) x {len(tasks)} task(s) x {len(seeds or [0])} "
+                         f"seed(s)")
+    return plan.done()
+

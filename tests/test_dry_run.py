@@ -1,0 +1,180 @@
+"""`kgpt.jobs.dry_run`: the mistakes a real run would meet, found without training or writing anything.
+
+Each mistake is compared with what the real code path raises on the same
+input (the job's reader, `RunDirectory`, preset loading), so the dry run
+says what the run would say. The commands' `--dry_run` flag is exercised on
+every documented command by tests/test_documented_commands.py.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import kgpt
+from conftest import TINY, char_tokenizer
+from kgpt.jobs import dry_run, finetune
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
+from kgpt.jobs.rundir import OutputDirError, RunDirectory
+from test_paper_tasks import write_glue
+
+REGISTRY = kgpt.TaskRegistry()
+
+
+def listing(folder):
+    """Every path under `folder` with its size and modification time."""
+    return sorted((os.path.join(d, n), os.stat(os.path.join(d, n)).st_size, os.stat(os.path.join(d, n)).st_mtime_ns)
+                  for d, _, names in os.walk(folder) for n in names)
+
+
+@pytest.fixture(scope="module")
+def preset(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("preset") / "lm")
+    tokenizer = char_tokenizer()
+    kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()}).save_to_preset(path)
+    tokenizer.save_to_preset(path)
+    return path
+
+
+def test_a_finetuning_dry_run_reports_the_data_and_model_and_writes_nothing(preset, tmp_path):
+    data = write_glue(tmp_path / "RTE", "rte")
+    before = listing(tmp_path)
+    found = dict(dry_run.finetune(FinetuneConfig(task="rte", init=preset, data_dir=data,
+                                                 output_dir=str(tmp_path / "out")), REGISTRY))
+    assert listing(tmp_path) == before and not os.path.exists(tmp_path / "out")
+    assert found["data"].startswith(f"{data}: train: 12 rows read, 12 used; dev: 6 rows read, 6 used; test: 4 rows")
+    # The weights of the file, counted from its header, are the model's own count.
+    weights = kgpt.GPTBackbone.from_preset(preset).count_params()
+    assert f"{weights:,} weights" in found["init"]
+    assert found["output"] == f"{tmp_path / 'out'} (new)"
+
+
+def test_a_bad_label_is_the_error_the_job_gives(preset, tmp_path):
+    data = write_glue(tmp_path / "RTE", "rte")
+    path = os.path.join(data, "dev.tsv")
+    lines = open(path, encoding="utf-8").read().splitlines()
+    lines[3] = lines[3].rsplit("\t", 1)[0] + "\tmaybe"
+    open(path, "w", encoding="utf-8").write("\n".join(lines) + "\n")
+    task = REGISTRY.get("rte")
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
+    with pytest.raises(kgpt.DataError) as job:
+        finetune.encode_split(task, "dev", data, preprocessor)
+    with pytest.raises(kgpt.DataError) as dry:
+        dry_run.finetune(FinetuneConfig(task="rte", init=preset, data_dir=data), REGISTRY)
+    assert str(dry.value) == str(job.value) and "dev.tsv:4" in str(dry.value)
+
+
+def test_an_output_directory_of_another_run_is_refused_as_the_run_refuses_it(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"job": "finetune", "settings": {"task": "cola"}}))
+    settings = {"task": "rte"}
+    before = listing(tmp_path)
+    with pytest.raises(OutputDirError) as dry:
+        dry_run.output_dir(str(out), "finetune", settings)
+    assert listing(tmp_path) == before
+    with pytest.raises(OutputDirError) as real:
+        with RunDirectory(str(out), "finetune", settings):
+            pass
+    assert str(dry.value) == str(real.value) and "task: 'cola' there, 'rte' now" in str(dry.value)
+    assert dry_run.output_dir(str(out), "finetune", settings, overwrite=True).startswith(f"{out}: --overwrite")
+    assert dry_run.output_dir(str(out), "finetune", {"task": "cola"}).endswith("starts again (no checkpoint)")
+    (out / "checkpoint" / "step-7").mkdir(parents=True)
+    (out / "checkpoint" / "latest.json").write_text(json.dumps({"checkpoint": "step-7"}))
+    (out / "checkpoint" / "step-7" / "state.json").write_text(json.dumps({"step": 7}))
+    assert dry_run.output_dir(str(out), "finetune", {"task": "cola"}).endswith("resumes from its checkpoint at step 7")
+
+
+def test_an_output_directory_in_use_is_refused(tmp_path):
+    out = tmp_path / "busy"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kgpt.jobs.rundir import RunDirectory\n"
+                               f"with RunDirectory({str(out)!r}, 'pretrain', {{}}):\n"
+                               "    print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputDirError, match="in use by another kgpt run"):
+            dry_run.output_dir(str(out), "pretrain", {})
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):
+    corpus = tmp_path / "books"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("the cat sat on the mat.\n" * 50)
+    (corpus / "b.txt").write_text("")
+    config = PretrainConfig(corpus=str(corpus), output_dir=str(tmp_path / "lm"), num_layers=2, num_heads=2,
+                            hidden_dim=16, intermediate_dim=32, sequence_length=16, max_steps=10, warmup_steps=1)
+    found = dict(dry_run.pretrain(config))
+    assert found["corpus"].startswith("2 file(s) (1,200 bytes), 1 empty")
+    tokenizer = kgpt.GPTTokenizer.gpt1()
+    built = kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_heads=2, hidden_dim=16,
+                             intermediate_dim=32, max_sequence_length=16)
+    assert f"{built.count_params():,} weights" in found["model"]
+    assert not os.path.exists(tmp_path / "lm")
+    (corpus / "c.txt").write_bytes(b"caf\xe9\n")
+    with pytest.raises(ValueError, match=r"c.txt: byte 3 \(0xe9\) is not valid UTF-8"):
+        dry_run.pretrain(config)
+
+
+def test_a_truncated_weights_file_is_named(preset, tmp_path):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(preset, broken)
+    weights = broken / "model.weights.h5"
+    weights.write_bytes(weights.read_bytes()[:200])
+    with pytest.raises(kgpt.CheckpointError, match="model.weights.h5 is not a readable Keras weights file"):
+        dry_run.pretrained(str(broken))
+    with pytest.raises(kgpt.CheckpointError, match="model.weights.h5"):
+        kgpt.GPTBackbone.from_preset(str(broken))
+
+
+def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path):
+    data = write_glue(tmp_path / "RTE", "rte")
+    os.remove(os.path.join(data, "train.tsv"))
+    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=rte", f"--init={preset}",
+                             f"--data_dir={data}", f"--output_dir={tmp_path / 'out'}", "--dry_run"],
+                            capture_output=True, text=True, timeout=300)
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kgpt-train: error:")]
+    assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
+    assert "train.tsv" in errors[0] and "Traceback" not in result.stderr
+    assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.fixture(scope="module")
+def cola_model(preset, tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("cola") / "cola")
+    kgpt.GPTTaskModel.from_preset(preset, task="cola").save_to_preset(path)
+    with open(os.path.join(path, "metrics.json"), "w") as f:  # as kgpt-train writes it: errors name the origin
+        json.dump({"init_dir": preset}, f)
+    return path
+
+
+@pytest.mark.parametrize("case", ["epochs 0 on a pre-trained model", "fine-tuned for another task",
+                                  "transfer from a fine-tuned model", "a folder with no model",
+                                  "no embedded data"])
+def test_the_starting_point_and_task_errors_are_the_jobs(case, preset, cola_model, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    task, config = {
+        "epochs 0 on a pre-trained model": ("rte", dict(init=preset, epochs=0)),
+        "fine-tuned for another task": ("sst2", dict(init=cola_model)),
+        "transfer from a fine-tuned model": ("cola", dict(init=cola_model, transfer_layers=1)),
+        "a folder with no model": ("rte", dict(init=str(empty))),
+        "no embedded data": ("rte", dict(init=preset)),
+    }[case]
+    config = FinetuneConfig(task=task, **config)
+    whole_job = case == "no embedded data"
+    if whole_job:
+        run = lambda: finetune.finetune(config, REGISTRY)  # noqa: E731 - raised before anything is read
+    else:
+        run = lambda: finetune.starting_point(config, REGISTRY.get(task))  # noqa: E731
+    with pytest.raises(Exception) as job:
+        run()
+    with pytest.raises(type(job.value)) as dry:
+        dry_run.finetune(config, REGISTRY) if whole_job else dry_run.init(config, REGISTRY.get(task))
+    assert str(dry.value) == str(job.value)

@@ -112,6 +112,9 @@ def _bounded(fn, what, timeout):
 def check_folder(path, flag="--output_dir", create=True, timeout=None):
     """Checks that the remote folder `path` can be reached (and created); a one-line `StorageError` if not.
 
+    Returns whether the folder exists (with `create=False`, nothing is written
+    and a folder not there yet is False).
+
     An unknown scheme, a bucket that does not exist, missing credentials or
     no network are each told with `flag` and `path`, within `timeout` s.
     """
@@ -130,12 +133,15 @@ def check_folder(path, flag="--output_dir", create=True, timeout=None):
         gfile = _gfile()
         if create:
             gfile.makedirs(path)
+        elif not gfile.exists(path):
+            return False
         if not gfile.isdir(path):
             raise StorageError(f"{what} is not a folder.")
+        return True
 
     errors = _errors()
     try:
-        _bounded(probe, what, TIMEOUT_S if timeout is None else timeout)
+        return _bounded(probe, what, TIMEOUT_S if timeout is None else timeout)
     except StorageError:
         raise
     except errors.UnimplementedError as e:

@@ -31,7 +31,7 @@ import numpy as np
 
 from kgpt.data.text import text_chunks
 from kgpt.errors import ConfigError
-from kgpt.io import original
+from kgpt.io import original, storage
 from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
@@ -84,6 +84,10 @@ def output_dir(path, job, settings, overwrite=False):
     """What a run claiming `path` for `job` would find there; raises what `RunDirectory` would raise."""
     if not path:
         return "none: nothing is kept (pass --output_dir to keep the model)"
+    if storage.is_remote(path):  # reached within a bounded time, read but never written
+        there = storage.check_folder(path, create=False)
+        return (f"{path} (remote, {'exists' if there else 'new'}: the run works in a local copy of its kgpt outputs "
+                f"and copies them back after every checkpoint and save)")
     if os.path.exists(path) and not os.path.isdir(path):
         raise FileExistsError(errno.EEXIST, "a file is in the way of the output directory", path)
     if not os.path.isdir(path):

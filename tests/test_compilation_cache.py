@@ -74,3 +74,12 @@ def test_training_jobs_compile_through_the_run_s_cache(tmp_path, monkeypatch):
         pass
     assert used == [str(tmp_path)]
     assert "compilation_cache" not in recorded_settings(PretrainConfig(compilation_cache="none"), ())  # resumable
+
+
+def test_a_folder_written_without_a_bound_stays_unbounded(tmp_path):
+    """JAX's eviction needs each program's access time; a folder plain JAX wrote has none (every write would fail)."""
+    assert run._evictable(str(tmp_path))
+    (tmp_path / "jit_step-123-cache").write_bytes(b"x")
+    assert not run._evictable(str(tmp_path))
+    (tmp_path / "jit_step-123-atime").write_bytes(b"t")
+    assert run._evictable(str(tmp_path))

@@ -111,8 +111,9 @@ def compilation_cache(value=None):
     from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
     path = compilation_cache_dir(value)
-    wanted = {"jax_enable_compilation_cache": path is not None, "jax_compilation_cache_dir": path,
-              "jax_compilation_cache_max_size": CACHE_MAX_BYTES}
+    wanted = {"jax_enable_compilation_cache": path is not None, "jax_compilation_cache_dir": path}
+    if path is not None and path != os.environ.get("JAX_COMPILATION_CACHE_DIR") and _evictable(path):
+        wanted["jax_compilation_cache_max_size"] = CACHE_MAX_BYTES  # JAX's own folder keeps JAX's settings
     if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
         wanted["jax_persistent_cache_min_compile_time_secs"] = CACHE_MIN_COMPILE_SECS
     if path is None:
@@ -131,6 +132,13 @@ def compilation_cache(value=None):
         yield path
     finally:
         apply({name: before[name] for name in changed})
+
+
+def _evictable(path):
+    """Whether JAX can bound the cache in `path`: every program there has its access time (a folder written
+    without a bound has none, and JAX's eviction then fails on every write)."""
+    names = set(os.listdir(path))
+    return all(name[:-len("-cache")] + "-atime" in names for name in names if name.endswith("-cache"))
 
 
 def join(config, job, settings, batch_size=None):

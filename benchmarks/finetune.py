@@ -385,7 +385,8 @@ def measure():
               f"{len(planned['lengths'])} padded lengths {planned['lengths']}, {planned['real_share']:.2%} real "
               f"tokens; "
               f"compiling {compiling:.0f} s of an estimated {whole:.0f} s run ({compiling / max(whole, 1e-9):.0%}; "
-              f"targets >= 85% real, <= 25% compiling)")
+              f"targets >= 85% real, <= 25% compiling)"
+              + (f"; {planned['timed_compiles']} XLA compiles in timed epochs" if jit else ""))
         if reference:
             print(f"planned epoch / all-at-max-length epoch: {planned['seconds'] / reference['seconds']:.2f}x")
     print(f"whole run: {time.perf_counter() - began:.0f} s")

@@ -125,7 +125,13 @@ def compilation_cache(value=None):
         for name, v in values.items():
             jax.config.update(name, v)
         if values:
-            jax_cache.reset_cache()  # JAX opens its cache once: the next compilation opens it with these settings
+            quiet = logging.getLogger("jax._src.compilation_cache")  # it logs each reset at INFO
+            level = quiet.level
+            quiet.setLevel(logging.WARNING)
+            try:
+                jax_cache.reset_cache()  # JAX opens its cache once: the next compilation opens it with these settings
+            finally:
+                quiet.setLevel(level)
 
     apply(changed)
     try:

@@ -60,7 +60,7 @@ def test_the_cache_commands_parse_and_pick_their_folder(tmp_path):
     out = subprocess.run([sys.executable, "-c", PARSE, json.dumps([args for _, args in train])], capture_output=True,
                          text=True, check=True, cwd=ROOT)
     values = json.loads(out.stdout.splitlines()[-1])
-    assert values == [None, "/tmp/xla", "none", None]
-    assert [environ for environ, _ in train] == [{}, {}, {}, {"KGPT_COMPILATION_CACHE": "/tmp/xla"}]
+    assert values == [None, "xla-cache", "none", None]
+    assert [environ for environ, _ in train] == [{}, {}, {}, {"KGPT_COMPILATION_CACHE": "xla-cache"}]
     assert run.compilation_cache_dir(None, {"XDG_CACHE_HOME": str(tmp_path)}) == str(tmp_path / "kgpt" / "xla")
-    assert run.compilation_cache_dir("none", {"KGPT_COMPILATION_CACHE": "/tmp/xla"}) is None  # the flag wins
+    assert run.compilation_cache_dir("none", {"KGPT_COMPILATION_CACHE": str(tmp_path)}) is None  # the flag wins

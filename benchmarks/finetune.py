@@ -1,6 +1,7 @@
 """Fine-tuning compute on MNLI-like lengths: length-bucketed batches against padding to the longest.
 
     KERAS_BACKEND=jax python benchmarks/finetune.py          # defaults: 2048 examples, 2 x 128, vocabulary 1024
+    KERAS_BACKEND=jax python benchmarks/finetune.py --tsv RTE/train.tsv --feeds planned,bucketed,padded_to_longest
     KERAS_BACKEND=tensorflow python benchmarks/finetune.py   # ~2 min on 2 CPU cores (JAX ~3.5: 19 XLA compiles)
     python benchmarks/finetune.py --vocabulary_size 40481     # GPT-1's vocabulary (~11 min on 2 CPU cores)
     python benchmarks/finetune.py --num_examples 8192 --epochs 3            # several pools, median of 3 epochs
@@ -23,7 +24,10 @@ per token) it has in GPT-1 (a quarter); with 40481 and hidden 128 it would be
 
 The feeds:
 
-- bucketed: `kgpt.data.batching.dataset(split, batch_size, seed)`, kgpt's feed;
+- bucketed: `kgpt.data.batching.dataset(split, batch_size, seed)`, every
+  bucket length the split needs (kgpt's feed where nothing compiles);
+- planned: the same, rounded up to the compile-aware plan `kgpt-train` uses
+  where steps compile (`max_lengths_for`, `length_plan` for `--plan_epochs`);
 - padded to longest: every batch padded to the split's longest view, as kgpt
   did before (shuffled `tf.data` slices of the fully padded arrays, built as
   `EncodedSplit.batch` builds a batch);
@@ -58,8 +62,9 @@ from absl import app, flags, logging
 
 import kgpt
 from kgpt.data import batching
+from kgpt.jobs import run
 
-flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split.")
+flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split (with --tsv: its first pairs, at most).")
 flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")
 flags.DEFINE_float("length_sigma", 0.5, "Log-normal shape of the view lengths (sigma of log length).")
 flags.DEFINE_integer("min_length", 8, "Shortest view, in tokens.")
@@ -73,12 +78,19 @@ flags.DEFINE_integer("vocabulary_size", 1024, "Vocabulary, the 3 special tokens 
 flags.DEFINE_integer("sequence_length", 256, "Context of the model; also the split's view limit.")
 flags.DEFINE_integer("batch_size", 32, "Examples per batch.")
 flags.DEFINE_integer("epochs", 1, "Timed epochs per feed (after an untimed warm-up); the median is reported.")
+flags.DEFINE_string("tsv", None, "Real lengths instead: a GLUE sentence-pair TSV (header; sentence1 and sentence2 "
+                    "columns, e.g. RTE's train.tsv), each pair encoded with the GPT-1 BPE as "
+                    "[start] s1 [delim] s2 [extract]; the ids stay random, only the lengths are the file's.")
+flags.DEFINE_integer("plan_epochs", 3, "The planned feed's plan serves this many epochs (fine-tuning's default).")
 flags.DEFINE_list("feeds", ["bucketed", "padded_to_longest", "all_max_length"],
                   "Feeds to time; ratios are to all_max_length when it is among them.")
 flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the batch order.")
+flags.DEFINE_string("compilation_cache", "none", "JAX: a folder for the persistent compilation cache, as kgpt-train's "
+                    "--compilation_cache (run twice to see a second run's warm-up); 'none': every program compiled.")
 FLAGS = flags.FLAGS
 
-FEED_NAMES = {"bucketed": "bucketed", "padded_to_longest": "padded to longest", "all_max_length": "all at max length"}
+FEED_NAMES = {"bucketed": "bucketed", "planned": "planned", "padded_to_longest": "padded to longest",
+              "all_max_length": "all at max length"}
 REAL_SHARE_TARGET = 0.90  # the issue: >= 90% of computed positions are real tokens
 TIME_RATIO_TARGET = 0.35  # the issue: a bucketed epoch takes at most 0.35x the all-at-max-length epoch
 
@@ -91,6 +103,26 @@ def sample_lengths(num_examples, rng):
     if FLAGS.pin_longest and num_examples:
         lengths[rng.integers(num_examples)] = FLAGS.max_length
     return lengths.astype("int64")
+
+
+def tsv_lengths(path):
+    """`[pairs]` view lengths of a sentence-pair TSV under the GPT-1 BPE, 3 special tokens included."""
+    import csv
+
+    tokenizer = kgpt.GPTTokenizer.gpt1()
+    with open(path, encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    rows = rows[:FLAGS.num_examples]
+    lengths = [len(tokenizer.encode(r["sentence1"])) + len(tokenizer.encode(r["sentence2"])) + 3 for r in rows]
+    return np.minimum(np.asarray(lengths, "int64"), FLAGS.sequence_length)
+
+
+def plan_budget(split):
+    """The planned feed's padded lengths: kgpt-train's compile-aware plan for `plan_epochs` epochs."""
+    jit = keras.config.backend() == "jax"  # what Keras compiles with here (TensorFlow: jit_compile False on a CPU)
+    budget = batching.max_lengths_for(jit, -(-len(split) // FLAGS.batch_size), FLAGS.plan_epochs)
+    return batching.length_plan(split.lengths, FLAGS.batch_size, FLAGS.seed, split.limit, budget,
+                                epochs=FLAGS.plan_epochs), budget
 
 
 def synthetic_split(lengths, vocabulary_size, limit, rng, name="train"):
@@ -126,9 +158,10 @@ def feed_batches(feed, split, all_max, epochs):
 
     The padded feeds' batches are listed unshuffled: all have one length, so only their sizes matter.
     """
-    if feed == "bucketed":
+    if feed in ("bucketed", "planned"):
+        plan = plan_budget(split)[0] if feed == "planned" else None
         orders = [batching.batch_indices(split.lengths, FLAGS.batch_size, FLAGS.seed, epoch) for epoch in range(epochs)]
-        return split, orders, [[batching.bucket_length(split.lengths[b].max(), split.limit) for b in o] for o in orders]
+        return split, orders, [[split.padded_length(b, plan) for b in o] for o in orders]
     data = all_max if feed == "all_max_length" else split
     batches = [np.arange(i, min(i + FLAGS.batch_size, len(data))) for i in range(0, len(data), FLAGS.batch_size)]
     return data, [batches] * epochs, [[int(data.lengths.max())] * len(batches)] * epochs
@@ -143,7 +176,8 @@ def warmup_dataset(feed, data, fed, orders, padded):
 
     def generate():
         for (_, length), indices in sorted(batches.items()):
-            yield fed.batch(indices) if feed == "bucketed" else padded_batch(fed, indices, length)
+            yield fed.batch(indices, length=length) if feed in ("bucketed", "planned") else \
+                padded_batch(fed, indices, length)
 
     warmup = tf.data.Dataset.from_generator(generate, output_signature=data.element_spec)
     return warmup.apply(tf.data.experimental.assert_cardinality(len(batches))), len(batches)
@@ -213,6 +247,9 @@ class Feed:
     def __init__(self, name, split, all_max, compile_log):
         if name == "bucketed":
             self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed)
+        elif name == "planned":
+            self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed, max_lengths=plan_budget(split)[1],
+                                         epochs=FLAGS.plan_epochs)
         elif name == "padded_to_longest":
             self.data = padded_dataset(split, FLAGS.batch_size, FLAGS.seed)
         elif name == "all_max_length":
@@ -236,7 +273,9 @@ class Feed:
         seconds = float(np.median([t[0] for t in self.timer.epochs]))
         fed, orders, padded = self.fed, self.orders, self.padded
         computed = [sum(len(b) * fed.num_views * p for b, p in zip(o, ps)) for o, ps in zip(orders, padded)]
-        shares = [fed.real_share(o) for o in orders] if self.name == "bucketed" else [fed.padded_share()]
+        plan = plan_budget(fed)[0] if self.name == "planned" else None
+        shares = [fed.real_share(o, plan) for o in orders] if self.name in ("bucketed", "planned") else \
+            [fed.padded_share()]
         view_lengths = fed.view_lengths
         longest = [sum(len(b) * fed.num_views * int(view_lengths[b].max()) for b in o) for o in orders]
         return {
@@ -262,6 +301,11 @@ class Feed:
 
 
 def main(argv):
+    with run.compilation_cache(FLAGS.compilation_cache):
+        measure()
+
+
+def measure():
     logging.set_verbosity(logging.WARNING)
     began = time.perf_counter()
     unknown = [f for f in FLAGS.feeds if f not in FEED_NAMES]
@@ -271,7 +315,7 @@ def main(argv):
     limit = FLAGS.sequence_length
     if FLAGS.max_length > limit:
         raise app.UsageError(f"--max_length ({FLAGS.max_length}) exceeds --sequence_length ({limit}).")
-    lengths = sample_lengths(FLAGS.num_examples, rng)
+    lengths = tsv_lengths(FLAGS.tsv) if FLAGS.tsv else sample_lengths(FLAGS.num_examples, rng)
     split = synthetic_split(lengths, FLAGS.vocabulary_size, limit, rng)
     all_max = synthetic_split(np.full_like(lengths, lengths.max()), FLAGS.vocabulary_size, limit, rng, "all_max")
     compile_log = CompileLog()
@@ -279,10 +323,14 @@ def main(argv):
     config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
                                                          "vocabulary_size", "sequence_length", "batch_size"))
     print(f"backend={keras.config.backend()} keras={keras.__version__} {config}")
-    print(f"split: {len(split):,} one-view examples, {int(lengths.sum()):,} real tokens; view length mean "
+    source = f"lengths of {FLAGS.tsv} under the GPT-1 BPE" if FLAGS.tsv else "synthetic lengths"
+    print(f"split ({source}): {len(split):,} one-view examples, {int(lengths.sum()):,} real tokens; view length mean "
           f"{lengths.mean():.1f}, median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, max "
-          f"{lengths.max()} (log-normal, sigma {FLAGS.length_sigma}, clipped to [{FLAGS.min_length}, "
-          f"{FLAGS.max_length}]{', longest pinned' if FLAGS.pin_longest else ''}; seed {FLAGS.seed})")
+          f"{lengths.max()} " + (f"({int((lengths >= limit).sum())} at or cut to --sequence_length {limit})"
+                                 if FLAGS.tsv else
+                                 f"(log-normal, sigma {FLAGS.length_sigma}, clipped to [{FLAGS.min_length}, "
+                                 f"{FLAGS.max_length}]{', longest pinned' if FLAGS.pin_longest else ''}; seed "
+                                 f"{FLAGS.seed})"))
     print(f"timing: per feed a fresh model and an untimed warm-up fit over one batch of each of its shapes (every "
           f"trace/compile); then {FLAGS.epochs} timed epoch(s) per feed, feeds interleaved; the median")
 
@@ -328,6 +376,19 @@ def main(argv):
             ratio = bucketed["seconds"] / reference["seconds"]
             verdict = "met" if ratio <= TIME_RATIO_TARGET else "MISSED"
             print(f"target bucketed epoch <= {TIME_RATIO_TARGET}x all-at-max-length epoch: {ratio:.2f}x ({verdict})")
+    planned = next((r for r in rows if r["feed"] == "planned"), None)
+    if planned:
+        compiling = planned["warmup_compile_seconds"] if keras.config.backend() == "jax" else 0.0
+        whole = compiling + FLAGS.plan_epochs * planned["seconds"]
+        jit = keras.config.backend() == "jax"
+        print(f"planned feed (kgpt-train's plan for {FLAGS.plan_epochs} epochs, jit={jit}): "
+              f"{len(planned['lengths'])} padded lengths {planned['lengths']}, {planned['real_share']:.2%} real "
+              f"tokens; "
+              f"compiling {compiling:.0f} s of an estimated {whole:.0f} s run ({compiling / max(whole, 1e-9):.0%}; "
+              f"targets >= 85% real, <= 25% compiling)"
+              + (f"; {planned['timed_compiles']} XLA compiles in timed epochs" if jit else ""))
+        if reference:
+            print(f"planned epoch / all-at-max-length epoch: {planned['seconds'] / reference['seconds']:.2f}x")
     print(f"whole run: {time.perf_counter() - began:.0f} s")
 
 

@@ -1,5 +1,7 @@
 """Length-bucketed batches: few shapes, real tokens, reproducible order, outputs unchanged by padding."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -118,7 +120,7 @@ def test_length_plan_pads_least_within_its_budget():
         return sum(len(b) * split.padded_length(b, plan) for b in batches)
 
     for budget in (1, 2, 3, 4):
-        plan = batching.length_plan(lengths, 16, seed=5, max_lengths=budget)
+        plan = batching.length_plan(lengths, 16, seed=5, max_lengths=budget, compile_batches=0)
         assert len(plan) == budget and plan[-1] == needed[-1]
         best = min(positions(subset + (needed[-1],)) for k in range(budget)
                    for subset in itertools.combinations(needed[:-1], k))
@@ -126,7 +128,54 @@ def test_length_plan_pads_least_within_its_budget():
     assert batching.length_plan(lengths, 16, seed=5) == tuple(needed)  # no budget: every bucket length
 
 
-def test_compiling_backends_get_one_length_per_32_batches():
+def test_compiling_backends_spend_at_most_a_quarter_of_an_epoch_compiling():
     assert batching.max_lengths_for(False, 10_000) is None  # TensorFlow without XLA: lengths are free
-    assert batching.max_lengths_for(True, 17) == 1  # a small task: one compiled program
-    assert batching.max_lengths_for(True, 12_272) == 383  # MNLI: every bucket length it needs
+    assert batching.max_lengths_for(True, 5) == 1  # a small task: one compiled program
+    for batches in (17, 94, 12_272):
+        lengths = batching.max_lengths_for(True, batches)
+        compiling = lengths * batching.COMPILE_BATCHES
+        assert compiling <= batching.COMPILE_SHARE * (compiling + batches) or lengths == 1
+
+
+def skewed_lengths(n, seed=0):
+    """A skewed histogram: most views short, a tail of long ones, one at the limit."""
+    rng = np.random.default_rng(seed)
+    lengths = np.concatenate([rng.integers(8, 40, int(n * 0.8)), rng.integers(40, 200, n - int(n * 0.8) - 1), [230]])
+    return rng.permutation(lengths)
+
+
+def test_a_compile_aware_plan_keeps_few_lengths_and_most_positions_real():
+    """Fine-tuning's 3 epochs in batches of 32, compiled (JAX): a handful of lengths, compiling <= 25% of the run."""
+    for n, least in ((3000, 0.80), (12_000, 0.85)):  # 94 and 375 batches per epoch
+        for lengths in (mnli_like_lengths(n, seed=1), skewed_lengths(n)):
+            split = split_of(lengths)
+            batches = math.ceil(n / 32)
+            budget = batching.max_lengths_for(True, batches, epochs=3)
+            plan = batching.length_plan(split.lengths, 32, seed=0, limit=512, max_lengths=budget, epochs=3)
+            assert 1 < len(plan) <= budget
+            compiling = len(plan) * batching.COMPILE_BATCHES
+            assert compiling <= batching.COMPILE_SHARE * (compiling + 3 * batches)
+            for epoch in (0, 1):  # later epochs round up to the same lengths
+                order = batching.batch_indices(split.lengths, 32, seed=0, epoch=epoch)
+                assert split.real_share(order, plan) >= least
+    # Dearer compilations buy fewer lengths; free ones every length the budget allows.
+    fewer = batching.length_plan(split.lengths, 32, seed=0, max_lengths=budget, compile_batches=40, epochs=3)
+    more = batching.length_plan(split.lengths, 32, seed=0, max_lengths=budget, compile_batches=0, epochs=3)
+    assert len(fewer) < len(plan) < len(more) == min(budget, len(batching.length_plan(split.lengths, 32, seed=0)))
+
+
+def test_a_planned_feed_covers_every_example_exactly_once_in_its_planned_lengths():
+    lengths = skewed_lengths(300, seed=2)
+    builder = batching.SplitBuilder("train", 1, limit=512)
+    for i, n in enumerate(lengths):
+        builder.add([[i + 1] + [7] * (int(n) - 1)], target=i % 2, uid=f"row{i}")  # the first id names the example
+    split = builder.build()
+    plan = batching.length_plan(split.lengths, 16, seed=3, limit=512, max_lengths=3)
+    for epoch in (0, 1):
+        seen = []
+        for x, _, _ in batching.dataset(split, 16, seed=3, first_epoch=epoch, max_lengths=3).as_numpy_iterator():
+            assert x["token_ids"].shape[-1] in plan
+            rows = x["token_ids"][:, 0, 0] - 1
+            np.testing.assert_array_equal(x["padding_mask"][:, 0].sum(-1), lengths[rows])  # nothing cut
+            seen.extend(rows.tolist())
+        assert sorted(seen) == list(range(len(split)))

@@ -14,9 +14,13 @@ array. Each training epoch:
    per doubling), never one shape per batch.
 
 Where every padded length costs a compilation (XLA: JAX, or TensorFlow with
-`jit_compile`), a split gets at most one length per `BATCHES_PER_LENGTH`
-batches of an epoch (`length_plan`), chosen to pad as little as possible:
-a small task compiles one or two programs, MNLI-sized ones all they use.
+`jit_compile`), the plan knows what compiling costs (`length_plan`): a
+compilation is worth `COMPILE_BATCHES` steps, compiling may take at most
+`COMPILE_SHARE` of an epoch (`max_lengths_for`), and within that the plan
+keeps the few lengths, read from the split's length histogram, that make
+compiling plus computing padded positions cheapest. The lengths are a fixed
+set per split, each compiled once and reused by every epoch (and by the next
+run, through the persistent compilation cache: `kgpt.jobs.run`).
 
 Evaluation batches are sorted by length and the predictions put back in the
 split's order. Only the last pool of an epoch can give a partial batch.
@@ -34,7 +38,10 @@ import numpy as np
 from kgpt.errors import DataError
 
 POOL_BATCHES = 100  # batches per length-sorted pool: larger packs tighter, smaller shuffles more
-BATCHES_PER_LENGTH = 32  # with compilation: batches of an epoch per padded length (one compile each)
+# With compilation: one XLA compilation of a task model's train step takes about as long as this many of its
+# steps (measured on JAX on a CPU, docs/performance.md), and compiling may take at most COMPILE_SHARE of a run.
+COMPILE_BATCHES = 8
+COMPILE_SHARE = 0.25
 
 
 def bucket_length(length, limit=None):
@@ -223,26 +230,34 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def max_lengths_for(jit_compile, num_batches):
-    """How many padded lengths a feed of `num_batches` batches per epoch may use (None: no limit).
+def max_lengths_for(jit_compile, num_batches, epochs=1):
+    """How many padded lengths a feed of `num_batches` batches per epoch, for `epochs`, may use (None: no limit).
 
     Without compilation (TensorFlow's default on a CPU) a new length costs
-    nothing; with it (JAX, XLA) each costs one compilation per function, so a
-    length must serve `BATCHES_PER_LENGTH` batches of an epoch on average.
+    nothing; with it (JAX, XLA) each costs one compilation of about
+    `COMPILE_BATCHES` steps, and all of them together at most `COMPILE_SHARE`
+    of the run (compiling and `epochs` epochs of steps).
     """
-    return max(1, num_batches // BATCHES_PER_LENGTH) if jit_compile else None
+    if not jit_compile:
+        return None
+    return max(1, int(COMPILE_SHARE / (1 - COMPILE_SHARE) * num_batches * max(1, epochs) / COMPILE_BATCHES))
 
 
-def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None):
+def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None, compile_batches=COMPILE_BATCHES,
+                epochs=1):
     """The padded lengths a feed's batches are rounded up to, at most `max_lengths` of them.
 
     Takes the bucket lengths an epoch's batches need (epoch 0's order with a
-    `seed`, the length-sorted order without) and keeps the `max_lengths`
-    (`None`: all) that pad the fewest positions, the longest always among
-    them: an exact dynamic program over the few dozen bucket lengths. The
-    longest is the split's longest view itself, not rounded up (it is the
-    one length every plan has). A later epoch's batch rounds up to the next
-    kept length.
+    `seed`, the length-sorted order without): all of them when `max_lengths`
+    is None (nothing compiles). Otherwise the plan with at most `max_lengths`
+    lengths, the longest always among them, that costs least when each
+    length costs `compile_batches` average batches (its compilation, once)
+    and each padded position one per epoch (`epochs`): an exact dynamic
+    program over the few dozen bucket lengths (`compile_batches=0`: the plan
+    of `max_lengths` lengths that pads fewest).
+    The longest is the split's longest view itself, not rounded up (it is
+    the one length every plan has). A later epoch's batch rounds up to the
+    next kept length.
 
     Example:
     ```python
@@ -252,26 +267,32 @@ def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None):
     rows = collections.Counter()
     lengths = np.asarray(lengths)
     top = bucket_length(lengths.max(), limit)
-    for batch in batch_indices(lengths, batch_size, seed, 0):
+    batches = batch_indices(lengths, batch_size, seed, 0)
+    for batch in batches:
         length = bucket_length(lengths[batch].max(), limit)
         rows[int(lengths.max()) if length == top else length] += len(batch)
     needed = sorted(rows)
-    if max_lengths is None or len(needed) <= max_lengths:
+    if max_lengths is None:
         return tuple(needed)
     # cost[s][j]: fewest padded positions covering needed[:j + 1] with s lengths, the last needed[j].
     count = len(needed)
+    most = min(max_lengths, count)
     pad = [[sum(rows[needed[m]] * (needed[j] - needed[m]) for m in range(i, j + 1)) for j in range(count)]
            for i in range(count)]
-    cost = [[math.inf] * count for _ in range(max_lengths + 1)]
-    back = [[-1] * count for _ in range(max_lengths + 1)]
+    cost = [[math.inf] * count for _ in range(most + 1)]
+    back = [[-1] * count for _ in range(most + 1)]
     for j in range(count):
         cost[1][j] = pad[0][j]
-    for s in range(2, max_lengths + 1):
+    for s in range(2, most + 1):
         for j in range(count):
             for i in range(j):
                 if cost[s - 1][i] + pad[i + 1][j] < cost[s][j]:
                     cost[s][j], back[s][j] = cost[s - 1][i] + pad[i + 1][j], i
-    kept, j, s = [], count - 1, max_lengths
+    # A compilation in positions: `compile_batches` batches of the average positions of a batch.
+    per_batch = sum(rows[n] * n for n in needed) / len(batches)
+    total = [max(1, epochs) * cost[s][count - 1] + s * compile_batches * per_batch for s in range(1, most + 1)]
+    s = 1 + int(np.argmin(total))  # the fewest lengths among equally cheap plans
+    kept, j = [], count - 1
     while j >= 0:
         kept.append(needed[j])
         j, s = back[s][j], s - 1
@@ -288,7 +309,7 @@ def filled(indices, multiple):
 
 
 def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0,
-            shards=(0, 1, 1), pad_to=1, micro_batches=1):
+            shards=(0, 1, 1), pad_to=1, micro_batches=1, epochs=1):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
@@ -296,7 +317,8 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     1`, ... A pass left unfinished (Keras reads one batch to build the model
     before the first epoch) does not count. Without a seed, batches come
     sorted by length, the same on every pass. Batches are padded to the
-    lengths of `length_plan(..., max_lengths)`. `skip` leaves out the first
+    lengths of `length_plan(..., max_lengths, epochs=epochs)` (`epochs`: how
+    many passes its compilations serve). `skip` leaves out the first
     batches of epoch `first_epoch` (a run resumed mid-epoch); the dataset
     then holds the rest of that epoch only.
 
@@ -326,7 +348,7 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
     if not 0 <= skip < num_batches:
         raise ValueError(f"skip must be in 0..{num_batches - 1} (batches per epoch), got {skip}.")
-    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths)
+    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths, epochs=epochs)
     first, stop, total = shards
 
     def generate():

@@ -91,6 +91,11 @@ class RunConfig:
     gradient_accumulation_steps: int = option(1, "Micro-batches each update is accumulated over: --batch_size is "
                                                "still the update's batch, computed in pieces of batch_size / N "
                                                "(the paper's 64 x 512 tokens on a small device).", lower_bound=1)
+    compilation_cache: str | None = option(None, "Folder where JAX keeps the XLA programs a run compiles, so the next "
+                                           "run with the same shapes loads them instead of compiling (they are "
+                                           "checked against JAX's version and the program); 'none': off. Default: "
+                                           "$KGPT_COMPILATION_CACHE, else $JAX_COMPILATION_CACHE_DIR, else "
+                                           "$XDG_CACHE_HOME/kgpt/xla (~/.cache/kgpt/xla). TensorFlow ignores it.")
     log_every: str = option("auto", "A progress line (step, loss, tokens/s, time left) every N steps ('100') or "
                             "seconds ('60s'); 'auto': every 60 s when the output is not a terminal (a terminal "
                             "shows Keras' progress bar); '0': none.")
@@ -206,7 +211,7 @@ LATER_FIELDS = {"initializer_range": 0.02, "gradient_accumulation_steps": 1}
 # Where and how a run executes, not what it computes: never recorded, so a run resumes on another number of
 # processes or devices (its batches are the same global batches).
 PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "startup_timeout", "model_parallel",
-                    "log_every")
+                    "log_every", "compilation_cache")
 
 
 def recorded_settings(config, drop):

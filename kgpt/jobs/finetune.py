@@ -514,7 +514,7 @@ def _train(config, task, model, splits, batch_size, origin):
         raise ConfigError("keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
                           "across processes does not fit in: use keep='last'.")
     plan = batching.length_plan(train.lengths, batch_size, config.seed, train.limit,
-                                model.max_padded_lengths(train, batch_size))
+                                max_padded_lengths(model, train, batch_size, config.epochs), epochs=config.epochs)
     real_share = train.real_share(batching.batch_indices(train.lengths, batch_size, config.seed), plan)
     logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
                 f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
@@ -527,6 +527,11 @@ def _train(config, task, model, splits, batch_size, origin):
     return {"kept_epoch": kept, "history": history,
             "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
                                  "train_padded_to_longest": train.padded_share()}}
+
+
+def max_padded_lengths(model, split, batch_size, epochs):
+    """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
+    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs)
 
 
 def _evaluate_splits(config, task, model, splits, batch_size):
@@ -605,24 +610,27 @@ class Training:
 
     def _calls(self, step):
         """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
-        max_lengths = self.model.max_padded_lengths(self.train, self.batch_size)
+        epochs = self.config.epochs
+        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs)
         pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
         for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
             def make(a, b, total, first=first, skip=skip):
                 return batching.dataset(self.train, self.batch_size, seed=self.config.seed,
                                         lm=self.config.lm_coef > 0, first_epoch=first, max_lengths=max_lengths,
-                                        skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro)
+                                        skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro,
+                                        epochs=epochs)
 
             yield distribute.feed(make), first, last, None
 
     def _validation(self):
         if self.dev is None:
             return None
-        max_lengths = self.model.max_padded_lengths(self.dev, self.batch_size)
+        epochs = self.config.epochs  # one evaluation per epoch
+        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs)
 
         def make(a, b, total):
             return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0, max_lengths=max_lengths,
-                                    shards=(a, b, total), pad_to=distribute.batch_shards())
+                                    shards=(a, b, total), pad_to=distribute.batch_shards(), epochs=epochs)
 
         return distribute.feed(make)
 

@@ -54,6 +54,8 @@ def check_run(config, batch_size):
                           f"update is accumulated over {steps} equal micro-batches.")
     if config.log_every != "auto":
         parse_every(config.log_every)
+    if keras.config.backend() == "jax":
+        compilation_cache_dir(config.compilation_cache)  # a folder that cannot be made, before anything starts
     if config.distribution == "model_parallel" and keras.config.backend() != "jax":
         raise ConfigError("distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); on "
                           "TensorFlow use data_parallel.")
@@ -61,6 +63,91 @@ def check_run(config, batch_size):
     if count > 1 and (batch_size // steps) % count:
         raise ConfigError(f"batch_size {batch_size}{f' / gradient_accumulation_steps {steps}' if steps > 1 else ''} "
                           f"must split evenly over the {count} processes (and their devices).")
+
+
+CACHE_ENV = "KGPT_COMPILATION_CACHE"
+CACHE_MAX_BYTES = 4 << 30  # JAX then evicts the least recently used programs, under a file lock
+CACHE_MIN_COMPILE_SECS = 0.1  # JAX's default, 1 s, recompiles the many short programs of a small model's run
+
+
+def compilation_cache_dir(value=None, environ=None):
+    """The folder for compiled XLA programs: `value` ('none': None), else `$KGPT_COMPILATION_CACHE`,
+    `$JAX_COMPILATION_CACHE_DIR`, `$XDG_CACHE_HOME/kgpt/xla` (`~/.cache/kgpt/xla`). Raises `ConfigError` for a
+    folder that cannot be made, naming the flag or variable."""
+    environ = os.environ if environ is None else environ
+    if value is not None:
+        origin = "--compilation_cache"
+    elif environ.get(CACHE_ENV) is not None:
+        value, origin = environ[CACHE_ENV], f"${CACHE_ENV}"
+    elif environ.get("JAX_COMPILATION_CACHE_DIR"):
+        return environ["JAX_COMPILATION_CACHE_DIR"]  # JAX's own setting, as JAX would read it
+    else:
+        base = environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        value, origin = os.path.join(base, "kgpt", "xla"), "the compilation cache (default folder)"
+    if not str(value).strip():
+        raise ConfigError(f"{origin} is empty: give a folder, or 'none' to compile without a cache.")
+    if str(value).strip().lower() == "none":
+        return None
+    path = os.path.abspath(os.path.expanduser(value))
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{origin} {value}: not a folder.")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"{origin} {value}: cannot make the folder ({e.strerror or e}); give another, or 'none'.")
+    return path
+
+
+@contextlib.contextmanager
+def compilation_cache(value=None):
+    """Inside, JAX keeps the XLA programs it compiles in `compilation_cache_dir(value)` and loads them from there.
+
+    A second run of the same shapes then loads its train step instead of
+    compiling it. JAX's settings are restored at exit (a library call changes
+    no global state for long). Nothing on other backends: Keras does not
+    XLA-compile TensorFlow's steps on a CPU, and TensorFlow keeps no such cache.
+    """
+    if keras.config.backend() != "jax":
+        yield None
+        return
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    path = compilation_cache_dir(value)
+    wanted = {"jax_enable_compilation_cache": path is not None, "jax_compilation_cache_dir": path}
+    if path is not None and path != os.environ.get("JAX_COMPILATION_CACHE_DIR") and _evictable(path):
+        wanted["jax_compilation_cache_max_size"] = CACHE_MAX_BYTES  # JAX's own folder keeps JAX's settings
+    if "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS" not in os.environ:
+        wanted["jax_persistent_cache_min_compile_time_secs"] = CACHE_MIN_COMPILE_SECS
+    if path is None:
+        del wanted["jax_compilation_cache_dir"]
+    before = {name: getattr(jax.config, name) for name in wanted}
+    changed = {name: v for name, v in wanted.items() if before[name] != v}
+
+    def apply(values):
+        for name, v in values.items():
+            jax.config.update(name, v)
+        if values:
+            quiet = logging.getLogger("jax._src.compilation_cache")  # it logs each reset at INFO
+            level = quiet.level
+            quiet.setLevel(logging.WARNING)
+            try:
+                jax_cache.reset_cache()  # JAX opens its cache once: the next compilation opens it with these settings
+            finally:
+                quiet.setLevel(level)
+
+    apply(changed)
+    try:
+        yield path
+    finally:
+        apply({name: before[name] for name in changed})
+
+
+def _evictable(path):
+    """Whether JAX can bound the cache in `path`: every program there has its access time (a folder written
+    without a bound has none, and JAX's eviction then fails on every write)."""
+    names = set(os.listdir(path))
+    return all(name[:-len("-cache")] + "-atime" in names for name in names if name.endswith("-cache"))
 
 
 def join(config, job, settings, batch_size=None):
@@ -189,11 +276,13 @@ def scope(config, batch_size):
     """Seeds the run and yields the number of batch shards under the config's dtype policy and distribution.
 
     Each micro-batch (`batch_size / gradient_accumulation_steps` rows) splits
-    evenly over the shards.
+    evenly over the shards. JAX compiles through the run's compilation
+    cache (`compilation_cache`).
     """
     steps = config.gradient_accumulation_steps  # batch_size splits into them: check_run
-    with training_scope(config.distribution, config.dtype, batch_size // steps, config.model_parallel,
-                        accumulation=steps) as shards:
+    with compilation_cache(config.compilation_cache), \
+            training_scope(config.distribution, config.dtype, batch_size // steps, config.model_parallel,
+                           accumulation=steps) as shards:
         keras.utils.set_random_seed(config.seed)
         yield shards
 

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 
 from kgpt.data import batching
-from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+from kgpt.data.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor
 from kgpt.data.tokenizer import GPTTokenizer
 from kgpt.errors import ConfigError, DataError
 from kgpt.io.presets import read_json
@@ -326,6 +326,9 @@ def check_config(config):
     for name, value in positive.items():
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be positive, got {value}.")
+    if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
+        raise ConfigError(f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
+                          f"of text), got {config.max_length}.")
     if config.epochs < 0 or config.checkpoint_every < 0:
         raise ConfigError(f"epochs and checkpoint_every must be >= 0, got {config.epochs} and {config.checkpoint_every}.")
     run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
@@ -433,7 +436,18 @@ def _read_splits(task, data_dir, preprocessor, train=True):
         raise DataError(f"Task {task.name!r}: no split besides {train_split!r} was found in {data_dir} to evaluate.")
     if train and splits[train_split].targets is None:
         raise DataError(f"Task {task.name!r}: the training split {train_split!r} has no labels.")
+    if train:
+        _warn_single_target(task, train_split, splits[train_split].targets)
     return splits
+
+
+def _warn_single_target(task, split, targets):
+    """Warns when every training example has one label: the model could only learn to predict it."""
+    values = np.unique(np.asarray(targets))
+    if len(values) == 1 and len(targets) > 1:
+        logger.warning(f"Warning: every one of the {len(targets):,} examples of task {task.name!r}'s training split "
+                       f"{split!r} has the label {task.prediction_name(values[0].item())!r}: the model can only "
+                       f"learn to predict it. Check the data (a filtered or sorted file?).")
 
 
 def _batch_size(config, start):

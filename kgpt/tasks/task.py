@@ -166,6 +166,12 @@ class Task:
             raise ValueError(f"{where}: give at least one metric.")
         for metric in self.metrics:
             metrics_lib.resolve(metric)
+            binary = isinstance(self.head, heads_lib.Classification) and len(self.head.labels) == 2
+            if isinstance(metric, str) and metric == "f1" and not binary:
+                raise ValueError(f"{where}: metric 'f1' is binary F1 of the second label (index 1), for a "
+                                 f"classification head of 2 labels; this task's {self.head.kind} head has "
+                                 f"{len(self.head.output_names()) or 'no'} outputs. Use 'accuracy', or pass a callable "
+                                 f"fn(labels, predictions) -> float.")
         if not self.splits:
             raise ValueError(f"{where}: give at least one split.")
         if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):

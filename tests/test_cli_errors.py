@@ -284,3 +284,12 @@ def test_verbose_shows_a_broken_plugins_traceback(monkeypatch, capsys, broken_si
         flags.FLAGS.unparse_flags()
     assert isinstance(raised.value.__cause__, ZeroDivisionError)
 
+
+
+def test_max_length_beyond_the_models_context_is_reported(monkeypatch, capsys, presets, tmp_path):
+    (tmp_path / "data").mkdir()
+    code, out, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}",
+                         "--max_length=1000", f"--data_dir={tmp_path / 'data'}")
+    assert (f"Warning: max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
+            f"views are cut to 64 tokens.") in out
+    assert one_line(code, err).startswith("No SciTail train file found")  # then the data, which is missing

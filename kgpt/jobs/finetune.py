@@ -487,6 +487,9 @@ def _finetune(config, task, data_dir, initial=None):
     keras.utils.set_random_seed(config.seed)  # the head starts the same whether or not the demo model was trained
     limit = start.backbone.max_sequence_length
     default_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else limit
+    if config.max_length and config.max_length > limit:
+        logger.warning(f"Warning: max_length {config.max_length} is longer than the model's context ({limit} tokens, "
+                       f"{start.origin}): views are cut to {limit} tokens.")
     preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
                                        max_length=min(config.max_length or default_length, limit))
     splits = _read_splits(task, data_dir, preprocessor, train=config.epochs > 0)

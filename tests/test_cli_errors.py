@@ -124,7 +124,8 @@ def test_zero_shot_task_without_heuristic_in_kgpt_analyze(monkeypatch, capsys, p
 def test_max_length_below_the_minimum_is_refused_before_anything_is_built(monkeypatch, capsys, tmp_path):
     code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", "--init=scratch", "--max_length=2",
                        f"--output_dir={tmp_path / 'o'}")
-    assert one_line(code, err) == "max_length must be >= 4 (the start, delimiter and extract tokens and one of text), got 2."
+    assert one_line(code, err) == ("max_length must be >= 4 (the start, delimiter and extract tokens and one of text), "
+                                   "got 2.")
     assert not os.path.exists(tmp_path / "o")
 
 
@@ -293,3 +294,20 @@ def test_max_length_beyond_the_models_context_is_reported(monkeypatch, capsys, p
     assert (f"Warning: max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
             f"views are cut to 64 tokens.") in out
     assert one_line(code, err).startswith("No SciTail train file found")  # then the data, which is missing
+
+
+def test_zero_shot_data_directory_that_is_missing_is_refused_before_the_model_loads(monkeypatch, capsys, presets,
+                                                                                    tmp_path):
+    code, out, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={presets / 'good'}",
+                         f"--tasks=sst2={tmp_path / 'nowhere'}", f"--output_dir={tmp_path / 'a'}")
+    assert one_line(code, err, "kgpt-analyze") == (f"sst2={tmp_path / 'nowhere'}: no such directory (the task's data "
+                                                   f"directory).")
+    assert "Zero-shot with the model" not in out
+
+
+def test_data_dir_that_is_a_file_says_so(monkeypatch, capsys, presets, tmp_path):
+    (tmp_path / "file").write_text("")
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}",
+                       f"--data_dir={tmp_path / 'file'}")
+    assert one_line(code, err) == (f"Data directory '{tmp_path / 'file'}' is a file, not a directory (looking for "
+                                   f"SciTail train file).")

@@ -47,6 +47,8 @@ def check_tasks(tasks, registry):
                               f"{', '.join(zero_shot_tasks(registry))}.")
         if data_dir is None and task.default_data is None:
             raise ConfigError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
+        if data_dir is not None and not os.path.isdir(data_dir):
+            raise ConfigError(f"{name}={data_dir}: no such directory (the task's data directory).")
 
 
 def resolve_tasks(tasks, scratch_dir, registry):

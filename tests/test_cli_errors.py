@@ -311,3 +311,26 @@ def test_data_dir_that_is_a_file_says_so(monkeypatch, capsys, presets, tmp_path)
                        f"--data_dir={tmp_path / 'file'}")
     assert one_line(code, err) == (f"Data directory '{tmp_path / 'file'}' is a file, not a directory (looking for "
                                    f"SciTail train file).")
+
+
+def test_a_plugins_default_data_that_fails_is_named(tmp_path):
+    broken = plugin("""
+        import kgpt
+
+        def write(directory):
+            raise KeyError("train.tsv")
+
+        @kgpt.hookimpl
+        def register_tasks(register):
+            register(kgpt.Task(name="no-data", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
+                               read=lambda split, data_dir: [], default_data=write))
+            register(kgpt.Task(name="no-dir", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
+                               read=lambda split, data_dir: [], default_data=lambda directory: None))
+    """, "kgpt_bad_data")
+    registry = kgpt.TaskRegistry(plugins=[broken], entry_points=[])
+    with pytest.raises(DataError, match=r"^Task 'no-data' of plugin 'kgpt_bad_data' \(registered directly "
+                                        r"\(kgpt_bad_data\)\): default_data\('.*'\) raised KeyError: 'train.tsv'. "
+                                        r"Report it to the plugin's authors, or pass --data_dir.$"):
+        registry.get("no-data").write_default_data(str(tmp_path / "a"))
+    with pytest.raises(DataError, match=r"default_data\('.*'\) returned None, not the directory it wrote"):
+        registry.get("no-dir").write_default_data(str(tmp_path / "b"))

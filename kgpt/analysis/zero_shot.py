@@ -63,7 +63,7 @@ def resolve_tasks(tasks, scratch_dir, registry):
     for name, data_dir in tasks.items():
         task = registry.get(name)
         if data_dir is None:
-            data_dir = task.default_data(os.path.join(scratch_dir, "zero_shot_data", name))
+            data_dir = task.write_default_data(os.path.join(scratch_dir, "zero_shot_data", name))
             logger.info(f"{name}: using its embedded data ({data_dir}).")
         resolved[name] = (task, data_dir)
     return resolved

@@ -416,7 +416,7 @@ def comparison(task, pretrained, baseline):
 
 
 def _embedded_data(task, target):
-    data_dir = task.default_data(target)
+    data_dir = task.write_default_data(target)
     logger.info(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
     return data_dir
 

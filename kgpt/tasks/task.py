@@ -20,6 +20,7 @@ def register_tasks(register):
 
 import collections
 import dataclasses
+import os
 import re
 from typing import Callable, Iterable
 
@@ -254,6 +255,25 @@ class Task:
         except BaseException as e:  # SystemExit too
             raise DataError(f"{example.source}: {type(self.head).__name__}.target() raised {describe_error(e)} on "
                             f"label {example.label!r} (task {self.name!r}{self._of_plugin()}).") from e
+
+    def write_default_data(self, directory):
+        """Runs `default_data(directory)`; returns the data directory it wrote.
+
+        Whatever the plugin's function raises (even `SystemExit`), or a result
+        that is no directory, becomes a `DataError` naming the task and its plugin.
+        """
+        what = f"Task {self.name!r}{self._of_plugin()}: default_data({directory!r})"
+        try:
+            data_dir = self.default_data(directory)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # plugin code: SystemExit too
+            raise DataError(f"{what} raised {describe_error(e)}. Report it to the plugin's authors, or pass "
+                            f"--data_dir.") from e
+        if not isinstance(data_dir, (str, os.PathLike)) or not os.path.isdir(data_dir):
+            raise DataError(f"{what} returned {data_dir!r}, not the directory it wrote. Report it to the plugin's "
+                            f"authors, or pass --data_dir.")
+        return str(data_dir)
 
     def _of_plugin(self):
         return f" of {self.plugin}" if self.plugin else ""

@@ -334,3 +334,13 @@ def test_a_plugins_default_data_that_fails_is_named(tmp_path):
         registry.get("no-data").write_default_data(str(tmp_path / "a"))
     with pytest.raises(DataError, match=r"default_data\('.*'\) returned None, not the directory it wrote"):
         registry.get("no-dir").write_default_data(str(tmp_path / "b"))
+
+
+def test_help_into_a_pipe_that_closes_early_is_no_error():
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, bufsize=0)
+    process.stdout.close()  # before the help is written: as `| head -1` does once it has its line
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and b"Traceback" not in err, err.decode()[-3000:]

@@ -37,9 +37,10 @@ def zero_shot_tasks(registry):
     return [name for name in registry.names() if registry.get(name).zero_shot is not None]
 
 
-def check_tasks(tasks, registry):
+def check_tasks(tasks, registry, directories=True):
     """Raises `ConfigError` (or the registry's `RegistryError`) unless every task of `tasks` (`{name: data_dir or
-    None}`) is registered, offers a heuristic, and has a data directory or embedded data; reads nothing."""
+    None}`) is registered, offers a heuristic, and has embedded data or (with `directories`) an existing data
+    directory; reads nothing, so that commands check their flags before they build or load a model."""
     for name, data_dir in tasks.items():
         task = registry.get(name)
         if task.zero_shot is None:
@@ -47,7 +48,7 @@ def check_tasks(tasks, registry):
                               f"{', '.join(zero_shot_tasks(registry))}.")
         if data_dir is None and task.default_data is None:
             raise ConfigError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
-        if data_dir is not None and not os.path.isdir(data_dir):
+        if directories and data_dir is not None and not os.path.isdir(data_dir):
             raise ConfigError(f"{name}={data_dir}: no such directory (the task's data directory).")
 
 
@@ -59,7 +60,7 @@ def resolve_tasks(tasks, scratch_dir, registry):
     embedded data to `scratch_dir/zero_shot_data/NAME`.
     """
     resolved = {}
-    check_tasks(tasks, registry)
+    check_tasks(tasks, registry, directories=False)  # a missing directory is the reader's FileNotFoundError
     for name, data_dir in tasks.items():
         task = registry.get(name)
         if data_dir is None:

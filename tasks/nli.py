@@ -25,9 +25,10 @@ def _example(source, premise, hypothesis, gold, uid):
 def read_jsonl(path):
     for line_no, row in readers.read_jsonl(path):
         source = f"{path}:{line_no}"
-        gold = row.get("gold_label")
+        # Every SNLI/MultiNLI .jsonl row has one, test files included ('-' where annotators disagreed).
+        gold = readers.field(row, "gold_label", source)
         yield _example(source, readers.field(row, "sentence1", source), readers.field(row, "sentence2", source),
-                       None if gold is None else str(gold), str(row.get("pairID", "")))
+                       str(gold), str(row.get("pairID", "")))
 
 
 def read_tsv(path):

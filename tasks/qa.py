@@ -71,13 +71,22 @@ STORY_COLUMNS = ["InputStoryid", "InputSentence1", "InputSentence2", "InputSente
 
 def read_story_cloze(split, data_dir):
     path = readers.find_file(data_dir, STORY_FILES.get(split, [f"{split}.csv"]), f"Story Cloze {split} file")
-    lines = (line for _, line in readers.read_lines(path))  # UTF-8 checked, BOM dropped, per line
+    # UTF-8 checked and BOM dropped per line; the line end goes back so that a quoted field holding a
+    # newline keeps it (csv joins the lines of a record).
+    lines = (line + "\n" for _, line in readers.read_lines(path))
     rows = csv.reader(lines)
     header = next(rows, None)
     if header != STORY_COLUMNS:
         raise kgpt.DataError(f"{path}:1: expected the header {','.join(STORY_COLUMNS)}.")
-    for row in rows:
-        source = f"{path}:{rows.line_num}"
+    while True:
+        start = rows.line_num + 1  # a record may span lines: it is named by its first
+        try:
+            row = next(rows, None)
+        except csv.Error as e:
+            raise kgpt.DataError(f"{path}:{start}: {e}.") from None
+        if row is None:
+            return
+        source = f"{path}:{start}"
         if len(row) != len(STORY_COLUMNS):
             raise kgpt.DataError(f"{source}: expected {len(STORY_COLUMNS)} comma-separated fields, got {len(row)}.")
         if row[7] not in ("1", "2"):

@@ -14,6 +14,7 @@ import os
 import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
+from kgpt.errors import ConfigError, DataError
 from kgpt.io import pretrained as pretrained_lib
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
@@ -84,7 +85,7 @@ def headline(task, results, split=None):
     name = task.metric_names[0]
     scores = results["splits"].get(split, {})
     if name not in scores:
-        raise ValueError(f"Task {task.name!r}: no {name} on split {split!r} (is it labelled and present?).")
+        raise DataError(f"Task {task.name!r}: no {name} on split {split!r} (is it labelled and present?).")
     return name, 100.0 * scores[name]
 
 
@@ -124,7 +125,7 @@ def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
     total = pretrained_lib.load_pretrained(init, num_heads=base.num_heads)[0].num_layers
     layers = list(range(total + 1)) if layers is None else sorted(set(layers))
     if not all(0 <= n <= total for n in layers):
-        raise ValueError(f"layers must be within 0..{total} (the model has {total} blocks), got {layers}.")
+        raise ConfigError(f"layers must be within 0..{total} (the model has {total} blocks), got {layers}.")
     rows = []
     for n in layers:
         logger.info(f"--- transfer depth: embeddings + {n} of {total} block(s) ---")
@@ -168,7 +169,7 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
     `(architecture, step, task, metric, value)`.
     """
     if not base.zero_shot:
-        raise ValueError("zero_shot_curve needs base.zero_shot: the tasks to evaluate.")
+        raise ConfigError("zero_shot_curve needs base.zero_shot: the tasks to evaluate.")
     rows = []
     for architecture in architectures:
         overrides = {"architecture": architecture}
@@ -210,6 +211,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
     from kgpt.models.causal_lm import GPTCausalLM
 
     registry = registry or TaskRegistry()
+    zero_shot_lib.check_tasks(tasks, registry)  # before the model is loaded
     backbone, tokenizer, origin = pretrained_lib.load_pretrained(init)
     lm = GPTCausalLM(backbone)
     logger.info(f"Zero-shot with the model from {origin}.")
@@ -250,12 +252,12 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     """
     unknown = [r for r in rows if r not in TABLE5]
     if unknown:
-        raise ValueError(f"Unknown ablation row(s) {unknown}; choose from {', '.join(TABLE5)}.")
+        raise ConfigError(f"Unknown ablation row(s) {unknown}; choose from {', '.join(TABLE5)}.")
     registry = registry or TaskRegistry()
     init = _init(base, output_dir)
     if "lstm" in rows and lstm_init is None:
         if base.init not in (None, "demo"):
-            raise ValueError("The lstm row needs --lstm_init: an LSTM pre-trained on the same corpus "
+            raise ConfigError("The lstm row needs --lstm_init: an LSTM pre-trained on the same corpus "
                              "(kgpt-train --task lm --architecture lstm --output_dir DIR).")
         lstm_init = _demo_pretrained(output_dir, "lstm", base.seed)
     settings = {
@@ -266,7 +268,7 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     }
     seeds = [base.seed] if seeds is None else [int(s) for s in seeds]
     if not seeds or len(set(seeds)) != len(seeds):
-        raise ValueError(f"seeds must be distinct and at least one, got {seeds}.")
+        raise ConfigError(f"seeds must be distinct and at least one, got {seeds}.")
     by_seed = {row: {name: [] for name in tasks} for row in rows}
     for name, data_dir in tasks.items():
         task = registry.get(name)

@@ -25,6 +25,7 @@ from kgpt.analysis.heuristics import (  # noqa: F401 (re-exported: plugins impor
     Scorer,
     ThresholdedLogProb,
 )
+from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.rundir import write_text
 from kgpt.tasks import metrics as metrics_lib
 
@@ -36,6 +37,21 @@ def zero_shot_tasks(registry):
     return [name for name in registry.names() if registry.get(name).zero_shot is not None]
 
 
+def check_tasks(tasks, registry, directories=True):
+    """Raises `ConfigError` (or the registry's `RegistryError`) unless every task of `tasks` (`{name: data_dir or
+    None}`) is registered, offers a heuristic, and has embedded data or (with `directories`) an existing data
+    directory; reads nothing, so that commands check their flags before they build or load a model."""
+    for name, data_dir in tasks.items():
+        task = registry.get(name)
+        if task.zero_shot is None:
+            raise ConfigError(f"Task {name!r} offers no zero-shot heuristic; tasks that do: "
+                              f"{', '.join(zero_shot_tasks(registry))}.")
+        if data_dir is None and task.default_data is None:
+            raise ConfigError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
+        if directories and data_dir is not None and not os.path.isdir(data_dir):
+            raise ConfigError(f"{name}={data_dir}: no such directory (the task's data directory).")
+
+
 def resolve_tasks(tasks, scratch_dir, registry):
     """`{name: data_dir or None}` -> `{name: (task, data_dir)}` for tasks that offer a heuristic.
 
@@ -44,15 +60,11 @@ def resolve_tasks(tasks, scratch_dir, registry):
     embedded data to `scratch_dir/zero_shot_data/NAME`.
     """
     resolved = {}
+    check_tasks(tasks, registry, directories=False)  # a missing directory is the reader's FileNotFoundError
     for name, data_dir in tasks.items():
         task = registry.get(name)
-        if task.zero_shot is None:
-            raise ValueError(f"Task {name!r} offers no zero-shot heuristic; tasks that do: "
-                             f"{', '.join(zero_shot_tasks(registry))}.")
         if data_dir is None:
-            if task.default_data is None:
-                raise ValueError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
-            data_dir = task.default_data(os.path.join(scratch_dir, "zero_shot_data", name))
+            data_dir = task.write_default_data(os.path.join(scratch_dir, "zero_shot_data", name))
             logger.info(f"{name}: using its embedded data ({data_dir}).")
         resolved[name] = (task, data_dir)
     return resolved
@@ -82,7 +94,7 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
     """
     heuristic = task.zero_shot
     if heuristic is None:
-        raise ValueError(f"Task {task.name!r} offers no zero-shot heuristic.")
+        raise ConfigError(f"Task {task.name!r} offers no zero-shot heuristic.")
     split = split or (task.splits[1] if len(task.splits) > 1 else task.splits[0])
     scorer = Scorer(lm, tokenizer, batch_size=batch_size)
     if heuristic.needs_training:  # a fitted copy: the task's own heuristic stays as the plugin made it
@@ -92,7 +104,7 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
     examples = examples[:max_examples]
     labels = [task.label_value(e) for e in examples if e.label is not None]
     if len(labels) != len(examples):
-        raise ValueError(f"Task {task.name!r}: split {split!r} is unlabeled; zero-shot evaluation needs labels.")
+        raise DataError(f"Task {task.name!r}: split {split!r} in {data_dir} is unlabeled; zero-shot evaluation needs labels.")
     predictions = heuristic.predict(scorer, task, examples)
     results = {name: float(fn(np.array(labels), predictions)) for name, fn in map(metrics_lib.resolve, task.metrics)}
     results["examples"] = {"read": read, "used": len(examples), "skipped": sum(skipped.values()),

@@ -119,7 +119,11 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
     (`kgpt.train.cluster.stop_lost`) rather than wait for it at exit.
     """
     if groups is not None and any(a in HELP_FLAGS for a in sys.argv[1:]):
-        print_help(prog, doc or "", groups, (main.__module__, *modules))
+        try:
+            print_help(prog, doc or "", groups, (main.__module__, *modules))
+            sys.stdout.flush()
+        except BrokenPipeError:  # `kgpt-train --help | head`: the reader has gone, which is no error
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so the flush at exit cannot fail
         sys.exit(0)
     # absl runs libraries' init callbacks between parsing the flags and main; TensorFlow's
     # find the devices there and print start-up lines, and more come at a job's first step:

@@ -178,8 +178,11 @@ def check_stage_flags(config_cls, job):
                if flag.present and flag.name not in fields and flag.name not in _COMMON]
     if ignored:
         other = "fine-tuning (--task NAME)" if job == "lm" else "pre-training (--task lm)"
+        hint = {"--sequence_length": " (a fine-tuned model's context is --max_length)",
+                "--max_length": " (pre-training's context is --sequence_length)"}
+        hints = "".join(hint.get(name, "") for name in ignored)
         raise app.UsageError(f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} to {other}; "
-                             f"remove {'them' if len(ignored) > 1 else 'it'}.", exitcode=2)
+                             f"remove {'them' if len(ignored) > 1 else 'it'}{hints}.", exitcode=2)
 
 
 def main(argv):
@@ -192,11 +195,17 @@ def main(argv):
     if FLAGS.list_tasks:
         print("lm  (built in)  pre-training: next-token prediction on --corpus text\n")
         print(registry.describe())
+        if FLAGS.verbose:  # each broken plugin's traceback, for its authors
+            for broken in registry.broken:
+                print(f"\nTraceback of plugin {broken.plugin!r} ({broken.origin}):\n"
+                      f"{registry.format_traceback(broken.plugin).rstrip()}")
         return
     if FLAGS.task != "lm":
         try:
             registry.entry(FLAGS.task)
         except RegistryError as e:
+            if FLAGS.verbose:
+                raise  # with the plugin's own error chained below it
             cause = f"\n  caused by {type(e.__cause__).__name__}: {e.__cause__}" if e.__cause__ else ""
             raise app.UsageError(f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)", exitcode=2)
     import keras

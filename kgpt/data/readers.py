@@ -27,7 +27,9 @@ def find_file(data_dir, candidates, what):
     Raises `FileNotFoundError` listing every path tried.
     """
     if data_dir is None or not os.path.isdir(data_dir):
-        raise FileNotFoundError(f"Data directory {data_dir!r} does not exist (looking for {what}).")
+        there = data_dir is not None and os.path.exists(data_dir)
+        problem = "is a file, not a directory" if there else "does not exist"
+        raise FileNotFoundError(f"Data directory {data_dir!r} {problem} (looking for {what}).")
     for candidate in candidates:
         path = os.path.join(data_dir, candidate)
         if os.path.isfile(path):

@@ -40,7 +40,7 @@ import numpy as np
 
 from kgpt._children import die_with_parent
 from kgpt.data.text import CHUNK_BYTES, LINE_BYTES, text_chunks
-from kgpt.errors import ConfigError
+from kgpt.errors import ConfigError, DataError
 from kgpt.data.tokenizer import MAX_WORD_CHARS, fix_text
 
 INDEX_FILE = "index.json"
@@ -340,15 +340,15 @@ class ShardIndex:
         )
 
     def check(self):
-        """Raises `ValueError` naming the first shard whose size or CRC-32 is not the recorded one."""
+        """Raises `kgpt.DataError` naming the first shard whose size or CRC-32 is not the recorded one."""
         for shard in self.shards:
             path = os.path.join(self.directory, shard["file"])
             expected = shard["tokens"] * np.dtype(self.dtype).itemsize
             if not os.path.isfile(path) or os.path.getsize(path) != expected:
                 found = f"{os.path.getsize(path):,} bytes" if os.path.isfile(path) else "missing"
-                raise ValueError(f"{path}: {found}, but {INDEX_FILE} records {expected:,} bytes. " + _CHANGED)
+                raise DataError(f"{path}: {found}, but {INDEX_FILE} records {expected:,} bytes. " + _CHANGED)
             if _crc32(path) != shard["crc32"]:
-                raise ValueError(f"{path}: its CRC-32 is not the one {INDEX_FILE} records. " + _CHANGED)
+                raise DataError(f"{path}: its CRC-32 is not the one {INDEX_FILE} records. " + _CHANGED)
 
     @classmethod
     def load(cls, directory):
@@ -515,7 +515,8 @@ def _write_shards(pieces, files, sources, fingerprint, cuts, directory, dtype, s
     _report(files, counts, cuts, line_bytes)
     index = ShardIndex(directory, np.dtype(dtype).name, writer.shards, sources, fingerprint, dict(cuts), INDEX_FORMAT)
     if not index.total_tokens:
-        raise ValueError(f"All {len(files)} corpus file(s) are empty.")
+        shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+        raise DataError(f"All {len(files)} corpus file(s) are empty (no token): {shown}.")
     index_path = os.path.join(directory, INDEX_FILE)
     tmp = index_path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:

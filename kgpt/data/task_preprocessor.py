@@ -32,6 +32,9 @@ def _texts(values, what):
     return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
 
 
+MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text
+
+
 @keras.saving.register_keras_serializable(package="kgpt")
 class GPTTaskPreprocessor(Preprocessor):
     """Task examples as text -> views of token ids for `kgpt.GPTTaskModel`.
@@ -81,8 +84,8 @@ class GPTTaskPreprocessor(Preprocessor):
             transform = keras.saving.deserialize_keras_object(transform)
         if not isinstance(transform, transforms.Transform):
             raise TypeError(f"transform must be a kgpt.tasks.transforms.Transform, got {transform!r}.")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 4:
-            raise ValueError(f"max_length must be an integer >= 4, got {max_length!r}.")
+        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < MIN_MAX_LENGTH:
+            raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH}, got {max_length!r}.")
         self.tokenizer = tokenizer
         self.transform = transform
         self.max_length = max_length

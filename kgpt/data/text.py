@@ -5,6 +5,8 @@ Both learning a vocabulary (`GPTTokenizer.train`) and tokenizing a corpus
 text, with the same cuts of over-long lines.
 """
 
+from kgpt.errors import DataError
+
 CHUNK_BYTES = 1 << 18  # a few MB already keep every worker of the shard builder busy
 LINE_BYTES = 1 << 20  # longer lines are cut
 
@@ -15,7 +17,7 @@ def text_chunks(path, chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES, cuts=None)
     A line longer than `line_bytes` is cut after its last space or tab in that
     length, which changes no token, or, with none, mid-word at a character
     boundary; `cuts` (a `collections.Counter`) counts them as `"at a space"`
-    and `"mid-word"`. A byte that is not UTF-8 raises `ValueError` naming the
+    and `"mid-word"`. A byte that is not UTF-8 raises `kgpt.DataError` naming the
     file and its byte offset; an I/O error raises `OSError` naming the file.
     """
     offset, pending = 0, b""
@@ -58,6 +60,15 @@ def _decode(raw, path, offset):
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise ValueError(
-            f"{path}: byte {offset + e.start} (0x{raw[e.start]:02x}) is not valid UTF-8; re-encode the file as UTF-8."
+        line, column = _line_of(path, offset + e.start)
+        raise DataError(
+            f"{path}:{line}: byte {column} of the line (0x{raw[e.start]:02x}) is not valid UTF-8; re-encode the "
+            f"file as UTF-8."
         ) from None
+
+
+def _line_of(path, position):
+    """`(line, byte in the line)` of byte `position`, as `kgpt.readers` names them (read again on this error only)."""
+    with open(path, "rb") as f:
+        before = f.read(position)
+    return before.count(b"\n") + 1, position - (before.rfind(b"\n") + 1)

@@ -21,6 +21,7 @@ back: `save_original` and `save_huggingface`.
 
 import glob
 import json
+import math
 import os
 import random
 import re
@@ -104,6 +105,24 @@ def sizes_from_shapes(shapes, source):
     return sizes
 
 
+def _check_npy_size(path):
+    """Raises `ValueError` when the `.npy` header describes more bytes than the file holds.
+
+    `np.load` allocates what the header says before reading: a corrupt header
+    claiming terabytes would be a `MemoryError` rather than a named file.
+    """
+    with open(path, "rb") as f:
+        version = np.lib.format.read_magic(f)
+        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+        if version not in read_header:
+            return  # version 3 (UTF-8 field names) has no public reader; np.load checks it
+        shape, _, dtype = read_header[version](f)
+        needed = math.prod(shape) * dtype.itemsize
+        held = os.fstat(f.fileno()).st_size - f.tell()
+    if needed > held:
+        raise ValueError(f"its header describes {dtype} of shape {shape} ({needed:,} bytes), the file holds {held:,}")
+
+
 def read_shards(directory, shapes):
     """Reads `params_*.npy` (no pickle), concatenates and splits them into `shapes`."""
     paths = []
@@ -120,6 +139,7 @@ def read_shards(directory, shapes):
     pieces = []
     for path in paths:
         try:
+            _check_npy_size(path)
             piece = np.load(path, allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise CheckpointError(f"{path} is not a readable .npy array (truncated or corrupt: {e}).") from e

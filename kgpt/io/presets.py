@@ -95,7 +95,7 @@ def check_preset_dir(preset, config_file, expected_class):
     if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
         raise CheckpointError(f"{path}: not a Keras object config (no 'config' mapping).")
     registered = keras.saving.get_registered_object(name) if name else None
-    if registered is None or not issubclass(registered, expected_class):
+    if not isinstance(registered, type) or not issubclass(registered, expected_class):  # a function is registered too
         raise CheckpointError(f"{path} describes {name!r}, expected {expected!r} (a kgpt preset of that kind).")
     return config
 

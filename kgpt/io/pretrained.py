@@ -4,7 +4,7 @@ import os
 
 from kgpt.io import original
 from kgpt.models.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
-from kgpt.io.presets import load_any_backbone
+from kgpt.io.presets import CheckpointError, load_any_backbone
 from kgpt.data.tokenizer import GPTTokenizer
 
 
@@ -37,4 +37,12 @@ def load_pretrained(path, num_heads=12, dtype=None):
             f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
         )
     backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
-    return backbone, GPTTokenizer.from_preset(path), f"preset {path}"
+    tokenizer = GPTTokenizer.from_preset(path)
+    size = tokenizer.vocabulary_size()
+    if backbone.vocabulary_size not in (size, size - NUM_SPECIAL_TOKENS):
+        raise CheckpointError(
+            f"{path}: the model has {backbone.vocabulary_size:,} token embeddings but the preset's tokenizer "
+            f"{size:,} ids ({size - NUM_SPECIAL_TOKENS:,} without start/delimiter/extract): the tokenizer files "
+            f"belong to another model. Save the model's own tokenizer beside it."
+        )
+    return backbone, tokenizer, f"preset {path}"

@@ -27,7 +27,7 @@ import keras
 import numpy as np
 
 from kgpt.data import batching
-from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+from kgpt.data.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor
 from kgpt.data.tokenizer import GPTTokenizer
 from kgpt.errors import ConfigError, DataError
 from kgpt.io.presets import read_json
@@ -326,6 +326,9 @@ def check_config(config):
     for name, value in positive.items():
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be positive, got {value}.")
+    if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
+        raise ConfigError(f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
+                          f"of text), got {config.max_length}.")
     if config.epochs < 0 or config.checkpoint_every < 0:
         raise ConfigError(f"epochs and checkpoint_every must be >= 0, got {config.epochs} and {config.checkpoint_every}.")
     run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
@@ -413,7 +416,7 @@ def comparison(task, pretrained, baseline):
 
 
 def _embedded_data(task, target):
-    data_dir = task.default_data(target)
+    data_dir = task.write_default_data(target)
     logger.info(f"No --data_dir: using the embedded {task.name} data written to {data_dir}.")
     return data_dir
 
@@ -433,7 +436,18 @@ def _read_splits(task, data_dir, preprocessor, train=True):
         raise DataError(f"Task {task.name!r}: no split besides {train_split!r} was found in {data_dir} to evaluate.")
     if train and splits[train_split].targets is None:
         raise DataError(f"Task {task.name!r}: the training split {train_split!r} has no labels.")
+    if train:
+        _warn_single_target(task, train_split, splits[train_split].targets)
     return splits
+
+
+def _warn_single_target(task, split, targets):
+    """Warns when every training example has one label: the model could only learn to predict it."""
+    values = np.unique(np.asarray(targets))
+    if len(values) == 1 and len(targets) > 1:
+        logger.warning(f"Warning: every one of the {len(targets):,} examples of task {task.name!r}'s training split "
+                       f"{split!r} has the label {task.prediction_name(values[0].item())!r}: the model can only "
+                       f"learn to predict it. Check the data (a filtered or sorted file?).")
 
 
 def _batch_size(config, start):
@@ -473,6 +487,9 @@ def _finetune(config, task, data_dir, initial=None):
     keras.utils.set_random_seed(config.seed)  # the head starts the same whether or not the demo model was trained
     limit = start.backbone.max_sequence_length
     default_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else limit
+    if config.max_length and config.max_length > limit:
+        logger.warning(f"Warning: max_length {config.max_length} is longer than the model's context ({limit} tokens, "
+                       f"{start.origin}): views are cut to {limit} tokens.")
     preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
                                        max_length=min(config.max_length or default_length, limit))
     splits = _read_splits(task, data_dir, preprocessor, train=config.epochs > 0)

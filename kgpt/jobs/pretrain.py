@@ -89,13 +89,13 @@ def split_point(total, config):
     n_val = min(int(total * config.validation_fraction), config.validation_tokens)
     train = total - n_val
     if train <= config.sequence_length:
-        raise ValueError(
+        raise ConfigError(
             f"The corpus has {total} tokens ({train} for training): fewer than "
             f"one window of sequence_length={config.sequence_length} + 1. Add text or "
             "lower --sequence_length."
         )
     if n_val and n_val < 2:
-        raise ValueError("The validation slice has fewer than 2 tokens; raise validation_fraction.")
+        raise ConfigError("The validation slice has fewer than 2 tokens; raise --validation_fraction.")
     return train
 
 
@@ -249,6 +249,9 @@ def pretrain(config, registry=None):
     if several and config.zero_shot:
         raise ConfigError("--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
                           "one process only: evaluate the saved model with kgpt-analyze zero-shot instead.")
+    if config.zero_shot:  # before the corpus is tokenized and the model built
+        registry = registry or TaskRegistry()
+        zero_shot_lib.check_tasks(config.zero_shot, registry)
     with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.

@@ -29,6 +29,7 @@ import copy
 import dataclasses
 import difflib
 import importlib.metadata
+import logging
 import re
 import traceback
 
@@ -37,6 +38,7 @@ import pluggy
 from kgpt.tasks import hookspecs
 from kgpt.tasks.task import Task, describe_error
 
+logger = logging.getLogger(__name__)
 
 class RegistryError(LookupError):
     """An unknown, conflicting or broken task."""
@@ -137,6 +139,7 @@ class TaskRegistry:
         self.broken = []
         self.conflicts = {}  # task name -> [TaskEntry, ...] (two or more third-party claims)
         self.overruled = []  # (third-party TaskEntry, built-in TaskEntry) claiming one task name
+        self._warned = set()  # overruled plugins already reported by entry()
         self._plugins = {}  # pluggy name -> _Plugin
         if entry_points is None:
             entry_points = self._discover()
@@ -194,9 +197,22 @@ class TaskRegistry:
         if error is not None:  # pluggy validates hook signatures here
             if self.manager.get_plugin(key) is not None:  # pluggy keeps what it added before the error
                 self.manager.unregister(name=key)
-            self._fail(info, "import", error)
+            if isinstance(error, pluggy.PluginValidationError):
+                report = RegistryError(self._signature_message(error))
+                report.__cause__ = error
+                self._fail(info, "hooks", report)
+            else:
+                self._fail(info, "import", error)
             return
         self._plugins[key] = info
+
+    def _signature_message(self, error):
+        """What is wrong with a hook pluggy refused: its arguments, beside the ones kgpt passes."""
+        lines = [line for line in str(error).splitlines() if line.startswith("hookimpl definition:")]
+        found = lines[0].split(":", 1)[1].strip() if lines else "a hook"
+        wanted = [f"{name}({', '.join(getattr(self.manager.hook, name).spec.argnames)})" for name in self._hooks]
+        return (f"@kgpt.hookimpl {found} does not take the arguments kgpt passes ({', '.join(wanted)}); "
+                f"a hook may take fewer of them, by these names, but no other, so the plugin is not loaded")
 
     def _refuse_unknown_hooks(self):
         """Unregisters plugins with a `@kgpt.hookimpl` that matches no hookspec: a misspelt hook does nothing.
@@ -297,6 +313,7 @@ class TaskRegistry:
     def entry(self, name):
         """The `TaskEntry` for `name`; `RegistryError` explaining why there is none."""
         if name in self._entries:
+            self._warn_ignored(name)
             return self._entries[name]
         if name in self.conflicts:
             claims = " and ".join(f"plugin {e.plugin!r} ({e.origin})" for e in self.conflicts[name])
@@ -314,6 +331,15 @@ class TaskRegistry:
             message += " Broken plugins that may provide it: " + "; ".join(b.describe() for b in self.broken)
             raise RegistryError(message) from self.broken[0].error
         raise RegistryError(message)
+
+    def _warn_ignored(self, name):
+        """Says once that a third-party task of this name was ignored: `--task NAME` runs the built-in."""
+        for entry, builtin in self.overruled:
+            if entry.task.name == name and (entry.plugin, entry.origin) not in self._warned:
+                self._warned.add((entry.plugin, entry.origin))
+                logger.warning(f"Task {name!r} is the built-in one of plugin {builtin.plugin!r}; plugin "
+                               f"{entry.plugin!r} ({entry.origin}) also registers a task {name!r}, which is ignored: "
+                               f"rename it in that plugin to use it.")
 
     def get(self, name):
         """The `kgpt.Task` named `name` (see `entry` for the errors)."""

@@ -20,6 +20,7 @@ def register_tasks(register):
 
 import collections
 import dataclasses
+import os
 import re
 from typing import Callable, Iterable
 
@@ -166,6 +167,12 @@ class Task:
             raise ValueError(f"{where}: give at least one metric.")
         for metric in self.metrics:
             metrics_lib.resolve(metric)
+            binary = isinstance(self.head, heads_lib.Classification) and len(self.head.labels) == 2
+            if isinstance(metric, str) and metric == "f1" and not binary:
+                raise ValueError(f"{where}: metric 'f1' is binary F1 of the second label (index 1), for a "
+                                 f"classification head of 2 labels; this task's {self.head.kind} head has "
+                                 f"{len(self.head.output_names()) or 'no'} outputs. Use 'accuracy', or pass a callable "
+                                 f"fn(labels, predictions) -> float.")
         if not self.splits:
             raise ValueError(f"{where}: give at least one split.")
         if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):
@@ -248,6 +255,25 @@ class Task:
         except BaseException as e:  # SystemExit too
             raise DataError(f"{example.source}: {type(self.head).__name__}.target() raised {describe_error(e)} on "
                             f"label {example.label!r} (task {self.name!r}{self._of_plugin()}).") from e
+
+    def write_default_data(self, directory):
+        """Runs `default_data(directory)`; returns the data directory it wrote.
+
+        Whatever the plugin's function raises (even `SystemExit`), or a result
+        that is no directory, becomes a `DataError` naming the task and its plugin.
+        """
+        what = f"Task {self.name!r}{self._of_plugin()}: default_data({directory!r})"
+        try:
+            data_dir = self.default_data(directory)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # plugin code: SystemExit too
+            raise DataError(f"{what} raised {describe_error(e)}. Report it to the plugin's authors, or pass "
+                            f"--data_dir.") from e
+        if not isinstance(data_dir, (str, os.PathLike)) or not os.path.isdir(data_dir):
+            raise DataError(f"{what} returned {data_dir!r}, not the directory it wrote. Report it to the plugin's "
+                            f"authors, or pass --data_dir.")
+        return str(data_dir)
 
     def _of_plugin(self):
         return f" of {self.plugin}" if self.plugin else ""

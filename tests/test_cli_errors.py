@@ -1,0 +1,346 @@
+"""One error path: a user's mistake ends a command with one line naming the file, line, flag or plugin, and no
+traceback (`--verbose` shows it); most of these fail before any model is built.
+
+The commands run in-process through their real entry points (`kgpt.cli.*.run`, absl and all).
+"""
+
+import glob
+import json
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from conftest import TINY, char_tokenizer
+
+import kgpt
+from kgpt.cli import analyze, train
+from kgpt.errors import DataError
+from kgpt.io.presets import CheckpointError
+from kgpt.tasks.registry import RegistryError
+
+
+def cli(monkeypatch, capsys, module, *args):
+    """Runs `module.run()` as its command would with `args`: `(exit code, stdout, stderr)`."""
+    from absl import flags
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # no descriptor-level filter: capsys sees everything
+    monkeypatch.delenv("KGPT_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", [module.__name__, *args])
+    flags.FLAGS.unparse_flags()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            module.run()
+    finally:
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return exited.value.code, out.out, out.err
+
+
+def one_line(code, err, prog="kgpt-train"):
+    """The message of a one-line error (exit 1, no traceback)."""
+    assert code == 1, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0][len(f"{prog}: error: "):]
+
+
+@pytest.fixture(scope="module")
+def presets(tmp_path_factory):
+    """A tiny pre-trained preset, and one whose tokenizer belongs to another model (3 ids short)."""
+    root = tmp_path_factory.mktemp("presets")
+    tokenizer = char_tokenizer()
+    for name, size in (("good", tokenizer.vocabulary_size()), ("other_tokenizer", tokenizer.vocabulary_size() - 1)):
+        backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size, "max_sequence_length": 64})
+        backbone.save_to_preset(str(root / name))
+        tokenizer.save_to_preset(str(root / name))
+    return root
+
+
+# --- pre-training: the corpus -------------------------------------------------------------------
+
+def corpus(tmp_path, name, data):
+    folder = tmp_path / name
+    folder.mkdir()
+    (folder / "a.txt").write_bytes(data)
+    return str(folder)
+
+
+def test_empty_corpus_names_its_files(monkeypatch, capsys, presets, tmp_path):
+    folder = corpus(tmp_path, "empty", b"")
+    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--prepare_only",
+                       f"--tokenizer={presets / 'good'}")
+    assert one_line(code, err) == f"All 1 corpus file(s) are empty (no token): {folder}/a.txt."
+
+
+def test_corpus_byte_that_is_not_utf8_names_file_and_line(monkeypatch, capsys, presets, tmp_path):
+    folder = corpus(tmp_path, "latin1", "first line\nsecond caf\xe9 line\n".encode("latin-1"))
+    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--prepare_only",
+                       f"--tokenizer={presets / 'good'}")
+    assert one_line(code, err) == (f"{folder}/a.txt:2: byte 10 of the line (0xe9) is not valid UTF-8; re-encode "
+                                   f"the file as UTF-8.")
+
+
+def test_corpus_shorter_than_a_window_names_the_flag(monkeypatch, capsys, presets, tmp_path):
+    folder = corpus(tmp_path, "short", b"far too short\n")
+    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--max_steps=10",
+                       "--warmup_steps=1", "--sequence_length=32", f"--tokenizer={presets / 'good'}")
+    message = one_line(code, err)
+    assert "fewer than one window of sequence_length=32 + 1" in message and "lower --sequence_length" in message
+
+
+def test_changed_shard_is_one_line(monkeypatch, capsys, presets, tmp_path):
+    folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
+    args = ("--task=lm", f"--corpus={folder}", "--prepare_only", f"--output_dir={tmp_path / 'out'}",
+            f"--tokenizer={presets / 'good'}")
+    code, _, err = cli(monkeypatch, capsys, train, *args)
+    assert code in (0, None), err[-3000:]
+    [shard] = glob.glob(str(tmp_path / "out" / "shards" / "*.bin"))
+    data = bytearray(open(shard, "rb").read())
+    data[3] ^= 1
+    open(shard, "wb").write(bytes(data))
+    code, _, err = cli(monkeypatch, capsys, train, *args)
+    assert one_line(code, err).startswith(f"{shard}: its CRC-32 is not the one index.json records.")
+
+
+def test_zero_shot_task_without_heuristic_is_refused_before_pretraining(monkeypatch, capsys, tmp_path):
+    code, out, err = cli(monkeypatch, capsys, train, "--task=lm", "--zero_shot=scitail", "--max_steps=10",
+                         "--warmup_steps=1", f"--output_dir={tmp_path / 'lm'}")
+    assert one_line(code, err).startswith("Task 'scitail' offers no zero-shot heuristic; tasks that do: ")
+    assert "Tokenized" not in out and not os.path.exists(tmp_path / "lm" / "shards")
+
+
+def test_zero_shot_task_without_heuristic_in_kgpt_analyze(monkeypatch, capsys, presets, tmp_path):
+    code, out, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={presets / 'good'}", "--tasks=scitail",
+                         f"--output_dir={tmp_path / 'a'}")
+    assert one_line(code, err, "kgpt-analyze").startswith("Task 'scitail' offers no zero-shot heuristic")
+    assert "Zero-shot with the model" not in out  # refused before the model was loaded
+
+
+# --- fine-tuning: flags and presets -------------------------------------------------------------
+
+def test_max_length_below_the_minimum_is_refused_before_anything_is_built(monkeypatch, capsys, tmp_path):
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", "--init=scratch", "--max_length=2",
+                       f"--output_dir={tmp_path / 'o'}")
+    assert one_line(code, err) == ("max_length must be >= 4 (the start, delimiter and extract tokens and one of text), "
+                                   "got 2.")
+    assert not os.path.exists(tmp_path / "o")
+
+
+def test_sequence_length_in_fine_tuning_points_to_max_length(monkeypatch, capsys):
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", "--init=scratch", "--sequence_length=64")
+    assert code == 2 and "Traceback" not in err
+    assert ("--sequence_length only applies to pre-training (--task lm); remove it (a fine-tuned model's context is "
+            "--max_length).") in err
+
+
+def test_preset_with_another_models_tokenizer(monkeypatch, capsys, presets, tmp_path):
+    preset = presets / "other_tokenizer"
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={preset}", "--epochs=1",
+                       f"--output_dir={tmp_path / 'o'}")
+    assert one_line(code, err) == (
+        f"{preset}: the model has 97 token embeddings but the preset's tokenizer 98 ids (95 without start/delimiter/"
+        f"extract): the tokenizer files belong to another model. Save the model's own tokenizer beside it.")
+
+
+def test_preset_naming_a_function_as_its_class(presets, tmp_path):
+    preset = tmp_path / "function"
+    preset.mkdir()
+    for name in os.listdir(presets / "good"):
+        if os.path.isfile(presets / "good" / name):
+            (preset / name).write_bytes((presets / "good" / name).read_bytes())
+    config = json.loads((preset / "config.json").read_text())
+    config.update(module="kgpt.models.decoder_block", class_name="gelu_tanh", registered_name="kgpt>gelu_tanh")
+    (preset / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"config.json describes 'kgpt>gelu_tanh', expected 'kgpt>GPTBackbone'"):
+        kgpt.GPTBackbone.from_preset(str(preset))
+    with pytest.raises(CheckpointError, match="describes 'kgpt>gelu_tanh'"):
+        kgpt.io.pretrained.load_pretrained(str(preset))
+
+
+def test_npy_header_claiming_terabytes_is_named_not_allocated(tmp_path):
+    from kgpt.io import original
+
+    path = tmp_path / "params_0.npy"
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40,)})
+        f.write(np.zeros(4, "float32").tobytes())
+    with pytest.raises(CheckpointError, match=r"params_0.npy is not a readable .npy array .*header describes float32 "
+                                              r"of shape \(1099511627776,\) \(4,398,046,511,104 bytes\), the file "
+                                              r"holds 16"):
+        original.read_shards(str(tmp_path), [(4,)])
+
+
+# --- readers ------------------------------------------------------------------------------------
+
+def test_snli_row_without_gold_label_names_file_and_line(tmp_path):
+    path = tmp_path / "snli_1.0_train.jsonl"
+    rows = [{"gold_label": "neutral", "sentence1": "a man", "sentence2": "a person", "pairID": "1"},
+            {"sentence1": "a dog", "sentence2": "an animal", "pairID": "2"}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DataError, match=rf"^{path}:2: missing field 'gold_label'\."):
+        list(kgpt.TaskRegistry().get("snli").read("train", str(tmp_path)))
+
+
+def test_story_cloze_quoted_field_keeps_its_newline(tmp_path):
+    from kgpt_tasks.qa import STORY_COLUMNS
+
+    path = tmp_path / "val.csv"
+    path.write_text(",".join(STORY_COLUMNS) + "\n" + 'id1,One.,"Two\nthree.",Four.,Five.,Good end.,Bad end.,1\n'
+                    + "id2,A.,B.,C.,D.,E.,F.,2\n")
+    first, second = kgpt.TaskRegistry().get("story-cloze").read("val", str(tmp_path))
+    assert first.segments == ("One. Two\nthree. Four. Five.",) and first.source == f"{path}:2"
+    assert second.source == f"{path}:4" and second.label == 1
+
+
+def test_single_class_training_split_warns(tmp_path, capsys):
+    from kgpt.jobs import finetune
+
+    task = kgpt.Task(name="one-class", transform=kgpt.tasks.transforms.Classification(), labels=("no", "yes"),
+                     read=lambda split, data_dir: [kgpt.Example((f"text {i}",), "yes", source=f"{split}:{i}")
+                                                   for i in range(3)])
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
+    finetune._read_splits(task, str(tmp_path), preprocessor)
+    assert ("every one of the 3 examples of task 'one-class''s training split 'train' has the label 'yes': the "
+            "model can only learn to predict it") in capsys.readouterr().out
+
+
+# --- plugins ------------------------------------------------------------------------------------
+
+def plugin(source, name):
+    import types
+
+    module = types.ModuleType(name)
+    exec(textwrap.dedent(source), module.__dict__)  # noqa: S102 - the test's own plugin source
+    return module
+
+
+def test_hook_with_the_wrong_signature_is_named(tmp_path):
+    bad = plugin("""
+        import kgpt
+
+        @kgpt.hookimpl
+        def register_tasks(add, extra):
+            pass
+    """, "kgpt_bad_signature")
+    registry = kgpt.TaskRegistry(plugins=[bad], entry_points=[])
+    [problem] = registry.problems()
+    assert problem == ("plugin 'kgpt_bad_signature' (registered directly (kgpt_bad_signature)): @kgpt.hookimpl "
+                       "register_tasks(add, extra) does not take the arguments kgpt passes (register_tasks(register)); "
+                       "a hook may take fewer of them, by these names, but no other, so the plugin is not loaded")
+    assert registry.broken[0].stage == "hooks"
+
+
+def test_task_named_like_a_builtin_says_it_is_ignored(capsys):
+    claim = plugin("""
+        import kgpt
+
+        @kgpt.hookimpl
+        def register_tasks(register):
+            register(kgpt.Task(name="rte", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
+                               read=lambda split, data_dir: []))
+    """, "kgpt_claims_rte")
+    registry = kgpt.TaskRegistry(plugins=[claim])
+    capsys.readouterr()
+    assert registry.entry("rte").builtin
+    registry.get("rte")  # said once
+    assert capsys.readouterr().out.splitlines() == [
+        "Task 'rte' is the built-in one of plugin 'glue'; plugin 'kgpt_claims_rte' (registered directly "
+        "(kgpt_claims_rte)) also registers a task 'rte', which is ignored: rename it in that plugin to use it."]
+
+
+@pytest.fixture
+def broken_site(tmp_path, monkeypatch):
+    """A distribution whose plugin module fails to import, on sys.path."""
+    site = tmp_path / "site"
+    info = site / "kgpt_crashes-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kgpt-crashes\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[kgpt]\ncrashes = kgpt_test_crashes\n")
+    (site / "kgpt_test_crashes.py").write_text("def helper():\n    return 1 / 0\n\n\nhelper()\n")
+    monkeypatch.syspath_prepend(str(site))
+    yield site
+    sys.modules.pop("kgpt_test_crashes", None)
+
+
+def test_verbose_shows_a_broken_plugins_traceback(monkeypatch, capsys, broken_site):
+    code, out, err = cli(monkeypatch, capsys, train, "--list_tasks")
+    assert code in (0, None) and "failed in import: ZeroDivisionError: division by zero" in out
+    assert "Traceback" not in out + err
+    code, out, _ = cli(monkeypatch, capsys, train, "--list_tasks", "--verbose")
+    assert "Traceback of plugin 'crashes' (entry point crashes = kgpt_test_crashes (kgpt-crashes 0.1)):" in out
+    assert 'kgpt_test_crashes.py", line 2, in helper' in out
+    code, _, err = cli(monkeypatch, capsys, train, "--task=crashes")
+    assert code == 2 and "Traceback" not in err and "Task 'crashes' is unavailable" in err
+    from absl import flags
+
+    monkeypatch.setattr(sys, "argv", ["kgpt-train", "--task=crashes", "--verbose"])
+    flags.FLAGS.unparse_flags()
+    try:  # a mistake shown with its traceback: the error is raised, its cause the plugin's own
+        with pytest.raises(RegistryError, match="Task 'crashes' is unavailable") as raised:
+            train.run()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert isinstance(raised.value.__cause__, ZeroDivisionError)
+
+
+
+def test_max_length_beyond_the_models_context_is_reported(monkeypatch, capsys, presets, tmp_path):
+    (tmp_path / "data").mkdir()
+    code, out, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}",
+                         "--max_length=1000", f"--data_dir={tmp_path / 'data'}")
+    assert (f"Warning: max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
+            f"views are cut to 64 tokens.") in out
+    assert one_line(code, err).startswith("No SciTail train file found")  # then the data, which is missing
+
+
+def test_zero_shot_data_directory_that_is_missing_is_refused_before_the_model_loads(monkeypatch, capsys, presets,
+                                                                                    tmp_path):
+    code, out, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={presets / 'good'}",
+                         f"--tasks=sst2={tmp_path / 'nowhere'}", f"--output_dir={tmp_path / 'a'}")
+    assert one_line(code, err, "kgpt-analyze") == (f"sst2={tmp_path / 'nowhere'}: no such directory (the task's data "
+                                                   f"directory).")
+    assert "Zero-shot with the model" not in out
+
+
+def test_data_dir_that_is_a_file_says_so(monkeypatch, capsys, presets, tmp_path):
+    (tmp_path / "file").write_text("")
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}",
+                       f"--data_dir={tmp_path / 'file'}")
+    assert one_line(code, err) == (f"Data directory '{tmp_path / 'file'}' is a file, not a directory (looking for "
+                                   f"SciTail train file).")
+
+
+def test_a_plugins_default_data_that_fails_is_named(tmp_path):
+    broken = plugin("""
+        import kgpt
+
+        def write(directory):
+            raise KeyError("train.tsv")
+
+        @kgpt.hookimpl
+        def register_tasks(register):
+            register(kgpt.Task(name="no-data", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
+                               read=lambda split, data_dir: [], default_data=write))
+            register(kgpt.Task(name="no-dir", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
+                               read=lambda split, data_dir: [], default_data=lambda directory: None))
+    """, "kgpt_bad_data")
+    registry = kgpt.TaskRegistry(plugins=[broken], entry_points=[])
+    with pytest.raises(DataError, match=r"^Task 'no-data' of plugin 'kgpt_bad_data' \(registered directly "
+                                        r"\(kgpt_bad_data\)\): default_data\('.*'\) raised KeyError: 'train.tsv'. "
+                                        r"Report it to the plugin's authors, or pass --data_dir.$"):
+        registry.get("no-data").write_default_data(str(tmp_path / "a"))
+    with pytest.raises(DataError, match=r"default_data\('.*'\) returned None, not the directory it wrote"):
+        registry.get("no-dir").write_default_data(str(tmp_path / "b"))
+
+
+def test_help_into_a_pipe_that_closes_early_is_no_error():
+    import subprocess
+
+    process = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", "--help"], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, bufsize=0)
+    process.stdout.close()  # before the help is written: as `| head -1` does once it has its line
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0 and b"Traceback" not in err, err.decode()[-3000:]

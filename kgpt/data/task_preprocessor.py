@@ -32,6 +32,18 @@ def _texts(values, what):
     return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
 
 
+def _in_graph(x):
+    """Whether `x` holds symbolic TensorFlow tensors (a `tf.data` map or a `tf.function` is tracing)."""
+    if isinstance(x, (str, bytes, list, np.ndarray)) or (isinstance(x, tuple) and not x):
+        return False
+    leaves = x if isinstance(x, tuple) else (x,)
+    if not all(type(leaf).__module__.startswith("tensorflow") for leaf in leaves):
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() or any(not hasattr(leaf, "numpy") for leaf in leaves)
+
+
 @keras.saving.register_keras_serializable(package="kgpt")
 class GPTTaskPreprocessor(Preprocessor):
     """Task examples as text -> views of token ids for `kgpt.GPTTaskModel`.
@@ -187,17 +199,8 @@ class GPTTaskPreprocessor(Preprocessor):
         return self.call(x, y=y, sample_weight=sample_weight)
 
     def call(self, x, y=None, sample_weight=None):
-        if not isinstance(x, (str, list, tuple, np.ndarray)):
-            try:
-                import tensorflow as tf
-
-                if not tf.executing_eagerly():
-                    raise TypeError
-            except (ImportError, TypeError):
-                raise TypeError(
-                    "GPTTaskPreprocessor runs in Python, not inside tf.data or tf.function: give raw text to "
-                    "GPTTaskModel.fit/predict, which batch it by length."
-                ) from None
+        if _in_graph(x):
+            return self._graph_call(x, y, sample_weight)
         split = self.encode_batch(x)
         inputs = split.inputs(np.arange(len(split)))
         if y is None:
@@ -207,8 +210,102 @@ class GPTTaskPreprocessor(Preprocessor):
         sample_weight = {"task": task_weight, "lm": inputs["padding_mask"][..., 1:].astype("float32")}
         return keras.utils.pack_x_y_sample_weight(inputs, y, sample_weight)
 
+    def _graph_call(self, x, y, sample_weight):
+        """`call` inside `tf.data.Dataset.map` (or a `tf.function`): the Python encoding runs through
+        `tf.py_function`, so each batch is padded to its longest view as in an eager call. A dataset of single
+        examples (unbatched) gives `[views, length]` per example."""
+        import tensorflow as tf
+
+        flat = tf.nest.flatten(x)
+        unbatched = flat[0].shape.rank == 0  # the first segment: one string per example
+        if unbatched:
+            flat = [tf.expand_dims(t, 0) for t in flat]
+
+        def encode(*tensors):
+            texts = tf.nest.pack_sequence_as(x, [t.numpy() for t in tensors])
+            inputs = self.encode_batch(texts, name="dataset").inputs
+            packed = inputs(np.arange(len(tensors[0])))
+            return packed["token_ids"], packed["padding_mask"]
+
+        token_ids, padding_mask = tf.py_function(encode, flat, (tf.int32, tf.int32))
+        for tensor in (token_ids, padding_mask):
+            tensor.set_shape((None, self.transform.num_views, None))
+        if unbatched:
+            token_ids, padding_mask = token_ids[0], padding_mask[0]
+        inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+        if y is None:
+            return inputs
+        targets = {"task": y, "lm": token_ids[..., 1:]}
+        weights = {"task": tf.ones(tf.shape(y)[:1], "float32") if sample_weight is None else sample_weight,
+                   "lm": tf.cast(padding_mask[..., 1:], "float32")}
+        return keras.utils.pack_x_y_sample_weight(inputs, targets, weights)
+
     def get_config(self):
         config = super().get_config()
         config.update({"transform": keras.saving.serialize_keras_object(self.transform),
                        "max_length": self.max_length})
         return config
+
+
+def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
+    """A batched `tf.data.Dataset` of raw text, `(texts, labels)` or texts alone, -> `GPTTaskModel` batches.
+
+    `encode(texts, labels, name)` is `GPTTaskModel.encode`: each batch is encoded in Python (`tf.py_function`)
+    as text given to `fit` is (labels by name or index, truncation counted and warned of), padded to its
+    longest view, with the auxiliary LM targets when `lm`. Labels are dropped when `targets` is False
+    (predict). Inputs are keras-hub's layout: texts, or a tuple of segment columns, first in each element.
+    """
+    import tensorflow as tf
+
+    spec = ds.element_spec
+    x_spec, y_spec, w_spec = keras.utils.unpack_x_y_sample_weight(spec) if isinstance(spec, tuple) \
+        else (spec, None, None)
+    if targets and y_spec is None:
+        raise ValueError("Training or evaluating on a tf.data.Dataset of text needs labels: elements "
+                         "(texts, labels).")
+    if targets and w_spec is not None:
+        raise ValueError("A tf.data.Dataset of text takes (texts, labels): sample weights are not supported.")
+    if tf.nest.flatten(x_spec)[0].shape.rank == 0:
+        raise ValueError("The tf.data.Dataset of text is not batched: batch it first, e.g. ds.batch(32).")
+    num_x = len(tf.nest.flatten(x_spec))
+    target_type = tf.float32 if np.dtype(target_dtype).kind == "f" else tf.int32
+
+    def encode_batch(*tensors):
+        texts = tf.nest.pack_sequence_as(x_spec, [t.numpy() for t in tensors[:num_x]])
+        labels = None
+        if targets:
+            labels = [v.decode("utf-8") if isinstance(v, bytes) else v for v in tensors[num_x].numpy().tolist()]
+        split = encode(texts, labels, name="dataset")
+        indices = np.arange(len(split))
+        if not targets:
+            inputs = split.inputs(indices)
+            return inputs["token_ids"], inputs["padding_mask"]
+        x, y, weights = split.batch(indices, lm=False)
+        return x["token_ids"], x["padding_mask"], y["task"].astype(target_type.as_numpy_dtype), weights["task"]
+
+    def split_element(element):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(element) if isinstance(element, tuple) \
+            else (element, None, None)
+        return tf.nest.flatten(x) + ([y] if targets else [])
+
+    def to_model(*element):
+        types = (tf.int32, tf.int32) + ((target_type, tf.float32) if targets else ())
+        outputs = tf.py_function(encode_batch, split_element(element[0] if len(element) == 1 else element), types)
+        for tensor in outputs[:2]:
+            tensor.set_shape((None, num_views, None))
+        inputs = {"token_ids": outputs[0], "padding_mask": outputs[1]}
+        if not targets:
+            return inputs
+        for tensor in outputs[2:]:
+            tensor.set_shape((None,))
+        y, weights = {"task": outputs[2]}, {"task": outputs[3]}
+        if lm:
+            y["lm"] = inputs["token_ids"][..., 1:]
+            weights["lm"] = tf.cast(inputs["padding_mask"][..., 1:], "float32")
+        return inputs, y, weights
+
+    # The first batch is encoded here, eagerly: a mistake in the data (a segment missing, an unknown label)
+    # is then a ValueError naming the example, not an error from inside the tf.data pipeline.
+    for element in ds.take(1):
+        encode_batch(*split_element(element))
+    return ds.map(to_model)

@@ -371,35 +371,63 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     # --- scoring -----------------------------------------------------------
 
-    def score(self, token_ids, padding_mask=None, batch_size=32):
-        """Log-probability of every token given the tokens before it.
+    def score(self, token_ids, padding_mask=None, scoring_mode="log_probs", layer_intercept_fn=None,
+              target_ids=None, batch_size=32):
+        """Scores token ids (or texts): kgpt's log-probabilities, or keras-hub's logits and per-token losses.
 
         Args:
-            token_ids: int array `[batch, length]`; or, with a preprocessor,
-                a text or a list of texts.
+            token_ids: int array `[batch, length]`; or, with a preprocessor
+                and `scoring_mode="log_probs"`, a text or a list of texts.
             padding_mask: optional `[batch, length]`, 1 for real tokens
                 (token ids only).
-            batch_size: rows per forward pass.
+            scoring_mode: `"log_probs"` (kgpt's default, below); or
+                keras-hub's `CausalLM.score` modes: `"logits"` gives the logits
+                `[batch, length, vocabulary]` and `"loss"` the cross-entropy of
+                `target_ids` at each position `[batch, length]`, both as
+                backend tensors from one eager forward pass (so a
+                `tf.GradientTape` or `jax.grad` can follow them).
+            layer_intercept_fn: `"logits"`/`"loss"` only, keras-hub's hook
+                `fn(x, i) -> x`: called on the summed token and position
+                embeddings with `i = -1` (before the embedding dropout), then
+                on each block's output with its index `0..num_layers-1`; what
+                it returns goes on through the model.
+            target_ids: `"loss"` only: int `[batch, length]`, the token to
+                score at each position (keras-hub passes
+                `ops.roll(token_ids, -1, axis=1)`).
+            batch_size: rows per forward pass (`"log_probs"`).
 
         Returns:
-            For token ids, a float32 NumPy array `[batch, length - 1]`: entry
-            `t` is `log P(token_ids[:, t + 1] | token_ids[:, :t + 1])`, and 0
-            where token `t + 1` is padding. Sums and means over a span give
-            the sequence scores of the paper's zero-shot heuristics (section
-            5). For a text, a float32 array with one entry per token of the
-            text: its log-probability given the tokens before it, the first
-            one given the newline token (a document boundary) when the
-            vocabulary has one (else the first token is not scored), as
-            `kgpt.analysis.heuristics.Scorer` does; for a list of texts, a list of them.
+            For `"log_probs"` on token ids, a float32 NumPy array `[batch,
+            length - 1]`: entry `t` is `log P(token_ids[:, t + 1] |
+            token_ids[:, :t + 1])`, and 0 where token `t + 1` is padding. Sums
+            and means over a span give the sequence scores of the paper's
+            zero-shot heuristics (section 5). For a text, a float32 array with
+            one entry per token of the text: its log-probability given the
+            tokens before it, the first one given the newline token (a
+            document boundary) when the vocabulary has one (else the first
+            token is not scored), as `kgpt.analysis.heuristics.Scorer` does;
+            for a list of texts, a list of them.
 
         Example:
         ```python
         lm.score("The keeper climbed the tower.")  # array([-3.1, -7.9, ...], dtype=float32)
+        lm.score(ids, scoring_mode="loss", target_ids=keras.ops.roll(ids, -1, axis=1))  # [batch, length]
         ```
         """
+        if scoring_mode not in ("log_probs", "logits", "loss"):
+            raise ValueError(f"scoring_mode must be 'log_probs' (kgpt's), 'logits' or 'loss' (keras-hub's), got "
+                             f"{scoring_mode!r}.")
         batch_size = checks.positive_int(batch_size, "batch_size")
-        if _is_text(token_ids):
-            return self._score_text(token_ids, batch_size)
+        if scoring_mode == "log_probs":
+            for name, value in (("layer_intercept_fn", layer_intercept_fn), ("target_ids", target_ids)):
+                if value is not None:
+                    raise ValueError(f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
+                                     f"scoring_mode='log_probs' scores each next token of token_ids.")
+            if _is_text(token_ids):
+                return self._score_text(token_ids, batch_size)
+        elif _is_text(token_ids):
+            raise ValueError(f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
+                             f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first.")
         token_ids = checks.token_ids(token_ids, "token_ids", self.backbone.vocabulary_size)
         if token_ids.shape[0] == 0 or token_ids.shape[1] < 2:
             raise ValueError(
@@ -411,7 +439,41 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         padding_mask = checks.padding_mask(padding_mask, "padding_mask", token_ids.shape)
         self._check_length(token_ids.shape[1])
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
-        return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
+        if scoring_mode == "log_probs":
+            return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
+        if layer_intercept_fn is not None and not callable(layer_intercept_fn):
+            raise TypeError(f"layer_intercept_fn must be a function fn(x, i) -> x, got {layer_intercept_fn!r:.80}.")
+        if scoring_mode == "loss":
+            if target_ids is None:
+                raise ValueError("scoring_mode='loss' needs target_ids: the token to score at each position, e.g. "
+                                 "keras.ops.roll(token_ids, -1, axis=1).")
+            target_ids = checks.token_ids(target_ids, "target_ids", self.backbone.vocabulary_size)
+            if target_ids.shape != token_ids.shape:
+                raise ValueError(f"target_ids must have the shape of token_ids {token_ids.shape}, got "
+                                 f"{target_ids.shape}.")
+        elif target_ids is not None:
+            raise ValueError("target_ids is for scoring_mode='loss'; 'logits' scores every vocabulary entry.")
+        if not hasattr(self.backbone, "transformer_layers"):  # the LSTM ablation: no blocks to intercept
+            if layer_intercept_fn is not None:
+                raise ValueError(f"layer_intercept_fn needs a backbone of transformer blocks, not a "
+                                 f"{type(self.backbone).__name__}.")
+            logits = self(inputs, training=False)
+        else:
+            logits = self._intercepted_logits(inputs, layer_intercept_fn or (lambda x, i: x))
+        if scoring_mode == "logits":
+            return logits
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        return loss(target_ids, ops.cast(logits, "float32"))
+
+    def _intercepted_logits(self, inputs, intercept):
+        """keras-hub's eager scoring pass: the backbone's layers one at a time, `intercept(x, i)` after each."""
+        backbone = self.backbone
+        tokens = backbone.token_embedding(inputs["token_ids"])
+        x = intercept(backbone.embeddings_add((tokens, backbone.position_embedding(tokens))), -1)
+        x = backbone.embeddings_dropout(x, training=False)
+        for i, block in enumerate(backbone.transformer_layers):
+            x = intercept(block(x, padding_mask=inputs["padding_mask"], training=False), i)
+        return backbone.token_embedding(x, reverse=True)
 
     def _score_text(self, texts, batch_size):
         from kgpt.analysis.heuristics import Scorer
@@ -611,6 +673,25 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             token_ids[row, : len(prompt)] = prompt
             padding_mask[row, : len(prompt)] = 1
         return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+    def get_quantization_layer_structure(self, mode):
+        """keras-hub's layout for GPTQ/AWQ calibration: what runs before the blocks, then the blocks.
+
+        `pre_block_layers` is one Keras model from token ids `[batch, length]`
+        to the first block's input: token plus position embeddings and the
+        embedding dropout (the token embedding alone would feed the blocks
+        inputs without positions). `sequential_blocks` are the backbone's
+        transformer blocks. `None` for other modes, and for a backbone
+        without blocks (the LSTM ablation).
+        """
+        if mode not in ("gptq", "awq") or not hasattr(self.backbone, "transformer_layers"):
+            return None
+        backbone = self.backbone
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        tokens = backbone.token_embedding(token_ids)
+        x = backbone.embeddings_add((tokens, backbone.position_embedding(tokens)))
+        embeddings = keras.Model(token_ids, backbone.embeddings_dropout(x), name="embeddings")
+        return {"pre_block_layers": [embeddings], "sequential_blocks": backbone.transformer_layers}
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Forward pass over `token_ids` reusing cached keys/values.

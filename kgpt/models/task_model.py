@@ -375,6 +375,15 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output,
                                 max_lengths=self.max_padded_lengths(split, batch_size or 32))
 
+    def _encode_dataset(self, ds, targets):
+        """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.data.task_preprocessor.encode_dataset`)."""
+        if self.preprocessor is None:
+            raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
+                             "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        from kgpt.data.task_preprocessor import encode_dataset
+
+        return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
+
     def _check_inputs(self, x, batch_size):
         """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`."""
         checks.not_a_generator(x)
@@ -397,7 +406,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         `validation_data=(texts, labels)` is encoded the same way.
         """
         batch_size = self._check_inputs(x, batch_size)
-        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+        if _is_text_dataset(x):
+            x = self._encode_dataset(x, targets=True)
+            if _is_text_dataset(validation_data):
+                validation_data = self._encode_dataset(validation_data, targets=True)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
             x = self._text_dataset(x, y, batch_size, seed=seed)
             if validation_data is not None:
@@ -415,7 +428,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
         batch_size = self._check_inputs(x, batch_size)
-        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+        if _is_text_dataset(x):
+            x = self._encode_dataset(x, targets=True)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
 
@@ -425,6 +440,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
         """
         batch_size = self._check_inputs(x, batch_size)
+        if _is_text_dataset(x):
+            outputs = self.task_predictor().predict(self._encode_dataset(x, targets=False), verbose=verbose, **kwargs)
+            return self.head.probabilities(outputs)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
@@ -499,6 +517,19 @@ def is_task_preset(preset, cls=None):
     saved = read_json(config, "a kgpt task config")
     return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
         cls or GPTTaskModel)
+
+
+def _is_text_dataset(x):
+    """Whether `x` is a `tf.data.Dataset` whose inputs (the first item of `(x, y)`) are strings."""
+    if not type(x).__module__.startswith("tensorflow"):
+        return False
+    import tensorflow as tf
+
+    if not isinstance(x, tf.data.Dataset):
+        return False
+    spec = x.element_spec
+    inputs = keras.utils.unpack_x_y_sample_weight(spec)[0] if isinstance(spec, tuple) else spec
+    return any(s.dtype == tf.string for s in tf.nest.flatten(inputs))
 
 
 def _is_text(x):

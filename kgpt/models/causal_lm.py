@@ -674,6 +674,16 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             padding_mask[row, : len(prompt)] = 1
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
+    def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
+        """A TensorFlow SavedModel whose `serve` maps token ids `[batch, length]` to logits; on both backends.
+
+        See `kgpt.io.export.export_causal_lm` (on JAX, the symbolic length is
+        bounded by `max_sequence_length`, which Keras' defaults leave out).
+        """
+        from kgpt.io.export import export_causal_lm
+
+        return export_causal_lm(self, filepath, format=format, verbose=verbose, **kwargs)
+
     def get_quantization_layer_structure(self, mode):
         """keras-hub's layout for GPTQ/AWQ calibration: what runs before the blocks, then the blocks.
 

@@ -70,15 +70,19 @@ class GPTTaskPreprocessor(Preprocessor):
             tokens frame the views).
         transform: a `kgpt.tasks.transforms.Transform` (the task's Figure 1 input
             transformation).
-        max_length: most tokens per view; longer views lose tokens from the
+        sequence_length: most tokens per view (keras-hub's name for the
+            packed length; default 512); longer views lose tokens from the
             end of their longest segment (`kgpt.tasks.transforms.truncate`),
-            counted in `encode_batch`'s result.
+            counted in `encode_batch`'s result. Batches are padded to their
+            longest view, not to this length.
+        max_length: the earlier name of `sequence_length`, still accepted
+            (presets saved before hold it).
 
     Example:
     ```python
     import kgpt
 
-    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), kgpt.tasks.transforms.Entailment(), max_length=64)
+    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), kgpt.tasks.transforms.Entailment(), sequence_length=64)
     x = preprocessor((["A dog runs."], ["An animal moves."]))
     x["token_ids"].shape  # (1, 1, 12): [start] premise [delimiter] hypothesis [extract], 11 tokens, padded to 12
     ```
@@ -87,17 +91,32 @@ class GPTTaskPreprocessor(Preprocessor):
     backbone_cls = GPTBackbone
     tokenizer_cls = GPTTokenizer
 
-    def __init__(self, tokenizer, transform, max_length=512, **kwargs):
+    def __init__(self, tokenizer, transform, sequence_length=None, max_length=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(transform, dict):
             transform = keras.saving.deserialize_keras_object(transform)
         if not isinstance(transform, transforms.Transform):
             raise TypeError(f"transform must be a kgpt.tasks.transforms.Transform, got {transform!r}.")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 4:
-            raise ValueError(f"max_length must be an integer >= 4, got {max_length!r}.")
+        # `max_length`, the earlier name, stays accepted: presets saved before hold it in preprocessor.json.
+        if sequence_length is not None and max_length is not None and sequence_length != max_length:
+            raise ValueError(f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
+                             f"packed length: pass sequence_length only.")
+        length = 512 if sequence_length is None and max_length is None else (
+            sequence_length if sequence_length is not None else max_length)
+        if isinstance(length, bool) or not isinstance(length, int) or length < 4:
+            raise ValueError(f"sequence_length must be an integer >= 4, got {length!r}.")
         self.tokenizer = tokenizer
         self.transform = transform
-        self.max_length = max_length
+        self.sequence_length = length
+
+    @property
+    def max_length(self):
+        """The earlier name of `sequence_length` (kept for code and presets written before)."""
+        return self.sequence_length
+
+    @max_length.setter
+    def max_length(self, value):
+        self.sequence_length = value
 
     # --- one example ---------------------------------------------------------
 
@@ -116,7 +135,7 @@ class GPTTaskPreprocessor(Preprocessor):
         encode = self.tokenizer.encode
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
         return transforms.build_views(self.transform, [encode(s) for s in segments], [encode(c) for c in choices],
-                                      layout, self.max_length)
+                                      layout, self.sequence_length)
 
     # --- a batch -------------------------------------------------------------
 
@@ -171,7 +190,7 @@ class GPTTaskPreprocessor(Preprocessor):
         many tokens. An example that does not fit the transformation raises
         `ValueError` naming its position.
         """
-        builder = batching.SplitBuilder(name, self.transform.num_views, self.max_length)
+        builder = batching.SplitBuilder(name, self.transform.num_views, self.sequence_length)
         truncated = tokens_cut = 0
         examples = self.examples(x)
         if not examples:
@@ -243,7 +262,7 @@ class GPTTaskPreprocessor(Preprocessor):
     def get_config(self):
         config = super().get_config()
         config.update({"transform": keras.saving.serialize_keras_object(self.transform),
-                       "max_length": self.max_length})
+                       "sequence_length": self.sequence_length})
         return config
 
 

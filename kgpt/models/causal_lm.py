@@ -441,39 +441,9 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
         if scoring_mode == "log_probs":
             return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
-        if layer_intercept_fn is not None and not callable(layer_intercept_fn):
-            raise TypeError(f"layer_intercept_fn must be a function fn(x, i) -> x, got {layer_intercept_fn!r:.80}.")
-        if scoring_mode == "loss":
-            if target_ids is None:
-                raise ValueError("scoring_mode='loss' needs target_ids: the token to score at each position, e.g. "
-                                 "keras.ops.roll(token_ids, -1, axis=1).")
-            target_ids = checks.token_ids(target_ids, "target_ids", self.backbone.vocabulary_size)
-            if target_ids.shape != token_ids.shape:
-                raise ValueError(f"target_ids must have the shape of token_ids {token_ids.shape}, got "
-                                 f"{target_ids.shape}.")
-        elif target_ids is not None:
-            raise ValueError("target_ids is for scoring_mode='loss'; 'logits' scores every vocabulary entry.")
-        if not hasattr(self.backbone, "transformer_layers"):  # the LSTM ablation: no blocks to intercept
-            if layer_intercept_fn is not None:
-                raise ValueError(f"layer_intercept_fn needs a backbone of transformer blocks, not a "
-                                 f"{type(self.backbone).__name__}.")
-            logits = self(inputs, training=False)
-        else:
-            logits = self._intercepted_logits(inputs, layer_intercept_fn or (lambda x, i: x))
-        if scoring_mode == "logits":
-            return logits
-        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
-        return loss(target_ids, ops.cast(logits, "float32"))
+        from kgpt.models.keras_hub_scoring import keras_hub_score
 
-    def _intercepted_logits(self, inputs, intercept):
-        """keras-hub's eager scoring pass: the backbone's layers one at a time, `intercept(x, i)` after each."""
-        backbone = self.backbone
-        tokens = backbone.token_embedding(inputs["token_ids"])
-        x = intercept(backbone.embeddings_add((tokens, backbone.position_embedding(tokens))), -1)
-        x = backbone.embeddings_dropout(x, training=False)
-        for i, block in enumerate(backbone.transformer_layers):
-            x = intercept(block(x, padding_mask=inputs["padding_mask"], training=False), i)
-        return backbone.token_embedding(x, reverse=True)
+        return keras_hub_score(self, inputs, scoring_mode, layer_intercept_fn, target_ids)
 
     def _score_text(self, texts, batch_size):
         from kgpt.analysis.heuristics import Scorer
@@ -685,23 +655,11 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         return export_causal_lm(self, filepath, format=format, verbose=verbose, **kwargs)
 
     def get_quantization_layer_structure(self, mode):
-        """keras-hub's layout for GPTQ/AWQ calibration: what runs before the blocks, then the blocks.
+        """keras-hub's layout for GPTQ/AWQ calibration (`kgpt.models.keras_hub_scoring.quantization_layer_structure`):
+        token plus position embeddings as one pre-block model, then the transformer blocks."""
+        from kgpt.models.keras_hub_scoring import quantization_layer_structure
 
-        `pre_block_layers` is one Keras model from token ids `[batch, length]`
-        to the first block's input: token plus position embeddings and the
-        embedding dropout (the token embedding alone would feed the blocks
-        inputs without positions). `sequential_blocks` are the backbone's
-        transformer blocks. `None` for other modes, and for a backbone
-        without blocks (the LSTM ablation).
-        """
-        if mode not in ("gptq", "awq") or not hasattr(self.backbone, "transformer_layers"):
-            return None
-        backbone = self.backbone
-        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
-        tokens = backbone.token_embedding(token_ids)
-        x = backbone.embeddings_add((tokens, backbone.position_embedding(tokens)))
-        embeddings = keras.Model(token_ids, backbone.embeddings_dropout(x), name="embeddings")
-        return {"pre_block_layers": [embeddings], "sequential_blocks": backbone.transformer_layers}
+        return quantization_layer_structure(self, mode)
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Forward pass over `token_ids` reusing cached keys/values.

@@ -32,6 +32,9 @@ def _texts(values, what):
     return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
 
 
+MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text
+
+
 def _in_graph(x):
     """Whether `x` holds symbolic TensorFlow tensors (a `tf.data` map or a `tf.function` is tracing)."""
     if isinstance(x, (str, bytes, list, np.ndarray)) or (isinstance(x, tuple) and not x):
@@ -103,8 +106,8 @@ class GPTTaskPreprocessor(Preprocessor):
                              f"packed length: pass sequence_length only.")
         length = 512 if sequence_length is None and max_length is None else (
             sequence_length if sequence_length is not None else max_length)
-        if isinstance(length, bool) or not isinstance(length, int) or length < 4:
-            raise ValueError(f"sequence_length must be an integer >= 4, got {length!r}.")
+        if isinstance(length, bool) or not isinstance(length, int) or length < MIN_MAX_LENGTH:
+            raise ValueError(f"sequence_length must be an integer >= {MIN_MAX_LENGTH}, got {length!r}.")
         self.tokenizer = tokenizer
         self.transform = transform
         self.sequence_length = length

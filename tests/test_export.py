@@ -192,3 +192,16 @@ def test_saved_model_export_refuses_other_formats_and_models(tmp_path):
         export_task_model(model.backbone, str(tmp_path / "x"))
     with pytest.raises(ValueError, match="input_signature is fixed"):
         export_task_model(model, str(tmp_path / "x"), input_signature=[])
+
+
+def test_causal_lm_saved_model_serves_logits_on_either_backend(tmp_path):
+    import tensorflow as tf
+
+    lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY))
+    lm.export(str(tmp_path / "lm"), verbose=False)  # on JAX, through jax2tf with the length bounded by the context
+    served = tf.saved_model.load(str(tmp_path / "lm"))
+    for batch, length, seed in ((3, 5, 0), (2, TINY["max_sequence_length"], 1)):  # batch and length are dynamic
+        x = {name: value[:, 0] for name, value in padded_inputs(batch, 1, length, seed).items()}
+        np.testing.assert_allclose(served.serve(x).numpy(), to_numpy(lm(x)), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="format must be 'tf_saved_model', got 'onnx'"):
+        lm.export(str(tmp_path / "x"), format="onnx")

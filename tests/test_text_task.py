@@ -119,7 +119,7 @@ def test_truncation_is_counted_and_reported():
     assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
     assert split.view_lengths.ravel().tolist() == [8, 4]
     model = kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]), preprocessor=preprocessor)
-    with pytest.warns(UserWarning, match=r"1 of 2 examples in inputs are longer than max_length=8 tokens: 4 tokens"):
+    with pytest.warns(UserWarning, match=r"1 of 2 examples in inputs are longer than sequence_length=8 tokens: 4 tokens"):
         model.encode(["abcdefghij", "ab"])
 
 
@@ -190,7 +190,7 @@ def test_text_needs_a_preprocessor_that_fits(backbone):
         kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
                           preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16))
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
-    with pytest.raises(ValueError, match=r"max_length=512 exceeds the model's context max_sequence_length=16"):
+    with pytest.raises(ValueError, match=r"sequence_length=512 exceeds the model's context max_sequence_length=16"):
         kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
                           preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification()))
     with pytest.raises(ValueError, match=r"similarity transform makes 2 view\(s\), the model takes 1"):

@@ -35,6 +35,18 @@ def _texts(values, what):
 MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text
 
 
+def _in_graph(x):
+    """Whether `x` holds symbolic TensorFlow tensors (a `tf.data` map or a `tf.function` is tracing)."""
+    if isinstance(x, (str, bytes, list, np.ndarray)) or (isinstance(x, tuple) and not x):
+        return False
+    leaves = x if isinstance(x, tuple) else (x,)
+    if not all(type(leaf).__module__.startswith("tensorflow") for leaf in leaves):
+        return False
+    import tensorflow as tf
+
+    return not tf.executing_eagerly() or any(not hasattr(leaf, "numpy") for leaf in leaves)
+
+
 @keras.saving.register_keras_serializable(package="kgpt")
 class GPTTaskPreprocessor(Preprocessor):
     """Task examples as text -> views of token ids for `kgpt.GPTTaskModel`.
@@ -61,15 +73,19 @@ class GPTTaskPreprocessor(Preprocessor):
             tokens frame the views).
         transform: a `kgpt.tasks.transforms.Transform` (the task's Figure 1 input
             transformation).
-        max_length: most tokens per view; longer views lose tokens from the
+        sequence_length: most tokens per view (keras-hub's name for the
+            packed length; default 512); longer views lose tokens from the
             end of their longest segment (`kgpt.tasks.transforms.truncate`),
-            counted in `encode_batch`'s result.
+            counted in `encode_batch`'s result. Batches are padded to their
+            longest view, not to this length.
+        max_length: the earlier name of `sequence_length`, still accepted
+            (presets saved before hold it).
 
     Example:
     ```python
     import kgpt
 
-    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), kgpt.tasks.transforms.Entailment(), max_length=64)
+    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), kgpt.tasks.transforms.Entailment(), sequence_length=64)
     x = preprocessor((["A dog runs."], ["An animal moves."]))
     x["token_ids"].shape  # (1, 1, 12): [start] premise [delimiter] hypothesis [extract], 11 tokens, padded to 12
     ```
@@ -78,17 +94,32 @@ class GPTTaskPreprocessor(Preprocessor):
     backbone_cls = GPTBackbone
     tokenizer_cls = GPTTokenizer
 
-    def __init__(self, tokenizer, transform, max_length=512, **kwargs):
+    def __init__(self, tokenizer, transform, sequence_length=None, max_length=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(transform, dict):
             transform = keras.saving.deserialize_keras_object(transform)
         if not isinstance(transform, transforms.Transform):
             raise TypeError(f"transform must be a kgpt.tasks.transforms.Transform, got {transform!r}.")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < MIN_MAX_LENGTH:
-            raise ValueError(f"max_length must be an integer >= {MIN_MAX_LENGTH}, got {max_length!r}.")
+        # `max_length`, the earlier name, stays accepted: presets saved before hold it in preprocessor.json.
+        if sequence_length is not None and max_length is not None and sequence_length != max_length:
+            raise ValueError(f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
+                             f"packed length: pass sequence_length only.")
+        length = 512 if sequence_length is None and max_length is None else (
+            sequence_length if sequence_length is not None else max_length)
+        if isinstance(length, bool) or not isinstance(length, int) or length < MIN_MAX_LENGTH:
+            raise ValueError(f"sequence_length must be an integer >= {MIN_MAX_LENGTH}, got {length!r}.")
         self.tokenizer = tokenizer
         self.transform = transform
-        self.max_length = max_length
+        self.sequence_length = length
+
+    @property
+    def max_length(self):
+        """The earlier name of `sequence_length` (kept for code and presets written before)."""
+        return self.sequence_length
+
+    @max_length.setter
+    def max_length(self, value):
+        self.sequence_length = value
 
     # --- one example ---------------------------------------------------------
 
@@ -107,7 +138,7 @@ class GPTTaskPreprocessor(Preprocessor):
         encode = self.tokenizer.encode
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
         return transforms.build_views(self.transform, [encode(s) for s in segments], [encode(c) for c in choices],
-                                      layout, self.max_length)
+                                      layout, self.sequence_length)
 
     # --- a batch -------------------------------------------------------------
 
@@ -162,7 +193,7 @@ class GPTTaskPreprocessor(Preprocessor):
         many tokens. An example that does not fit the transformation raises
         `ValueError` naming its position.
         """
-        builder = batching.SplitBuilder(name, self.transform.num_views, self.max_length)
+        builder = batching.SplitBuilder(name, self.transform.num_views, self.sequence_length)
         truncated = tokens_cut = 0
         examples = self.examples(x)
         if not examples:
@@ -190,17 +221,8 @@ class GPTTaskPreprocessor(Preprocessor):
         return self.call(x, y=y, sample_weight=sample_weight)
 
     def call(self, x, y=None, sample_weight=None):
-        if not isinstance(x, (str, list, tuple, np.ndarray)):
-            try:
-                import tensorflow as tf
-
-                if not tf.executing_eagerly():
-                    raise TypeError
-            except (ImportError, TypeError):
-                raise TypeError(
-                    "GPTTaskPreprocessor runs in Python, not inside tf.data or tf.function: give raw text to "
-                    "GPTTaskModel.fit/predict, which batch it by length."
-                ) from None
+        if _in_graph(x):
+            return self._graph_call(x, y, sample_weight)
         split = self.encode_batch(x)
         inputs = split.inputs(np.arange(len(split)))
         if y is None:
@@ -210,8 +232,102 @@ class GPTTaskPreprocessor(Preprocessor):
         sample_weight = {"task": task_weight, "lm": inputs["padding_mask"][..., 1:].astype("float32")}
         return keras.utils.pack_x_y_sample_weight(inputs, y, sample_weight)
 
+    def _graph_call(self, x, y, sample_weight):
+        """`call` inside `tf.data.Dataset.map` (or a `tf.function`): the Python encoding runs through
+        `tf.py_function`, so each batch is padded to its longest view as in an eager call. A dataset of single
+        examples (unbatched) gives `[views, length]` per example."""
+        import tensorflow as tf
+
+        flat = tf.nest.flatten(x)
+        unbatched = flat[0].shape.rank == 0  # the first segment: one string per example
+        if unbatched:
+            flat = [tf.expand_dims(t, 0) for t in flat]
+
+        def encode(*tensors):
+            texts = tf.nest.pack_sequence_as(x, [t.numpy() for t in tensors])
+            inputs = self.encode_batch(texts, name="dataset").inputs
+            packed = inputs(np.arange(len(tensors[0])))
+            return packed["token_ids"], packed["padding_mask"]
+
+        token_ids, padding_mask = tf.py_function(encode, flat, (tf.int32, tf.int32))
+        for tensor in (token_ids, padding_mask):
+            tensor.set_shape((None, self.transform.num_views, None))
+        if unbatched:
+            token_ids, padding_mask = token_ids[0], padding_mask[0]
+        inputs = {"token_ids": token_ids, "padding_mask": padding_mask}
+        if y is None:
+            return inputs
+        targets = {"task": y, "lm": token_ids[..., 1:]}
+        weights = {"task": tf.ones(tf.shape(y)[:1], "float32") if sample_weight is None else sample_weight,
+                   "lm": tf.cast(padding_mask[..., 1:], "float32")}
+        return keras.utils.pack_x_y_sample_weight(inputs, targets, weights)
+
     def get_config(self):
         config = super().get_config()
         config.update({"transform": keras.saving.serialize_keras_object(self.transform),
-                       "max_length": self.max_length})
+                       "sequence_length": self.sequence_length})
         return config
+
+
+def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
+    """A batched `tf.data.Dataset` of raw text, `(texts, labels)` or texts alone, -> `GPTTaskModel` batches.
+
+    `encode(texts, labels, name)` is `GPTTaskModel.encode`: each batch is encoded in Python (`tf.py_function`)
+    as text given to `fit` is (labels by name or index, truncation counted and warned of), padded to its
+    longest view, with the auxiliary LM targets when `lm`. Labels are dropped when `targets` is False
+    (predict). Inputs are keras-hub's layout: texts, or a tuple of segment columns, first in each element.
+    """
+    import tensorflow as tf
+
+    spec = ds.element_spec
+    x_spec, y_spec, w_spec = keras.utils.unpack_x_y_sample_weight(spec) if isinstance(spec, tuple) \
+        else (spec, None, None)
+    if targets and y_spec is None:
+        raise ValueError("Training or evaluating on a tf.data.Dataset of text needs labels: elements "
+                         "(texts, labels).")
+    if targets and w_spec is not None:
+        raise ValueError("A tf.data.Dataset of text takes (texts, labels): sample weights are not supported.")
+    if tf.nest.flatten(x_spec)[0].shape.rank == 0:
+        raise ValueError("The tf.data.Dataset of text is not batched: batch it first, e.g. ds.batch(32).")
+    num_x = len(tf.nest.flatten(x_spec))
+    target_type = tf.float32 if np.dtype(target_dtype).kind == "f" else tf.int32
+
+    def encode_batch(*tensors):
+        texts = tf.nest.pack_sequence_as(x_spec, [t.numpy() for t in tensors[:num_x]])
+        labels = None
+        if targets:
+            labels = [v.decode("utf-8") if isinstance(v, bytes) else v for v in tensors[num_x].numpy().tolist()]
+        split = encode(texts, labels, name="dataset")
+        indices = np.arange(len(split))
+        if not targets:
+            inputs = split.inputs(indices)
+            return inputs["token_ids"], inputs["padding_mask"]
+        x, y, weights = split.batch(indices, lm=False)
+        return x["token_ids"], x["padding_mask"], y["task"].astype(target_type.as_numpy_dtype), weights["task"]
+
+    def split_element(element):
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(element) if isinstance(element, tuple) \
+            else (element, None, None)
+        return tf.nest.flatten(x) + ([y] if targets else [])
+
+    def to_model(*element):
+        types = (tf.int32, tf.int32) + ((target_type, tf.float32) if targets else ())
+        outputs = tf.py_function(encode_batch, split_element(element[0] if len(element) == 1 else element), types)
+        for tensor in outputs[:2]:
+            tensor.set_shape((None, num_views, None))
+        inputs = {"token_ids": outputs[0], "padding_mask": outputs[1]}
+        if not targets:
+            return inputs
+        for tensor in outputs[2:]:
+            tensor.set_shape((None,))
+        y, weights = {"task": outputs[2]}, {"task": outputs[3]}
+        if lm:
+            y["lm"] = inputs["token_ids"][..., 1:]
+            weights["lm"] = tf.cast(inputs["padding_mask"][..., 1:], "float32")
+        return inputs, y, weights
+
+    # The first batch is encoded here, eagerly: a mistake in the data (a segment missing, an unknown label)
+    # is then a ValueError naming the example, not an error from inside the tf.data pipeline.
+    for element in ds.take(1):
+        encode_batch(*split_element(element))
+    return ds.map(to_model)

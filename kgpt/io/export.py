@@ -1,9 +1,10 @@
-"""A fine-tuned `GPTTaskModel` as a TensorFlow SavedModel for serving.
+"""kgpt's models as TensorFlow SavedModels for serving, from either backend.
 
-The SavedModel has one endpoint, `serve`: token ids in, the task head's
-outputs (logits or values) out. The LM hidden states that the model also
-outputs for the auxiliary loss are left out: they are only needed in
-training and are `[batch, views, length, hidden]` large.
+A fine-tuned `GPTTaskModel`'s SavedModel has one endpoint, `serve`: token ids
+in, the task head's outputs (logits or values) out. The LM hidden states that
+the model also outputs for the auxiliary loss are left out: they are only
+needed in training and are `[batch, views, length, hidden]` large. A
+`GPTCausalLM`'s `serve` gives the logits `[batch, length, vocabulary]`.
 """
 
 import keras
@@ -23,7 +24,7 @@ def _jax2tf_kwargs(num_views, max_length):
     # Serving needs no gradient (the dropout seeds' uint32 states have none).
     # The module is lowered per platform; by default only for the exporting one,
     # which would leave a GPU export unservable on a CPU.
-    shape = f"(batch, {num_views}, length)"
+    shape = "(batch, length)" if num_views is None else f"(batch, {num_views}, length)"
     return {"polymorphic_shapes": [{"token_ids": shape, "padding_mask": shape}],
             "polymorphic_constraints": [f"length <= {max_length}"], "with_gradient": False,
             "native_serialization_platforms": ("cpu", "cuda")}
@@ -90,3 +91,29 @@ def export_task_model(model, filepath, format="tf_saved_model", verbose=True, **
         ENDPOINT, lambda inputs: predictor(inputs, training=False), serving_signature(model.num_views), **kwargs
     )
     archive.write_out(str(filepath), verbose=verbose)
+
+
+def export_causal_lm(model, filepath, format="tf_saved_model", verbose=True, **kwargs):
+    """Exports a `kgpt.GPTCausalLM` as a TensorFlow SavedModel (Keras' `Model.export`), on either backend.
+
+    `serve` takes `{"token_ids", "padding_mask"}`, int32 `[batch, length]`
+    (any batch size, any length up to `max_sequence_length`) and returns
+    the logits `[batch, length, vocabulary_size]`. On JAX the model goes
+    through `jax2tf` with a symbolic batch and length bounded by the position
+    table (Keras' default shapes leave that bound unproven and the export
+    fails), for CPU and CUDA; `jax2tf_kwargs` entries replace these defaults.
+    Token ids, not text: the tokenizer's exact algorithm is Python.
+
+    Example:
+    ```python
+    lm.export("lm_savedmodel")
+    served = tf.saved_model.load("lm_savedmodel")
+    served.serve({"token_ids": ids, "padding_mask": mask})  # logits [batch, length, vocabulary]
+    ```
+    """
+    if format != "tf_saved_model":
+        raise ValueError(f"format must be 'tf_saved_model', got {format!r}.")
+    if keras.config.backend() == "jax":
+        defaults = _jax2tf_kwargs(None, model.backbone.max_sequence_length)
+        kwargs["jax2tf_kwargs"] = {**defaults, **kwargs.get("jax2tf_kwargs", {})}
+    return keras.Model.export(model, str(filepath), format=format, verbose=verbose, **kwargs)

@@ -371,35 +371,63 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     # --- scoring -----------------------------------------------------------
 
-    def score(self, token_ids, padding_mask=None, batch_size=32):
-        """Log-probability of every token given the tokens before it.
+    def score(self, token_ids, padding_mask=None, scoring_mode="log_probs", layer_intercept_fn=None,
+              target_ids=None, batch_size=32):
+        """Scores token ids (or texts): kgpt's log-probabilities, or keras-hub's logits and per-token losses.
 
         Args:
-            token_ids: int array `[batch, length]`; or, with a preprocessor,
-                a text or a list of texts.
+            token_ids: int array `[batch, length]`; or, with a preprocessor
+                and `scoring_mode="log_probs"`, a text or a list of texts.
             padding_mask: optional `[batch, length]`, 1 for real tokens
                 (token ids only).
-            batch_size: rows per forward pass.
+            scoring_mode: `"log_probs"` (kgpt's default, below); or
+                keras-hub's `CausalLM.score` modes: `"logits"` gives the logits
+                `[batch, length, vocabulary]` and `"loss"` the cross-entropy of
+                `target_ids` at each position `[batch, length]`, both as
+                backend tensors from one eager forward pass (so a
+                `tf.GradientTape` or `jax.grad` can follow them).
+            layer_intercept_fn: `"logits"`/`"loss"` only, keras-hub's hook
+                `fn(x, i) -> x`: called on the summed token and position
+                embeddings with `i = -1` (before the embedding dropout), then
+                on each block's output with its index `0..num_layers-1`; what
+                it returns goes on through the model.
+            target_ids: `"loss"` only: int `[batch, length]`, the token to
+                score at each position (keras-hub passes
+                `ops.roll(token_ids, -1, axis=1)`).
+            batch_size: rows per forward pass (`"log_probs"`).
 
         Returns:
-            For token ids, a float32 NumPy array `[batch, length - 1]`: entry
-            `t` is `log P(token_ids[:, t + 1] | token_ids[:, :t + 1])`, and 0
-            where token `t + 1` is padding. Sums and means over a span give
-            the sequence scores of the paper's zero-shot heuristics (section
-            5). For a text, a float32 array with one entry per token of the
-            text: its log-probability given the tokens before it, the first
-            one given the newline token (a document boundary) when the
-            vocabulary has one (else the first token is not scored), as
-            `kgpt.analysis.heuristics.Scorer` does; for a list of texts, a list of them.
+            For `"log_probs"` on token ids, a float32 NumPy array `[batch,
+            length - 1]`: entry `t` is `log P(token_ids[:, t + 1] |
+            token_ids[:, :t + 1])`, and 0 where token `t + 1` is padding. Sums
+            and means over a span give the sequence scores of the paper's
+            zero-shot heuristics (section 5). For a text, a float32 array with
+            one entry per token of the text: its log-probability given the
+            tokens before it, the first one given the newline token (a
+            document boundary) when the vocabulary has one (else the first
+            token is not scored), as `kgpt.analysis.heuristics.Scorer` does;
+            for a list of texts, a list of them.
 
         Example:
         ```python
         lm.score("The keeper climbed the tower.")  # array([-3.1, -7.9, ...], dtype=float32)
+        lm.score(ids, scoring_mode="loss", target_ids=keras.ops.roll(ids, -1, axis=1))  # [batch, length]
         ```
         """
+        if scoring_mode not in ("log_probs", "logits", "loss"):
+            raise ValueError(f"scoring_mode must be 'log_probs' (kgpt's), 'logits' or 'loss' (keras-hub's), got "
+                             f"{scoring_mode!r}.")
         batch_size = checks.positive_int(batch_size, "batch_size")
-        if _is_text(token_ids):
-            return self._score_text(token_ids, batch_size)
+        if scoring_mode == "log_probs":
+            for name, value in (("layer_intercept_fn", layer_intercept_fn), ("target_ids", target_ids)):
+                if value is not None:
+                    raise ValueError(f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
+                                     f"scoring_mode='log_probs' scores each next token of token_ids.")
+            if _is_text(token_ids):
+                return self._score_text(token_ids, batch_size)
+        elif _is_text(token_ids):
+            raise ValueError(f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
+                             f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first.")
         token_ids = checks.token_ids(token_ids, "token_ids", self.backbone.vocabulary_size)
         if token_ids.shape[0] == 0 or token_ids.shape[1] < 2:
             raise ValueError(
@@ -411,7 +439,11 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         padding_mask = checks.padding_mask(padding_mask, "padding_mask", token_ids.shape)
         self._check_length(token_ids.shape[1])
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
-        return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
+        if scoring_mode == "log_probs":
+            return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
+        from kgpt.models.keras_hub_scoring import keras_hub_score
+
+        return keras_hub_score(self, inputs, scoring_mode, layer_intercept_fn, target_ids)
 
     def _score_text(self, texts, batch_size):
         from kgpt.analysis.heuristics import Scorer
@@ -611,6 +643,23 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             token_ids[row, : len(prompt)] = prompt
             padding_mask[row, : len(prompt)] = 1
         return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+    def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
+        """A TensorFlow SavedModel whose `serve` maps token ids `[batch, length]` to logits; on both backends.
+
+        See `kgpt.io.export.export_causal_lm` (on JAX, the symbolic length is
+        bounded by `max_sequence_length`, which Keras' defaults leave out).
+        """
+        from kgpt.io.export import export_causal_lm
+
+        return export_causal_lm(self, filepath, format=format, verbose=verbose, **kwargs)
+
+    def get_quantization_layer_structure(self, mode):
+        """keras-hub's layout for GPTQ/AWQ calibration (`kgpt.models.keras_hub_scoring.quantization_layer_structure`):
+        token plus position embeddings as one pre-block model, then the transformer blocks."""
+        from kgpt.models.keras_hub_scoring import quantization_layer_structure
+
+        return quantization_layer_structure(self, mode)
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Forward pass over `token_ids` reusing cached keys/values.

@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 from keras_hub.models import Task as KerasHubTask
+from keras_hub.models import TextClassifier
 
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
@@ -78,7 +79,7 @@ class UnfoldViews(keras.layers.Layer):
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
+class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     """A `GPTBackbone` fine-tuned on a task, with the auxiliary LM loss.
 
     Inputs `{"token_ids", "padding_mask"}` of shape `[batch, num_views,
@@ -97,11 +98,17 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
     Keras model, with targets `y = {"task": ..., "lm": token_ids[..., 1:]}`
     and `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`.
 
+    It is a `keras_hub.models.TextClassifier`: keras-hub's
+    `TextClassifier.from_preset(dir)` on a kgpt task preset gives this class
+    (through keras-hub's own loader; `GPTTaskModel.from_preset` checks more).
+
     Args:
         backbone: a `kgpt.GPTBackbone` whose vocabulary includes the start,
             delimiter and extract tokens.
         head: a `kgpt.tasks.heads.Head`: what the model outputs, its loss, how a
             prediction is decoded (e.g. `kgpt.tasks.heads.Classification(labels)`).
+        num_classes: instead of `head`, as keras-hub's classifiers take it:
+            `Classification` over labels `0..num_classes-1` (names `"0"`, `"1"`, ...).
         num_views: views per example (1; 2 for similarity; the choices for
             multiple choice).
         lm_coef: weight of the auxiliary LM loss (paper: 0.5); 0 removes it
@@ -128,14 +135,24 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
     def __init__(
         self,
         backbone,
-        head,
+        head=None,
         num_views=1,
         lm_coef=0.5,
         classifier_dropout=0.1,
         task_name=None,
         preprocessor=None,
+        num_classes=None,
         **kwargs,
     ):
+        if num_classes is not None:  # keras-hub's classifiers' argument: classes named by their index
+            num_classes = checks.positive_int(num_classes, "num_classes", minimum=2)
+            if head is not None:
+                raise ValueError("Pass head= or num_classes=, not both (num_classes=N is "
+                                 "head=kgpt.tasks.heads.Classification(['0', ..., 'N-1'])).")
+            head = heads_lib.Classification([str(i) for i in range(num_classes)])
+        elif head is None:
+            raise ValueError("GPTTaskModel needs head= (a kgpt.tasks.heads.Head) or num_classes= (a classifier "
+                             "whose labels are 0..num_classes-1).")
         if isinstance(head, dict):
             head = keras.saving.deserialize_keras_object(head)
         if isinstance(head, str):
@@ -159,8 +176,8 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             problem = head.check(transform) or (
                 f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
                 f"{num_views}" if transform.num_views != num_views else None)
-            if not problem and preprocessor.max_length > backbone.max_sequence_length:
-                problem = (f"the preprocessor's max_length={preprocessor.max_length} exceeds the model's context "
+            if not problem and preprocessor.sequence_length > backbone.max_sequence_length:
+                problem = (f"the preprocessor's sequence_length={preprocessor.sequence_length} exceeds the model's context "
                            f"max_sequence_length={backbone.max_sequence_length}")
             if problem:
                 raise ValueError(f"The preprocessor does not fit the model: {problem}.")
@@ -221,7 +238,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
 
     @classmethod
     def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,
-                    **kwargs):
+                    sequence_length=None, **kwargs):
         """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
 
         Args:
@@ -239,7 +256,8 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             registry: where names are looked up (default: every installed
                 task plugin).
             max_length: tokens per view (default: the model's context, or a
-                fine-tuned preset's own).
+                fine-tuned preset's own); `sequence_length`, keras-hub's name
+                for it, is the same.
             lm_coef, classifier_dropout: for a new model (default: the
                 paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
             **kwargs: overrides of the saved config (e.g. `dtype`).
@@ -248,7 +266,12 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         if not isinstance(load_weights, bool):
             raise TypeError(f"load_weights must be True or False, got {load_weights!r}.")
         check_overrides(cls, kwargs)
+        sequence_length = checks.positive_int(sequence_length, "sequence_length", allow_none=True)
         max_length = checks.positive_int(max_length, "max_length", allow_none=True)
+        if sequence_length is not None and max_length is not None and sequence_length != max_length:
+            raise ValueError(f"sequence_length={sequence_length} and max_length={max_length} name the same packed "
+                             f"length: pass sequence_length only.")
+        max_length = sequence_length if sequence_length is not None else max_length
         if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):
             raise TypeError(f"task must be a registered task's name or a kgpt.Task, got {task!r}.")
         if is_task_preset(preset, cls):
@@ -257,7 +280,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
                                  f"chosen when fine-tuning starts from a pre-trained preset.")
             model = load_task_preset(cls, preset, load_weights=load_weights, **kwargs)
             if max_length is not None and model.preprocessor is not None:
-                model.preprocessor.max_length = min(max_length, model.backbone.max_sequence_length)
+                model.preprocessor.sequence_length = min(max_length, model.backbone.max_sequence_length)
             name = getattr(task, "name", task)
             if name is not None and name != model.task_name:
                 raise ValueError(f"{preset} is fine-tuned for task {model.task_name!r}, not {name!r}: load it without "
@@ -277,7 +300,8 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
         backbone = with_special_tokens(backbone, tokenizer)
         limit = backbone.max_sequence_length
-        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=min(max_length or limit, limit))
+        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform,
+                                           sequence_length=min(max_length or limit, limit))
         return cls(backbone, head=task.head, num_views=task.transform.num_views,
                    lm_coef=0.5 if lm_coef is None else lm_coef,
                    classifier_dropout=0.1 if classifier_dropout is None else classifier_dropout,
@@ -318,8 +342,10 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             )
         if weighted_metrics == "auto":
             weighted_metrics = {"task": self.head.metrics()}
-        super().compile(
-            optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics, **kwargs
+        # keras-hub's Task.compile: TextClassifier's would add its own "auto" accuracy on the dict of outputs.
+        KerasHubTask.compile(
+            self, optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics,
+            **kwargs
         )
 
     def task_loss(self):
@@ -364,7 +390,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         split = self.preprocessor.encode_batch(x, targets, name=name)
         if split.counts["truncated"]:
             warnings.warn(f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
-                          f"max_length={self.preprocessor.max_length} tokens: {split.counts['tokens_cut']} tokens were "
+                          f"sequence_length={self.preprocessor.sequence_length} tokens: {split.counts['tokens_cut']} tokens were "
                           f"cut from the end of their longest segments.", stacklevel=3)
         return split
 
@@ -374,6 +400,15 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
             raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}.")
         return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output,
                                 max_lengths=self.max_padded_lengths(split, batch_size or 32))
+
+    def _encode_dataset(self, ds, targets):
+        """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.data.task_preprocessor.encode_dataset`)."""
+        if self.preprocessor is None:
+            raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
+                             "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        from kgpt.data.task_preprocessor import encode_dataset
+
+        return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
 
     def _check_inputs(self, x, batch_size):
         """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`."""
@@ -397,7 +432,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         `validation_data=(texts, labels)` is encoded the same way.
         """
         batch_size = self._check_inputs(x, batch_size)
-        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+        if _is_text_dataset(x):
+            x = self._encode_dataset(x, targets=True)
+            if _is_text_dataset(validation_data):
+                validation_data = self._encode_dataset(validation_data, targets=True)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
             x = self._text_dataset(x, y, batch_size, seed=seed)
             if validation_data is not None:
@@ -415,7 +454,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
         batch_size = self._check_inputs(x, batch_size)
-        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+        if _is_text_dataset(x):
+            x = self._encode_dataset(x, targets=True)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
 
@@ -425,6 +466,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, KerasHubTask):
         On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
         """
         batch_size = self._check_inputs(x, batch_size)
+        if _is_text_dataset(x):
+            outputs = self.task_predictor().predict(self._encode_dataset(x, targets=False), verbose=verbose, **kwargs)
+            return self.head.probabilities(outputs)
         if _is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
@@ -499,6 +543,19 @@ def is_task_preset(preset, cls=None):
     saved = read_json(config, "a kgpt task config")
     return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
         cls or GPTTaskModel)
+
+
+def _is_text_dataset(x):
+    """Whether `x` is a `tf.data.Dataset` whose inputs (the first item of `(x, y)`) are strings."""
+    if not type(x).__module__.startswith("tensorflow"):
+        return False
+    import tensorflow as tf
+
+    if not isinstance(x, tf.data.Dataset):
+        return False
+    spec = x.element_spec
+    inputs = keras.utils.unpack_x_y_sample_weight(spec)[0] if isinstance(spec, tuple) else spec
+    return any(s.dtype == tf.string for s in tf.nest.flatten(inputs))
 
 
 def _is_text(x):

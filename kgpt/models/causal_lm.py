@@ -261,17 +261,20 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
         x, batch_size = self._check_call("fit", x, y, batch_size)
         self._warn_if_warming_up(x, batch_size, kwargs)
-        return super().fit(x, y, batch_size=batch_size, **kwargs)
+        with checks.dataset_errors(self):
+            return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """keras-hub's `evaluate`; text is checked as `fit` checks it."""
         x, batch_size = self._check_call("evaluate", x, y, batch_size)
-        return super().evaluate(x, y, batch_size=batch_size, **kwargs)
+        with checks.dataset_errors(self):
+            return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
     def predict(self, x=None, batch_size=None, **kwargs):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
         x, batch_size = self._check_call("predict", x, None, batch_size)
-        return super().predict(x, batch_size=batch_size, **kwargs)
+        with checks.dataset_errors(self):
+            return super().predict(x, batch_size=batch_size, **kwargs)
 
     def _warn_if_warming_up(self, x, batch_size, kwargs):
         """Says so when the whole `fit` stays inside the learning-rate warm-up (`compile()`'s default is
@@ -309,7 +312,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         self._check_ids(x, y)
         if _is_text(x):
             self._check_texts(x, y, method)
-        return x, batch_size
+        return checks.dataset_ids(x, self.backbone.vocabulary_size, targets=True), batch_size
 
     def _check_ids(self, x, y):
         """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep

@@ -6,6 +6,7 @@ allowed) instead of a NaN, a silent clip or an error from inside the
 backend. Nothing here runs inside a compiled step.
 """
 
+import contextlib
 import numbers
 
 import numpy as np
@@ -163,3 +164,90 @@ def tokenizer_fits(preprocessor, backbone):
                          f"{backbone.vocabulary_size}: its ids past {backbone.vocabulary_size - 1} have no embedding. "
                          f"Use the tokenizer the backbone was trained with (backbone.with_added_tokens(n) makes rows for "
                          f"n added tokens).")
+
+
+def dataset_ids(dataset, vocabulary_size, targets=False):
+    """`dataset` with its token ids checked as each batch is read: a `tf.data.Dataset` map on the host.
+
+    Ids in a dataset cannot be checked before the call, and the compiled step
+    would turn one past the vocabulary into NaN (JAX) or an error deep in
+    TensorFlow's gather. The check is a min and a max per batch, inside the
+    input pipeline (not the compiled step); it fails the read with
+    `DATASET_ID_ERROR` and the position's name, which `dataset_errors` turns
+    into a `ValueError`. `targets`: the `y` of the elements are token ids
+    too (a causal LM's next tokens). Elements of text pass unchanged.
+
+    Example:
+    ```python
+    ds = dataset_ids(tf.data.Dataset.from_tensor_slices({"token_ids": [[1, 2]], "padding_mask": [[1, 1]]}), 3)
+    ```
+    """
+    import tensorflow as tf
+
+    if not isinstance(dataset, tf.data.Dataset):
+        return dataset
+
+    def check(ids, name):
+        if not ids.dtype.is_integer:
+            return ids
+        message = f"{DATASET_ID_ERROR} {name}: token ids must be in 0..{vocabulary_size - 1} (vocabulary_size={vocabulary_size})"
+        with tf.control_dependencies([tf.debugging.assert_non_negative(ids, message=message),
+                                      tf.debugging.assert_less(ids, tf.cast(vocabulary_size, ids.dtype),
+                                                               message=message)]):
+            return tf.identity(ids)
+
+    def check_element(*element):
+        x, *rest = element
+        if isinstance(x, dict) and "token_ids" in x:
+            x = {**x, "token_ids": check(x["token_ids"], "x token_ids")}
+        if targets and rest and isinstance(rest[0], tf.Tensor):
+            rest[0] = check(rest[0], "y")
+        return (x, *rest) if rest else x
+
+    return dataset.map(check_element if isinstance(dataset.element_spec, tuple) else lambda x: check_element(x))
+
+DATASET_ID_ERROR = "A token id in the dataset is out of range at"
+
+
+@contextlib.contextmanager
+def dataset_errors(model):
+    """Turns the error `dataset_ids` raises while Keras reads a dataset into a one-line `ValueError`.
+
+    Whatever fails inside the call, `model` keeps its weights: Keras' JAX
+    trainer detaches them from the variables while a loop runs, and a failure
+    in the input pipeline before the first step (or anywhere in `evaluate`)
+    left the variables empty, so every later call on the model failed.
+    """
+    kept = _values(model)
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - re-raised, as it was or as a ValueError
+        _restore(model, kept)
+        text = str(e)
+        if DATASET_ID_ERROR not in text:
+            raise
+        line = text[text.index(DATASET_ID_ERROR):].split("]")[0]
+        raise ValueError(f"{line}. Ids inside a tf.data.Dataset are checked as each batch is read.") from None
+
+
+def _variables(model):
+    optimizer = getattr(model, "optimizer", None)
+    return [*model.variables, *(optimizer.variables if optimizer is not None else ()), *model.metrics_variables]
+
+
+def _values(model):
+    """The variables' current values (JAX arrays are immutable: references, not copies); None off JAX."""
+    if not hasattr(model, "jax_state_sync"):
+        return None
+    return [(v, v._value) for v in _variables(model)]
+
+
+def _restore(model, kept):
+    if kept is None:
+        return
+    if getattr(model, "_jax_state", None):  # the loop's latest state, where a step had run
+        model.jax_state_sync()
+        model._jax_state = None
+    for variable, value in kept:
+        if variable._value is None and value is not None and not value.is_deleted():
+            variable._value = value

@@ -448,8 +448,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
                                                      name="validation_data")
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
-        return keras.Model.fit(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose, callbacks=callbacks,
-                               validation_data=validation_data, shuffle=shuffle, **kwargs)
+        vocabulary = self.backbone.vocabulary_size
+        x, validation_data = checks.dataset_ids(x, vocabulary), checks.dataset_ids(validation_data, vocabulary)
+        with checks.dataset_errors(self):
+            return keras.Model.fit(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
+                                   callbacks=callbacks, validation_data=validation_data, shuffle=shuffle, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
@@ -458,7 +461,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             x = self._encode_dataset(x, targets=True)
         elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
-        return keras.Model.evaluate(self, x, y, batch_size=batch_size, **kwargs)
+        with checks.dataset_errors(self):
+            return keras.Model.evaluate(self, checks.dataset_ids(x, self.backbone.vocabulary_size), y,
+                                        batch_size=batch_size, **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", **kwargs):
         """On raw text: probabilities `[examples, classes or choices]` or values `[examples]`.
@@ -473,7 +478,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
             return self.head.probabilities(outputs)
-        return keras.Model.predict(self, x, batch_size=batch_size, verbose=verbose, **kwargs)
+        with checks.dataset_errors(self):
+            return keras.Model.predict(self, checks.dataset_ids(x, self.backbone.vocabulary_size),
+                                       batch_size=batch_size, verbose=verbose, **kwargs)
 
     def predict_labels(self, x, batch_size=None):
         """Predictions on raw text as the task names them: label names, choice indices or values."""

@@ -317,6 +317,9 @@ def run_settings(config):
     for key in ("data_dir", "init"):
         if settings[key] not in (None, *SPECIAL_INITS):
             settings[key] = os.path.abspath(settings[key])
+    for key in ("train_file", "validation_file", "test_file"):
+        if settings.get(key) is not None:
+            settings[key] = os.path.abspath(os.path.join(config.data_dir or "", settings[key]))
     return settings
 
 
@@ -361,8 +364,8 @@ def finetune(config, registry=None):
     `registry` (a `kgpt.TaskRegistry`) finds the task; default: every installed plugin.
     """
     check_config(config)
-    task = (registry or TaskRegistry()).get(config.task)
-    if config.data_dir is None and task.default_data is None:
+    task = with_files((registry or TaskRegistry()).get(config.task), config)
+    if config.data_dir is None and config.train_file is None and task.default_data is None:
         raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
     if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
         raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
@@ -370,12 +373,36 @@ def finetune(config, registry=None):
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or run.on_chief(lambda: _embedded_data(task, os.path.join(work, "data")),
+            data_dir = config.data_dir or files_dir(config) or run.on_chief(lambda: _embedded_data(task, os.path.join(work, "data")),
                                                        f"writing {task.name}'s embedded data")
             model, results, start = _finetune(config, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, task, data_dir, start, results)
         return model, results
+
+
+# Options of the tasks that read your own table files (`kgpt_tasks.generic`: docs/your-data.md).
+FILE_OPTIONS = ("train_file", "validation_file", "test_file", "text_columns", "label_column", "choice_columns")
+
+
+def with_files(task, config):
+    """`task` on the files and columns `config` names (`train_file`, ...), when it names any.
+
+    Such a task has `with_files(**options)`; any other refuses them (it reads
+    `data_dir` in its own format).
+    """
+    options = {k: getattr(config, k) for k in FILE_OPTIONS if getattr(config, k) not in (None, [], ())}
+    if not options:
+        return task
+    if not hasattr(task, "with_files"):
+        raise ConfigError(f"--{', --'.join(options)}: task {task.name!r} reads --data_dir in its own format; your "
+                          f"own tables go with --task text-classification, text-regression or multiple-choice.")
+    return task.with_files(data_dir=config.data_dir, **options)
+
+
+def files_dir(config):
+    """Without `data_dir`, the training file's folder: prediction ids are relative to it (`dev.csv:12`)."""
+    return os.path.dirname(os.path.abspath(config.train_file)) if config.train_file else None
 
 
 def runs_baseline(config):
@@ -483,6 +510,8 @@ def _finetune(config, task, data_dir, initial=None):
     model = _build_model(config, task, start, preprocessor)
     results = {"task": task.name, "init": start.origin, "init_dir": run_settings(config)["init"],
                "lm_coef": config.lm_coef, "batch_size": batch_size, "keep": config.keep}
+    if hasattr(task, "inputs"):  # the columns kgpt-predict reads by default
+        results["inputs"] = task.inputs()
     if config.epochs > 0:
         results.update(_train(config, task, model, splits, batch_size, start.origin))
     else:

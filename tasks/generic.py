@@ -112,7 +112,8 @@ class FileTask(kgpt.Task):
                 tables.table_format(name)  # an unknown extension is refused before anything is read
                 if not os.path.isfile(name):
                     raise ConfigError(f"--{SPLIT_FLAGS[split]} {name}: no such file.")
-        header = tables.read_table(train_path).columns
+        table = tables.read_table(train_path)
+        header = table.columns
         has = f"{train_path} has {', '.join(map(repr, header))}"
         if not text_columns:
             raise ConfigError(f"--text_columns: name the text column(s) of {train_path} ({has[len(train_path) + 1:]}).")
@@ -130,6 +131,9 @@ class FileTask(kgpt.Task):
         if twice:
             raise ConfigError(f"Column(s) {', '.join(map(repr, twice))} given twice in --text_columns, "
                               f"--choice_columns and --label_column.")
+        table.require(text_columns, "--text_columns")
+        table.require(choice_columns, "--choice_columns")
+        table.require([label_column], "--label_column")
         files = Files(paths, text_columns, label_column, choice_columns, tuple(metrics) if metrics else None)
         labels = _training_labels(files, data_dir) if kind == CLASSIFICATION else None
         task = build(kind, files, labels, description=f"{kind} on {train_file}.")

@@ -126,8 +126,8 @@ def _tsv_rows(path):
 def _csv_rows(path):
     """`(first line of the row, fields)`; blank lines are errors except at the end, as in the other formats."""
     readers._opened.count, readers._opened.path = readers.opened()[0] + 1, path
-    with open(path, encoding="utf-8-sig", newline="") as f:
-        reader = csv.reader(f, strict=True)
+    with open(path, "rb") as f:
+        reader = csv.reader(_decoded(path, f), strict=True)
         blank = None
         while True:
             start = reader.line_num + 1  # a quoted field may span several lines: the row is named by its first
@@ -135,8 +135,6 @@ def _csv_rows(path):
                 fields = next(reader)
             except StopIteration:
                 return
-            except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{reader.line_num + 1}: not valid UTF-8 ({e.reason}).") from None
             except csv.Error as e:
                 raise DataError(f"{path}:{start}: malformed CSV ({e}).") from None
             if not fields:
@@ -145,6 +143,16 @@ def _csv_rows(path):
             if blank is not None:
                 raise DataError(f"{path}:{blank}: blank line inside the data.")
             yield start, [f.strip() for f in fields] if start == 1 else fields
+
+
+def _decoded(path, f):
+    """The lines of a binary file as text, line ends kept (a quoted CSV field may hold them); bad UTF-8 names its line."""
+    for line_no, raw in enumerate(f, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid "
+                            f"UTF-8.") from None
 
 
 def write_table(path, format, columns, rows):

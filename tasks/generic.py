@@ -91,7 +91,8 @@ class FileTask(kgpt.Task):
             text_columns: one or two text columns (multiple choice: the context, one or more).
             label_column: the label, number or answer column (may be absent from the test file).
             choice_columns: multiple choice only: the answer choices, two or more.
-            metrics: metric keys (`kgpt.tasks.metrics.METRICS`) instead of the defaults; the first is the headline.
+            metrics: metric keys (`kgpt.tasks.metrics.METRICS`, `--metrics`) instead of the defaults; the first
+                is the headline.
 
         Raises `ConfigError` naming the option for a missing or contradictory
         option, and `DataError` naming `file:line` for bad data in the training file.
@@ -126,6 +127,11 @@ class FileTask(kgpt.Task):
         if kind != CHOICE and len(text_columns) > 2:
             raise ConfigError(f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
                               f"join the texts into one column, or pick two.")
+        metrics = _names(metrics)
+        unknown = [m for m in metrics if m not in kgpt.metrics.METRICS]
+        if unknown:
+            raise ConfigError(f"--metrics: {', '.join(map(repr, unknown))} is no metric; kgpt has "
+                              f"{', '.join(kgpt.metrics.METRICS)}.")
         every = [*text_columns, *choice_columns, label_column]
         twice = sorted({c for c in every if every.count(c) > 1})
         if twice:

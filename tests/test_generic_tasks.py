@@ -132,6 +132,11 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
         with_files("text-classification", train_file=train, text_columns=["review"], label_column="review")
     with pytest.raises(ConfigError, match="--choice_columns: multiple-choice needs two or more"):
         with_files("multiple-choice", train_file=train, text_columns=["review"], label_column="stars")
+    with pytest.raises(ConfigError, match="--metrics: 'auc' is no metric; kgpt has accuracy, f1, matthews"):
+        with_files("text-classification", train_file=train, text_columns=["review"], label_column="stars",
+                   metrics="matthews,auc")
+    assert with_files("text-classification", train_file=train, text_columns=["review"], label_column="stars",
+                      metrics="matthews,accuracy").metrics == ("matthews", "accuracy")
     config = finetune_lib.FinetuneConfig(task="sst2", init="scratch", train_file=train)
     with pytest.raises(ConfigError, match="--train_file: task 'sst2' reads --data_dir in its own format"):
         finetune_lib.with_files(REGISTRY.get("sst2"), config)

@@ -82,6 +82,9 @@ def main(argv):
         count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose)
     else:
         task = kgpt.TaskRegistry().get(model.task_name)
+        if hasattr(task, "with_files"):  # its registered form reads only its embedded demo's files
+            raise kgpt.ConfigError(f"--data_dir reads a task's own format; a {model.task_name} model reads your "
+                                   f"tables: pass --input FILE (.csv, .tsv or .jsonl).")
         split = finetune.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
         evaluation = finetune.evaluate_split(task, model, split, FLAGS.batch_size)
         if evaluation.metrics:

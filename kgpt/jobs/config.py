@@ -171,6 +171,8 @@ class FinetuneConfig(RunConfig, ModelConfig):
                                       "choice index from 0, or the right choice's text) column.")
     choice_columns: list | None = option(None, "multiple-choice: the answer-choice columns, two or more.",
                                          kind="list")
+    metrics: list | None = option(None, "Those tasks' metrics instead of their defaults, the first the headline "
+                                  "(--keep best): accuracy, f1, matthews, pearson, spearman.", kind="list")
 
 
 # The embedded runs: small models a 2-core CPU trains in a couple of minutes, not the paper's 117M one.
@@ -218,7 +220,7 @@ def demo_pretrain_config(**overrides):
 # them only when set otherwise, so a run started before a field existed still resumes.
 LATER_FIELDS = {"initializer_range": 0.02, "gradient_accumulation_steps": 1, "train_file": None,
                 "validation_file": None, "test_file": None, "text_columns": None, "label_column": None,
-                "choice_columns": None}
+                "choice_columns": None, "metrics": None}
 # Where and how a run executes, not what it computes: never recorded, so a run resumes on another number of
 # processes or devices (its batches are the same global batches).
 PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "startup_timeout", "model_parallel",

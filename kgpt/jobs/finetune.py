@@ -382,7 +382,8 @@ def finetune(config, registry=None):
 
 
 # Options of the tasks that read your own table files (`kgpt_tasks.generic`: docs/your-data.md).
-FILE_OPTIONS = ("train_file", "validation_file", "test_file", "text_columns", "label_column", "choice_columns")
+FILE_OPTIONS = ("train_file", "validation_file", "test_file", "text_columns", "label_column", "choice_columns",
+                "metrics")
 
 
 def with_files(task, config):

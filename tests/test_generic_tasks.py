@@ -312,13 +312,6 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     np.testing.assert_allclose([[float(r["p_negative"]), float(r["p_positive"])] for r in rows], model.predict(texts),
                                atol=1e-4)
     assert [r["prediction"] for r in rows] == model.predict_labels(texts)
-    # A column the model reads is missing: one line naming the file and the columns it has, no traceback.
-    write_csv(folder / "other.csv", [["id", "text"], ["1", "fine"]])
-    bad = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", "--model", "my-reviews", "--input", "other.csv",
-                          "--output", "o.csv"], cwd=folder, capture_output=True, text=True, env=ENV, timeout=600)
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert "other.csv: no column 'review' (--columns); it has 'id', 'text'." in bad.stderr
-    assert not (folder / "o.csv").exists()
 
 
 def test_the_guides_python_example_runs(guide_run, monkeypatch):
@@ -328,4 +321,5 @@ def test_the_guides_python_example_runs(guide_run, monkeypatch):
     namespace = {}
     exec(compile(code, str(GUIDE), "exec"), namespace)  # noqa: S102 - the guide's own example
     assert namespace["task"].labels == ("negative", "positive")
-    assert namespace["read"] == 6 and len(namespace["examples"]) == 6
+    assert namespace["read"] == 6 and len(namespace["examples"]) == 6 and not namespace["skipped"]
+    assert namespace["model"].task_name == "text-classification"

@@ -373,8 +373,8 @@ def finetune(config, registry=None):
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or files_dir(config) or run.on_chief(lambda: _embedded_data(task, os.path.join(work, "data")),
-                                                       f"writing {task.name}'s embedded data")
+            data_dir = config.data_dir or files_dir(config) or run.on_chief(
+                lambda: _embedded_data(task, os.path.join(work, "data")), f"writing {task.name}'s embedded data")
             model, results, start = _finetune(config, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, task, data_dir, start, results)
@@ -416,8 +416,9 @@ def runs_baseline(config):
 def _baseline(config, task, data_dir, start, results):
     """Fine-tunes the same model from fresh weights (in OUTPUT_DIR/no_pretraining) and logs both results."""
     output_dir = os.path.join(config.output_dir, "no_pretraining") if config.output_dir else None
-    base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, data_dir=data_dir,
-                               output_dir=output_dir)
+    # With your own files, data_dir stays as given: their relative paths are under it.
+    base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, output_dir=output_dir,
+                               data_dir=config.data_dir if config.train_file else data_dir)
     logger.info(f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
                 f"{f', in {output_dir}' if output_dir else ''}:")
     with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-"):

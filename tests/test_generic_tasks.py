@@ -1,7 +1,9 @@
 """Your own tables with no plugin (docs/your-data.md): text-classification, text-regression and multiple-choice.
 
-The readers' error paths run without a model; every kgpt-train command of the guide runs for real on a
-tiny model (one process for all of them), its kgpt-predict command and its Python example too.
+The readers' error paths run without a model. The guide's commands run for real on a tiny model: its
+text-classification ones (a CSV, JSON-lines pairs) in one process, its kgpt-predict command and its
+Python example; its multiple-choice and regression commands under `-m large` (their readers, and a
+training step on their embedded data in tests/test_task_contract.py, run in CI).
 """
 
 import csv
@@ -189,7 +191,7 @@ def test_multiple_choice_answers_by_index_or_text(tmp_path):
             task.examples("train", None)
 
 
-def test_kgpt_predict_reads_the_trained_columns_and_refuses_to_replace_a_column(tmp_path):
+def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
     (model_dir / "metrics.json").write_text(json.dumps({"inputs": {"text_columns": ["ctx"], "choice_columns":
@@ -249,9 +251,28 @@ for args in json.loads(sys.argv[1]):
 """
 
 
+def task_of(args):
+    return args[args.index("--task") + 1]
+
+
+def run_kgpt_train(folder, commands):
+    """Runs kgpt-train `commands` of the guide in `folder` with one epoch (tiny); returns what they printed."""
+    commands = [[*args, "--epochs", "1"] for args in commands]
+    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=folder, capture_output=True,
+                          text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for args in commands:
+        out = folder / args[args.index("--output_dir") + 1]
+        metrics = json.loads((out / "metrics.json").read_text())
+        assert metrics["task"] == task_of(args)
+        assert metrics["inputs"]["label_column"] == args[args.index("--label_column") + 1]
+        assert metrics["splits"]["train"]["examples"]["skipped"] == 0
+    return done.stdout
+
+
 @pytest.fixture(scope="module")
-def guide_run(tmp_path_factory):
-    """The guide's files written, a tiny pre-trained model at `lm`, and its kgpt-train commands run."""
+def guide_folder(tmp_path_factory):
+    """The guide's files (and those it names), and a tiny pre-trained model at `lm`."""
     folder = tmp_path_factory.mktemp("guide")
     for name, content in guide_files().items():
         (folder / name).write_text(content)
@@ -260,11 +281,15 @@ def guide_run(tmp_path_factory):
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64})
     backbone.save_to_preset(str(folder / "lm"))
     tokenizer.save_to_preset(str(folder / "lm"))
-    commands = [[*args, "--epochs", "1"] for args in guide_commands("kgpt-train")]  # tiny: one epoch
-    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=folder, capture_output=True,
-                          text=True, env=ENV, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return folder, commands, done.stdout
+    return folder
+
+
+@pytest.fixture(scope="module")
+def guide_run(guide_folder):
+    """The guide's text-classification commands run: the CSV quick start and the JSON-lines pairs."""
+    commands = [args for args in guide_commands("kgpt-train") if task_of(args) == "text-classification"]
+    assert len(commands) == 2
+    return guide_folder, run_kgpt_train(guide_folder, commands)
 
 
 def test_the_guide_shows_its_files_and_commands():
@@ -272,15 +297,8 @@ def test_the_guide_shows_its_files_and_commands():
     assert len(guide_commands("kgpt-train")) == 4 and len(guide_commands("kgpt-predict")) == 1
 
 
-def test_every_kgpt_train_command_of_the_guide_fine_tunes(guide_run):
-    folder, commands, log = guide_run
-    for args in commands:
-        out = folder / args[args.index("--output_dir") + 1]
-        metrics = json.loads((out / "metrics.json").read_text())
-        task = args[args.index("--task") + 1]
-        assert metrics["task"] == task
-        assert metrics["inputs"]["label_column"] == args[args.index("--label_column") + 1]
-        assert metrics["splits"]["train"]["examples"]["skipped"] == 0
+def test_the_guides_text_classification_commands_fine_tune_on_csv_and_json_lines(guide_run):
+    folder, log = guide_run
     reviews = json.loads((folder / "my-reviews" / "metrics.json").read_text())
     assert set(reviews["splits"]["validation"]) >= {"accuracy", "f1"}
     assert reviews["splits"]["train"]["examples"]["read"] == 6
@@ -288,15 +306,22 @@ def test_every_kgpt_train_command_of_the_guide_fine_tunes(guide_run):
     assert predictions[0] == "id\tprediction\tp_negative\tp_positive\tlabel" and predictions[1].startswith("dev.csv:2\t")
     assert kgpt.GPTTaskModel.from_preset(str(folder / "my-nli")).head.labels == ("contradiction", "entailment",
                                                                                  "neutral")
-    scores = json.loads((folder / "my-scores" / "metrics.json").read_text())
-    assert set(scores["splits"]["validation"]) >= {"pearson", "spearman"}
-    stories = json.loads((folder / "my-stories" / "metrics.json").read_text())
-    assert stories["inputs"]["choice_columns"] == ["ending1", "ending2"] and "accuracy" in stories["splits"]["validation"]
     assert "Split 'test' not evaluated: no --test_file given" in log
 
 
+@pytest.mark.large  # two more tiny fine-tunings (~20 s of CPU); the tasks' readers and a train step are tested above
+def test_the_guides_multiple_choice_and_regression_commands_fine_tune(guide_folder):
+    commands = [args for args in guide_commands("kgpt-train") if task_of(args) != "text-classification"]
+    assert {task_of(args) for args in commands} == {"multiple-choice", "text-regression"}
+    run_kgpt_train(guide_folder, commands)
+    scores = json.loads((guide_folder / "my-scores" / "metrics.json").read_text())
+    assert set(scores["splits"]["validation"]) >= {"pearson", "spearman"}
+    stories = json.loads((guide_folder / "my-stories" / "metrics.json").read_text())
+    assert stories["inputs"]["choice_columns"] == ["ending1", "ending2"] and "accuracy" in stories["splits"]["validation"]
+
+
 def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
-    folder, _, _ = guide_run
+    folder, _ = guide_run
     [args] = guide_commands("kgpt-predict")
     done = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", *args], cwd=folder, capture_output=True,
                           text=True, env=ENV, timeout=600)
@@ -312,10 +337,16 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     np.testing.assert_allclose([[float(r["p_negative"]), float(r["p_positive"])] for r in rows], model.predict(texts),
                                atol=1e-4)
     assert [r["prediction"] for r in rows] == model.predict_labels(texts)
+    # Its output again as input: the predictions would replace its columns, so it is refused.
+    again = predict_lib.read_inputs(str(folder / "labelled.csv"), model.preprocessor.transform, columns=["review"])
+    with pytest.raises(DataError, match=r"labelled.csv: the input already has column\(s\) 'prediction', 'p_negative', "
+                                        r"'p_positive', which the predictions would replace"):
+        predict_lib.write(model, again, str(folder / "again.csv"))
+    assert not (folder / "again.csv").exists()
 
 
 def test_the_guides_python_example_runs(guide_run, monkeypatch):
-    folder, _, _ = guide_run
+    folder, _ = guide_run
     monkeypatch.chdir(folder)
     [code] = guide_blocks("python")
     namespace = {}

@@ -1,13 +1,16 @@
 """`kgpt-predict`: a fine-tuned model's predictions on new text.
 
     kgpt-predict --model runs/sst2 --input reviews.txt --output predictions.tsv
+    kgpt-predict --model runs/reviews --input new.csv --output labelled.csv
     kgpt-predict --model runs/rte --input pairs.jsonl --columns premise,hypothesis --output -
     kgpt-predict --model runs/rte --data_dir glue/RTE --split test --output rte_test.tsv
 
-`--model` is a `kgpt-train --task NAME --output_dir`. The output is a TSV:
-`id`, `prediction` and `p_<label>` per label (or the value, for regression);
-with `--data_dir` it also holds the labels and the task's metrics are printed.
-See `kgpt.jobs.predict` for the input formats.
+`--model` is a `kgpt-train --task NAME --output_dir`. A table (.csv, .tsv,
+.jsonl) comes back whole with `prediction` and `p_<label>` per label (or the
+value, for regression) added, in the format of --output's extension; a text
+file gives a TSV of `id`, `prediction` and `p_<label>`; with `--data_dir` it
+also holds the labels and the task's metrics are printed. See
+`kgpt.jobs.predict` for the input formats.
 """
 
 import logging
@@ -22,13 +25,16 @@ logger = logging.getLogger(__name__)
 
 flags.DEFINE_string("model", None, "A fine-tuned preset (the --output_dir of kgpt-train --task NAME).")
 flags.DEFINE_string("input", None, "Examples to predict: a text file (one per line, tabs between segments), "
-                    "a .tsv with a header row, or a .jsonl.")
-flags.DEFINE_enum("format", None, ["text", "tsv", "jsonl"], "Input format (default: from the extension).")
-flags.DEFINE_list("columns", None, "TSV/JSONL columns holding the segments, in order (default: all but "
-                  "id/index/idx/label).")
+                    "or a table: a .csv or .tsv with a header row, or a .jsonl.")
+flags.DEFINE_enum("format", None, ["text", "csv", "tsv", "jsonl"], "Input format (default: from the extension).")
+flags.DEFINE_list("columns", None, "Table columns holding the segments, in order, answer choices last (default: "
+                  "the columns the model was trained on with --text_columns/--choice_columns, else all but "
+                  "id/index/idx/label/gold_label).")
 flags.DEFINE_string("data_dir", None, "Instead of --input: the task's data in its own format (needs its plugin).")
 flags.DEFINE_string("split", "test", "With --data_dir: the split to predict.")
-flags.DEFINE_string("output", None, "The predictions TSV ('-': standard output).")
+flags.DEFINE_string("output", None, "The predictions ('-': standard output): a table's rows with the predictions "
+                    "added, as .csv, .tsv or .jsonl by the extension (default: the input's format); a TSV for a "
+                    "text file.")
 flags.DEFINE_bool("overwrite", False, "Replace an existing --output file.")
 flags.DEFINE_integer("batch_size", 32, "Examples per batch (batches are formed by length).", lower_bound=1)
 flags.DEFINE_integer("max_length", None, "Tokens per view (default: the model's own); longer ones are cut and "
@@ -73,12 +79,18 @@ def main(argv):
         f"{model.preprocessor.transform.kind} input).")
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
     if FLAGS.input:
-        inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, FLAGS.columns)
+        columns = FLAGS.columns
+        if columns is None and (FLAGS.format or predict.guess_format(FLAGS.input)) != "text":
+            columns = predict.trained_columns(FLAGS.model)
+        inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, columns)
         if inputs.columns:
             logger.info(f"Segments from column(s) {', '.join(inputs.columns)}.")
         count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose)
     else:
         task = kgpt.TaskRegistry().get(model.task_name)
+        if hasattr(task, "with_files"):  # its registered form reads only its embedded demo's files
+            raise kgpt.ConfigError(f"--data_dir reads a task's own format; a {model.task_name} model reads your "
+                                   f"tables: pass --input FILE (.csv, .tsv or .jsonl).")
         split = finetune.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
         evaluation = finetune.evaluate_split(task, model, split, FLAGS.batch_size)
         if evaluation.metrics:

@@ -60,7 +60,7 @@ def define_flags():
         default, defaults_help = _flag_default(name)
         help_text = field.metadata["help"] + defaults_help
         kind, choices = field.metadata["flag"].get("kind"), spec.pop("choices", None)
-        if kind == "task_dirs":
+        if kind in ("task_dirs", "list"):
             flags.DEFINE_list(name, default, help_text)
         elif choices:
             flags.DEFINE_enum(name, default, choices, help_text)
@@ -150,8 +150,9 @@ def parse_task_dirs(items):
 def finetune_config_from_flags():
     """FinetuneConfig from the flags; without --init (and --data_dir), --init demo with the demo settings."""
     values = _values(config_lib.FinetuneConfig)
-    if FLAGS.data_dir is not None and FLAGS.init is None:
-        raise app.UsageError("With --data_dir, pass --init PRESET_DIR (the --output_dir of kgpt-train --task lm), "
+    if (FLAGS.data_dir is not None or FLAGS.train_file is not None) and FLAGS.init is None:
+        given = "--data_dir" if FLAGS.data_dir is not None else "--train_file"
+        raise app.UsageError(f"With {given}, pass --init PRESET_DIR (the --output_dir of kgpt-train --task lm), "
                              "--init scratch (no pre-training) or --init demo (the small demo model).", exitcode=2)
     sizes = [f"--{n}" for n in ("num_layers", "hidden_dim", "intermediate_dim") if FLAGS[n].present]
     if sizes and FLAGS.init != "scratch":

@@ -17,7 +17,8 @@ def option(value, help, **flag):
     """A config field: its default `value`, its help, and in `flag` what its flag needs beyond them.
 
     `flag` may hold `choices` (an enum flag), `lower_bound`, `kind="task_dirs"`
-    (a list flag of NAME or NAME=DIR) and `default` (the flag's own default).
+    (a list flag of NAME or NAME=DIR), `kind="list"` (a comma-separated list
+    flag) and `default` (the flag's own default).
     """
     return dataclasses.field(default=value, metadata={"help": help, "flag": flag})
 
@@ -162,6 +163,21 @@ class FinetuneConfig(RunConfig, ModelConfig):
                                            "OUTPUT_DIR/no_pretraining. Default: on with --init demo, off otherwise.")
     keep: str = option("last", "The weights saved and scored: from the last epoch (the paper) or the epoch with the "
                        "best dev score on the task's first metric.", choices=["last", "best"])
+    # Your own files, for the tasks that take them (text-classification, text-regression, multiple-choice):
+    # docs/your-data.md. Relative paths are under --data_dir when it is given.
+    train_file: str | None = option(None, "Your training table (.csv, .tsv or .jsonl; a header row names the "
+                                    "columns) for --task text-classification, text-regression or multiple-choice.")
+    validation_file: str | None = option(None, "Your validation table, scored after every epoch (same columns).")
+    test_file: str | None = option(None, "Your test table: predicted, and scored when it has the label column.")
+    text_columns: list | None = option(None, "The text column (or the pair, A,B; multiple-choice: the context "
+                                       "column(s)) of the tables.", kind="list")
+    label_column: str | None = option(None, "The label (text-classification: any strings, the set read from "
+                                      "--train_file), number (text-regression) or answer (multiple-choice: a "
+                                      "choice index from 0, or the right choice's text) column.")
+    choice_columns: list | None = option(None, "multiple-choice: the answer-choice columns, two or more.",
+                                         kind="list")
+    metrics: list | None = option(None, "Those tasks' metrics instead of their defaults, the first the headline "
+                                  "(--keep best): accuracy, f1, matthews, pearson, spearman.", kind="list")
 
 
 # The embedded runs: small models a 2-core CPU trains in a couple of minutes, not the paper's 117M one.
@@ -207,7 +223,9 @@ def demo_pretrain_config(**overrides):
 
 # Fields added after runs were already being recorded, with the value those runs used: a run records
 # them only when set otherwise, so a run started before a field existed still resumes.
-LATER_FIELDS = {"initializer_range": 0.02, "gradient_accumulation_steps": 1}
+LATER_FIELDS = {"initializer_range": 0.02, "gradient_accumulation_steps": 1, "train_file": None,
+                "validation_file": None, "test_file": None, "text_columns": None, "label_column": None,
+                "choice_columns": None, "metrics": None}
 # Where and how a run executes, not what it computes: never recorded, so a run resumes on another number of
 # processes or devices (its batches are the same global batches).
 PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "startup_timeout", "model_parallel",

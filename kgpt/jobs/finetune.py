@@ -317,6 +317,9 @@ def run_settings(config):
     for key in ("data_dir", "init"):
         if settings[key] not in (None, *SPECIAL_INITS):
             settings[key] = os.path.abspath(settings[key])
+    for key in ("train_file", "validation_file", "test_file"):
+        if settings.get(key) is not None:
+            settings[key] = os.path.abspath(os.path.join(config.data_dir or "", settings[key]))
     return settings
 
 
@@ -364,8 +367,8 @@ def finetune(config, registry=None):
     `registry` (a `kgpt.TaskRegistry`) finds the task; default: every installed plugin.
     """
     check_config(config)
-    task = (registry or TaskRegistry()).get(config.task)
-    if config.data_dir is None and task.default_data is None:
+    task = with_files((registry or TaskRegistry()).get(config.task), config)
+    if config.data_dir is None and config.train_file is None and task.default_data is None:
         raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
     if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
         raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
@@ -373,12 +376,37 @@ def finetune(config, registry=None):
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or run.for_all(config, lambda: _embedded_data(task, os.path.join(work, "data")),
-                                                       f"writing {task.name}'s embedded data")
+            data_dir = config.data_dir or files_dir(config) or run.for_all(
+                config, lambda: _embedded_data(task, os.path.join(work, "data")), f"writing {task.name}'s embedded data")
             model, results, start = _finetune(config, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, task, data_dir, start, results)
         return model, results
+
+
+# Options of the tasks that read your own table files (`kgpt_tasks.generic`: docs/your-data.md).
+FILE_OPTIONS = ("train_file", "validation_file", "test_file", "text_columns", "label_column", "choice_columns",
+                "metrics")
+
+
+def with_files(task, config):
+    """`task` on the files and columns `config` names (`train_file`, ...), when it names any.
+
+    Such a task has `with_files(**options)`; any other refuses them (it reads
+    `data_dir` in its own format).
+    """
+    options = {k: getattr(config, k) for k in FILE_OPTIONS if getattr(config, k) not in (None, [], ())}
+    if not options:
+        return task
+    if not hasattr(task, "with_files"):
+        raise ConfigError(f"--{', --'.join(options)}: task {task.name!r} reads --data_dir in its own format; your "
+                          f"own tables go with --task text-classification, text-regression or multiple-choice.")
+    return task.with_files(data_dir=config.data_dir, **options)
+
+
+def files_dir(config):
+    """Without `data_dir`, the training file's folder: prediction ids are relative to it (`dev.csv:12`)."""
+    return os.path.dirname(os.path.abspath(config.train_file)) if config.train_file else None
 
 
 def runs_baseline(config):
@@ -391,8 +419,9 @@ def runs_baseline(config):
 def _baseline(config, task, data_dir, start, results):
     """Fine-tunes the same model from fresh weights (in OUTPUT_DIR/no_pretraining) and logs both results."""
     output_dir = os.path.join(config.output_dir, "no_pretraining") if config.output_dir else None
-    base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, data_dir=data_dir,
-                               output_dir=output_dir)
+    # With your own files, data_dir stays as given: their relative paths are under it.
+    base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, output_dir=output_dir,
+                               data_dir=config.data_dir if config.train_file else data_dir)
     logger.info(f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
                 f"{f', in {output_dir}' if output_dir else ''}:")
     with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-"):
@@ -500,6 +529,8 @@ def _finetune(config, task, data_dir, initial=None):
     model = _build_model(config, task, start, preprocessor)
     results = {"task": task.name, "init": start.origin, "init_dir": run_settings(config)["init"],
                "lm_coef": config.lm_coef, "batch_size": batch_size, "keep": config.keep}
+    if hasattr(task, "inputs"):  # the columns kgpt-predict reads by default
+        results["inputs"] = task.inputs()
     if config.epochs > 0:
         results.update(_train(config, task, model, splits, batch_size, start.origin))
     else:

@@ -3,53 +3,75 @@
 Inputs, one example per line or row:
 - `text`: a plain file; tabs separate an example's segments (for multiple
   choice, the last fields are the answer choices). The id is the line number.
-- `tsv`: a header row names the columns; `columns` picks the segments (by
-  default every column but `id`/`index`/`idx`/`label`), and the `id`
-  (or `index`/`idx`) column, when there is one, gives the ids.
-- `jsonl`: one JSON object per line, keys as TSV columns; for multiple choice
-  the last column may hold the list of choices.
+- `csv`, `tsv`, `jsonl`: tables whose header row (JSON lines: keys) names
+  the columns (`kgpt.data.tables`: CSV quoted as Python's `csv` module
+  writes it, TSV unquoted). `columns` picks the segments, in order (for
+  multiple choice, the answer choices last); by default the columns the
+  model was trained on (`trained_columns`, for `--task text-classification`
+  etc.), else every column but `id`/`index`/`idx`/`label`/`gold_label`. In
+  JSON lines, the last column may hold the list of choices.
 
-The output is a TSV: `id`, `prediction` (label name, choice index or value),
-and `p_<label>` per class or choice. A row that does not fit the model's
-input transformation is a `DataError` naming `file:line`.
+The output of a text file is a TSV of `id` (the line number, or the table's
+`id`/`index`/`idx`), `prediction` (label name, choice index or value) and
+`p_<label>` per class or choice. A table's output is the table itself, every
+row and column as read, with `prediction` and the `p_<label>` columns added,
+as CSV, TSV or JSON lines by the output's extension (by default the
+input's). A row that does not fit the model's input transformation is a
+`DataError` naming `file:line`.
 
 Example:
 ```python
-model = kgpt.GPTTaskModel.from_preset("runs/sst2")
-inputs = kgpt.jobs.predict.read_inputs("reviews.txt", model.preprocessor.transform)
-kgpt.jobs.predict.write(model, inputs, "predictions.tsv")
+model = kgpt.GPTTaskModel.from_preset("runs/reviews")
+inputs = kgpt.jobs.predict.read_inputs("new.csv", model.preprocessor.transform, columns=["review"])
+kgpt.jobs.predict.write(model, inputs, "labelled.csv")
 ```
 """
 
 import collections
+import json
 import logging
 import os
 import sys
 
-from kgpt.data import batching
+from kgpt.data import batching, tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.finetune import prediction_columns, prediction_rows
-from kgpt.data.readers import _data_lines, read_jsonl, read_tsv_columns
+from kgpt.data.readers import _data_lines
 from kgpt.jobs.rundir import write_text
 from kgpt.train import distribute
 
 logger = logging.getLogger(__name__)
 
-FORMATS = ("text", "tsv", "jsonl")
+FORMATS = ("text", *tables.FORMATS)
 ID_COLUMNS = ("id", "index", "idx")
 NOT_SEGMENTS = (*ID_COLUMNS, "label", "gold_label")
 
-Inputs = collections.namedtuple("Inputs", "examples ids sources columns")
+# `records`: a table's rows as read ({column: value}), written back with the predictions; `fields`: its columns.
+Inputs = collections.namedtuple("Inputs", "examples ids sources columns format records fields",
+                                defaults=("text", None, None))
 
 
 def guess_format(path):
-    """`tsv` for `.tsv`, `jsonl` for `.jsonl`/`.json`, else `text`."""
-    extension = os.path.splitext(path)[1].lower()
-    return {".tsv": "tsv", ".jsonl": "jsonl", ".json": "jsonl"}.get(extension, "text")
+    """`csv`, `tsv` or `jsonl` by the extension (`kgpt.data.tables.EXTENSIONS`), else `text`."""
+    return tables.EXTENSIONS.get(os.path.splitext(path)[1].lower(), "text")
+
+
+def trained_columns(model_dir):
+    """The columns a model fine-tuned on your own tables read (text, then choices), from its `metrics.json`; else None."""
+    path = os.path.join(model_dir, "metrics.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            inputs = json.load(f).get("inputs")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(inputs, dict):
+        return None
+    columns = [*inputs.get("text_columns", []), *inputs.get("choice_columns", [])]
+    return columns if columns and all(isinstance(c, str) for c in columns) else None
 
 
 def read_inputs(path, transform, format=None, columns=None):
-    """Reads `path` into `Inputs(examples, ids, sources, columns)`; examples are `(segments, choices)`.
+    """Reads `path` into `Inputs`; examples are `(segments, choices)`.
 
     Every row is checked against `transform` (segment and choice counts);
     a bad one raises `DataError` naming `path:line`.
@@ -59,48 +81,48 @@ def read_inputs(path, transform, format=None, columns=None):
         raise ValueError(f"Unknown input format {format!r}: use one of {', '.join(FORMATS)}.")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"No input file {path}.")
+    records = fields = None
     if format == "text":
         if columns:
-            raise ConfigError("columns name TSV or JSONL fields; a text file's fields are its tab-separated parts.")
+            raise ConfigError("columns name the columns of a table (.csv, .tsv, .jsonl); a text file's fields are "
+                              "its tab-separated parts.")
         rows = ((n, None, line.split("\t")) for n, line in _data_lines(path))
         used = None
     else:
-        rows, used = _named_rows(path, format, columns)
+        table = tables.read_table(path, format)
+        rows, used = _named_rows(table, columns)
+        records, fields = [], table.columns
     examples, ids, sources = [], [], []
-    for line_no, uid, fields in rows:
+    for line_no, uid, values, *record in rows:
         source = f"{path}:{line_no}"
-        example = _example(fields, transform, source)
+        example = _example(values, transform, source)
         examples.append(example)
         ids.append(uid if uid is not None else str(line_no))
         sources.append(source)
+        if records is not None:
+            records.append(record[0])
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty).")
-    return Inputs(examples, ids, sources, used)
+    return Inputs(examples, ids, sources, used, format, records, fields)
 
 
-def _named_rows(path, format, columns):
-    """`(rows, columns used)`; rows are `(line, id or None, [field values])`."""
-    if format == "tsv":
-        records = read_tsv_columns(path, required=columns or ())
-    else:
-        records = read_jsonl(path)
-    records = iter(records)
-    first = next(records, None)
-    if first is None:
-        raise DataError(f"{path}: no examples (the file is empty).")
-    line_no, record = first
-    used = list(columns) if columns else [k for k in record if k not in NOT_SEGMENTS]
+def _named_rows(table, columns):
+    """`(rows, columns used)`; rows are `(line, id or None, [field values], record)`."""
+    path, header = table.path, table.columns
+    used = list(columns) if columns else [k for k in header if k not in NOT_SEGMENTS]
     if not used:
-        raise DataError(f"{path}:{line_no}: no text columns (it has only {', '.join(record)}); name them with columns.")
-    id_column = next((c for c in ID_COLUMNS if c in record), None)
+        raise DataError(f"{path}: no text columns (it has only {', '.join(header)}); name them with columns.")
+    if table.format != "jsonl":
+        table.require(used, "--columns")
+    id_column = next((c for c in ID_COLUMNS if c in header), None)
 
     def rows():
-        for n, rec in ((line_no, record), *records):
+        for n, rec in table.rows:
             missing = [c for c in used if c not in rec or rec[c] is None]
             if missing:
                 raise DataError(f"{path}:{n}: missing {', '.join(map(repr, missing))}.")
             uid = str(rec[id_column]).strip() if id_column and rec.get(id_column) is not None else None
-            yield n, uid, [rec[c] for c in used]
+            yield n, uid, [rec[c] for c in used], rec
 
     return rows(), used
 
@@ -139,22 +161,46 @@ def encode(preprocessor, inputs):
                           "tokens_cut": tokens_cut})
 
 
-def write(model, inputs, output, batch_size=32, verbose=0):
-    """Predicts every example of `inputs` with `model` and writes the TSV to `output` (`-`: stdout).
+def write(model, inputs, output, batch_size=32, verbose=0, format=None):
+    """Predicts every example of `inputs` with `model` and writes them to `output` (`-`: stdout).
 
-    Returns the number of rows written.
+    A text file's predictions are a TSV of ids; a table's are its rows with
+    `prediction` and `p_<label>` columns added, in `format` (default: by
+    `output`'s extension, else the input's). Returns the number of rows written.
     """
     split = encode(model.preprocessor, inputs)
     if split.counts["truncated"]:
         logger.info(f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
             f"{model.preprocessor.max_length} tokens per view: {split.counts['tokens_cut']} tokens were cut from the "
             f"end of their longest segments.")
-    outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
     head = model.head
-    rows = prediction_rows(head, split.uids, head.decode(outputs), head.probabilities(outputs))
-    text = "\n".join(["\t".join(["id", "prediction", *prediction_columns(head)]), *rows]) + "\n"
-    if output == "-":
-        sys.stdout.write(text)
-    else:
-        write_text(output, text)
-    return len(split)
+    added = ["prediction", *prediction_columns(head)]
+    if inputs.records is not None:
+        taken = [c for c in added if c in inputs.fields]
+        if taken:
+            raise DataError(f"{inputs.sources[0].rsplit(':', 1)[0]}: the input already has column(s) "
+                            f"{', '.join(map(repr, taken))}, which the predictions would replace; rename them.")
+        format = format or output_format(output, inputs.format)
+    outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
+    predictions = head.decode(outputs)
+    rows = prediction_rows(head, split.uids, predictions, head.probabilities(outputs))
+    if inputs.records is None:
+        text = "\n".join(["\t".join(["id", *added]), *rows]) + "\n"
+        if output == "-":
+            sys.stdout.write(text)
+        else:
+            write_text(output, text)
+        return len(split)
+    merged = []
+    for record, row, value in zip(inputs.records, rows, predictions):
+        values = row.split("\t")[1:]  # after the id: the prediction and its probabilities, as the TSV writes them
+        if format == "jsonl":  # typed: a label name stays text, an answer index or a value a number
+            values = [head.prediction_name(value), *map(float, values[1:])]
+        merged.append({**record, **dict(zip(added, values))})
+    return tables.write_table(output, format, [*inputs.fields, *added], merged)
+
+
+def output_format(output, input_format):
+    """The table format of `output` by its extension; the input's for `-` or another extension."""
+    return tables.EXTENSIONS.get(os.path.splitext(output)[1].lower(), input_format) if output != "-" else input_format
+

@@ -1,0 +1,191 @@
+"""Tables of named columns: CSV, TSV and JSON lines, read with `file:line` errors and written back.
+
+- CSV: RFC 4180 as Python's `csv` module reads and writes it (quotes, `""`
+  inside quotes, line breaks inside quoted fields); the first row names the
+  columns.
+- TSV: one row per line, tabs between fields, no quoting (GLUE's format);
+  the first row names the columns.
+- JSON lines: one JSON object per line; the keys are the columns.
+
+A row whose field count differs from the header's, a blank line inside the
+data, a duplicate column name, or a JSON line that is not an object is a
+`DataError` naming `file:line`. Nothing is skipped here.
+
+Example:
+```python
+table = kgpt.data.tables.read_table("reviews.csv")
+table.require(["review", "stars"], "--text_columns/--label_column")
+for line, row in table.rows:
+    print(line, row["review"], row["stars"])
+```
+"""
+
+import csv
+import json
+import os
+import sys
+
+from kgpt.data import readers
+from kgpt.errors import ConfigError, DataError
+
+FORMATS = ("csv", "tsv", "jsonl")
+EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
+
+
+def table_format(path, format=None):
+    """`format`, or the one `path`'s extension names; `ConfigError` when neither says."""
+    if format is not None:
+        if format not in FORMATS:
+            raise ConfigError(f"{path}: unknown table format {format!r}; use one of {', '.join(FORMATS)}.")
+        return format
+    extension = os.path.splitext(path)[1].lower()
+    if extension not in EXTENSIONS:
+        raise ConfigError(f"{path}: cannot tell the format from the extension {extension or '(none)'!r}; name it "
+                          f".csv, .tsv or .jsonl.")
+    return EXTENSIONS[extension]
+
+
+class Table:
+    """A table file being read: `path`, `format`, `columns` (the header's, or the first JSON object's keys)
+    and `rows`, an iterator of `(line_number, {column: value})` read as it is consumed."""
+
+    def __init__(self, path, format, columns, rows):
+        self.path, self.format, self.columns, self.rows = path, format, list(columns), rows
+
+    def require(self, wanted, what):
+        """`DataError` naming the file, `what` (e.g. a flag) and the columns it has when one of `wanted` is missing.
+
+        In JSON lines, `columns` are the first object's keys; a later object
+        lacking one is reported at its line by `value`.
+        """
+        missing = [c for c in wanted if c not in self.columns]
+        if missing:
+            raise DataError(f"{self.path}: no column {', '.join(map(repr, missing))} ({what}); it has "
+                            f"{', '.join(map(repr, self.columns)) or 'none'}.")
+
+    def value(self, row, column, line):
+        """`row[column]` as text; a JSON line lacking it, or holding null, a list or an object there, is a `DataError`."""
+        value = row.get(column)
+        if value is None:
+            raise DataError(f"{self.path}:{line}: no {column!r} field.")
+        if isinstance(value, (dict, list)):
+            raise DataError(f"{self.path}:{line}: {column!r} is a JSON {type(value).__name__}, not text or a number.")
+        return value if isinstance(value, str) else json.dumps(value)
+
+
+def read_table(path, format=None):
+    """Opens a table file: a `Table` whose `rows` are read lazily; `FileNotFoundError` if there is no file."""
+    format = table_format(path, format)
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"No such file: {path}.")
+    if format == "tsv":
+        rows = _tsv_rows(path)
+    elif format == "csv":
+        rows = _csv_rows(path)
+    else:
+        rows = iter(readers.read_jsonl(path))
+    header = next(rows, None)
+    if header is None:
+        raise DataError(f"{path}: the file is empty.")
+    if format == "jsonl":  # the first object is a row too
+        columns = list(header[1])
+        rows = _chain(header, rows)
+    else:
+        columns = header[1]
+        seen = set()
+        for name in columns:
+            if name in seen:
+                raise DataError(f"{path}:{header[0]}: the header names column {name!r} twice.")
+            seen.add(name)
+        rows = _named(path, header[0], columns, rows)
+    return Table(path, format, columns, rows)
+
+
+def _chain(first, rest):
+    yield first
+    yield from rest
+
+
+def _named(path, header_line, columns, rows):
+    found = False
+    for line_no, fields in rows:
+        if len(fields) != len(columns):
+            raise DataError(f"{path}:{line_no}: {len(fields)} field(s), but the header (line {header_line}) names "
+                            f"{len(columns)}.")
+        found = True
+        yield line_no, dict(zip(columns, fields))
+    if not found:
+        raise DataError(f"{path}: no rows after the header.")
+
+
+def _tsv_rows(path):
+    for line_no, line in readers._data_lines(path):
+        yield line_no, [f.strip() if line_no == 1 else f for f in line.split("\t")]
+
+
+def _csv_rows(path):
+    """`(first line of the row, fields)`; blank lines are errors except at the end, as in the other formats."""
+    readers._opened.count, readers._opened.path = readers.opened()[0] + 1, path
+    with open(path, "rb") as f:
+        reader = csv.reader(_decoded(path, f), strict=True)
+        blank = None
+        while True:
+            start = reader.line_num + 1  # a quoted field may span several lines: the row is named by its first
+            try:
+                fields = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as e:
+                raise DataError(f"{path}:{start}: malformed CSV ({e}).") from None
+            if not fields:
+                blank = blank or start
+                continue
+            if blank is not None:
+                raise DataError(f"{path}:{blank}: blank line inside the data.")
+            yield start, [f.strip() for f in fields] if start == 1 else fields
+
+
+def _decoded(path, f):
+    """The lines of a binary file as text, line ends kept (a quoted CSV field may hold them); bad UTF-8 names its line."""
+    for line_no, raw in enumerate(f, start=1):
+        try:
+            yield raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid "
+                            f"UTF-8.") from None
+
+
+def write_table(path, format, columns, rows):
+    """Writes `rows` (dicts of `columns`) as a CSV, TSV or JSON-lines table to `path` (`-`: standard output).
+
+    A TSV value holding a tab or a line break is a `DataError` (TSV has no
+    quoting: write CSV or JSON lines instead). Returns the rows written.
+    """
+    from kgpt.jobs.rundir import write_text  # atomic: no half-written file is left behind
+
+    rows, lines = list(rows), []
+    if format == "jsonl":
+        lines = [json.dumps({c: row[c] for c in columns}, ensure_ascii=False) + "\n" for row in rows]
+    elif format == "tsv":
+        for i, row in enumerate([dict(zip(columns, columns)), *rows]):
+            values = [str(row[c]) for c in columns]
+            bad = next((v for v in values if "\t" in v or "\n" in v or "\r" in v), None)
+            if bad is not None:
+                raise DataError(f"{path}: row {i} holds a tab or a line break ({bad!r:.60}), which TSV cannot; "
+                                f"write a .csv or .jsonl instead.")
+            lines.append("\t".join(values) + "\n")
+    else:
+        import io
+
+        buffer = io.StringIO()
+        writer = csv.writer(buffer, lineterminator="\n")
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([row[c] for c in columns])
+        lines = [buffer.getvalue()]
+    text = "".join(lines)
+    if path == "-":
+        sys.stdout.write(text)
+    else:
+        write_text(path, text)
+    return len(rows)

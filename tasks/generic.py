@@ -1,0 +1,331 @@
+"""Your own data, no plugin: `text-classification`, `text-regression` and `multiple-choice` on CSV, TSV or JSON lines.
+
+The files and their columns are options of the task (`kgpt-train --train_file
+... --text_columns ... --label_column ...`, or `task.with_files(...)` in
+Python); docs/your-data.md has the formats and every error.
+
+- `text-classification`: one or two text columns and a label column of any
+  label strings; the label set is the training file's (sorted, numerically
+  when every label is an integer). Accuracy, and F1 of the second label when
+  there are two.
+- `text-regression`: one or two text columns and a numeric column; Pearson,
+  Spearman.
+- `multiple-choice`: one or more context columns (an article and a question
+  are concatenated), two or more choice columns, and the answer as a choice
+  index from 0 or as the text of the right choice; accuracy.
+
+Two text columns use the paper's pair transformation (`[start] a [delim] b
+[extract]`, `kgpt.tasks.transforms.Entailment`). Rows with an empty text are
+skipped and counted (the first of them named in a warning); every other
+problem is a `kgpt.DataError` naming `file:line`.
+
+Without files each task runs on a small embedded demo table (written here,
+from `glue_demo`'s SST-2-format reviews), which the contract test reads.
+
+```python
+from kgpt_tasks import generic
+
+task = kgpt.TaskRegistry().get("text-classification").with_files(
+    train_file="reviews.csv", validation_file="dev.csv", text_columns=["review"], label_column="stars")
+model = kgpt.GPTTaskModel.from_preset("lm", task=task)   # a kgpt-train --task lm --output_dir
+```
+"""
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+import random
+
+import kgpt
+from kgpt.data import tables
+from kgpt.errors import ConfigError, DataError
+from kgpt.tasks.transforms import Classification, Entailment, MultipleChoice
+from kgpt_tasks import glue_demo
+
+logger = logging.getLogger("kgpt.tasks.generic")  # under "kgpt": printed as kgpt's progress is
+
+SPLITS = ("train", "validation", "test")
+# The option (and kgpt-train flag) naming each split's file.
+SPLIT_FLAGS = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
+CLASSIFICATION, REGRESSION, CHOICE = "text-classification", "text-regression", "multiple-choice"
+
+
+@dataclasses.dataclass(frozen=True)
+class Files:
+    """A task's table files (split -> path, `None` when not given) and the columns it reads."""
+
+    paths: dict
+    text_columns: tuple
+    label_column: str
+    choice_columns: tuple = ()
+    metrics: tuple | None = None
+
+    def path(self, split, data_dir):
+        """The split's file (a relative path is under `data_dir`); `FileNotFoundError` when not given."""
+        name = self.paths.get(split)
+        if name is None:
+            raise FileNotFoundError(f"no --{SPLIT_FLAGS[split]} given")
+        return os.path.join(data_dir, name) if data_dir else name
+
+
+@dataclasses.dataclass(frozen=True)
+class FileTask(kgpt.Task):
+    """A `kgpt.Task` whose data are table files with named columns, given as options (`with_files`).
+
+    Attributes:
+        files: the `Files` it reads (for the registered task: its embedded demo's, relative to `data_dir`).
+    """
+
+    files: Files | None = None
+
+    def with_files(self, train_file=None, validation_file=None, test_file=None, text_columns=None,
+                   label_column=None, choice_columns=None, metrics=None, data_dir=None):
+        """This task on your files: a new `FileTask` (the label set read from `train_file` for classification).
+
+        Args:
+            train_file, validation_file, test_file: CSV, TSV or JSON-lines files
+                (by extension); relative paths are under `data_dir` when given.
+                Only `train_file` is required; the others are evaluated when given.
+            text_columns: one or two text columns (multiple choice: the context, one or more).
+            label_column: the label, number or answer column (may be absent from the test file).
+            choice_columns: multiple choice only: the answer choices, two or more.
+            metrics: metric keys (`kgpt.tasks.metrics.METRICS`, `--metrics`) instead of the defaults; the first
+                is the headline.
+
+        Raises `ConfigError` naming the option for a missing or contradictory
+        option, and `DataError` naming `file:line` for bad data in the training file.
+        """
+        kind = self.name
+        if not train_file:
+            raise ConfigError(f"--task {kind} reads your files: give --train_file (and --validation_file, "
+                              f"--test_file), --text_columns and --label_column"
+                              f"{' and --choice_columns' if kind == CHOICE else ''}.")
+        text_columns, choice_columns = _names(text_columns), _names(choice_columns)
+        given = {"train": train_file, "validation": validation_file, "test": test_file}
+        # Absolute: finetune's data_dir (where ids are relative to) may be another folder then.
+        paths = {split: os.path.abspath(os.path.join(data_dir or "", name)) if name else None
+                 for split, name in given.items()}
+        train_path = paths["train"]
+        for split, name in paths.items():
+            if name:
+                tables.table_format(name)  # an unknown extension is refused before anything is read
+                if not os.path.isfile(name):
+                    raise ConfigError(f"--{SPLIT_FLAGS[split]} {name}: no such file.")
+        table = tables.read_table(train_path)
+        header = table.columns
+        has = f"{train_path} has {', '.join(map(repr, header))}"
+        if not text_columns:
+            raise ConfigError(f"--text_columns: name the text column(s) of {train_path} ({has[len(train_path) + 1:]}).")
+        if not label_column:
+            raise ConfigError(f"--label_column: name the {'answer' if kind == CHOICE else 'label'} column ({has}).")
+        if kind == CHOICE and len(choice_columns) < 2:
+            raise ConfigError(f"--choice_columns: multiple-choice needs two or more answer-choice columns ({has}).")
+        if kind != CHOICE and choice_columns:
+            raise ConfigError(f"--choice_columns is for --task multiple-choice, not {kind}.")
+        if kind != CHOICE and len(text_columns) > 2:
+            raise ConfigError(f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
+                              f"join the texts into one column, or pick two.")
+        metrics = _names(metrics)
+        unknown = [m for m in metrics if m not in kgpt.metrics.METRICS]
+        if unknown:
+            raise ConfigError(f"--metrics: {', '.join(map(repr, unknown))} is no metric; kgpt has "
+                              f"{', '.join(kgpt.metrics.METRICS)}.")
+        every = [*text_columns, *choice_columns, label_column]
+        twice = sorted({c for c in every if every.count(c) > 1})
+        if twice:
+            raise ConfigError(f"Column(s) {', '.join(map(repr, twice))} given twice in --text_columns, "
+                              f"--choice_columns and --label_column.")
+        table.require(text_columns, "--text_columns")
+        table.require(choice_columns, "--choice_columns")
+        table.require([label_column], "--label_column")
+        files = Files(paths, text_columns, label_column, choice_columns, tuple(metrics) if metrics else None)
+        labels = _training_labels(files, data_dir) if kind == CLASSIFICATION else None
+        task = build(kind, files, labels, description=f"{kind} on {train_file}.")
+        object.__setattr__(task, "plugin", self.plugin)  # its reading errors name the plugin, as the registry's copy
+        return task
+
+    def inputs(self):
+        """The columns a model of this task reads its text from: what `kgpt-predict` reads by default."""
+        return {"text_columns": list(self.files.text_columns), "choice_columns": list(self.files.choice_columns),
+                "label_column": self.files.label_column}
+
+
+def _names(columns):
+    if columns is None:
+        return ()
+    if isinstance(columns, str):
+        columns = columns.split(",")
+    return tuple(c.strip() for c in columns if c.strip())
+
+
+def _sorted_labels(labels):
+    """Integers in numeric order, anything else in string order."""
+    try:
+        return sorted(labels, key=int)
+    except ValueError:
+        return sorted(labels)
+
+
+def _training_labels(files, data_dir):
+    """The label set of the training file; a bad or empty label is a `DataError` at its line."""
+    table = tables.read_table(files.path("train", data_dir))
+    table.require([files.label_column], "--label_column")
+    counts = collections.Counter()
+    for line, row in table.rows:
+        counts[_label(table, row, files.label_column, line)] += 1
+    labels = tuple(_sorted_labels(counts))
+    if len(labels) < 2:
+        raise DataError(f"{table.path}: every row has label {labels[0]!r} in column {files.label_column!r}: a "
+                        f"classifier needs two labels or more.")
+    rare = [f"{name!r} ({n})" for name, n in counts.items() if n < 2]
+    if rare:
+        logger.warning(f"{table.path}: label(s) {', '.join(rare)} occur once only in {sum(counts.values())} rows: "
+                       f"the model can hardly learn them.")
+    logger.info(f"{table.path}: {len(labels)} labels " + ", ".join(f"{name!r} ({counts[name]})" for name in labels)
+                + ".")
+    return labels
+
+
+def _label(table, row, column, line):
+    label = table.value(row, column, line).strip()
+    if not label:
+        raise DataError(f"{table.path}:{line}: empty label in column {column!r}.")
+    return label
+
+
+class Reader:
+    """`read(split, data_dir)` of a `FileTask`: its files' rows as `kgpt.Example`s (and `kgpt.Skipped`)."""
+
+    def __init__(self, kind, files, labels):
+        self.kind, self.files, self.labels = kind, files, labels
+
+    def __call__(self, split, data_dir):
+        files = self.files
+        table = tables.read_table(files.path(split, data_dir))
+        table.require([*files.text_columns, *files.choice_columns], "--text_columns/--choice_columns")
+        labeled = files.label_column in table.columns
+        if not labeled and split != "test":
+            table.require([files.label_column], "--label_column")
+        empty = collections.Counter()
+        first_empty = None
+        for line, row in table.rows:
+            source = f"{table.path}:{line}"
+            texts = [table.value(row, c, line) for c in files.text_columns]
+            choices = [table.value(row, c, line) for c in files.choice_columns]
+            blank = next((c for c, t in zip((*files.text_columns, *files.choice_columns), (*texts, *choices))
+                          if not t.strip()), None)
+            if blank is not None:
+                empty[blank] += 1
+                first_empty = first_empty or source
+                yield kgpt.Skipped(source, f"empty text in column {blank!r}")
+                continue
+            label = self._target(table, row, line, choices) if labeled else None
+            yield kgpt.Example(segments=tuple(texts), label=label, choices=tuple(choices), source=source,
+                               uid=source)
+        if empty:
+            logger.warning(f"{table.path}: {sum(empty.values())} row(s) with an empty text skipped (first at "
+                           f"{first_empty}).")
+
+    def _target(self, table, row, line, choices):
+        column, source = self.files.label_column, f"{table.path}:{line}"
+        value = _label(table, row, column, line)
+        if self.kind == CLASSIFICATION:
+            if value not in self.labels:
+                raise DataError(f"{source}: label {value!r} is not one of the training file's labels "
+                                f"({', '.join(map(repr, self.labels))}).")
+            return value
+        if self.kind == REGRESSION:
+            try:
+                number = float(value)
+            except ValueError:
+                number = math.nan
+                finite = False
+            else:
+                finite = math.isfinite(number)
+            if not finite:
+                raise DataError(f"{source}: {column!r} holds {value!r}, not a finite number.")
+            return number
+        if value.lstrip("-").isdigit():
+            index = int(value)
+            if not 0 <= index < len(choices):
+                raise DataError(f"{source}: answer {index} in {column!r} is out of range: the {len(choices)} "
+                                f"choices ({', '.join(self.files.choice_columns)}) are 0..{len(choices) - 1}.")
+            return index
+        matches = [i for i, choice in enumerate(choices) if choice.strip() == value]
+        if not matches:
+            raise DataError(f"{source}: answer {value!r} in {column!r} is neither a choice index (0.."
+                            f"{len(choices) - 1}) nor the text of a choice.")
+        return matches[0]
+
+
+DEFAULT_METRICS = {REGRESSION: ("pearson", "spearman"), CHOICE: ("accuracy",)}
+
+
+def build(kind, files, labels=None, description="", default_data=None):
+    """The `FileTask` of `kind` reading `files`."""
+    if kind == CHOICE:
+        transform = MultipleChoice(len(files.choice_columns))
+    else:
+        transform = Entailment() if len(files.text_columns) == 2 else Classification()
+    metrics = files.metrics or DEFAULT_METRICS.get(kind) or (("accuracy", "f1") if len(labels) == 2 else ("accuracy",))
+    return FileTask(name=kind, transform=transform, labels=labels, read=Reader(kind, files, labels), metrics=metrics,
+                    splits=SPLITS, description=description, default_data=default_data, files=files)
+
+
+# --- the embedded demo tables: SST-2-format reviews (glue_demo) in each task's shape ----------------------------
+
+
+def _demo_rows(kind, split):
+    rng = random.Random(f"generic-{kind}-{split}")
+    for sentence, label in glue_demo.sst2_rows("dev" if split == "validation" else "train"):
+        positive = label == "1"
+        if kind == CLASSIFICATION:
+            yield {"review": sentence, "sentiment": "positive" if positive else "negative"}
+        elif kind == REGRESSION:
+            yield {"review": sentence, "stars": rng.choice((4, 5) if positive else (1, 2))}
+        else:
+            options = ["i liked it .", "i did not like it ."]
+            right = 0 if positive else 1
+            if rng.random() < 0.5:
+                options.reverse()
+                right = 1 - right
+            yield {"review": sentence, "option_a": options[0], "option_b": options[1], "answer": right}
+
+
+DEMO = {
+    CLASSIFICATION: (Files({"train": "train.csv", "validation": "validation.csv"}, ("review",), "sentiment"),
+                     ("negative", "positive"), "Your CSV/TSV/JSONL: one or two text columns and a label column."),
+    REGRESSION: (Files({"train": "train.tsv", "validation": "validation.tsv"}, ("review",), "stars"), None,
+                 "Your CSV/TSV/JSONL: one or two text columns and a numeric column."),
+    CHOICE: (Files({"train": "train.jsonl", "validation": "validation.jsonl"}, ("review",), "answer",
+                   ("option_a", "option_b")), None,
+             "Your CSV/TSV/JSONL: context column(s), choice columns and the answer (index or text)."),
+}
+
+
+def demo_writer(kind):
+    """`fn(directory) -> directory` writing `kind`'s embedded demo tables there."""
+
+    def write(directory):
+        files = DEMO[kind][0]
+        os.makedirs(directory, exist_ok=True)
+        for split, name in files.paths.items():
+            rows = list(_demo_rows(kind, split))
+            path = os.path.join(directory, name)
+            tables.write_table(path, tables.table_format(name), list(rows[0]), rows)
+        return directory
+
+    return write
+
+
+TASKS = [build(kind, files, labels, description=description, default_data=demo_writer(kind))
+         for kind, (files, labels, description) in DEMO.items()]
+
+
+@kgpt.hookimpl
+def register_tasks(register):
+    for task in TASKS:
+        register(task)
+

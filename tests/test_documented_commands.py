@@ -26,6 +26,7 @@ comment `# not run: REASON` on the command, or `<!-- not run: REASON -->` on
 the line before a block. Anything else that fails fails its test.
 """
 
+import csv
 import json
 import os
 import pathlib
@@ -55,7 +56,8 @@ PYTHON_STANDINS = {"out": "causal_lm", "lm": "causal_lm", "finetune-transformer-
                    "openai-gpt": "huggingface", "encoder_bpe_40000.json": "gpt1_file:encoder_bpe_40000.json",
                    "vocab_40000.bpe": "gpt1_file:vocab_40000.bpe"}
 PATH_FLAGS = ("corpus", "data_dir", "init", "lstm_init", "model", "input", "output_dir", "output", "tokenizer",
-              "shards_dir")
+              "shards_dir", "train_file", "validation_file", "test_file")
+TABLE_FLAGS = ("train_file", "validation_file", "test_file")
 SENTENCES = ["the cat sat on the mat.", "a dog ran far away!", "rain falls in spring.", "why is the sky blue?"]
 
 
@@ -145,7 +147,8 @@ def flag_values(args):
     values = {}
     for i, arg in enumerate(args):
         name, _, value = arg[2:].partition("=")
-        if not arg.startswith("--") or name not in (*PATH_FLAGS, "task", "tasks", "columns", "architecture"):
+        if not arg.startswith("--") or name not in (*PATH_FLAGS, "task", "tasks", "columns", "architecture",
+                                                    "text_columns", "choice_columns", "label_column"):
             continue
         values[name] = value if _ else (args[i + 1] if i + 1 < len(args) else "")
     return values
@@ -264,6 +267,32 @@ def write_task_data(task_name, folder):
         pytest.fail(f"no stand-in data for task {task_name!r}: add a writer to tests/test_documented_commands.py")
 
 
+def write_table(path, task_name, values):
+    """A small table in `path`'s format (by extension) with the columns the command names."""
+    texts = [c for c in (values.get("text_columns") or "").split(",") if c]
+    choices = [c for c in (values.get("choice_columns") or "").split(",") if c]
+    label = values.get("label_column")
+    rows = []
+    for i in range(8):
+        row = {name: SENTENCES[(i + j) % 4] for j, name in enumerate(texts + choices)}
+        if label:
+            row[label] = {"text-regression": f"{i % 5}.5", "multiple-choice": str(i % max(len(choices), 1))}.get(
+                task_name, ("pos", "neg")[i % 2])
+        rows.append(row)
+    write_rows(path, rows)
+
+
+def write_rows(path, rows):
+    names = list(rows[0])
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as f:
+        if path.endswith(".jsonl"):
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        else:
+            writer = csv.writer(f, delimiter="\t" if path.endswith(".tsv") else ",", lineterminator="\n")
+            writer.writerows([names, *([row[n] for n in names] for row in rows)])
+
+
 def write_input(path, task_name, columns):
     task = kgpt.TaskRegistry().get(task_name)
     count = task.transform.num_segments if isinstance(getattr(task.transform, "num_segments", None), int) else 2
@@ -313,6 +342,9 @@ def prepare(command, earlier, folder, standins):
             for top, (what, _) in earlier.items():  # inside an earlier analysis's folder: claimed as it claims it
                 if what == "analysis" and path.startswith(top.rstrip("/") + "/"):
                     pathlib.Path(top, "run.json").write_text(json.dumps({"job": "analyze", "settings": {}}))
+        for flag in TABLE_FLAGS:
+            if values.get(flag):
+                write_table(values[flag], task, values)
         if values.get("input") and command["prog"] == "kgpt-predict":
             write_input(values["input"], earlier.get(values.get("model"), (None, "scitail"))[1], values.get("columns"))
         if values.get("tokenizer") not in (None, "train"):

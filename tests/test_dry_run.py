@@ -15,6 +15,7 @@ import pytest
 
 import kgpt
 from conftest import TINY, char_tokenizer
+from kgpt.errors import DataError
 from kgpt.jobs import dry_run, finetune
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs.rundir import OutputDirError, RunDirectory
@@ -116,7 +117,7 @@ def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):
     assert f"{built.count_params():,} weights" in found["model"]
     assert not os.path.exists(tmp_path / "lm")
     (corpus / "c.txt").write_bytes(b"caf\xe9\n")
-    with pytest.raises(ValueError, match=r"c.txt: byte 3 \(0xe9\) is not valid UTF-8"):
+    with pytest.raises(DataError, match=r"c.txt:1: byte 3 of the line \(0xe9\) is not valid UTF-8"):
         dry_run.pretrain(config)
 
 

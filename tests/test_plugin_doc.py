@@ -75,7 +75,7 @@ def test_the_example_plugin_passes_its_own_contract_test(installed, tmp_path):
 def test_the_pages_commands_list_and_train_the_example(installed, monkeypatch, capsys, tmp_path):
     import kgpt_sentiment
 
-    commands = [shlex.split(line) for code in blocks("bash")[None] for line in code.splitlines()
+    commands = [shlex.split(line, comments=True) for code in blocks("bash")[None] for line in code.splitlines()
                 if line.startswith("kgpt-train")]
     assert [c[:2] for c in commands] == [["kgpt-train", "--list_tasks"], ["kgpt-train", "--task"]]
     monkeypatch.chdir(tmp_path)

@@ -230,12 +230,7 @@ def finetune(config, registry=None):
     """Checks a `FinetuneConfig` as `kgpt-train --task NAME` would run it; returns the findings."""
     plan = Plan(f"kgpt-train --task {config.task}")
     finetune_lib.check_config(config)
-    task = (registry or TaskRegistry()).get(config.task)
-    if config.data_dir is None and task.default_data is None:
-        raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
-    if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
-        raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
-                          f"{task.splits[0]!r}.")
+    task = finetune_lib.resolve_task(config, registry)
     plan.add("task", f"{task.name} ({task.transform.kind} input, {task.head.kind} head"
                      + (f", labels {', '.join(task.labels)}" if task.labels else "") + ")")
     plan.add("settings", settings(config))
@@ -243,7 +238,8 @@ def finetune(config, registry=None):
     plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
     plan.add("init", init(config, task))
     splits = task.splits if config.epochs > 0 else task.splits[1:]
-    plan.add("data", task_data(task, config.data_dir, splits, required=task.splits[0] if config.epochs else None))
+    data_dir = config.data_dir or finetune_lib.files_dir(config)
+    plan.add("data", task_data(task, data_dir, splits, required=task.splits[0] if config.epochs else None))
     batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
     training = f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef " \
                f"{config.lm_coef:g}, keep {config.keep}" if config.epochs else "none (--epochs 0 evaluates --init)"

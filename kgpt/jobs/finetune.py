@@ -367,12 +367,7 @@ def finetune(config, registry=None):
     `registry` (a `kgpt.TaskRegistry`) finds the task; default: every installed plugin.
     """
     check_config(config)
-    task = with_files((registry or TaskRegistry()).get(config.task), config)
-    if config.data_dir is None and config.train_file is None and task.default_data is None:
-        raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
-    if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
-        raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
-                         f"{task.splits[0]!r}.")
+    task = resolve_task(config, registry)
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
@@ -382,6 +377,17 @@ def finetune(config, registry=None):
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, task, data_dir, start, results)
         return model, results
+
+
+def resolve_task(config, registry=None):
+    """The task `config` fine-tunes on (on its files, with `train_file` and the like), checked against `config`."""
+    task = with_files((registry or TaskRegistry()).get(config.task), config)
+    if config.data_dir is None and config.train_file is None and task.default_data is None:
+        raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
+    if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
+        raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
+                          f"{task.splits[0]!r}.")
+    return task
 
 
 # Options of the tasks that read your own table files (`kgpt_tasks.generic`: docs/your-data.md).

@@ -185,6 +185,11 @@ def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, caps
     assert again["splits"]["dev"]["accuracy"] == results["splits"]["dev"]["accuracy"]
 
 
+def test_a_bad_lora_rank_is_a_config_error(tmp_path):
+    with pytest.raises(kgpt.ConfigError, match="lora_rank must be an integer >= 1"):
+        finetune_lib._enable_lora(task_model(), 0)
+
+
 def test_cli_refuses_a_bad_lora_rank_by_flag_name():
     result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=scitail", "--lora_rank=0"],
                             capture_output=True, text=True, timeout=300)
@@ -192,3 +197,33 @@ def test_cli_refuses_a_bad_lora_rank_by_flag_name():
     result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=lm", "--lora_rank=4"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "--lora_rank only applies to fine-tuning" in result.stderr
+
+
+GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "lora-int8.md")
+PARSE = """
+import json, sys
+from absl import flags
+import importlib
+importlib.import_module(sys.argv[1])
+for line in json.loads(sys.argv[2]):
+    values = flags.FLAGS(["prog", *line], known_only=False)
+    print(json.dumps({name: flags.FLAGS[name].value for name in ("lora_rank", "quantize") if name in flags.FLAGS}))
+    flags.FLAGS.unparse_flags()
+"""
+
+
+@pytest.mark.parametrize("program, module", [("kgpt-train", "kgpt.cli.train"), ("kgpt-predict", "kgpt.cli.predict")])
+def test_the_guide_commands_parse_with_the_cli_flags(program, module):
+    import re
+    import shlex
+
+    text = open(GUIDE, encoding="utf-8").read()
+    lines = [shlex.split(line.split(program, 1)[1]) for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+             for line in block.splitlines() if line.startswith(program)]
+    assert lines
+    result = subprocess.run([sys.executable, "-c", PARSE, module, json.dumps(lines)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    parsed = [json.loads(line) for line in result.stdout.strip().splitlines()]
+    assert len(parsed) == len(lines)
+    assert any(p.get("lora_rank") == 8 or p.get("quantize") == "int8" for p in parsed)

@@ -471,6 +471,8 @@ def _build_model(config, task, start, preprocessor):
 
 def _enable_lora(model, rank):
     """`--lora_rank`: only the LoRA factors and the task head train."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ConfigError(f"lora_rank must be an integer >= 1 (or None: every weight trains), got {rank!r}.")
     if not isinstance(model.backbone, lora.LoraMixin):
         raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
     model.backbone.enable_lora(rank)

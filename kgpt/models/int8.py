@@ -31,7 +31,9 @@ def quantize(model, mode=INT8):
     if is_quantized(model):
         return model
     with warnings.catch_warnings():
-        # One "does not have a `quantize` method" per norm, dropout and embedding layer: expected.
+        # One "does not have a `quantize` method" per norm and embedding layer: expected.
         warnings.filterwarnings("ignore", message=r".*does not have a `quantize` method")
-        model.quantize(mode)
+        # Layers without weights are left alone: a loaded task model's preprocessor holds an unbuilt
+        # tokenizer layer, which Keras would refuse to quantize.
+        model.quantize(mode, filters=lambda layer: bool(layer.weights))
     return model

@@ -2,7 +2,8 @@
 
 `backbone.enable_lora(rank)` is keras-hub's: every backbone weight is
 frozen and Keras' `EinsumDense.enable_lora` adds two trainable factors
-`A [hidden, rank]`, `B [rank, heads * head_dim]` to the attention's query
+(Keras' factorisation of an `[hidden, heads, head_dim]` kernel: `A [hidden,
+heads, rank]`, `B [rank, head_dim]`) to the attention's query
 and value projections (keras-hub's default targets; kgpt's layers are
 named `query` and `value`). Unlike keras-hub, their biases stay frozen too:
 the factors are then the backbone's whole change, and a `.lora.h5` file

@@ -22,7 +22,8 @@ included).
 int8 (`--phases int8`): each fine-tuned model (`OUTPUT_DIR/{full,lora}-sS`)
 is loaded twice, once as saved (float32) and once quantized
 (`model.quantize("int8")`, saved to a preset and loaded back from it).
-Reported: the weight files' size, the dev score of each, and the seconds to
+Reported: the bytes of the model's arrays in the weight files (the
+optimizer state a fine-tuned preset also holds left out), the dev score of each, and the seconds to
 predict the dev split (median of `--repeats` passes after an untimed one,
 the two models taking turns).
 """
@@ -139,8 +140,20 @@ def finetune_table(results):
 
 
 def weights_size(preset):
-    return sum(os.path.getsize(os.path.join(preset, name)) for name in os.listdir(preset)
-               if name.endswith(".weights.h5"))
+    """Bytes of the model's arrays in a preset's weight files (a fine-tuned preset's optimizer state left out)."""
+    import h5py
+
+    total = 0
+    for name in os.listdir(preset):
+        if name.endswith(".weights.h5"):
+            with h5py.File(os.path.join(preset, name), "r") as f:
+                def add(path, item):
+                    nonlocal total
+                    if isinstance(item, h5py.Dataset) and not path.startswith("optimizer/"):
+                        total += item.size * item.dtype.itemsize
+
+                f.visititems(add)
+    return total
 
 
 def int8_rows():

@@ -12,6 +12,8 @@ config records them; a task head is re-quantized from its weights file).
 
 import warnings
 
+import keras
+
 INT8 = "int8"
 
 
@@ -36,4 +38,11 @@ def quantize(model, mode=INT8):
         # Layers without weights are left alone: a loaded task model's preprocessor holds an unbuilt
         # tokenizer layer, which Keras would refuse to quantize.
         model.quantize(mode, filters=lambda layer: bool(layer.weights))
+    # Keras resets the model's own compiled functions; a task model's prediction sub-model keeps its own,
+    # which on TensorFlow would go on running the float kernels it was traced with.
+    if getattr(model, "_task_predictor", None) is not None:
+        object.__setattr__(model, "_task_predictor", None)
+    for layer in model._flatten_layers(include_self=True):
+        if isinstance(layer, keras.Model):
+            layer.train_function = layer.test_function = layer.predict_function = None
     return model

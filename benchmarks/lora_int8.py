@@ -185,12 +185,13 @@ def int8_rows():
                 if repeat:  # the first pass traces / compiles
                     times[label].append(time.perf_counter() - started)
                 scores[label] = next(iter(evaluation.metrics.values()))
-        agree = float(np.mean(finetune.evaluate_split(task, model, split, FLAGS.batch_size).predictions ==
-                              finetune.evaluate_split(task, quantized, split, FLAGS.batch_size).predictions))
+        a, b = (finetune.evaluate_split(task, m, split, FLAGS.batch_size) for m in (model, quantized))
+        agree = float(np.mean(a.predictions == b.predictions))
+        change = float(np.max(np.abs(np.asarray(a.probabilities) - np.asarray(b.probabilities))))
         t_float, t_int8 = statistics.median(times["float32"]), statistics.median(times["int8"])
         rows.append(f"| {name} | {keras.config.backend()} | {weights_size(preset) / 1e6:.1f} -> "
                     f"{weights_size(quantized_dir) / 1e6:.1f} MB | {100 * scores['float32']:.1f} -> "
-                    f"{100 * scores['int8']:.1f} | {agree:.1%} | {t_float:.2f} -> {t_int8:.2f} s "
+                    f"{100 * scores['int8']:.1f} | {agree:.1%} | {change:.4f} | {t_float:.2f} -> {t_int8:.2f} s "
                     f"(x{t_int8 / t_float:.2f}) |")
         print(rows[-1], flush=True)
     return rows
@@ -208,8 +209,8 @@ def main(argv):
         print(finetune_table(finetune_runs()), flush=True)
     if "int8" in FLAGS.phases:
         rows = int8_rows()
-        print("| model | backend | weight files | dev score x 100 (float32 -> int8) | same predictions | "
-              "dev prediction time |\n| --- | --- | --- | --- | --- | --- |")
+        print("| model | backend | model arrays | dev score x 100 (float32 -> int8) | same predictions | "
+              "largest probability change | dev prediction time |\n| --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(rows))
 
 

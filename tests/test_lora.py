@@ -103,7 +103,7 @@ def test_a_bad_lora_file_is_a_checkpoint_error_naming_it(trained, tmp_path):
     assert not lora.lora_layers(wider)  # nothing was changed
     other_rank = kgpt.GPTBackbone(**TINY)
     other_rank.enable_lora(RANK + 1)
-    with pytest.raises(CheckpointError, match=rf"holds rank-{RANK} factors, but LoRA is enabled here at rank {RANK + 1}"):
+    with pytest.raises(CheckpointError, match=rf"rank-{RANK} factors, but LoRA is enabled here at rank {RANK + 1}"):
         other_rank.load_lora_weights(good)
     tampered = tmp_path / "tampered.lora.h5"
     tampered.write_bytes(open(good, "rb").read())

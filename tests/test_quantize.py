@@ -1,5 +1,6 @@
 """int8: quantized causal LMs and task models round trip through presets; `kgpt-predict --quantize int8`."""
 
+import os
 import subprocess
 import sys
 
@@ -76,13 +77,11 @@ def predict_cli(*args):
 
 def test_kgpt_predict_quantize_int8(finetuned, tmp_path):
     preset, data = finetuned
-    plain, quantized = tmp_path / "float.tsv", tmp_path / "int8.tsv"
-    result = predict_cli(f"--model={preset}", f"--data_dir={data}", "--split=dev", f"--output={plain}")
-    assert result.returncode == 0, result.stderr[-2000:]
+    plain, quantized = os.path.join(preset, "predictions", "dev.tsv"), tmp_path / "int8.tsv"  # float: the run's
     result = predict_cli(f"--model={preset}", f"--data_dir={data}", "--split=dev", f"--output={quantized}",
                          "--quantize=int8")
     assert result.returncode == 0, result.stderr[-2000:]
-    rows = [line.split("\t") for line in plain.read_text().splitlines()]
+    rows = [line.split("\t") for line in open(plain, encoding="utf-8").read().splitlines()]
     rows_int8 = [line.split("\t") for line in quantized.read_text().splitlines()]
     assert len(rows) == len(rows_int8) == 9 and rows[0] == rows_int8[0]
     p, q = (np.array([r[2:4] for r in table[1:]], float) for table in (rows, rows_int8))

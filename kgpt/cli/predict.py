@@ -40,6 +40,9 @@ flags.DEFINE_integer("batch_size", 32, "Examples per batch (batches are formed b
 flags.DEFINE_integer("max_length", None, "Tokens per view (default: the model's own); longer ones are cut and "
                      "counted.", lower_bound=4)
 
+flags.DEFINE_enum("quantize", None, ["int8"], "Quantize the model's kernels after loading (an int8 preset "
+                  "loads quantized without it); docs/lora-int8.md has what it changes in speed and score.")
+
 FLAGS = flags.FLAGS
 
 
@@ -75,6 +78,13 @@ def main(argv):
         raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
                                f"pass the --output_dir of a kgpt-train --task NAME run.")
     model = kgpt.GPTTaskModel.from_preset(FLAGS.model, max_length=FLAGS.max_length)
+    if FLAGS.quantize:
+        from kgpt.models import int8
+
+        already = int8.is_quantized(model)
+        int8.quantize(model, FLAGS.quantize)
+        logger.info(f"--quantize {FLAGS.quantize}: " + ("the model was saved quantized already." if already else
+                    "the attention, MLP and head kernels are now int8 (the embeddings stay float32)."))
     logger.info(f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
         f"{model.preprocessor.transform.kind} input).")
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
@@ -104,7 +114,7 @@ def main(argv):
 
 
 GROUPS = {
-    "Model and inputs": ["model", "input", "format", "columns", "data_dir", "split"],
+    "Model and inputs": ["model", "quantize", "input", "format", "columns", "data_dir", "split"],
     "Output": ["output", "overwrite"],
     "Batching": ["batch_size", "max_length"],
     "Checks and errors": ["dry_run", "verbose"],

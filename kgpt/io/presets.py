@@ -321,9 +321,11 @@ def load_task_preset(cls, preset, load_weights=True, **kwargs):
         if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
             check_sizes(nested, os.path.join(preset, TASK_CONFIG_FILE), backbone_path)
     task = deserialize(config, os.path.join(preset, TASK_CONFIG_FILE), f"a {cls.__name__}")
+    task_path = os.path.join(preset, TASK_WEIGHTS_FILE)
+    if load_weights:
+        quantize_head_like_file(task, task_path)
     backbone_ids = {id(v) for v in task.backbone.weights}
     head = [v for v in task.weights if id(v) not in backbone_ids]
-    task_path = os.path.join(preset, TASK_WEIGHTS_FILE)
     if load_weights:
         check_weights_file(backbone_path, task.backbone.weights)
         if head:
@@ -345,6 +347,39 @@ def load_task_preset(cls, preset, load_weights=True, **kwargs):
         if head:
             _load_weights(task.load_task_weights, task_path)
     return task
+
+
+def _holds_int8(path):
+    """Whether a `.weights.h5` file holds int8 arrays (weights of `quantize("int8")` layers)."""
+    try:
+        with h5py.File(path, "r") as f:
+            found = []
+            f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset)
+                         and obj.dtype == "int8" and not name.startswith("optimizer/") else None)
+            return bool(found)
+    except OSError:  # missing or corrupt: check_weights_file names it
+        return False
+
+
+def quantize_head_like_file(task, task_path):
+    """Quantizes a task model's head layers to int8 when its saved head was.
+
+    The backbone's config records which of its layers were quantized
+    (keras-hub's `DTypePolicyMap`), so it is built quantized; a task
+    model's head is built from the task's own config, which does not, so
+    a head saved after `model.quantize("int8")` is re-quantized here before
+    its weights are checked and loaded.
+    """
+    if not os.path.isfile(task_path) or not _holds_int8(task_path):
+        return
+    backbone_layers = {id(layer) for layer in task.backbone._flatten_layers()}
+    for layer in task._flatten_layers(include_self=False):
+        if id(layer) in backbone_layers or layer._flatten_layers(include_self=False):
+            continue
+        if layer.weights and getattr(layer, "quantization_mode", "none") is None and hasattr(layer, "quantize"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                layer.quantize("int8")
 
 
 class PresetMixin:

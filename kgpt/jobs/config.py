@@ -161,6 +161,9 @@ class FinetuneConfig(RunConfig, ModelConfig):
     scratch_baseline: bool | None = option(None, "Also fine-tune the same model from fresh weights (Table 5's 'no "
                                            "pre-training') and print both results side by side; its outputs go to "
                                            "OUTPUT_DIR/no_pretraining. Default: on with --init demo, off otherwise.")
+    lora_rank: int | None = option(None, "Train rank-R LoRA factors on the attention's query and value projections "
+                                   "(and the task head) instead of every weight; the saved model has them merged "
+                                   "(docs/lora-int8.md).", lower_bound=1)
     keep: str = option("last", "The weights saved and scored: from the last epoch (the paper) or the epoch with the "
                        "best dev score on the task's first metric.", choices=["last", "best"])
     # Your own files, for the tasks that take them (text-classification, text-regression, multiple-choice):

@@ -37,6 +37,7 @@ from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, FinetuneConfig, demo_pretrain_config  # noqa: F401 - re-exported
 from kgpt.jobs.config import recorded_settings
 from kgpt.jobs.rundir import same_path, write_text
+from kgpt.models import lora
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.task_model import GPTTaskModel, is_task_preset
 from kgpt.tasks import metrics as metrics_lib
@@ -512,7 +513,20 @@ def _build_model(config, task, start, preprocessor):
                          preprocessor=preprocessor, compile=False)
     if start.finetuned is not None:
         model.classifier.set_weights(start.finetuned.classifier.get_weights())
+    if config.lora_rank is not None:
+        _enable_lora(model, config.lora_rank)
     return model
+
+
+def _enable_lora(model, rank):
+    """`--lora_rank`: only the LoRA factors and the task head train."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ConfigError(f"lora_rank must be an integer >= 1 (or None: every weight trains), got {rank!r}.")
+    if not isinstance(model.backbone, lora.LoraMixin):
+        raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
+    model.backbone.enable_lora(rank)
+    logger.info(f"LoRA rank {rank} on the query and value projections: {lora.count_trainable(model):,} of "
+                f"{model.count_params():,} weights train (the factors and the task head).")
 
 
 def _finetune(config, task, data_dir, initial=None):
@@ -727,7 +741,7 @@ class Progress(callbacks_lib.Progress):
             if self._best_weights is not None:
                 model.set_weights(self._best_weights)
             else:  # resumed after the best epoch: its weights are on disk
-                model.load_weights(os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
+                lora.load_weights(model, os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
         metric = self.training.metric
         logger.info(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
                     f"({self.best['score']:.4f}).")

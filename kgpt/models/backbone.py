@@ -20,6 +20,7 @@ from kgpt.io import original
 from kgpt.io.presets import PresetMixin
 from kgpt.models import inputs as checks
 from kgpt.models.decoder_block import GPTDecoderBlock
+from kgpt.models.lora import LoraMixin
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
 GPT1_CONFIG = {
@@ -75,7 +76,7 @@ class AddedTokensMixin:
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTBackbone(AddedTokensMixin, PresetMixin, Backbone):
+class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
     """The GPT-1 transformer decoder as a Keras functional model.
 
     Maps `{"token_ids", "padding_mask"}` (both `[batch, length]`) to the last

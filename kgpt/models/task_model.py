@@ -524,6 +524,19 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """Keras' `quantize` (e.g. `"int8"`), then the prediction sub-model is rebuilt on the quantized layers.
+
+        By default only layers with weights are quantized: a loaded model's
+        preprocessor holds a tokenizer layer Keras would refuse. The cached
+        `task_predictor` is dropped: on TensorFlow it kept running the
+        float32 kernels it was traced with (docs/lora-int8.md).
+        """
+        if filters is None:
+            filters = lambda layer: bool(layer.weights)  # noqa: E731
+        super().quantize(mode, config=config, filters=filters, **kwargs)
+        object.__setattr__(self, "_task_predictor", None)
+
     def task_predictor(self):
         """A Keras model of the same layers with the task output only (no LM hidden states)."""
         predictor = getattr(self, "_task_predictor", None)

@@ -38,6 +38,7 @@ import numpy as np
 from kgpt.io import storage
 from kgpt.io.presets import CheckpointError, check_weights_file, read_json
 from kgpt.jobs.rundir import write_json
+from kgpt.models import lora
 from kgpt.train import cluster
 from kgpt.train.distribute import spread_over_processes, writing
 
@@ -81,7 +82,7 @@ def save(model, directory, state, keep=()):
         with writing(directory) as target:
             if target is not None:
                 partial = _begin(target, name)
-                model.save_weights(os.path.join(partial, WEIGHTS))
+                lora.save_weights(model, os.path.join(partial, WEIGHTS))  # LoRA factors unmerged
                 _finish(model, target, name, state, keep)
                 storage.publish(target)  # a remote output directory gets the checkpoint now
         return
@@ -178,7 +179,7 @@ def _save_weights(model, directory, name):
     partial = target + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    model.save_weights(os.path.join(partial, WEIGHTS))
+    lora.save_weights(model, os.path.join(partial, WEIGHTS))  # LoRA factors unmerged
     shutil.rmtree(target, ignore_errors=True)
     os.replace(partial, target)
     return os.path.join(target, WEIGHTS)
@@ -239,9 +240,9 @@ def restore(model, directory, settings):
         _restore_rng(model, os.path.join(folder, RNG))
         return state
     path = os.path.join(folder, WEIGHTS)
-    check_weights_file(path, model.weights)
+    check_weights_file(path, lora.file_variables(model))
     try:
-        model.load_weights(path)
+        lora.load_weights(model, path)
     except Exception as e:  # h5py and Keras raise many types for a damaged file
         raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {e}).") from e
     _restore_rng(model, os.path.join(folder, RNG))

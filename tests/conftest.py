@@ -1,9 +1,12 @@
 """Shared fixtures: tiny models (2 layers, hidden 16) so the suite runs in minutes."""
 
 import atexit
+import json
 import os
 import shutil
+import signal
 import tempfile
+import time
 
 # JAX: keep every XLA program compiled during the session on disk and reuse it
 # when the same program comes again (each new model's train step is a new trace
@@ -116,3 +119,23 @@ def tiny_preset(tmp_path):
     backbone.save_to_preset(str(path))
     tokenizer.save_to_preset(str(path))
     return str(path)
+
+
+def checkpoint_step(folder):
+    """The step of the latest complete checkpoint in `folder` (a run's `checkpoint/`), 0 before there is one."""
+    try:
+        name = json.loads((folder / "latest.json").read_text())["checkpoint"]
+        return json.loads((folder / name / "state.json").read_text())["step"]
+    except (OSError, ValueError, KeyError):  # not written yet (each file is replaced or renamed into place)
+        return 0
+
+
+def kill_at_step(process, folder, step, timeout=300):
+    """SIGKILLs `process` once `folder` holds a checkpoint of `step` or later (a bounded wait); returns its step."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and process.poll() is None and checkpoint_step(folder) < step:
+        time.sleep(0.02)
+    assert process.poll() is None, "the run ended before it could be killed"
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    return checkpoint_step(folder)

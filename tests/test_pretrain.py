@@ -1,14 +1,13 @@
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 import keras
 import numpy as np
 import pytest
+from conftest import kill_at_step
 
 import kgpt
 from kgpt.jobs.pretrain import PretrainConfig, pretrain
@@ -152,24 +151,9 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path):
             "--batch_size=4", "--max_steps=200", "--evaluations=4", "--warmup_steps=10", "--learning_rate=0.01",
             "--checkpoint_every=10"]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    checkpoints = tmp_path / "run" / "checkpoint"
-
-    def checkpoint_step():
-        try:
-            name = json.loads((checkpoints / "latest.json").read_text())["checkpoint"]
-            return json.loads((checkpoints / name / "state.json").read_text())["step"]
-        except (OSError, ValueError, KeyError):  # not written yet (each file is replaced atomically)
-            return 0
-
     first = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, env=env)
-    deadline = time.time() + 300
-    while time.time() < deadline and first.poll() is None and checkpoint_step() < 20:
-        time.sleep(0.02)
-    assert first.poll() is None, "the first run ended before it could be killed"
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    saved = checkpoint_step()
+    saved = kill_at_step(first, tmp_path / "run" / "checkpoint", 20)
     assert 20 <= saved < 200
 
     second = run_cli(*args, cwd=tmp_path)

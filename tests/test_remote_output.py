@@ -6,7 +6,6 @@ gs:// itself is not tested: TensorFlow's GCS client has no setting that points i
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +14,7 @@ import time
 import keras
 import numpy as np
 import pytest
+from conftest import kill_at_step
 import tensorflow as tf
 
 import kgpt
@@ -206,21 +206,8 @@ def test_a_killed_run_resumes_from_the_remote_checkpoint(tmp_path):
             "--hidden_dim=16", "--intermediate_dim=32", "--num_heads=2", "--sequence_length=16", "--batch_size=4",
             "--max_steps=120", "--evaluations=2", "--warmup_steps=2", "--checkpoint_every=4", "--sample_tokens=2"]
 
-    def remote_step():
-        try:
-            name = json.loads((remote / "checkpoint" / "latest.json").read_text())["checkpoint"]
-            return json.loads((remote / "checkpoint" / name / "state.json").read_text())["step"]
-        except (OSError, ValueError, KeyError):  # not copied yet (each file is renamed into place)
-            return 0
-
     first = run_cli(*args, cwd=tmp_path, background=True)
-    deadline = time.time() + 300
-    while time.time() < deadline and first.poll() is None and remote_step() < 8:
-        time.sleep(0.02)
-    assert first.poll() is None, "the first run ended before it could be killed"
-    first.send_signal(signal.SIGKILL)
-    first.wait()
-    saved = remote_step()
+    saved = kill_at_step(first, remote / "checkpoint", 8)
     assert 8 <= saved < 120
     assert json.loads((remote / ".lock").read_text())["pid"] == first.pid  # left behind by the kill
     second = run_cli(*args, cwd=tmp_path)

@@ -150,6 +150,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
                 f"hidden_dim ({hidden_dim}) must be divisible by num_heads "
                 f"({num_heads})."
             )
+        _check_dtype(dtype)
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,
@@ -376,3 +377,17 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
             x, layer_cache = layer(x, cache=cache[:, i, ...], cache_update_index=cache_update_index)
             caches.append(layer_cache)
         return x, ops.stack(caches, axis=1)
+
+
+def _check_dtype(dtype):
+    """A dtype given by name is a float or mixed policy: a quantized or integer one cannot build the model."""
+    if not isinstance(dtype, str):
+        return  # None, or a policy object or config (a saved model's), which Keras checks itself
+    try:
+        policy = keras.dtype_policies.get(dtype)
+    except ValueError:
+        policy = None
+    if policy is None or getattr(policy, "quantization_mode", None) or "int" in str(policy.variable_dtype):
+        raise ValueError(f"dtype must name a float or mixed policy ('float32', 'bfloat16', 'mixed_bfloat16', "
+                         f"'mixed_float16'), got {dtype!r}. For int8 weights, build the model in float and call "
+                         f"model.quantize('int8').")

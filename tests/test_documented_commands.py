@@ -325,6 +325,9 @@ def prepare(command, earlier, folder, standins):
             data_task = task if command["prog"] == "kgpt-train" else None
             if data_task is None:  # kgpt-predict: the model's task
                 data_task = earlier.get(values.get("model"), ("finetuned", None))[1]
+                if data_task is None:
+                    pytest.fail(f"--model {values.get('model')}: no earlier command of the doc writes a fine-tuned "
+                                f"model there")
             write_task_data(data_task, values["data_dir"])
         for item in (values.get("tasks") or "").split(","):
             name, _, data_dir = item.partition("=")

@@ -187,11 +187,10 @@ def read_text(path):
 
 
 def write_text(path, text):
-    """Writes `text` to `path`: a remote file under a temporary name first, then renamed over the old one."""
+    """Writes `text` to `path` atomically: under a temporary name first, then renamed over the old one (an
+    object on `gs://` or `s3://` appears whole, so it is written in place)."""
     if not is_remote(path):
-        from kgpt.jobs.rundir import write_text as local_write
-
-        local_write(path, text)
+        _write_local(path, text)
         return
     tmp = path if scheme(path) in WHOLE_OBJECTS else f"{path}{_UPLOADING}-{uuid.uuid4().hex[:8]}"
 
@@ -202,6 +201,21 @@ def write_text(path, text):
             _gfile().rename(tmp, path, overwrite=True)
 
     _call(path, put)
+
+
+def _write_local(path, text):
+    """A temporary file in the same directory, then `os.replace`: the file is the old one or the new one."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise
 
 
 def remove(path):

@@ -16,11 +16,9 @@ naming the holder's host and pid (`kgpt.io.storage.RemoteLock`), since an
 object store has no lock that dies with its process.
 """
 
-import contextlib
 import errno
 import json
 import os
-import tempfile
 import threading
 
 from kgpt.io import storage
@@ -54,21 +52,8 @@ def write_json(path, data):
 
 
 def write_text(path, text):
-    """Writes text atomically (a temporary file in the same directory, then `os.replace`); remote paths too."""
-    if storage.is_remote(path):  # e.g. kgpt-predict --output gs://...
-        storage.write_text(path, text)
-        return
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise
+    """Writes text atomically (the old file or the whole new one, never half of either); remote paths too."""
+    storage.write_text(path, text)
 
 
 def same_path(a, b):

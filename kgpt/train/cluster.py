@@ -449,8 +449,16 @@ def check_agreement(what, hint="Start every process with the same command (only 
         if theirs == chief:
             continue
         lines = _differences(chief, theirs)
-        raise ClusterError(f"Process {index} was started with other settings than process 0: {'; '.join(lines[:5])}"
-                           f"{' ...' if len(lines) > 5 else ''}. {hint}")
+        error = ClusterError(f"Process {index} was started with other settings than process 0: {'; '.join(lines[:5])}"
+                             f"{' ...' if len(lines) > 5 else ''}. {hint}")
+        # Every process found this in the same gathered data. One more collective before any exits: a process
+        # whose gather had returned could otherwise exit while another was still receiving it (TensorFlow's
+        # ring then reports only "Socket closed" there). A process gone after this point was done reading.
+        try:
+            any_process(True)
+        except Exception:  # noqa: BLE001 - the other process stopped first: it had the data; this error stands
+            pass
+        raise error
 
 
 def _differences(a, b, prefix=""):

@@ -25,8 +25,8 @@ from kgpt.models.backbone import GPTBackbone
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.tasks.task import Example, Skipped, Task
 from kgpt.models.task_model import GPTTaskModel
-from kgpt.data.task_preprocessor import GPTTaskPreprocessor
-from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.models.task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.tokenizer import GPTTokenizer
 
 _TEXT = ["the cat sat on the mat", "a dog ran", "rain falls in spring", "why is the sky blue"]
 

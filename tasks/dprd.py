@@ -14,7 +14,7 @@ import re
 import kgpt
 from kgpt.data import readers
 from kgpt.tasks.transforms import MultipleChoice
-from kgpt.analysis.heuristics import PronounSubstitution
+from kgpt.tasks.heuristics import PronounSubstitution
 
 FILES = {"train": ["train.c.txt"], "test": ["test.c.txt"]}
 

@@ -16,7 +16,7 @@ datasets (`glue_demo.py`) for runs without `--data_dir`.
 import kgpt
 from kgpt.data import readers
 from kgpt.tasks.transforms import Classification, Entailment, Similarity
-from kgpt.analysis.heuristics import NextWordChoice, ThresholdedLogProb
+from kgpt.tasks.heuristics import NextWordChoice, ThresholdedLogProb
 from kgpt_tasks import glue_demo
 
 SPLITS = ("train", "dev", "test")

@@ -21,7 +21,7 @@ import os
 import kgpt
 from kgpt.data import readers
 from kgpt.tasks.transforms import MultipleChoice
-from kgpt.analysis.heuristics import AnswerLogProb
+from kgpt.tasks.heuristics import AnswerLogProb
 
 LETTERS = "ABCD"
 

@@ -16,7 +16,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import keras  # noqa: E402
 
-from kgpt.train import distribute  # noqa: E402
+from kgpt.parallel import distribute  # noqa: E402
 from kgpt.jobs.finetune import FinetuneConfig, finetune  # noqa: E402
 from kgpt.jobs.pretrain import PretrainConfig, pretrain  # noqa: E402
 

@@ -9,7 +9,7 @@ import pytest
 from conftest import TINY, char_tokenizer
 
 import kgpt
-from kgpt.analysis import experiments as analysis
+from kgpt.jobs import experiments as analysis
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs.pretrain import PretrainConfig
 

@@ -325,7 +325,7 @@ def test_backbone_call_checks_host_arrays():
 
 
 def test_models_refuse_a_tokenizer_larger_than_the_vocabulary():
-    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     small = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": 20})
     with pytest.raises(ValueError, match="tokenizer has 99 ids, more than the backbone's vocabulary_size=20"):
@@ -346,7 +346,7 @@ def test_task_model_refuses_bad_settings():
 
 
 def test_causal_lm_preprocessor_refuses_bad_arguments():
-    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     tokenizer = newline_tokenizer()
     for args, error, match in [

@@ -192,7 +192,7 @@ def test_generate_text_errors():
 
 def test_score_text_matches_score_ids():
     from conftest import char_tokenizer
-    from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     lm = text_lm(newline_tokenizer())
     texts = ["a cab", "the dog ran"]

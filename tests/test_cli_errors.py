@@ -157,11 +157,11 @@ def test_preset_naming_a_function_as_its_class(presets, tmp_path):
     with pytest.raises(CheckpointError, match=r"config.json describes 'kgpt>gelu_tanh', expected 'kgpt>GPTBackbone'"):
         kgpt.GPTBackbone.from_preset(str(preset))
     with pytest.raises(CheckpointError, match="describes 'kgpt>gelu_tanh'"):
-        kgpt.io.pretrained.load_pretrained(str(preset))
+        kgpt.models.pretrained.load_pretrained(str(preset))
 
 
 def test_npy_header_claiming_terabytes_is_named_not_allocated(tmp_path):
-    from kgpt.io import original
+    from kgpt.models import original
 
     path = tmp_path / "params_0.npy"
     with open(path, "wb") as f:

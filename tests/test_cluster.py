@@ -271,7 +271,7 @@ def test_processes_started_differently_stop_before_writing_anything(corpus, tmp_
     patch = tmp_path / "patch"
     patch.mkdir()
     (patch / "sitecustomize.py").write_text(
-        "import kgpt.train.cluster as c\nc.source_fingerprint = lambda: '0.0.1 (source another)'\n")
+        "import kgpt.parallel.cluster as c\nc.source_fingerprint = lambda: '0.0.1 (source another)'\n")
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
     processes = start_all(args, logs, env={1: {"PYTHONPATH": f"{patch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}},
                           extra={1: ["--learning_rate=1e-2"]})

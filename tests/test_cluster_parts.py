@@ -14,8 +14,9 @@ import kgpt
 from kgpt.data import batching, shards
 from kgpt.errors import ConfigError
 from kgpt.jobs.pretrain import PretrainConfig, pretrain
-from kgpt.train import callbacks, cluster, distribute
-from kgpt.train.optimizers import WarmupSchedule
+from kgpt.train import callbacks
+from kgpt.parallel import cluster, distribute
+from kgpt.models.optimizers import WarmupSchedule
 
 JAX = keras.config.backend() == "jax"
 

@@ -12,7 +12,7 @@ import pytest
 from conftest import TINY
 
 import kgpt
-from kgpt.train import distribute
+from kgpt.parallel import distribute
 
 JAX = keras.config.backend() == "jax"
 TEXT = "the keeper of the lighthouse wrote the date in the log every night . " * 80

@@ -36,7 +36,7 @@ def random_backbone(vocab, seed=0):
     _, arrays = gpt1_reference.random_checkpoint(vocab=vocab, seed=seed, **SIZES)
     backbone = kgpt.GPTBackbone(vocabulary_size=vocab, num_layers=2, num_heads=HEADS, hidden_dim=16,
                                 intermediate_dim=64, max_sequence_length=16)
-    kgpt.io.original.assign(backbone, arrays)
+    kgpt.models.original.assign(backbone, arrays)
     return backbone, arrays
 
 
@@ -52,7 +52,7 @@ def tokenizer():
 def test_hugging_face_export_round_trips(tmp_path, tokenizer):
     backbone, arrays = random_backbone(tokenizer.vocabulary_size())  # with the special tokens' rows
     backbone.save_original(str(tmp_path / "hf"), format="huggingface", tokenizer=tokenizer)
-    loaded, loaded_tokenizer, description = kgpt.io.pretrained.load_pretrained(str(tmp_path / "hf"))
+    loaded, loaded_tokenizer, description = kgpt.models.pretrained.load_pretrained(str(tmp_path / "hf"))
     assert description.startswith("Hugging Face checkpoint")
     assert loaded.get_config() == {**backbone.get_config(), "name": loaded.name}
     for want, got in zip(backbone.weights, loaded.weights):
@@ -102,7 +102,7 @@ def test_a_backbone_without_special_rows_exports_the_bare_vocabulary(tmp_path, t
     backbone.save_original(str(tmp_path / "hf"), format="huggingface", tokenizer=tokenizer)
     assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "merges.txt", "model.safetensors",
                                                    "tokenizer_config.json", "vocab.json"]
-    loaded, loaded_tokenizer, _ = kgpt.io.pretrained.load_pretrained(str(tmp_path / "hf"))
+    loaded, loaded_tokenizer, _ = kgpt.models.pretrained.load_pretrained(str(tmp_path / "hf"))
     assert loaded.vocabulary_size == 95 and loaded_tokenizer.vocabulary_size() == 98
     ids = np.arange(80, dtype="int32").reshape(5, 16)
     np.testing.assert_allclose(outputs(loaded, ids), outputs(backbone, ids), atol=1e-6, rtol=0)
@@ -151,7 +151,7 @@ def test_bad_exports_fail_clearly(tmp_path, tokenizer):
             str(tmp_path / "x"), format="huggingface", tokenizer=tokenizer)
     lstm = kgpt.LSTMBackbone(vocabulary_size=98, hidden_dim=16, lstm_units=8)
     with pytest.raises(TypeError, match="LSTMBackbone has no Hugging Face openai-gpt format"):
-        kgpt.io.original.save_huggingface(lstm, str(tmp_path / "x"))
+        kgpt.models.original.save_huggingface(lstm, str(tmp_path / "x"))
     assert not os.path.exists(tmp_path / "x")  # nothing written by a refused export
 
 

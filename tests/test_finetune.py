@@ -149,10 +149,10 @@ def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
 
 def test_special_tokens_are_added_when_missing(backbone):
     tokenizer = kgpt.GPTTokenizer({f"t{i}": i for i in range(backbone.vocabulary_size)}, [])
-    grown = kgpt.io.pretrained.with_special_tokens(backbone, tokenizer)
+    grown = kgpt.models.pretrained.with_special_tokens(backbone, tokenizer)
     assert grown.vocabulary_size == backbone.vocabulary_size + 3 == tokenizer.vocabulary_size()
     with pytest.raises(ValueError, match="do not belong together"):
-        kgpt.io.pretrained.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
+        kgpt.models.pretrained.with_special_tokens(backbone, kgpt.GPTTokenizer({"a": 0}, []))
 
 
 def test_init_must_be_a_preset_or_a_checkpoint(tmp_path):

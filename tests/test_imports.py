@@ -1,9 +1,9 @@
-"""No import circles among kgpt's modules, function-level imports included.
+"""kgpt's layers only look down, and no modules import each other in a circle.
 
-A circle hidden by an import inside a function still ties the modules into
-one: neither can be read, tested or replaced without the other. The package
-root `kgpt/__init__.py` is left out: it is the public facade that imports
-everything, and Python runs it before any submodule anyway.
+Function-level imports count: an import inside a function still ties the
+modules together, so neither can be read, tested or replaced without the
+other. The package root `kgpt/__init__.py` is left out: it is the public
+facade that imports everything, and Python runs it before any submodule.
 """
 
 import ast
@@ -93,6 +93,46 @@ def path_within(graph, group):
     raise AssertionError(f"no cycle in {group}")
 
 
+# Bottom to top; a module may import its own layer and the layers below. The modules at the package's
+# root are the base (errors, logging, child processes) except `testing`, the plugin authors' helpers,
+# which sits on top with the facade. The order and what each layer holds is CONTRIBUTING.md's layer map.
+LAYERS = ["base", "io", "data", "tokenizers", "tasks", "parallel", "models", "train", "analysis", "jobs", "cli", "testing"]
+
+
+def layer(module):
+    parts = module.split(".")
+    if len(parts) == 2 and not (ROOT / parts[1]).is_dir():
+        return "testing" if parts[1] == "testing" else "base"
+    return parts[1]
+
+
+def upward_imports(graph):
+    """`a -> b` for each import of a module `b` in a layer above `a`'s."""
+    return sorted(f"{a} ({layer(a)}) -> {b} ({layer(b)})" for a, imported in graph.items() for b in imported
+                  if LAYERS.index(layer(b)) > LAYERS.index(layer(a)))
+
+
+def test_every_folder_of_kgpt_has_its_place_in_the_layers():
+    folders = {p.name for p in ROOT.iterdir() if (p / "__init__.py").exists()}
+    assert folders == set(LAYERS) - {"base", "testing"}, "add the new folder to LAYERS and to CONTRIBUTING.md's map"
+
+
+def test_no_module_imports_a_layer_above_its_own():
+    found = upward_imports(import_graph())
+    assert not found, "imports that look up the layers:\n" + "\n".join(found)
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {"kgpt.data.readers": {"kgpt.errors"}, "kgpt.io.storage": {"kgpt.jobs.rundir"}, "kgpt.jobs.rundir": set()}
+    assert upward_imports(graph) == ["kgpt.io.storage (io) -> kgpt.jobs.rundir (jobs)"]
+
+
+def test_no_module_of_kgpt_is_over_500_lines():
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 500}
+    assert not long, f"split these by concern: {long}"
+
+
 def test_the_checker_finds_a_cycle_hidden_in_a_function():
     graph = {"kgpt.a": {"kgpt.b"}, "kgpt.b": {"kgpt.c"}, "kgpt.c": {"kgpt.a"}, "kgpt.d": {"kgpt.a"}}
     assert cycles(graph) == [["kgpt.a", "kgpt.b", "kgpt.c", "kgpt.a"]]
@@ -110,7 +150,7 @@ def test_no_import_cycles_among_kgpt_modules():
 
 
 def test_the_zero_shot_heuristics_do_not_depend_on_the_task_registry():
-    graph, seen, todo = import_graph(), set(), ["kgpt.analysis.heuristics"]
+    graph, seen, todo = import_graph(), set(), ["kgpt.tasks.heuristics"]
     while todo:
         module = todo.pop()
         if module not in seen:

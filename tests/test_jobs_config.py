@@ -163,7 +163,7 @@ def test_help_imports_no_keras(command):
 
 
 def test_analyze_rows_are_table5s():
-    from kgpt.analysis import experiments
+    from kgpt.jobs import experiments
     from kgpt.cli import analyze
 
     assert analyze.TABLE5_ROWS == tuple(experiments.TABLE5)

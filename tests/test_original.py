@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt.io.original import array_names
+from kgpt.models.original import array_names
 import gpt1_reference
 from conftest import TINY, char_tokenizer, to_numpy
 
@@ -104,7 +104,7 @@ def test_export_writes_the_tokenizer_files_beside_special_token_rows(tmp_path):
     backbone.save_original(str(tmp_path / "release"), tokenizer=tokenizer)
     encoder = json.loads((tmp_path / "release" / "encoder_bpe_40000.json").read_text())
     assert len(encoder) == 95 and "_start_" not in encoder  # the release's files never hold the special tokens
-    loaded, loaded_tokenizer, _ = kgpt.io.pretrained.load_pretrained(str(tmp_path / "release"), num_heads=2)
+    loaded, loaded_tokenizer, _ = kgpt.models.pretrained.load_pretrained(str(tmp_path / "release"), num_heads=2)
     assert loaded_tokenizer.fingerprint() == tokenizer.fingerprint()
     for want, got in zip(backbone.weights, loaded.weights):
         np.testing.assert_array_equal(to_numpy(got), to_numpy(want))
@@ -242,7 +242,7 @@ def test_mismatched_tokenizer_files_fail_clearly(tmp_path):
 def test_the_real_release_shapes_give_the_paper_model():
     shipped = os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe", "params_shapes.json")
     shapes = json.load(open(shipped))  # the release's own file (MIT), shipped with kgpt
-    sizes = kgpt.io.original.sizes_from_shapes(shapes, shipped)
+    sizes = kgpt.models.original.sizes_from_shapes(shapes, shipped)
     paper = {k: kgpt.GPT1_CONFIG[k] for k in sizes}
     assert sizes == paper
     names = array_names(12)

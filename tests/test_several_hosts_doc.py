@@ -2,7 +2,7 @@
 
 The guide's commands start processes on other hosts or take minutes, so they
 are checked as far as a command runs before it trains: flag names and values
-(absl parses them), and the processes they describe (`kgpt.train.cluster.resolve`).
+(absl parses them), and the processes they describe (`kgpt.parallel.cluster.resolve`).
 What they do is tested by tests/test_cluster.py with the same flags on 127.0.0.1.
 """
 
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 
 GUIDE = pathlib.Path(__file__).parents[1] / "docs" / "several-hosts.md"
 PARSE = """

@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 import kgpt
-from kgpt.data.tokenizer import GPTTokenizer, standardize
+from kgpt.models.tokenizer import GPTTokenizer, standardize
 
 ASSETS = os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe")
 
@@ -197,7 +197,7 @@ def test_over_long_words_are_cut_and_counted(gpt1):
 def test_heap_bpe_equals_the_original_loop():
     import random
 
-    from kgpt.data.tokenizer import _bpe_long, _bpe_short
+    from kgpt.models.tokenizer import _bpe_long, _bpe_short
 
     def original(word, ranks):  # text_utils.py's loop, as written there
         word = tuple(word[:-1]) + (word[-1] + "</w>",)

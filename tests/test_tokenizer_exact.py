@@ -10,7 +10,7 @@ import pytest
 import spacy
 
 import kgpt
-from kgpt.data.tokenizer import MAX_WORD_CHARS, TextEncoder, _pieces, _special_cases, fix_text, standardize
+from kgpt.models.tokenizer import MAX_WORD_CHARS, TextEncoder, _pieces, _special_cases, fix_text, standardize
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 
@@ -150,7 +150,7 @@ def test_words_and_encode_agree(gpt1, prose):
 
 
 def test_caches_start_over_without_changing_ids(gpt1, prose, monkeypatch):
-    import kgpt.data.tokenizer as tokenizer_module
+    import kgpt.models.tokenizer as tokenizer_module
 
     lines, reference = prose
     small = kgpt.GPTTokenizer.gpt1()

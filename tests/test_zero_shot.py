@@ -179,7 +179,7 @@ def test_resolve_tasks_looks_names_up_in_the_callers_registry(tmp_path):
 
 
 def test_the_heuristics_are_importable_from_zero_shot_as_before():
-    from kgpt.analysis import heuristics
+    from kgpt.tasks import heuristics
 
     for name in ("Heuristic", "Scorer", "ThresholdedLogProb", "NextWordChoice", "AnswerLogProb", "PronounSubstitution"):
         assert getattr(zero_shot, name) is getattr(heuristics, name) is getattr(kgpt.zero_shot, name)

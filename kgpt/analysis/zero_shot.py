@@ -1,7 +1,7 @@
 """Zero-shot evaluation: a task's heuristic run on its data, once or during pre-training.
 
 `evaluate(lm, tokenizer, task, data_dir)` runs a task's `zero_shot` heuristic
-(`kgpt.analysis.heuristics`) and returns its metrics; `ZeroShotCallback` does
+(`kgpt.tasks.heuristics`) and returns its metrics; `ZeroShotCallback` does
 so every N pre-training steps. Both take `kgpt.Task` objects: finding a task
 by name is the caller's (`resolve_tasks` with the caller's registry).
 
@@ -17,7 +17,7 @@ import os
 import keras
 import numpy as np
 
-from kgpt.analysis.heuristics import (  # noqa: F401 (re-exported: plugins import them from here)
+from kgpt.tasks.heuristics import (  # noqa: F401 (re-exported: plugins import them from here)
     AnswerLogProb,
     Heuristic,
     NextWordChoice,
@@ -26,7 +26,7 @@ from kgpt.analysis.heuristics import (  # noqa: F401 (re-exported: plugins impor
     ThresholdedLogProb,
 )
 from kgpt.errors import ConfigError, DataError
-from kgpt.jobs.rundir import write_text
+from kgpt.io.storage import write_text
 from kgpt.tasks import metrics as metrics_lib
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
 DEFAULT_TASKS = {"zero-shot": ["sst2", "cola"], "zero-shot-curve": ["sst2", "cola"], "transfer": ["scitail"],
                  "ablations": ["cola", "sst2"]}
-# kgpt.analysis.experiments.TABLE5's rows, named here so that --help imports no Keras (a test checks they agree).
+# kgpt.jobs.experiments.TABLE5's rows, named here so that --help imports no Keras (a test checks they agree).
 TABLE5_ROWS = ("full", "no_pretraining", "no_aux_lm", "lstm")
 
 flags.DEFINE_list("tasks", None, "Tasks as NAME or NAME=DATA_DIR (NAME alone: its embedded data). Default: "
@@ -70,7 +70,7 @@ def main(argv):
     from kgpt.tasks.registry import TaskRegistry
 
     from kgpt.jobs import run
-    from kgpt.train import cluster
+    from kgpt.parallel import cluster
 
     logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
                 f"outputs in {output_dir}")
@@ -96,7 +96,7 @@ def main(argv):
 
 
 def _run(mode, tasks, output_dir, registry, seeds):
-    from kgpt.analysis import experiments
+    from kgpt.jobs import experiments
 
     if mode == "zero-shot":
         experiments.zero_shot_table(FLAGS.init, tasks, output_dir=output_dir, registry=registry)

@@ -31,7 +31,7 @@ def user_errors():
     from kgpt.io.presets import CheckpointError
     from kgpt.tasks.registry import RegistryError
     from kgpt.jobs.rundir import OutputDirError
-    from kgpt.train.cluster import ClusterError
+    from kgpt.parallel.cluster import ClusterError
 
     # Plain ValueErrors and TypeErrors keep their traceback: they are more often bugs than mistakes.
     return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError,
@@ -45,7 +45,7 @@ def several_processes(coordinator_address, num_processes, process_id):
     until then no backend may compute anything, so the devices are not
     looked up at start-up (`start_backends`).
     """
-    from kgpt.train import cluster
+    from kgpt.parallel import cluster
 
     found = cluster.resolve(coordinator_address, num_processes, process_id)
     return found.several or found.coordinator == "auto"
@@ -55,7 +55,7 @@ def start_backends(devices=True):
     """Imports TensorFlow and the Keras backend and finds the devices, without their start-up noise.
 
     `devices=False` leaves JAX's devices alone: a process that joins others
-    (`kgpt.train.cluster`) must do so before JAX starts its backend.
+    (`kgpt.parallel.cluster`) must do so before JAX starts its backend.
     """
     with quiet_stderr():
         import keras
@@ -116,7 +116,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
 
     A job stopped by SIGTERM after saving its checkpoint (`Preempted`) exits
     0 with one line; a job whose run lost another process ends at once
-    (`kgpt.train.cluster.stop_lost`) rather than wait for it at exit.
+    (`kgpt.parallel.cluster.stop_lost`) rather than wait for it at exit.
     """
     if groups is not None and any(a in HELP_FLAGS for a in sys.argv[1:]):
         try:
@@ -138,7 +138,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
 
     def guarded(argv):
         logging.set_verbosity(logging.WARNING)  # absl INFO lines from JAX/TF start-up
-        from kgpt.train import cluster
+        from kgpt.parallel import cluster
 
         cluster.PROG = prog
         try:

@@ -1,3 +1,3 @@
-"""Text to model inputs: the GPT-1 tokenizer, token shards for pre-training, the dataset readers
-(`file:line` errors), length batching and the two preprocessors.
+"""Data plumbing, no model: the dataset readers (`file:line` errors), your own tables, text
+normalisation helpers, token shards for pre-training, length batching and the demo corpus.
 """

@@ -322,7 +322,7 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     batches of epoch `first_epoch` (a run resumed mid-epoch); the dataset
     then holds the rest of that epoch only.
 
-    For several devices and processes (`kgpt.train.distribute.feed`): each
+    For several devices and processes (`kgpt.parallel.distribute.feed`): each
     batch is filled to a multiple of `pad_to` x `micro_batches` rows (`filled`),
     cut into `micro_batches` consecutive micro-batches (gradient accumulation),
     and of each only the rows of batch shards `shards = (first, stop, total)`
@@ -375,7 +375,7 @@ def predict_outputs(predictor, split, batch_size, verbose=0, feed=None, pad_to=1
 
     With a compiling predictor, as few padded lengths as `max_lengths_for`
     allows. `verbose` is Keras' (1: a progress bar). With several devices
-    or processes (`kgpt.train.distribute.predict_outputs`), `feed` turns a
+    or processes (`kgpt.parallel.distribute.predict_outputs`), `feed` turns a
     builder of a process's rows into the dataset and batches are filled to
     a multiple of `pad_to` rows, whose extra outputs are dropped here.
     """

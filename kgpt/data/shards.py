@@ -41,7 +41,7 @@ import numpy as np
 from kgpt._children import die_with_parent
 from kgpt.data.text import CHUNK_BYTES, LINE_BYTES, text_chunks
 from kgpt.errors import ConfigError, DataError
-from kgpt.data.tokenizer import MAX_WORD_CHARS, fix_text
+from kgpt.models.tokenizer import MAX_WORD_CHARS, fix_text
 
 INDEX_FILE = "index.json"
 INDEX_FORMAT = 2  # 2: CRC-32 per shard
@@ -293,7 +293,7 @@ class ShardIndex:
         consecutive micro-batches of `batch_size / M` (gradient
         accumulation; `first_batch` then counts micro-batches). `rows`
         `(start, stop)` keeps only those rows of each (micro-)batch: a
-        process's slice when several train together (`kgpt.train.distribute`).
+        process's slice when several train together (`kgpt.parallel.distribute`).
         The windows are the same whatever the slicing.
         """
         import tensorflow as tf
@@ -421,7 +421,7 @@ class _ShardWriter:
 class Team:
     """Processes that build one corpus's shards together: this one is `index` of `count`.
 
-    `agree(flag)` is a collective of the run's runtime (`kgpt.train.cluster`):
+    `agree(flag)` is a collective of the run's runtime (`kgpt.parallel.cluster`):
     it returns whether `flag` is true on every process, once all have called it.
     """
 

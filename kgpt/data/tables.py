@@ -161,7 +161,7 @@ def write_table(path, format, columns, rows):
     A TSV value holding a tab or a line break is a `DataError` (TSV has no
     quoting: write CSV or JSON lines instead). Returns the rows written.
     """
-    from kgpt.jobs.rundir import write_text  # atomic: no half-written file is left behind
+    from kgpt.io.storage import write_text  # atomic: no half-written file is left behind
 
     rows, lines = list(rows), []
     if format == "jsonl":

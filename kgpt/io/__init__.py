@@ -1,3 +1,3 @@
-"""Models on disk: kgpt presets, the original release's and Hugging Face's formats, SavedModel export,
-and the starting points for fine-tuning.
+"""Files: local and remote storage with atomic writes (`storage`), the kgpt preset format and its
+checks (`presets`), and SavedModel export (`export`). Nothing here builds a model.
 """

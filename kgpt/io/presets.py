@@ -302,6 +302,19 @@ def load_any_backbone(preset, **kwargs):
     return load_backbone_preset(cls, preset, **kwargs)
 
 
+def tokenizer_fits(preprocessor, backbone):
+    """The preprocessor's tokenizer gives only ids the backbone's embedding has rows for."""
+    tokenizer = getattr(preprocessor, "tokenizer", None)
+    if getattr(tokenizer, "encoder", None) is None:
+        return  # a preset's tokenizer before its files are read: checked once they are
+    size = tokenizer.vocabulary_size()
+    if isinstance(size, int) and size > backbone.vocabulary_size:
+        raise ValueError(f"The preprocessor's tokenizer has {size} ids, more than the backbone's vocabulary_size="
+                         f"{backbone.vocabulary_size}: its ids past {backbone.vocabulary_size - 1} have no embedding. "
+                         f"Use the tokenizer the backbone was trained with (backbone.with_added_tokens(n) makes rows for "
+                         f"n added tokens).")
+
+
 def load_task_preset(cls, preset, load_weights=True, **kwargs):
     """`cls.from_preset` for kgpt task models: task config, task and backbone weights checked.
 
@@ -335,8 +348,6 @@ def load_task_preset(cls, preset, load_weights=True, **kwargs):
     # A preprocessor in task.json comes back without its tokenizer's files (as in keras-hub).
     preprocessor = getattr(task, "preprocessor", None)
     if preprocessor is not None and hasattr(preprocessor, "load_preset_assets"):
-        from kgpt.models.inputs import tokenizer_fits
-
         preprocessor.load_preset_assets(os.fspath(preset))
         try:
             tokenizer_fits(preprocessor, task.backbone)

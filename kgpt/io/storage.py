@@ -203,6 +203,11 @@ def write_text(path, text):
     _call(path, put)
 
 
+def write_json(path, data):
+    """Writes `data` as indented JSON, atomically as `write_text` does."""
+    write_text(path, json.dumps(data, indent=2) + "\n")
+
+
 def _write_local(path, text):
     """A temporary file in the same directory, then `os.replace`: the file is the old one or the new one."""
     directory = os.path.dirname(os.path.abspath(path))

@@ -31,7 +31,8 @@ import numpy as np
 
 from kgpt.data.text import text_chunks
 from kgpt.errors import ConfigError
-from kgpt.io import original, storage
+from kgpt.models import original
+from kgpt.io import storage
 from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
@@ -41,7 +42,7 @@ from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.task_model import is_task_preset
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +198,7 @@ def corpus(pattern):
 
 def tokenizer(config, plan):
     """Describes the run's tokenizer; returns its vocabulary size with special tokens, None before it is learned."""
-    from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
+    from kgpt.models.tokenizer import PRESET_CONFIG, GPTTokenizer
 
     if config.tokenizer is None:
         size = GPT1_CONFIG["vocabulary_size"] + NUM_SPECIAL_TOKENS
@@ -401,7 +402,7 @@ def task_data(task, data_dir, splits=None, required=None, rows=ROWS):
 def predict(model, output, overwrite=False, input=None, format=None, columns=None, data_dir=None, split="test",
             registry=None):
     """Checks what `kgpt-predict` would read and write; returns the findings."""
-    from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+    from kgpt.models.task_preprocessor import GPTTaskPreprocessor
     from kgpt.jobs import predict as predict_lib
 
     plan = Plan("kgpt-predict")

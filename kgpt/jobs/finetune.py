@@ -27,16 +27,17 @@ import keras
 import numpy as np
 
 from kgpt.data import batching
-from kgpt.data.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor
-from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.models.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor
+from kgpt.models.tokenizer import GPTTokenizer
 from kgpt.errors import ConfigError, DataError
 from kgpt.io.presets import read_json
-from kgpt.io.pretrained import load_pretrained, with_special_tokens
+from kgpt.models.pretrained import load_pretrained, with_special_tokens
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, FinetuneConfig, demo_pretrain_config  # noqa: F401 - re-exported
 from kgpt.jobs.config import recorded_settings
-from kgpt.jobs.rundir import same_path, write_text
+from kgpt.io.storage import write_text
+from kgpt.jobs.rundir import same_path
 from kgpt.models import lora
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.task_model import GPTTaskModel, is_task_preset
@@ -44,8 +45,8 @@ from kgpt.tasks import metrics as metrics_lib
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import callbacks as callbacks_lib
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.train import cluster, distribute
-from kgpt.train.optimizers import gpt_adamw
+from kgpt.parallel import cluster, distribute
+from kgpt.models.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
 

@@ -37,8 +37,8 @@ from kgpt.data import batching, tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.finetune import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines
-from kgpt.jobs.rundir import write_text
-from kgpt.train import distribute
+from kgpt.io.storage import write_text
+from kgpt.parallel import distribute
 
 logger = logging.getLogger(__name__)
 

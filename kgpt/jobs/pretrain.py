@@ -18,9 +18,9 @@ import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.data import demo_world
-from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.data.shards import Team, build_shards
-from kgpt.data.tokenizer import PRESET_CONFIG, GPTTokenizer
+from kgpt.models.tokenizer import PRESET_CONFIG, GPTTokenizer
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.jobs.pretrain.PretrainConfig
@@ -29,9 +29,9 @@ from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm import GPTCausalLM
 from kgpt.models.lstm import LSTMBackbone
 from kgpt.tasks.registry import TaskRegistry
-from kgpt.train import cluster, distribute
+from kgpt.parallel import cluster, distribute
 from kgpt.train.callbacks import Progress
-from kgpt.train.optimizers import gpt_adamw
+from kgpt.models.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
 
@@ -306,7 +306,7 @@ def _validation(val_ids, sequence_length, shards, batch_size):
     """A dataset of `(x, y)` batches of the held-out windows (a multiple of `shards` of them); None without any.
 
     Batches of `batch_size` windows (the last one shorter), each process
-    feeding its rows (`kgpt.train.distribute.feed`).
+    feeding its rows (`kgpt.parallel.distribute.feed`).
     """
     if not len(val_ids):
         return None

@@ -13,7 +13,7 @@ A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
 With an `output_dir` everything above is kept, and the same command again
 resumes from the last checkpoint; without one, nothing is.
 
-On several processes (`kgpt.train.cluster`) every process runs the same job
+On several processes (`kgpt.parallel.cluster`) every process runs the same job
 on its rows of each batch (`join` first); process 0 alone claims and writes
 the output directory, which every process must see (a shared file system),
 or which is remote (`gs://...`): each process then works in its own local
@@ -31,11 +31,12 @@ import keras
 
 from kgpt.errors import ConfigError
 from kgpt.io import storage
-from kgpt.jobs.rundir import OUTPUTS, RunDirectory, write_json
+from kgpt.io.storage import write_json
+from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss, catching_sigterm
-from kgpt.train.distribute import check_placement, gathered_copy, training_scope, writing
+from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def _evictable(path):
 def join(config, job, settings, batch_size=None):
     """Joins the run's other processes, if any, and checks that they run this job with these settings.
 
-    Returns the `kgpt.train.cluster.Cluster`. Called first by each job, so a
+    Returns the `kgpt.parallel.cluster.Cluster`. Called first by each job, so a
     process started with another flag stops every process before anything
     is read or written; with `batch_size`, so does a distribution the run's
     devices cannot hold.

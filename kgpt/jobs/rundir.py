@@ -46,16 +46,6 @@ class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors
     """An output directory is in use, or holds outputs this run would destroy."""
 
 
-def write_json(path, data):
-    """Writes JSON atomically: the file is the old one or the complete new one, never half of either."""
-    write_text(path, json.dumps(data, indent=2) + "\n")
-
-
-def write_text(path, text):
-    """Writes text atomically (the old file or the whole new one, never half of either); remote paths too."""
-    storage.write_text(path, text)
-
-
 def same_path(a, b):
     """Whether two paths name the same existing directory (or the same path, when neither exists)."""
     if a is None or b is None:
@@ -89,7 +79,7 @@ class RunDirectory:
     Example:
     ```python
     with RunDirectory("out", "finetune", {"task": "rte", "seed": 0}) as run:
-        write_json(os.path.join(run.path, "metrics.json"), {"accuracy": 0.5})
+        storage.write_json(os.path.join(run.path, "metrics.json"), {"accuracy": 0.5})
     ```
     """
 
@@ -174,12 +164,12 @@ class RunDirectory:
         foreign = [n for n in storage.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)
                    and not storage.is_upload(n)]
         if theirs is None and not foreign:
-            write_json(run_file, ours)
+            storage.write_json(run_file, ours)
             return
         if not self.overwrite:
             raise OutputDirError(self._refusal(theirs, foreign))
         self._clear()
-        write_json(run_file, ours)
+        storage.write_json(run_file, ours)
 
     def _refusal(self, theirs, foreign):
         if theirs is None:

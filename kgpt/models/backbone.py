@@ -16,7 +16,7 @@ from keras_hub.layers import PositionEmbedding
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.io import original
+from kgpt.models import original
 from kgpt.io.presets import PresetMixin
 from kgpt.models import inputs as checks
 from kgpt.models.decoder_block import GPTDecoderBlock

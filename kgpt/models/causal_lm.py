@@ -12,11 +12,11 @@ from keras_hub.models import CausalLM
 
 from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
-from kgpt.data.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
-from kgpt.train.optimizers import WarmupSchedule, gpt_adamw
-from kgpt.io.presets import CheckpointError, PresetMixin
-from kgpt.data.tokenizer import PRESET_CONFIG
+from kgpt.models.optimizers import WarmupSchedule, gpt_adamw
+from kgpt.io.presets import CheckpointError, PresetMixin, tokenizer_fits
+from kgpt.models.tokenizer import PRESET_CONFIG
 
 try:
     import tensorflow as tf
@@ -99,7 +99,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
         if preprocessor is not None:
-            checks.tokenizer_fits(preprocessor, backbone)
+            tokenizer_fits(preprocessor, backbone)
         length = getattr(preprocessor, "sequence_length", None)
         if isinstance(length, int) and length > backbone.max_sequence_length:
             raise ValueError(
@@ -244,7 +244,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 limit = lm.backbone.max_sequence_length
                 preprocessor.sequence_length = min(preprocessor.sequence_length, limit)
                 try:
-                    checks.tokenizer_fits(preprocessor, lm.backbone)
+                    tokenizer_fits(preprocessor, lm.backbone)
                 except ValueError as e:
                     raise CheckpointError(f"{preset}: {e}") from None
                 lm.preprocessor = preprocessor
@@ -254,7 +254,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """keras-hub's `fit` (text goes through the preprocessor), or Keras' own for a `tf.distribute` dataset.
 
         A distributed dataset (TensorFlow, several processes:
-        `kgpt.train.distribute.feed`) holds model inputs already, and
+        `kgpt.parallel.distribute.feed`) holds model inputs already, and
         keras-hub's `fit` cannot map a preprocessor over one.
         """
         if _is_distributed_dataset(x):
@@ -408,7 +408,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
             one entry per token of the text: its log-probability given the
             tokens before it, the first one given the newline token (a
             document boundary) when the vocabulary has one (else the first
-            token is not scored), as `kgpt.analysis.heuristics.Scorer` does;
+            token is not scored), as `kgpt.tasks.heuristics.Scorer` does;
             for a list of texts, a list of them.
 
         Example:
@@ -449,7 +449,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         return keras_hub_score(self, inputs, scoring_mode, layer_intercept_fn, target_ids)
 
     def _score_text(self, texts, batch_size):
-        from kgpt.analysis.heuristics import Scorer
+        from kgpt.tasks.heuristics import Scorer
 
         if self.preprocessor is None:
             raise ValueError(_NO_PREPROCESSOR)

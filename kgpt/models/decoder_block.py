@@ -5,7 +5,7 @@
 
 This is the file to touch to change the attention. Its sublayers are public
 and named after the arrays they hold, so the original/Hugging Face formats
-(`kgpt.io.original`) and the model-parallel layout (`kgpt.train.distribute`)
+(`kgpt.models.original`) and the model-parallel layout (`kgpt.parallel.distribute`)
 map onto them by name: `query_dense`, `key_dense`, `value_dense`
 (kernels `[hidden, heads, head_dim]`), `attention_output_dense`
 (`[heads, head_dim, hidden]`), `attention_layer_norm`,

@@ -153,19 +153,6 @@ def batch_size(value, allow_none=True):
     return positive_int(value, "batch_size", allow_none=allow_none)
 
 
-def tokenizer_fits(preprocessor, backbone):
-    """The preprocessor's tokenizer gives only ids the backbone's embedding has rows for."""
-    tokenizer = getattr(preprocessor, "tokenizer", None)
-    if getattr(tokenizer, "encoder", None) is None:
-        return  # a preset's tokenizer before its files are read: checked once they are
-    size = tokenizer.vocabulary_size()
-    if isinstance(size, int) and size > backbone.vocabulary_size:
-        raise ValueError(f"The preprocessor's tokenizer has {size} ids, more than the backbone's vocabulary_size="
-                         f"{backbone.vocabulary_size}: its ids past {backbone.vocabulary_size - 1} have no embedding. "
-                         f"Use the tokenizer the backbone was trained with (backbone.with_added_tokens(n) makes rows for "
-                         f"n added tokens).")
-
-
 def dataset_ids(dataset, vocabulary_size, targets=False):
     """`dataset` with its token ids checked as each batch is read: a `tf.data.Dataset` map on the host.
 

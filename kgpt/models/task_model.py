@@ -20,10 +20,11 @@ from kgpt.tasks import heads as heads_lib
 from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
-from kgpt.train import distribute
-from kgpt.train.optimizers import gpt_adamw
-from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json
-from kgpt.data.task_preprocessor import GPTTaskPreprocessor
+from kgpt.parallel import distribute
+from kgpt.models.optimizers import gpt_adamw
+from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
+                              tokenizer_fits)
+from kgpt.models.task_preprocessor import GPTTaskPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -171,7 +172,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         checks.nonnegative(lm_coef, "lm_coef")
         checks.rate(classifier_dropout, "classifier_dropout")
         if preprocessor is not None:
-            checks.tokenizer_fits(preprocessor, backbone)
+            tokenizer_fits(preprocessor, backbone)
             transform = preprocessor.transform
             problem = head.check(transform) or (
                 f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
@@ -292,7 +293,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         if not load_weights:
             raise ValueError(f"load_weights=False: {preset} is a pre-trained model to fine-tune from, so its weights "
                              f"are the point. For fresh weights build kgpt.GPTTaskModel(kgpt.GPTBackbone(...), ...).")
-        from kgpt.io.pretrained import load_pretrained, with_special_tokens
+        from kgpt.models.pretrained import load_pretrained, with_special_tokens
         from kgpt.tasks.registry import TaskRegistry
 
         if isinstance(task, str):
@@ -402,11 +403,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
                                 max_lengths=self.max_padded_lengths(split, batch_size or 32))
 
     def _encode_dataset(self, ds, targets):
-        """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.data.task_preprocessor.encode_dataset`)."""
+        """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.models.task_preprocessor.encode_dataset`)."""
         if self.preprocessor is None:
             raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
                              "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
-        from kgpt.data.task_preprocessor import encode_dataset
+        from kgpt.models.task_preprocessor import encode_dataset
 
         return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
 

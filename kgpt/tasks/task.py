@@ -24,7 +24,7 @@ import os
 import re
 from typing import Callable, Iterable
 
-from kgpt.analysis.heuristics import Heuristic
+from kgpt.tasks.heuristics import Heuristic
 from kgpt.data import readers
 from kgpt.errors import DataError
 from kgpt.tasks import heads as heads_lib
@@ -107,7 +107,7 @@ class Task:
             (e.g. `"88.3 acc"`).
         submissions: `{split: file name}` of benchmark submission files that
             `--predict_test` writes (`index` TAB `prediction`), e.g. GLUE's.
-        zero_shot: optional `kgpt.analysis.heuristics.Heuristic` that solves the task
+        zero_shot: optional `kgpt.tasks.heuristics.Heuristic` that solves the task
             with the pre-trained LM alone (`kgpt-analyze zero-shot`).
         plugin: set by `kgpt.TaskRegistry`: the plugin that registered the
             task and its entry point, named when its code fails on data.
@@ -176,7 +176,7 @@ class Task:
         if not self.splits:
             raise ValueError(f"{where}: give at least one split.")
         if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):
-            raise ValueError(f"{where}: zero_shot must be a kgpt.analysis.heuristics.Heuristic, got {self.zero_shot!r}.")
+            raise ValueError(f"{where}: zero_shot must be a kgpt.tasks.heuristics.Heuristic, got {self.zero_shot!r}.")
 
     def iter_examples(self, split, data_dir, tally):
         """Streams a split's usable examples, counting every row into `tally`.

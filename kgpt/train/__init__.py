@@ -1,3 +1,3 @@
-"""How a model is trained: the paper's optimizer and schedule, data-parallel and dtype scopes,
-checkpoints that resume exactly, and the training callbacks.
+"""What a training run adds around `fit`: checkpoints that resume exactly and the training callbacks
+(progress, non-finite loss, preemption).
 """

@@ -15,7 +15,7 @@ import time
 import keras
 import numpy as np
 
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ class Progress(keras.callbacks.Callback):
     def write_history(self):
         if not self.history_path or not cluster.is_chief():
             return
-        from kgpt.jobs.rundir import write_text
+        from kgpt.io.storage import write_text
 
         names = list(dict.fromkeys(k for logs in self.epochs for k in logs))
         rows = [",".join(["epoch", *names])]

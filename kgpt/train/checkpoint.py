@@ -37,10 +37,10 @@ import numpy as np
 
 from kgpt.io import storage
 from kgpt.io.presets import CheckpointError, check_weights_file, read_json
-from kgpt.jobs.rundir import write_json
+from kgpt.io.storage import write_json
 from kgpt.models import lora
-from kgpt.train import cluster
-from kgpt.train.distribute import spread_over_processes, writing
+from kgpt.parallel import cluster
+from kgpt.parallel.distribute import spread_over_processes, writing
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from keras_hub.models import Preprocessor
 from kgpt.data import batching
 from kgpt.tasks import transforms
 from kgpt.models.backbone import GPTBackbone
-from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.models.tokenizer import GPTTokenizer
 
 
 def _texts(values, what):

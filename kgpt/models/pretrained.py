@@ -2,10 +2,10 @@
 
 import os
 
-from kgpt.io import original
+from kgpt.models import original
 from kgpt.models.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
 from kgpt.io.presets import CheckpointError, load_any_backbone
-from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.models.tokenizer import GPTTokenizer
 
 
 def with_special_tokens(backbone, tokenizer, seed=None):

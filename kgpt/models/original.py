@@ -475,7 +475,7 @@ def save_huggingface(backbone, directory, tokenizer=None, overwrite=False):
 
     Example:
     ```python
-    kgpt.io.original.save_huggingface(backbone, "hf_out", tokenizer=kgpt.GPTTokenizer.gpt1())
+    kgpt.models.original.save_huggingface(backbone, "hf_out", tokenizer=kgpt.GPTTokenizer.gpt1())
     ```
     """
     from safetensors.numpy import save as safetensors_bytes

@@ -15,12 +15,12 @@ import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.errors import ConfigError, DataError
-from kgpt.io import pretrained as pretrained_lib
+from kgpt.models import pretrained as pretrained_lib
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_LSTM, DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.tasks.registry import TaskRegistry
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 
 logger = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 `training_scope(distribution, dtype, batch_size)` is what the jobs build, compile
 and fit under:
 
-- `data_parallel()`: every device of every process of the run (`kgpt.train.cluster`)
+- `data_parallel()`: every device of every process of the run (`kgpt.parallel.cluster`)
   holds the model and trains on an equal slice of every batch. JAX:
   `keras.distribution.DataParallel` over all devices; TensorFlow:
   `tf.distribute.MirroredStrategy` on one host, `MultiWorkerMirroredStrategy`
@@ -24,7 +24,7 @@ import logging
 import keras
 
 from kgpt.errors import ConfigError
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ def data_parallel(batch_size=None, accumulation=1):
 
     Example:
     ```python
-    with kgpt.train.distribute.data_parallel(batch_size=64):
+    with kgpt.parallel.distribute.data_parallel(batch_size=64):
         lm = kgpt.GPTCausalLM(kgpt.GPTBackbone.gpt1())
         lm.compile(total_steps=10_000)
         lm.fit(dataset, steps_per_epoch=1000)
@@ -379,7 +379,7 @@ def model_parallel_layout(device_mesh):
     ```python
     mesh = keras.distribution.DeviceMesh((2, 4), ["batch", "model"], keras.distribution.list_devices())
     keras.distribution.set_distribution(keras.distribution.ModelParallel(
-        layout_map=kgpt.train.distribute.model_parallel_layout(mesh), batch_dim_name="batch"))
+        layout_map=kgpt.parallel.distribute.model_parallel_layout(mesh), batch_dim_name="batch"))
     backbone = kgpt.GPTBackbone.gpt1()  # created sharded
     ```
     """

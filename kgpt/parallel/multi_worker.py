@@ -1,4 +1,4 @@
-"""Keras 3's `fit` under TensorFlow's `MultiWorkerMirroredStrategy`: two repairs, applied by `kgpt.train.cluster`.
+"""Keras 3's `fit` under TensorFlow's `MultiWorkerMirroredStrategy`: two repairs, applied by `kgpt.parallel.cluster`.
 
 Keras 3 (3.15 here) fails to train under `MultiWorkerMirroredStrategy`
 (keras-team/keras#20585, open), in two places of its TensorFlow trainer:
@@ -32,7 +32,7 @@ def apply():
     for name in ("reduce_per_replica", "_collective_all_reduce_multi_worker", "_is_per_replica_instance"):
         if not hasattr(trainer, name):
             raise RuntimeError(f"keras.src.backend.tensorflow.trainer has no {name} in this Keras version: kgpt's "
-                               f"multi-worker repair (kgpt/train/multi_worker.py) needs updating.")
+                               f"multi-worker repair (kgpt/parallel/multi_worker.py) needs updating.")
     multi_worker = trainer._collective_all_reduce_multi_worker
     build, reduce = trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica
 

@@ -8,7 +8,7 @@ from keras_hub.models import CausalLMPreprocessor
 
 from kgpt.models.backbone import GPTBackbone
 from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
-from kgpt.data.tokenizer import GPTTokenizer
+from kgpt.models.tokenizer import GPTTokenizer
 from kgpt.models.inputs import positive_int
 
 PREPROCESSOR_CONFIG = "preprocessor.json"  # keras-hub's preset layout

@@ -35,7 +35,7 @@ class Scorer:
 
     Example:
     ```python
-    scorer = kgpt.analysis.heuristics.Scorer(lm, tokenizer)
+    scorer = kgpt.tasks.heuristics.Scorer(lm, tokenizer)
     [lp] = scorer.log_probs([("the movie was very", "good")])  # one value per token of "good"
     ```
     """

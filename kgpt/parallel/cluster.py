@@ -19,11 +19,11 @@ must run before the backend computes anything: the commands call it first,
 and `kgpt.jobs` call it when a config names several processes.
 
 Process 0 (the chief) writes the outputs; every process trains on its slice
-of each global batch (`kgpt.train.distribute.local_rows`).
+of each global batch (`kgpt.parallel.distribute.local_rows`).
 
 Example (two processes on one machine, each in its own terminal):
 ```python
-from kgpt.train import cluster
+from kgpt.parallel import cluster
 
 cluster.start(cluster.resolve("127.0.0.1:8476", num_processes=2, process_id=0))   # 1 in the other
 cluster.check_agreement({"settings": {...}})   # a process started differently stops every one, by name
@@ -39,7 +39,7 @@ import pathlib
 import sys
 
 from kgpt.errors import ConfigError
-from kgpt.train import multi_worker
+from kgpt.parallel import multi_worker
 
 logger = logging.getLogger(__name__)
 

@@ -75,7 +75,7 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     Args:
         files: UTF-8 text files, concatenated in this order.
         tokenizer: a kgpt tokenizer (`kgpt.tokenizers.interface`): `kgpt.GPTTokenizer` or a keras-hub
-            tokenizer in `kgpt.tokenizers.keras_hub_adapter.KerasHubTokenizer`.
+            tokenizer in `kgpt.KerasHubTokenizer`.
         directory: where the shards and `index.json` go.
         shard_tokens: tokens per shard file.
         workers: processes that tokenize (default: one per core this

@@ -17,7 +17,7 @@ over `tf.data`, saved with `save_to_preset(dir)`) that also has:
   chunk by chunk.
 
 GPT-1's BPE (`kgpt.tokenizers.gpt1`, `kgpt.GPTTokenizer`) and any keras-hub
-tokenizer (`kgpt.tokenizers.keras_hub_adapter.KerasHubTokenizer`) have them.
+tokenizer (`kgpt.KerasHubTokenizer`, `kgpt.tokenizers.keras_hub_adapter`) have them.
 """
 
 import collections
@@ -64,5 +64,5 @@ def check_tokenizer(tokenizer, what="tokenizer"):
     if missing:
         raise TypeError(f"{what} must be a kgpt.GPTTokenizer, got {tokenizer!r:.100}, which lacks "
                         f"{', '.join(missing)} (kgpt.tokenizers.interface; a keras-hub tokenizer goes in "
-                        f"kgpt.tokenizers.keras_hub_adapter.KerasHubTokenizer).")
+                        f"kgpt.KerasHubTokenizer).")
     return tokenizer

@@ -23,6 +23,9 @@ tokenizer (`kgpt.KerasHubTokenizer`, `kgpt.tokenizers.keras_hub_adapter`) have t
 import collections
 import os
 
+# The paper's added tokens that frame the task views (start, delimiter, extract), by these names in every
+# kgpt tokenizer; GPT-1's appends them after its vocabulary, in this order.
+SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 PRESET_CONFIG = "tokenizer.json"  # keras-hub's preset layout: the tokenizer's config ...
 PRESET_ASSETS = os.path.join("assets", "tokenizer")  # ... and its files
 

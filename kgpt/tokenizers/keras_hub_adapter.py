@@ -29,8 +29,7 @@ import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
-from kgpt.tokenizers.gpt1.files import SPECIAL_TOKENS
-from kgpt.tokenizers.interface import PRESET_CONFIG, Chunk
+from kgpt.tokenizers.interface import PRESET_CONFIG, SPECIAL_TOKENS, Chunk
 from kgpt.tokenizers.python_layer import PythonTokenizer
 
 _NAMES = ("start_token", "delimiter_token", "extract_token")

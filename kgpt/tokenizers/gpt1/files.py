@@ -15,9 +15,8 @@ import numpy as np
 
 from kgpt.io.presets import CheckpointError
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS
-from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG
+from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS
 
-SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")  # added after the vocabulary, in this order
 ENCODER_FILE = "encoder_bpe_40000.json"
 MERGES_FILE = "vocab_40000.bpe"
 _HEADER = "#version: 0.2"

@@ -23,12 +23,11 @@ import numpy as np
 
 from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
 from kgpt.tokenizers.gpt1.encoder import TextEncoder
-from kgpt.tokenizers.gpt1.files import (ENCODER_FILE, MERGES_FILE, SPECIAL_TOKENS, checked_encoder, find_files,
-                                        read_files, write_files)
+from kgpt.tokenizers.gpt1.files import ENCODER_FILE, MERGES_FILE, checked_encoder, find_files, read_files, write_files
 from kgpt.tokenizers.gpt1.normalize import MAX_WORD_CHARS
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS, import_spacy
 from kgpt.tokenizers.gpt1.training import learn_vocabulary
-from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG
+from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS
 from kgpt.tokenizers.python_layer import PythonTokenizer
 
 

@@ -86,7 +86,7 @@ class PeakAnon:
 
 
 def worker_stream(directory):
-    from kgpt.data.shards import ShardIndex
+    from kgpt.data.shard_index import ShardIndex
 
     index = ShardIndex.load(directory)
     data = index.windows(FLAGS.sequence_length, 64, seed=0)
@@ -104,7 +104,7 @@ def worker_train(directory, in_memory):
     import tensorflow as tf
 
     import kgpt
-    from kgpt.data.shards import ShardIndex
+    from kgpt.data.shard_index import ShardIndex
 
     index = ShardIndex.load(directory)
     shards = index.windows(FLAGS.sequence_length, FLAGS.batch_size, seed=0)

@@ -144,7 +144,7 @@ def _stages(args, files):
 
 def stage_times(encoder, chunks):
     """CPU seconds per stage of `TextEncoder.encode` over `chunks` (the same steps, timed one by one)."""
-    from kgpt.models.tokenizer import fix_text
+    from kgpt.tokenizers.gpt1.normalize import fix_text
 
     clock, times, tokens = time.process_time, collections.Counter(), 0
     for chunk in chunks:

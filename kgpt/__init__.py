@@ -29,6 +29,8 @@ _NAMES = {
     "GPTCausalLMPreprocessor": "kgpt.models.causal_lm_preprocessor",
     "GPTTaskPreprocessor": "kgpt.models.task_preprocessor",
     "GPTTokenizer": "kgpt.models.tokenizer",
+    "read_tokenizer": "kgpt.models.tokenizer",
+    "KerasHubTokenizer": "kgpt.tokenizers.keras_hub_adapter",
     "GPTAdamW": "kgpt.models.optimizers",
     "WarmupSchedule": "kgpt.models.optimizers",
     "gpt_adamw": "kgpt.models.optimizers",

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt.data import shards, text
+from kgpt.data import corpus_encoding, shards, text
 
 TEXT = "First line of the tale.\n\n  Second, after a blank line;\nthird -- with   spaces \n\n\nend\n"
 # What ftfy changes across lines: "\r\n", entities (decoded until a line holds a "<"), curly quotes, mojibake.
@@ -21,13 +21,20 @@ def tokenizer():
     return kgpt.GPTTokenizer.gpt1()
 
 
+def encode_file(tokenizer, path, chunk_bytes, line_bytes=text.LINE_BYTES):
+    """A file's ids as the shard builder makes them in one process: chunk by chunk, joined."""
+    engine = tokenizer.corpus_encoder()
+    chunks = corpus_encoding.jobs([path], engine, chunk_bytes, line_bytes, None)
+    pieces = (corpus_encoding.encode_job(engine, job) for job in chunks)
+    return np.concatenate(list(corpus_encoding.file_ids(pieces, engine.newline_id)))
+
+
 @pytest.mark.parametrize("chunk_bytes", [1, 7, 16, 1 << 20])
 def test_chunked_encoding_equals_whole_text(tokenizer, tmp_path, chunk_bytes):
     path = tmp_path / "a.txt"
     text = TEXT * 2 + TRICKY + TEXT
     path.write_bytes(text.encode("utf-8"))
-    pieces = list(shards.encode_file(tokenizer, str(path), chunk_bytes=chunk_bytes))
-    assert np.concatenate(pieces).tolist() == tokenizer.encode(text)
+    assert encode_file(tokenizer, str(path), chunk_bytes=chunk_bytes).tolist() == tokenizer.encode(text)
 
 
 def test_long_lines_are_cut_at_spaces_and_counted(tokenizer, tmp_path):
@@ -39,7 +46,7 @@ def test_long_lines_are_cut_at_spaces_and_counted(tokenizer, tmp_path):
     assert "".join(chunks) == line
     assert max(len(c) for c in chunks) <= 4096 + 1024  # memory stays bounded on a one-line corpus
     assert cuts["at a space"] > 8 and not cuts["mid-word"]
-    ids = np.concatenate(list(shards.encode_file(tokenizer, str(path), chunk_bytes=1024, line_bytes=4096)))
+    ids = encode_file(tokenizer, str(path), chunk_bytes=1024, line_bytes=4096)
     assert ids.tolist() == tokenizer.encode(line)  # a cut at a space changes no token
 
 
@@ -51,7 +58,7 @@ def test_a_line_without_spaces_is_cut_mid_word_and_counted(tokenizer, tmp_path):
     assert [len(c) for c in chunks] == [4095, 905] and cuts == {"mid-word": 1}
     with pytest.warns(UserWarning, match="Cut 1 word"):  # 4,095 letters are over 1,000 characters too
         expected = tokenizer.encode("x" * 4095 + " " + "x" * 905)
-    ids = np.concatenate(list(shards.encode_file(tokenizer, str(path), chunk_bytes=1024, line_bytes=4096)))
+    ids = encode_file(tokenizer, str(path), chunk_bytes=1024, line_bytes=4096)
     assert ids.tolist() == expected
 
 
@@ -115,7 +122,7 @@ def test_starting_the_workers_after_the_backend_prints_no_fork_warning(tokenizer
 
 def test_workers_share_the_words_they_learn(tokenizer, tmp_path):
     """A word is split and BPE-encoded by one worker; the others take its ids from the journals."""
-    a, b = (kgpt.GPTTokenizer.gpt1().text_encoder for _ in range(2))
+    a, b = (kgpt.GPTTokenizer.gpt1().corpus_encoder() for _ in range(2))
     a.record()
     ids = a.encode("Dr. Smith's boys' s. walked -- twice -- to the caf\u00e9.")
     learned, edges = a.record()
@@ -132,14 +139,14 @@ def _failing_encode_job(engine, job):
     return real_encode_job(engine, job)
 
 
-real_encode_job = shards._encode_job
+real_encode_job = corpus_encoding.encode_job
 
 
 def test_an_error_in_a_worker_is_raised_here(tokenizer, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("words\n" * 200 + "poison\n" + "words\n" * 200, encoding="utf-8")
-    monkeypatch.setattr(shards, "_encode_job", _failing_encode_job)  # the workers are forked after this
+    monkeypatch.setattr(corpus_encoding, "encode_job", _failing_encode_job)  # the workers are forked after this
     with pytest.raises(ValueError, match="the chunk with poison"):
         shards.build_shards([str(corpus / "a.txt")], tokenizer, str(tmp_path / "s"), workers=2, chunk_bytes=64)
     assert not (tmp_path / "s" / "index.json").exists()
@@ -155,7 +162,7 @@ def test_a_worker_that_dies_is_reported(tokenizer, tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("words\n" * 200 + "poison\n" + "words\n" * 200, encoding="utf-8")
-    monkeypatch.setattr(shards, "_encode_job", _dying_encode_job)
+    monkeypatch.setattr(corpus_encoding, "encode_job", _dying_encode_job)
     with pytest.raises(RuntimeError, match=r"worker process died \(exit code 3\)"):
         shards.build_shards([str(corpus / "a.txt")], tokenizer, str(tmp_path / "s"), workers=2, chunk_bytes=64)
 

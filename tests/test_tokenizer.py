@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 import kgpt
-from kgpt.models.tokenizer import GPTTokenizer, standardize
+from kgpt.models.tokenizer import GPTTokenizer
 
 ASSETS = os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe")
 
@@ -44,12 +44,6 @@ def test_bpe_merges_lowest_rank_first():
     assert tok2.vocabulary_size() == len(symbols) + 3
 
 
-def test_standardize_follows_the_original():
-    assert standardize("a\u2014b\u2026") == "a - b..."
-    assert standardize("wait!!! (yes)") == "wait !!! ( yes )"
-    assert standardize("  one \n\n  two  ") == "one \n two"
-
-
 def test_words_split_like_spacy_for_common_cases(gpt1):
     assert gpt1.words("I don't think it's 3.5 miles...") == [
         "i", "do", "n't", "think", "it", "'s", "3.5", "miles", "...",
@@ -66,7 +60,7 @@ def test_decode_round_trip(gpt1):
 
 def test_save_load_round_trip(gpt1, tmp_path):
     gpt1.save(tmp_path)
-    loaded = GPTTokenizer.load(tmp_path)
+    loaded = GPTTokenizer.from_original(tmp_path)
     text = "Saving and loading keeps every id the same: 123, ok?"
     assert loaded.encode(text) == gpt1.encode(text)
     assert loaded.vocabulary_size() == gpt1.vocabulary_size()
@@ -153,17 +147,17 @@ def test_files_record_the_splitter_they_were_made_with(gpt1, tmp_path):
     assert learned.splitter == "regex"
     header = (tmp_path / "bpe" / "vocab_40000.bpe").read_text(encoding="utf-8").split("\n")[0]
     assert header == "#version: 0.2 kgpt-splitter: regex"
-    again = GPTTokenizer.load(str(tmp_path / "bpe"))
+    again = GPTTokenizer.from_original(str(tmp_path / "bpe"))
     assert again.splitter == "regex" and again.encode("Mrs. Marrow") == learned.encode("Mrs. Marrow")
     assert GPTTokenizer.from_original(str(tmp_path / "bpe"), splitter="spacy").splitter == "spacy"  # an override
     exact = GPTTokenizer.train([str(corpus)], num_merges=40, splitter="spacy")
     assert exact.words("Mrs. Marrow") == ["mrs.", "marrow"]
     gpt1.save(tmp_path / "copy")
-    assert GPTTokenizer.load(str(tmp_path / "copy")).splitter == "spacy"
+    assert GPTTokenizer.from_original(str(tmp_path / "copy")).splitter == "spacy"
     merges = tmp_path / "copy" / "vocab_40000.bpe"
     merges.write_text(merges.read_text(encoding="utf-8").replace("spacy", "nltk", 1), encoding="utf-8")
     with pytest.raises(kgpt.CheckpointError, match="vocab_40000.bpe:1: unknown splitter 'nltk'"):
-        GPTTokenizer.load(str(tmp_path / "copy"))
+        GPTTokenizer.from_original(str(tmp_path / "copy"))
 
 
 def test_a_merges_file_cut_short_is_refused(tmp_path):
@@ -197,7 +191,7 @@ def test_over_long_words_are_cut_and_counted(gpt1):
 def test_heap_bpe_equals_the_original_loop():
     import random
 
-    from kgpt.models.tokenizer import _bpe_long, _bpe_short
+    from kgpt.tokenizers.gpt1.bpe import bpe_long, bpe_short
 
     def original(word, ranks):  # text_utils.py's loop, as written there
         word = tuple(word[:-1]) + (word[-1] + "</w>",)
@@ -240,7 +234,7 @@ def test_heap_bpe_equals_the_original_loop():
         ranks = {p: r for r, p in enumerate(merges)}
         for word in words:
             expected = original(word, ranks)
-            assert _bpe_short(word, ranks, merges) == expected and _bpe_long(word, ranks, merges) == expected, word
+            assert bpe_short(word, ranks, merges) == expected and bpe_long(word, ranks, merges) == expected, word
 
 
 # --- the keras-hub Tokenizer surface ------------------------------------------

@@ -3,6 +3,7 @@
 import json
 import os
 import random
+import re
 import string
 
 import ftfy
@@ -10,9 +11,22 @@ import pytest
 import spacy
 
 import kgpt
-from kgpt.models.tokenizer import MAX_WORD_CHARS, TextEncoder, _pieces, _special_cases, fix_text, standardize
+from kgpt.tokenizers.gpt1.encoder import TextEncoder
+from kgpt.tokenizers.gpt1.normalize import MAX_WORD_CHARS, fix_text
+from kgpt.tokenizers.gpt1.normalize import pieces as word_pieces
+from kgpt.tokenizers.gpt1.splitters import special_cases
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
+
+
+def standardize(text):
+    """The original release's `text_standardize` (text_utils.py), as written there: the reference."""
+    text = text.replace("\u2014", "-").replace("\u2013", "-").replace("\u2015", "-").replace("\u2026", "...")
+    text = text.replace("\u00b4", "'")
+    text = re.sub(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""", r" \1 ", text)
+    text = re.sub(r"\s*\n\s*", " \n ", text)
+    text = re.sub(r"[^\S\n]+", " ", text)
+    return text.strip()
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +102,13 @@ def test_standardize_is_the_original_per_word():
         text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 30)))
         words = TextEncoder({}, [], "regex").lines(text)
         expected = [line.split(" ") for line in standardize(text).split(" \n ")] if standardize(text) else []
-        assert [[p for key in keys for p in _pieces(key)] for keys in words] == expected, repr(text)
+        assert [[p for key in keys for p in word_pieces(key)] for keys in words] == expected, repr(text)
 
 
 def test_spacy_keeps_plain_ascii_words_whole():
     # The shortcut TextEncoder takes for ASCII letters, checked on spaCy itself.
     tokenizer = spacy.blank("en").tokenizer
-    rules, joins = _special_cases()
+    rules, joins = special_cases()
     with open(os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe", "encoder_bpe_40000.json")) as f:
         words = {w[:-4] for w in json.load(f) if w.endswith("</w>")}
     rng = random.Random(2)
@@ -117,7 +131,7 @@ def test_words_that_spacy_reads_together_are_grouped():
     plain = type(tokenizer)(tokenizer.vocab, rules={}, prefix_search=tokenizer.prefix_search,
                             suffix_search=tokenizer.suffix_search, infix_finditer=tokenizer.infix_finditer,
                             token_match=tokenizer.token_match, url_match=tokenizer.url_match)
-    rules, joins = _special_cases()
+    rules, joins = special_cases()
     starting = {}  # first token of a special case -> the special cases
     for rule in sorted(rules):  # sorted: a frozenset's order changes with PYTHONHASHSEED
         if not any(c.isspace() for c in rule):
@@ -150,7 +164,7 @@ def test_words_and_encode_agree(gpt1, prose):
 
 
 def test_caches_start_over_without_changing_ids(gpt1, prose, monkeypatch):
-    import kgpt.models.tokenizer as tokenizer_module
+    import kgpt.tokenizers.gpt1.encoder as tokenizer_module
 
     lines, reference = prose
     small = kgpt.GPTTokenizer.gpt1()

@@ -198,14 +198,15 @@ def corpus(pattern):
 
 def tokenizer(config, plan):
     """Describes the run's tokenizer; returns its vocabulary size with special tokens, None before it is learned."""
-    from kgpt.models.tokenizer import PRESET_CONFIG, GPTTokenizer
+    from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+    from kgpt.tokenizers.interface import PRESET_CONFIG
 
     if config.tokenizer is None:
         size = GPT1_CONFIG["vocabulary_size"] + NUM_SPECIAL_TOKENS
         plan.add("tokenizer", f"the original GPT-1 vocabulary ({size:,} tokens with the special ones)")
         return size
     if config.tokenizer != "train":
-        loaded = GPTTokenizer.from_preset(config.tokenizer)
+        loaded = read_tokenizer(config.tokenizer, flag="--tokenizer")
         plan.add("tokenizer", f"{config.tokenizer} ({loaded.vocabulary_size():,} tokens)")
         return loaded.vocabulary_size()
     if config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG)):

@@ -20,7 +20,8 @@ from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.data import demo_world
 from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.data.shards import Team, build_shards
-from kgpt.models.tokenizer import PRESET_CONFIG, GPTTokenizer
+from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.tokenizers.interface import PRESET_CONFIG
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.jobs.pretrain.PretrainConfig
@@ -70,7 +71,7 @@ def load_tokenizer(config, files):
     if config.tokenizer is None:
         return GPTTokenizer.gpt1()
     if config.tokenizer != "train":
-        return GPTTokenizer.from_preset(config.tokenizer)
+        return read_tokenizer(config.tokenizer, flag="--tokenizer")
     saved = config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG))
     if saved:  # a resumed run keeps the vocabulary it started with
         logger.info(f"Using the tokenizer learned earlier in {config.output_dir}.")

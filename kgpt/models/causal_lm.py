@@ -16,7 +16,7 @@ from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.models.optimizers import WarmupSchedule, gpt_adamw
 from kgpt.io.presets import CheckpointError, PresetMixin, tokenizer_fits
-from kgpt.models.tokenizer import PRESET_CONFIG
+from kgpt.tokenizers.interface import PRESET_CONFIG
 
 try:
     import tensorflow as tf

@@ -8,7 +8,8 @@ from keras_hub.models import CausalLMPreprocessor
 
 from kgpt.models.backbone import GPTBackbone
 from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
-from kgpt.models.tokenizer import GPTTokenizer
+from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.tokenizers.interface import check_tokenizer
 from kgpt.models.inputs import positive_int
 
 PREPROCESSOR_CONFIG = "preprocessor.json"  # keras-hub's preset layout
@@ -33,7 +34,7 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
     there), on every backend.
 
     Args:
-        tokenizer: a `kgpt.GPTTokenizer`.
+        tokenizer: a `kgpt.GPTTokenizer` (or another kgpt tokenizer, `kgpt.tokenizers.interface`).
         sequence_length: packed length; at most the model's
             `max_sequence_length` (GPT-1: 512).
         add_start_token: prepend `_start_`.
@@ -58,8 +59,7 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
             raise ValueError(
                 "GPT-1 has no end-of-text token, so add_end_token must be False (GPTTokenizer.end_token_id is None)."
             )
-        if not isinstance(tokenizer, GPTTokenizer):
-            raise TypeError(f"tokenizer must be a kgpt.GPTTokenizer, got {tokenizer!r:.100}.")
+        check_tokenizer(tokenizer)
         sequence_length = positive_int(sequence_length, "sequence_length")
         super().__init__(
             tokenizer=tokenizer,
@@ -128,7 +128,7 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
             preprocessor.load_preset_assets(preset)
             return preprocessor
         if "tokenizer" not in kwargs:
-            kwargs["tokenizer"] = cls.tokenizer_cls.from_preset(preset)
+            kwargs["tokenizer"] = read_tokenizer(preset)
         backbone_config = os.path.join(preset, CONFIG_FILE)
         if "sequence_length" not in kwargs and os.path.isfile(backbone_config):
             length = read_json(backbone_config, "a backbone config").get("config", {}).get("max_sequence_length")

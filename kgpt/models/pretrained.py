@@ -5,7 +5,7 @@ import os
 from kgpt.models import original
 from kgpt.models.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
 from kgpt.io.presets import CheckpointError, load_any_backbone
-from kgpt.models.tokenizer import GPTTokenizer
+from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
 
 
 def with_special_tokens(backbone, tokenizer, seed=None):
@@ -37,7 +37,7 @@ def load_pretrained(path, num_heads=12, dtype=None):
             f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
         )
     backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
-    tokenizer = GPTTokenizer.from_preset(path)
+    tokenizer = read_tokenizer(path)
     size = tokenizer.vocabulary_size()
     if backbone.vocabulary_size not in (size, size - NUM_SPECIAL_TOKENS):
         raise CheckpointError(

@@ -194,7 +194,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         if chunked is None:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         if training:  # y_pred: hidden states (see call)
-            sums = chunked.sums(y, y_pred, sample_weight)
+            sums = chunked.sums(y, y_pred, sample_weight, training=True)
             loss = chunked.reduce(sums[0], y, sample_weight)
             weight = ops.sum(ops.ones_like(y, "float32") if sample_weight is None else sample_weight)
             self._token_accuracy.update_state(ops.divide_no_nan(sums[1], weight)[None], sample_weight=weight[None])

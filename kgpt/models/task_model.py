@@ -418,6 +418,31 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
+    def save_task_weights(self, filepath):
+        """keras-hub's `save_task_weights` (the head's weights, for `task.weights.h5`), without the optimizer.
+
+        keras-hub's writes the optimizer's state too: about twice the model's
+        size after fine-tuning. A preset never needs it: `from_preset` builds
+        a fresh optimizer, and a run resumes from its own checkpoint
+        (`kgpt.train.checkpoint`), which holds the optimizer.
+        """
+        self._check_weights_path(filepath)
+        keras.saving.save_weights(self, filepath=filepath, objects_to_skip=self._not_task_weights())
+
+    def load_task_weights(self, filepath):
+        """keras-hub's `load_task_weights`; the optimizer state an earlier kgpt saved in the file is not read."""
+        self._check_weights_path(filepath)
+        keras.saving.load_weights(self, filepath, objects_to_skip=self._not_task_weights())
+
+    def _not_task_weights(self):
+        optimizer = [self.optimizer] if getattr(self, "optimizer", None) is not None else []
+        return [*self.backbone._flatten_layers(), *optimizer]
+
+    @staticmethod
+    def _check_weights_path(filepath):
+        if not str(filepath).endswith(".weights.h5"):  # as keras-hub checks it
+            raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
+
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `quantize` (e.g. `"int8"`), then the prediction sub-model is rebuilt on the quantized layers.
 

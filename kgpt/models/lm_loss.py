@@ -207,6 +207,13 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size}.")
     hidden = ops.convert_to_tensor(hidden)
     embeddings = ops.convert_to_tensor(embeddings)
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        # Read a variable here, not inside `fused`: run eagerly, tf.custom_gradient refuses a function
+        # that reads variables unless its gradient takes them as `variables` (a Keras variable is a tensor
+        # to convert_to_tensor, so it would still be one).
+        embeddings = tf.identity(embeddings)
     if embeddings.shape[-1] != hidden.shape[-1]:
         raise ValueError(f"hidden {hidden.shape} and embeddings {embeddings.shape} differ in the last axis.")
     chunks = _Chunks(hidden, targets, weights, chunk_size)

@@ -143,6 +143,28 @@ def test_evaluation_skips_the_lm_loss_gradients(monkeypatch):
     assert traced and all(traced)
 
 
+def test_an_explicit_training_flag_wins_over_the_compiled_losses_context(monkeypatch):
+    asked = []
+    monkeypatch.setattr(kgpt.models.lm_loss, "chunked_lm_loss", lambda *a, training: asked.append(training))
+    embedding = keras.layers.ReversibleEmbedding(13, 8)
+    embedding.build((None,))
+    loss = TiedLMLoss(embedding, chunk_size=5)
+    with kgpt.models.lm_loss.gradients_wanted(False):
+        loss.sums(TARGETS, HIDDEN, WEIGHTS, training=True)
+        loss.sums(TARGETS, HIDDEN, WEIGHTS)
+    loss.sums(TARGETS, HIDDEN, WEIGHTS)  # the context was reset on the way out
+    assert asked == [True, False, True]
+
+
+def test_the_loss_runs_eagerly_on_a_layer_s_embedding_as_documented():
+    embedding = keras.layers.ReversibleEmbedding(13, 8)
+    embedding.build((None,))
+    embedding.embeddings.assign(TABLE)
+    loss = TiedLMLoss(embedding, chunk_size=5, reduction="sum")
+    value = loss(TARGETS, HIDDEN, sample_weight=WEIGHTS)  # eagerly, as TiedLMLoss's example calls it
+    np.testing.assert_allclose(to_numpy(value), to_numpy(plain_sums(HIDDEN, TABLE))[0], rtol=1e-5)
+
+
 def test_chunked_loss_under_mixed_bfloat16_tracks_plain_logits():
     plain, _ = _train("logits", "mixed_bfloat16", validate=False)
     chunked, _ = _train(7, "mixed_bfloat16", validate=False)

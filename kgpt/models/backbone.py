@@ -16,7 +16,7 @@ from keras_hub.layers import PositionEmbedding
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.models import original
+from kgpt.models import original_convert
 from kgpt.io.presets import PresetMixin
 from kgpt.models import inputs as checks
 from kgpt.models.decoder_block import GPTDecoderBlock
@@ -304,7 +304,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         tokenizer = kgpt.GPTTokenizer.from_original("finetune-transformer-lm/model")
         ```
         """
-        return original.load_backbone(
+        return original_convert.load_backbone(
             cls, directory, num_heads=num_heads, num_special_tokens=num_special_tokens, seed=seed, **kwargs
         )
 
@@ -342,9 +342,9 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         ```
         """
         if format == "original":
-            original.save_original(self, directory, num_shards=num_shards, tokenizer=tokenizer)
+            original_convert.save_original(self, directory, num_shards=num_shards, tokenizer=tokenizer)
         elif format == "huggingface":
-            original.save_huggingface(self, directory, tokenizer=tokenizer, overwrite=overwrite)
+            original_convert.save_huggingface(self, directory, tokenizer=tokenizer, overwrite=overwrite)
         else:
             raise ValueError(f"format must be 'original' or 'huggingface', got {format!r}.")
 

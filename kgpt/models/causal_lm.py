@@ -1,20 +1,25 @@
-"""The GPT-1 language model: backbone + LM head tied to the token embedding."""
+"""The GPT-1 language model: backbone + LM head tied to the token embedding.
 
-import numbers
+Its parts by concern: `kgpt.models.causal_lm_inputs` (what `fit`, `evaluate`
+and `predict` check), `kgpt.models.scoring` (`score`), `kgpt.models.generation`
+(`generate`) and `kgpt.models.lm_loss` (the memory-lean training loss).
+"""
+
 import os
-import threading
-import warnings
 
 import keras
 import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 
+from kgpt.models import generation, scoring
 from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
+from kgpt.models.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset, is_text,
+                                          warn_if_warming_up)
 from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
-from kgpt.models.optimizers import WarmupSchedule, gpt_adamw
+from kgpt.models.optimizers import gpt_adamw
 from kgpt.io.presets import CheckpointError, PresetMixin, tokenizer_fits
 from kgpt.tokenizers.interface import PRESET_CONFIG
 
@@ -23,24 +28,6 @@ try:
 except ImportError:
     tf = None
 
-_GENERATE_FUNCTION_LOCK = threading.Lock()
-
-_NO_PREPROCESSOR = (
-    "This GPTCausalLM has no preprocessor, so it takes token ids only. Load it with "
-    "kgpt.GPTCausalLM.from_preset(dir) from a preset that holds a tokenizer, or attach one: "
-    "lm.preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=lm.backbone.max_sequence_length)."
-)
-
-
-def _is_text(inputs):
-    """Whether `inputs` are strings (one, a list, or a string tensor/array), not token ids."""
-    if isinstance(inputs, (str, bytes)):
-        return True
-    if isinstance(inputs, (list, tuple)):
-        return bool(inputs) and all(isinstance(t, (str, bytes)) for t in inputs)
-    if tf is not None and isinstance(inputs, tf.Tensor):
-        return inputs.dtype == tf.string
-    return isinstance(inputs, np.ndarray) and inputs.dtype.kind in "US"
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -207,7 +194,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         if chunked is None:
             return super().compute_loss(x, y, y_pred, sample_weight, training=training)
         if training:  # y_pred: hidden states (see call)
-            sums = chunked.sums(y, y_pred, sample_weight)
+            sums = chunked.sums(y, y_pred, sample_weight, training=True)
             loss = chunked.reduce(sums[0], y, sample_weight)
             weight = ops.sum(ops.ones_like(y, "float32") if sample_weight is None else sample_weight)
             self._token_accuracy.update_state(ops.divide_no_nan(sums[1], weight)[None], sample_weight=weight[None])
@@ -257,118 +244,28 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         `kgpt.parallel.distribute.feed`) holds model inputs already, and
         keras-hub's `fit` cannot map a preprocessor over one.
         """
-        if _is_distributed_dataset(x):
+        if is_distributed_dataset(x):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
-        x, batch_size = self._check_call("fit", x, y, batch_size)
-        self._warn_if_warming_up(x, batch_size, kwargs)
+        x, batch_size = check_call(self, "fit", x, y, batch_size)
+        warn_if_warming_up(self, x, batch_size, kwargs)
         with checks.dataset_errors(self):
             return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """keras-hub's `evaluate`; text is checked as `fit` checks it."""
-        x, batch_size = self._check_call("evaluate", x, y, batch_size)
+        x, batch_size = check_call(self, "evaluate", x, y, batch_size)
         with checks.dataset_errors(self):
             return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
     def predict(self, x=None, batch_size=None, **kwargs):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
-        x, batch_size = self._check_call("predict", x, None, batch_size)
+        x, batch_size = check_call(self, "predict", x, None, batch_size)
         with checks.dataset_errors(self):
             return super().predict(x, batch_size=batch_size, **kwargs)
 
-    def _warn_if_warming_up(self, x, batch_size, kwargs):
-        """Says so when the whole `fit` stays inside the learning-rate warm-up (`compile()`'s default is
-        the paper's 2,000 updates of pre-training: a short fit barely moves the weights)."""
-        schedule = getattr(getattr(self, "optimizer", None), "_learning_rate", None)
-        if not isinstance(schedule, WarmupSchedule) or schedule.warmup_steps <= 0:
-            return
-        ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
-        rows = len(x) if isinstance(x, (list, np.ndarray)) else len(ids) if ids is not None else None
-        steps = kwargs.get("steps_per_epoch") or (-(-rows // (batch_size or 32)) if rows else None)
-        if not steps:
-            return
-        accumulation = schedule.gradient_accumulation_steps
-        done = int(ops.convert_to_numpy(self.optimizer.iterations)) // accumulation
-        end = done + steps * kwargs.get("epochs", 1) // accumulation
-        if end < schedule.warmup_steps:
-            reached = schedule.peak_learning_rate * end / schedule.warmup_steps
-            warnings.warn(
-                f"fit() runs {end - done} update(s), ending at update {end} of the optimizer's {schedule.warmup_steps}-"
-                f"update warm-up: the learning rate reaches only {reached:.3g} of its peak "
-                f"{schedule.peak_learning_rate:g}, so the model will barely change. For a short run, compile with a "
-                f"shorter warm-up: lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=..., total_steps=...)).",
-                stacklevel=3)
-
-    def _check_call(self, method, x, y, batch_size):
-        """The checks `fit`, `evaluate` and `predict` share; returns `x` (a tuple of texts as a list, since
-        keras-hub reads a tuple as `(x, y, sample_weight)`) and `batch_size`."""
-        batch_size = checks.batch_size(batch_size)
-        checks.not_a_generator(x)
-        _check_not_empty(x, method, "x")
-        if isinstance(x, tuple) and _is_text(x):
-            x = list(x)
-        if isinstance(x, (str, bytes)):
-            raise TypeError(f"{method}() takes a list of texts, got one string: pass [{x!r:.40}].")
-        self._check_ids(x, y)
-        if _is_text(x):
-            self._check_texts(x, y, method)
-        return checks.dataset_ids(x, self.backbone.vocabulary_size, targets=True), batch_size
-
-    def _check_ids(self, x, y):
-        """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep
-        in TensorFlow); datasets and tensors go unchecked."""
-        vocabulary = self.backbone.vocabulary_size
-        checks.model_inputs(x, vocabulary, self.backbone.max_sequence_length)
-        targets = checks.concrete(y)
-        if targets is not None and not _is_text(x):
-            targets = checks.token_ids(targets, "y", vocabulary)
-            ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
-            if ids is not None and targets.shape != np.shape(ids):
-                raise ValueError(f"y must have the shape of x['token_ids'] {np.shape(ids)} (the next token at each "
-                                 f"position), got {targets.shape}.")
-        checks.text_list(x)
-
-    def _check_texts(self, texts, y, method):
-        """Refuses `y` beside text (the targets are the text's own next tokens) and text with nothing to
-        predict; warns, with counts, of texts with none and of texts longer than the packed length."""
-        if self.preprocessor is None:
-            raise ValueError(_NO_PREPROCESSOR)
-        if y is not None:
-            raise ValueError(f"{method}() on text uses each text's own next tokens as targets, so it takes no y: "
-                             f"leave y out (for labels, fine-tune a kgpt.GPTTaskModel).")
-        texts = texts.numpy() if tf is not None and isinstance(texts, tf.Tensor) else texts
-        texts = [texts] if isinstance(texts, (str, bytes)) else np.asarray(texts, dtype=object).reshape(-1).tolist()
-        start = int(bool(self.preprocessor.add_start_token))
-        length = self.preprocessor.sequence_length
-        sizes = []
-        for i, text in enumerate(texts):
-            try:  # TensorFlow's string tensors take UTF-8 only
-                if isinstance(text, bytes):
-                    text = text.decode("utf-8")
-                else:
-                    text.encode("utf-8")
-            except UnicodeError as e:
-                raise ValueError(f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): {text!r:.60}"
-                                 ) from None
-            sizes.append(start + len(self.preprocessor.tokenizer.encode(text)))
-        sizes = np.array(sizes)
-        empty, cut = int((sizes < 2).sum()), int((sizes > length + 1).sum())
-        used = {"fit": "trained on", "evaluate": "evaluated", "predict": "predicted"}[method]
-        if empty == len(texts) and method != "predict":
-            raise ValueError(f"{method}() got {len(texts)} text(s) with nothing to predict: each needs at least 2 "
-                             f"tokens (a token and the one after it).")
-        if empty:
-            warnings.warn(f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}"
-                          + (" (their logits predict no token of theirs)." if method == "predict" else "."),
-                          stacklevel=3)
-        if cut:
-            warnings.warn(f"{cut} of {len(texts)} texts are longer than sequence_length={length} tokens (+1 target): "
-                          f"{int(np.maximum(sizes - length - 1, 0).sum())} tokens past it are not {used}. Split "
-                          f"long texts into windows to use all of them.", stacklevel=3)
-
     def preprocess_samples(self, x, y=None, sample_weight=None):
         # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.
-        if self.preprocessor is None or not _is_text(x):
+        if self.preprocessor is None or not is_text(x):
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         return super().preprocess_samples(x, y, sample_weight)
 
@@ -426,84 +323,15 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 if value is not None:
                     raise ValueError(f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
                                      f"scoring_mode='log_probs' scores each next token of token_ids.")
-            if _is_text(token_ids):
-                return self._score_text(token_ids, batch_size)
-        elif _is_text(token_ids):
+            if is_text(token_ids):
+                return scoring.score_text(self, token_ids, batch_size)
+        elif is_text(token_ids):
             raise ValueError(f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
                              f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first.")
-        token_ids = checks.token_ids(token_ids, "token_ids", self.backbone.vocabulary_size)
-        if token_ids.shape[0] == 0 or token_ids.shape[1] < 2:
-            raise ValueError(
-                "score() needs token_ids of shape [batch >= 1, length >= 2], got "
-                f"{token_ids.shape}."
-            )
-        if padding_mask is None:
-            padding_mask = np.ones_like(token_ids)
-        padding_mask = checks.padding_mask(padding_mask, "padding_mask", token_ids.shape)
-        self._check_length(token_ids.shape[1])
-        inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
-        if scoring_mode == "log_probs":
-            return self._scorer().predict(inputs, batch_size=batch_size, verbose=0)
-        from kgpt.models.keras_hub_scoring import keras_hub_score
-
-        return keras_hub_score(self, inputs, scoring_mode, layer_intercept_fn, target_ids)
-
-    def _score_text(self, texts, batch_size):
-        from kgpt.tasks.heuristics import Scorer
-
-        if self.preprocessor is None:
-            raise ValueError(_NO_PREPROCESSOR)
-        if tf is not None and isinstance(texts, tf.Tensor):
-            texts = texts.numpy()
-        if isinstance(texts, np.ndarray):
-            texts = texts.item() if texts.ndim == 0 else texts.reshape(-1).tolist()
-        single = isinstance(texts, (str, bytes))
-        texts = [texts] if single else list(texts)
-        texts = [t.decode("utf-8") if isinstance(t, bytes) else t for t in texts]
-        tokenizer = self.preprocessor.tokenizer
-        scorer = Scorer(self, tokenizer, batch_size=batch_size)
-        limit = self.backbone.max_sequence_length
-        pairs = []
-        for text in texts:
-            context, tokens = list(scorer.prefix), tokenizer.encode(text)
-            if not context:  # no newline token: the first token only conditions
-                context, tokens = tokens[:1], tokens[1:]
-            if not tokens:
-                raise ValueError(f"Nothing to score in {text!r:.80}: it has too few tokens.")
-            if len(context) + len(tokens) > limit:
-                newline = " with the newline before it" if scorer.prefix else ""
-                raise ValueError(
-                    f"The text {text!r:.40} is {len(context) + len(tokens)} tokens long{newline}, more than the "
-                    f"model's context max_sequence_length={limit}; split it."
-                )
-            pairs.append((context, tokens))
-        scores = [s.astype("float32") for s in scorer.log_probs_of_ids(pairs)]
-        return scores[0] if single else scores
-
-    def _scorer(self):
-        scorer = getattr(self, "_score_model", None)
-        if scorer is None:
-            ids, mask = self.input["token_ids"], self.input["padding_mask"]
-            logits = ops.cast(self.output[:, :-1, :], "float32")
-            log_probs = ops.log_softmax(logits, axis=-1)
-            targets = ops.expand_dims(ids[:, 1:], -1)
-            picked = ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
-            picked = picked * ops.cast(mask[:, 1:], "float32")
-            scorer = keras.Model(self.input, picked, name="scorer")
-            # Plain attribute: the scorer shares our layers and must not be
-            # tracked (it would be saved twice).
-            object.__setattr__(self, "_score_model", scorer)
-        return scorer
+        return scoring.score_ids(self, token_ids, padding_mask, scoring_mode, layer_intercept_fn, target_ids,
+                                 batch_size)
 
     # --- generation --------------------------------------------------------
-
-    def _check_length(self, length):
-        limit = self.backbone.max_sequence_length
-        if length > limit:
-            raise ValueError(
-                f"Sequence length {length} exceeds the model's context "
-                f"max_sequence_length={limit}."
-            )
 
     def generate(self, inputs, max_length=None, stop_token_ids=None, strip_prompt=False):
         """Continues prompts token by token with the compiled sampler.
@@ -539,17 +367,17 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         """
         if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
             stop_token_ids = None  # keras-hub's "auto" is the end token, which GPT-1 lacks
-        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
+        stop_token_ids = generation.check_stop_token_ids(self, stop_token_ids)
         max_length = checks.positive_int(max_length, "max_length", minimum=2, allow_none=True)
         if max_length is not None:
-            self._check_length(max_length)
+            check_length(self, max_length)
         if isinstance(inputs, np.ndarray) and inputs.ndim == 0:
             inputs = inputs.item()  # a 0-d array of one prompt: the prompt
         checks.not_a_generator(inputs, "inputs")
-        if _is_text(inputs):
+        if is_text(inputs):
             if self.preprocessor is None:
-                raise ValueError(_NO_PREPROCESSOR)
-            self._check_length(max_length or self.preprocessor.sequence_length)
+                raise ValueError(NO_PREPROCESSOR)
+            check_length(self, max_length or self.preprocessor.sequence_length)
             return super().generate(
                 inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
             )
@@ -558,94 +386,17 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
             )
         if isinstance(inputs, dict):
-            inputs = self._check_packed_prompts(inputs, max_length)
+            inputs = generation.check_packed_prompts(self, inputs, max_length)
         else:
-            inputs = self._pack_prompts(inputs, max_length)
-        # Token ids never go through the preprocessor. keras-hub's generate() would run it, and
-        # detaching it for the call would race with other threads' calls on text.
-        return self._generate_ids(inputs, stop_token_ids, strip_prompt)
+            inputs = generation.pack_prompts(self, inputs, max_length)
+        return generation.generate_ids(self, inputs, stop_token_ids, strip_prompt)
 
     def make_generate_function(self):
-        # keras-hub sets generate_function to the plain step before compiling it: a second thread
-        # must not pick up that half-made state.
-        with _GENERATE_FUNCTION_LOCK:
-            return super().make_generate_function()
-
-    def _generate_ids(self, inputs, stop_token_ids, strip_prompt):
-        """keras-hub's generate() passes for packed token ids, without the preprocessor: compiled
-        generation, then the prompt rolled to the end of each row when `strip_prompt`."""
-        generate_function = self.make_generate_function()
-        distribution = keras.distribution.distribution()
-        feed = dict(inputs)
-        if distribution is not None:
-            for key, value in feed.items():
-                value = ops.convert_to_tensor(value)
-                layout = distribution.get_data_layout(value.shape)
-                feed[key] = keras.distribution.distribute_tensor(value, layout) if layout else value
-        outputs = generate_function(feed, stop_token_ids=stop_token_ids)
-        token_ids = np.asarray(ops.convert_to_numpy(outputs["token_ids"]))
-        mask = np.asarray(ops.convert_to_numpy(outputs["padding_mask"])).astype(bool)
-        if strip_prompt:
-            prompt = np.asarray(inputs["padding_mask"]).astype(bool)
-            shifts = -prompt.sum(axis=-1)
-            token_ids = np.stack([np.roll(row, n) for row, n in zip(token_ids, shifts)])
-            mask = np.stack([np.roll(m, n) ^ np.roll(p, n) for m, p, n in zip(mask, prompt, shifts)])
-        return {"token_ids": token_ids, "padding_mask": mask}
-
-    def _check_stop_token_ids(self, stop_token_ids):
-        if stop_token_ids is None:
-            return None
-        if isinstance(stop_token_ids, numbers.Integral) and not isinstance(stop_token_ids, bool):
-            stop_token_ids = [stop_token_ids]
-        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, np.ndarray)):
-            raise TypeError(f"stop_token_ids must be None or a list of token ids, got {stop_token_ids!r}.")
-        vocabulary = self.backbone.vocabulary_size
-        return tuple(checks.positive_int(t, "each of stop_token_ids", minimum=0, maximum=vocabulary - 1)
-                     for t in stop_token_ids)
-
-    def _check_packed_prompts(self, inputs, max_length):
-        missing = {"token_ids", "padding_mask"} - set(inputs)
-        if missing:
-            raise ValueError(f"generate() on a dict needs the keys 'token_ids' and 'padding_mask' "
-                             f"(right-padded prompts); missing {sorted(missing)}.")
-        ids = checks.token_ids(inputs["token_ids"], "token_ids", self.backbone.vocabulary_size)
-        mask = checks.padding_mask(inputs["padding_mask"], "padding_mask", ids.shape)
-        if max_length is not None and max_length != ids.shape[1]:
-            raise ValueError(f"max_length={max_length}, but the token_ids are padded to {ids.shape[1]}: the "
-                             f"padded width is the generated length. Pad them to {max_length}, or leave out "
-                             f"max_length.")
-        self._check_length(ids.shape[1])
-        _check_room(mask.sum(axis=-1), ids.shape[1])
-        return {"token_ids": ids, "padding_mask": mask}
-
-    def _pack_prompts(self, prompts, max_length):
-        if isinstance(prompts, np.ndarray):
-            prompts = list(prompts)
-        if not isinstance(prompts, (list, tuple)):
-            raise TypeError(f"generate() takes a prompt string, a list of them, a list of token-id lists or a "
-                            f"dict of padded arrays; got {type(prompts).__name__}.")
-        if not prompts:
-            raise ValueError("generate() got no prompts.")
-        if any(isinstance(p, (str, bytes)) for p in prompts):
-            raise TypeError("generate() got a list that mixes strings with token ids: pass all prompts as text, "
-                            "or all as lists of token ids.")
-        if not all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
-            raise TypeError("generate() takes token ids as a list of prompts, each a list of ids (e.g. "
-                            "[[5, 6, 7]]), not a flat list of numbers.")
-        prompts = [checks.token_ids([list(p)], f"prompt {i}", self.backbone.vocabulary_size)[0]
-                   for i, p in enumerate(prompts)]
-        if max_length is None:
-            max_length = self.backbone.max_sequence_length
-        self._check_length(max_length)
-        _check_room(np.array([len(p) for p in prompts]), max_length)
-        token_ids = np.zeros((len(prompts), max_length), "int32")
-        # Boolean, as the text preprocessor gives it: text and id prompts of
-        # one shape then share one compiled generate function.
-        padding_mask = np.zeros((len(prompts), max_length), "bool")
-        for row, prompt in enumerate(prompts):
-            token_ids[row, : len(prompt)] = prompt
-            padding_mask[row, : len(prompt)] = 1
-        return {"token_ids": token_ids, "padding_mask": padding_mask}
+        """keras-hub's compiled generate function, made once; safe to call from several threads at once
+        (`kgpt.models.generation.one_draw_at_a_time`)."""
+        with generation.MAKE_FUNCTION_LOCK:
+            compiled = super().make_generate_function()
+        return generation.one_draw_at_a_time(self, compiled)
 
     def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
         """A TensorFlow SavedModel whose `serve` maps token ids `[batch, length]` to logits; on both backends.
@@ -687,78 +438,4 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     def generate_step(self, inputs, stop_token_ids=None):
         """One compiled generation pass over a batch (see keras-hub CausalLM)."""
-        token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
-        # Generation starts where the shortest prompt ends; longer prompts keep
-        # their own tokens (the sampler only writes where the mask is 0).
-        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
-
-        if self.backbone.supports_cache:
-            hidden_states, cache = self._build_cache(token_ids)
-
-            def step(prompt, cache, index):
-                batch_size = ops.shape(prompt)[0]
-                current = ops.slice(prompt, [0, index - 1], [batch_size, 1])
-                logits, hidden, cache = self.call_with_cache(current, cache, index - 1)
-                return ops.squeeze(logits, 1), ops.squeeze(hidden, 1), cache
-        else:
-            # Backbones without a key/value cache (the LSTM ablation) rerun the
-            # whole sequence each step: quadratic, fine for samples.
-            mask = ops.ones_like(token_ids)
-            hidden_states = self.backbone({"token_ids": token_ids, "padding_mask": mask})
-            cache = ops.zeros((1,), dtype=self.compute_dtype)
-
-            def step(prompt, cache, index):
-                hidden = self.backbone({"token_ids": prompt, "padding_mask": mask})
-                hidden = ops.take(hidden, index - 1, axis=1)  # [B, H]
-                logits = self.backbone.token_embedding(hidden, reverse=True)
-                return logits, hidden, cache
-
-        token_ids = self.sampler(
-            next=step,
-            prompt=token_ids,
-            cache=cache,
-            index=index,
-            mask=padding_mask,
-            stop_token_ids=stop_token_ids,
-            hidden_states=hidden_states,
-            model=self,
-        )
-        if stop_token_ids is None:
-            padding_mask = ops.ones_like(token_ids, dtype="bool")
-        else:
-            # Keep every generated token up to and including the first stop.
-            generated = ops.logical_not(ops.cast(padding_mask, "bool"))
-            is_stop = ops.zeros_like(generated)
-            for stop in stop_token_ids:
-                is_stop = ops.logical_or(is_stop, ops.equal(token_ids, stop))
-            is_stop = ops.cast(ops.logical_and(is_stop, generated), "int32")
-            stops_before = ops.cumsum(is_stop, axis=-1) - is_stop
-            padding_mask = ops.equal(stops_before, 0)
-        return {"token_ids": token_ids, "padding_mask": padding_mask}
-
-
-def _check_not_empty(x, method, name):
-    """Refuses an empty list or array (Keras would fail inside its first traced step)."""
-    if isinstance(x, dict):
-        for key, value in x.items():
-            _check_not_empty(value, method, f"{name}[{key!r}]")
-    elif isinstance(x, (list, tuple, np.ndarray)) and len(x) == 0:
-        raise ValueError(f"{method}() got no examples: {name} is empty.")
-
-
-def _check_room(lengths, max_length):
-    """Every prompt has a token, and leaves room for one generated token within `max_length`."""
-    if (lengths == 0).any():
-        raise ValueError(f"generate() needs at least one token in every prompt; prompt {int(np.argmin(lengths))} "
-                         f"has none.")
-    if lengths.max() >= max_length:
-        raise ValueError(f"Prompt {int(np.argmax(lengths))} has {int(lengths.max())} tokens, leaving no room to "
-                         f"generate within max_length={max_length}.")
-
-
-def _is_distributed_dataset(x):
-    if not type(x).__module__.startswith("tensorflow"):
-        return False
-    import tensorflow as tf
-
-    return isinstance(x, tf.distribute.DistributedDataset)
+        return generation.generate_step(self, inputs, stop_token_ids)

@@ -14,7 +14,20 @@ backward pass only scales the stored gradients.
 Both models train through it the same way, with `LMLossMixin`:
 `lm_loss_chunk_size` is how many tokens' logits exist at once (`None`: all of
 them, as one chunk), and the model's `compute_loss` says whether the loss is
-for training (`gradients_wanted`), so that evaluation skips the gradients.
+for training, so that evaluation skips the gradients.
+
+How `training` reaches the loss: `GPTCausalLM` calls `TiedLMLoss.sums` itself
+and passes it. `GPTTaskModel`'s LM loss is one of its compiled losses, which
+Keras calls as `loss(y_true, y_pred, sample_weight)` (`CompileLoss.call` in
+keras/src/trainers/compile_utils.py), while the `training` flag that
+`Model.compute_loss` receives is dropped there (`del training`): no argument
+or attribute carries it to a compiled loss. Computing the LM term outside the
+compiled losses instead would mean rebuilding what Keras does with them
+(loss weights, the per-output `task_loss`/`lm_loss` trackers, a user's own
+loss dict), so `LMLossMixin.compute_loss` sets it for the duration of its
+call in a context variable (`gradients_wanted`): local to the thread (and
+asyncio task), reset on the way out, read only while that call traces the
+loss. A loss called outside any model's `compute_loss` computes gradients.
 """
 
 import contextlib
@@ -28,7 +41,8 @@ from keras import ops
 # logits, large enough for efficient matrix multiplies: see benchmarks/model.py.
 DEFAULT_CHUNK_SIZE = 1024
 REDUCTIONS = ("mean_with_sample_weight", "sum_over_batch_size", "sum")
-# Read while a loss is traced: whether it is for a training step (gradients computed alongside).
+# Whether the loss being traced is for a training step (gradients computed alongside): set only by
+# `gradients_wanted`, around a model's compute_loss (see the module docstring for why not an argument).
 _GRADIENTS_WANTED = contextvars.ContextVar("kgpt_lm_loss_gradients", default=True)
 
 
@@ -193,6 +207,13 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size}.")
     hidden = ops.convert_to_tensor(hidden)
     embeddings = ops.convert_to_tensor(embeddings)
+    if keras.config.backend() == "tensorflow":
+        import tensorflow as tf
+
+        # Read a variable here, not inside `fused`: run eagerly, tf.custom_gradient refuses a function
+        # that reads variables unless its gradient takes them as `variables` (a Keras variable is a tensor
+        # to convert_to_tensor, so it would still be one).
+        embeddings = tf.identity(embeddings)
     if embeddings.shape[-1] != hidden.shape[-1]:
         raise ValueError(f"hidden {hidden.shape} and embeddings {embeddings.shape} differ in the last axis.")
     chunks = _Chunks(hidden, targets, weights, chunk_size)
@@ -320,13 +341,18 @@ class TiedLMLoss(keras.losses.Loss):
         self.embedding = None if embedding is None else check_tied(embedding)
         self.chunk_size = chunk_size
 
-    def sums(self, y_true, y_pred, sample_weight=None):
-        """float32 `[2]`: the weighted loss sum and the weighted count of correct argmaxes."""
+    def sums(self, y_true, y_pred, sample_weight=None, training=None):
+        """float32 `[2]`: the weighted loss sum and the weighted count of correct argmaxes.
+
+        `training`: compute the gradients with them; `None` (a compiled
+        loss, which Keras calls without it) reads `gradients_wanted`.
+        """
         if self.embedding is None:
             raise ValueError("TiedLMLoss needs the tied embedding layer (a loss restored from a config has none).")
         weights = ops.ones(ops.shape(y_true), "float32") if sample_weight is None else sample_weight
+        training = _GRADIENTS_WANTED.get() if training is None else bool(training)
         return chunked_lm_loss(y_pred, self.embedding.embeddings, y_true, weights, self.chunk_size,
-                               training=_GRADIENTS_WANTED.get())
+                               training=training)
 
     def reduce(self, loss_sum, y_true, sample_weight=None):
         """The loss of a weighted sum, reduced as `reduction` says and shared over replicas."""

@@ -4,10 +4,11 @@ Paper section 3.2: the head is a linear layer on the last layer's hidden
 state at each view's extract token (its last real token), after classifier
 dropout; training minimises `task loss + lm_coef * LM loss`, the LM loss
 being next-token cross-entropy over the real tokens of the same views.
+Its parts: `kgpt.models.views` (the layers that fold views into the batch),
+`kgpt.models.task_inputs` (raw text in) and `kgpt.models.lm_loss`.
 """
 
 import os
-import warnings
 
 import keras
 import numpy as np
@@ -18,65 +19,16 @@ from keras_hub.models import TextClassifier
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models import inputs as checks
+from kgpt.models import task_inputs
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
+from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
 from kgpt.models.optimizers import gpt_adamw
+from kgpt.models.pretrained import new_task_model
 from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
                               tokenizer_fits)
 from kgpt.models.task_preprocessor import GPTTaskPreprocessor
-
-
-@keras.saving.register_keras_serializable(package="kgpt")
-class FoldViews(keras.layers.Layer):
-    """`[batch, views, length]` -> `[batch * views, length]`."""
-
-    def call(self, x):
-        return ops.reshape(x, (-1, ops.shape(x)[-1]))
-
-    def compute_output_shape(self, input_shape):
-        batch, views = input_shape[0], input_shape[1]
-        return (None if batch is None or views is None else batch * views, input_shape[-1])
-
-
-@keras.saving.register_keras_serializable(package="kgpt")
-class ExtractStates(keras.layers.Layer):
-    """Hidden state at each view's last real token: `[B*K, L, H]` -> `[B, K, H]`."""
-
-    def __init__(self, num_views, **kwargs):
-        super().__init__(**kwargs)
-        self.num_views = num_views
-
-    def call(self, hidden, padding_mask):
-        last = ops.sum(ops.cast(padding_mask, "int32"), axis=-1) - 1  # [B*K]
-        last = ops.maximum(last, 0)
-        states = ops.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B*K, H]
-        return ops.reshape(states, (-1, self.num_views, ops.shape(hidden)[-1]))
-
-    def compute_output_shape(self, hidden_shape, padding_mask_shape=None):
-        return (None, self.num_views, hidden_shape[-1])
-
-    def get_config(self):
-        return {**super().get_config(), "num_views": self.num_views}
-
-
-@keras.saving.register_keras_serializable(package="kgpt")
-class UnfoldViews(keras.layers.Layer):
-    """`[batch * views, ...]` -> `[batch, views, ...]`."""
-
-    def __init__(self, num_views, **kwargs):
-        super().__init__(**kwargs)
-        self.num_views = num_views
-
-    def call(self, x):
-        shape = ops.shape(x)
-        return ops.reshape(x, (-1, self.num_views, *shape[1:]))
-
-    def compute_output_shape(self, input_shape):
-        return (None, self.num_views, *input_shape[1:])
-
-    def get_config(self):
-        return {**super().get_config(), "num_views": self.num_views}
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -293,20 +245,8 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         if not load_weights:
             raise ValueError(f"load_weights=False: {preset} is a pre-trained model to fine-tune from, so its weights "
                              f"are the point. For fresh weights build kgpt.GPTTaskModel(kgpt.GPTBackbone(...), ...).")
-        from kgpt.models.pretrained import load_pretrained, with_special_tokens
-        from kgpt.tasks.registry import TaskRegistry
-
-        if isinstance(task, str):
-            task = (registry or TaskRegistry()).get(task)
-        backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
-        backbone = with_special_tokens(backbone, tokenizer)
-        limit = backbone.max_sequence_length
-        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform,
-                                           sequence_length=min(max_length or limit, limit))
-        return cls(backbone, head=task.head, num_views=task.transform.num_views,
-                   lm_coef=0.5 if lm_coef is None else lm_coef,
-                   classifier_dropout=0.1 if classifier_dropout is None else classifier_dropout,
-                   task_name=task.name, preprocessor=preprocessor, **kwargs)
+        return new_task_model(cls, preset, task, registry=registry, max_length=max_length, lm_coef=lm_coef,
+                              classifier_dropout=classifier_dropout, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
                 lm_loss_chunk_size="auto", **kwargs):
@@ -349,10 +289,6 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             **kwargs
         )
 
-    def task_loss(self):
-        """The head's loss (cross-entropy on logits, mean squared error, ...)."""
-        return self.head.loss()
-
     def get_compile_config(self):
         config = super().get_compile_config()
         lm_loss = self.loss.get("lm") if config and isinstance(self.loss, dict) else None
@@ -368,55 +304,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    # --- raw text in ---------------------------------------------------------
+    # --- raw text in (kgpt.models.task_inputs) ---------------------------------
 
     def encode(self, x, y=None, name="inputs"):
         """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""
-        if self.preprocessor is None:
-            raise ValueError("Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
-                             "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
-        from kgpt.tasks.task import Example
-
-        targets = None
-        if y is None and isinstance(x, list) and x and all(isinstance(e, Example) for e in x):
-            if all(e.label is not None for e in x):  # labelled examples carry their labels and sources
-                targets = np.asarray([self.head.target(e.label, e.source or f"{name} example {i}")
-                                      for i, e in enumerate(x)], self.head.target_dtype)
-        elif y is not None:
-            if hasattr(y, "numpy") and not isinstance(y, np.ndarray):
-                y = y.numpy()
-            labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
-            targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
-                                 self.head.target_dtype)
-        split = self.preprocessor.encode_batch(x, targets, name=name)
-        if split.counts["truncated"]:
-            warnings.warn(f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
-                          f"sequence_length={self.preprocessor.sequence_length} tokens: {split.counts['tokens_cut']} tokens were "
-                          f"cut from the end of their longest segments.", stacklevel=3)
-        return split
-
-    def _text_dataset(self, x, y, batch_size, seed=None, name="inputs"):
-        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
-        if split.targets is None:
-            raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}.")
-        return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in self.output,
-                                max_lengths=self.max_padded_lengths(split, batch_size or 32))
-
-    def _encode_dataset(self, ds, targets):
-        """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.models.task_preprocessor.encode_dataset`)."""
-        if self.preprocessor is None:
-            raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
-                             "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
-        from kgpt.models.task_preprocessor import encode_dataset
-
-        return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
-
-    def _check_inputs(self, x, batch_size):
-        """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`."""
-        checks.not_a_generator(x)
-        checks.text_list(x)
-        checks.model_inputs(x, self.backbone.vocabulary_size, self.backbone.max_sequence_length, ndim=3)
-        return checks.batch_size(batch_size)
+        return task_inputs.encode(self, x, y, name=name)
 
     def max_padded_lengths(self, split, batch_size):
         """How many padded lengths batches of `split` may use: all without XLA, fewer with (`kgpt.data.batching`)."""
@@ -432,21 +324,21 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         NumPy's global seed (`keras.utils.set_random_seed`) when `shuffle`.
         `validation_data=(texts, labels)` is encoded the same way.
         """
-        batch_size = self._check_inputs(x, batch_size)
-        if _is_text_dataset(x):
-            x = self._encode_dataset(x, targets=True)
-            if _is_text_dataset(validation_data):
-                validation_data = self._encode_dataset(validation_data, targets=True)
-        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
+        batch_size = task_inputs.check_inputs(self, x, batch_size)
+        if task_inputs.is_text_dataset(x):
+            x = task_inputs.encode_dataset(self, x, targets=True)
+            if task_inputs.is_text_dataset(validation_data):
+                validation_data = task_inputs.encode_dataset(self, validation_data, targets=True)
+        elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
-            x = self._text_dataset(x, y, batch_size, seed=seed)
+            x = task_inputs.text_dataset(self, x, y, batch_size, seed=seed)
             if validation_data is not None:
-                if isinstance(validation_data, batching.EncodedSplit) or _is_text(validation_data):
+                if isinstance(validation_data, batching.EncodedSplit) or task_inputs.is_text(validation_data):
                     validation_data = (validation_data, None)
                 if len(validation_data) > 2 and validation_data[2] is not None:
                     raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
-                validation_data = self._text_dataset(validation_data[0], validation_data[1], batch_size,
-                                                     name="validation_data")
+                validation_data = task_inputs.text_dataset(self, validation_data[0], validation_data[1],
+                                                           batch_size, name="validation_data")
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
         vocabulary = self.backbone.vocabulary_size
@@ -457,11 +349,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
-        batch_size = self._check_inputs(x, batch_size)
-        if _is_text_dataset(x):
-            x = self._encode_dataset(x, targets=True)
-        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
-            x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
+        batch_size = task_inputs.check_inputs(self, x, batch_size)
+        if task_inputs.is_text_dataset(x):
+            x = task_inputs.encode_dataset(self, x, targets=True)
+        elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
+            x, y, batch_size = task_inputs.text_dataset(self, x, y, batch_size), None, None
         with checks.dataset_errors(self):
             return keras.Model.evaluate(self, checks.dataset_ids(x, self.backbone.vocabulary_size), y,
                                         batch_size=batch_size, **kwargs)
@@ -471,11 +363,12 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
 
         On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
         """
-        batch_size = self._check_inputs(x, batch_size)
-        if _is_text_dataset(x):
-            outputs = self.task_predictor().predict(self._encode_dataset(x, targets=False), verbose=verbose, **kwargs)
+        batch_size = task_inputs.check_inputs(self, x, batch_size)
+        if task_inputs.is_text_dataset(x):
+            batches = task_inputs.encode_dataset(self, x, targets=False)
+            outputs = self.task_predictor().predict(batches, verbose=verbose, **kwargs)
             return self.head.probabilities(outputs)
-        if _is_text(x) or isinstance(x, batching.EncodedSplit):
+        if task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
             return self.head.probabilities(outputs)
@@ -485,13 +378,13 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
 
     def predict_labels(self, x, batch_size=None):
         """Predictions on raw text as the task names them: label names, choice indices or values."""
-        batch_size = self._check_inputs(x, batch_size)
+        batch_size = task_inputs.check_inputs(self, x, batch_size)
         outputs = self.predict_outputs(x, batch_size)
         return [self.head.prediction_name(p) for p in self.head.decode(outputs)]
 
     def predict_outputs(self, x, batch_size=None):
         """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
-        batch_size = self._check_inputs(x, batch_size)
+        batch_size = task_inputs.check_inputs(self, x, batch_size)
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
         return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
 
@@ -525,6 +418,31 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
+    def save_task_weights(self, filepath):
+        """keras-hub's `save_task_weights` (the head's weights, for `task.weights.h5`), without the optimizer.
+
+        keras-hub's writes the optimizer's state too: about twice the model's
+        size after fine-tuning. A preset never needs it: `from_preset` builds
+        a fresh optimizer, and a run resumes from its own checkpoint
+        (`kgpt.train.checkpoint`), which holds the optimizer.
+        """
+        self._check_weights_path(filepath)
+        keras.saving.save_weights(self, filepath=filepath, objects_to_skip=self._not_task_weights())
+
+    def load_task_weights(self, filepath):
+        """keras-hub's `load_task_weights`; the optimizer state an earlier kgpt saved in the file is not read."""
+        self._check_weights_path(filepath)
+        keras.saving.load_weights(self, filepath, objects_to_skip=self._not_task_weights())
+
+    def _not_task_weights(self):
+        optimizer = [self.optimizer] if getattr(self, "optimizer", None) is not None else []
+        return [*self.backbone._flatten_layers(), *optimizer]
+
+    @staticmethod
+    def _check_weights_path(filepath):
+        if not str(filepath).endswith(".weights.h5"):  # as keras-hub checks it
+            raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
+
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `quantize` (e.g. `"int8"`), then the prediction sub-model is rebuilt on the quantized layers.
 
@@ -555,7 +473,6 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         """
         return self.task_predictor().predict(x, batch_size=batch_size, verbose=0)
 
-
 def is_task_preset(preset, cls=None):
     """Whether `preset` is a directory holding a fine-tuned task model (`task.json` of a `GPTTaskModel`)."""
     config = os.path.join(preset, TASK_CONFIG_FILE) if isinstance(preset, (str, os.PathLike)) else None
@@ -564,39 +481,3 @@ def is_task_preset(preset, cls=None):
     saved = read_json(config, "a kgpt task config")
     return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
         cls or GPTTaskModel)
-
-
-def _is_text_dataset(x):
-    """Whether `x` is a `tf.data.Dataset` whose inputs (the first item of `(x, y)`) are strings."""
-    if not type(x).__module__.startswith("tensorflow"):
-        return False
-    import tensorflow as tf
-
-    if not isinstance(x, tf.data.Dataset):
-        return False
-    spec = x.element_spec
-    inputs = keras.utils.unpack_x_y_sample_weight(spec)[0] if isinstance(spec, tuple) else spec
-    return any(s.dtype == tf.string for s in tf.nest.flatten(inputs))
-
-
-def _is_text(x):
-    """Whether `x` is raw text for the preprocessor rather than token ids or a dataset."""
-    from kgpt.tasks.task import Example
-
-    if isinstance(x, str):
-        return True
-    if isinstance(x, tuple):
-        return bool(x) and all(_is_text(c) or _is_nested_text(c) for c in x)
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in "OUS"
-    if getattr(getattr(x, "dtype", None), "name", None) == "string":  # a tf string tensor
-        return True
-    if isinstance(x, list):
-        return not x or isinstance(x[0], (str, Example)) or _is_nested_text(x)
-    return False
-
-
-def _is_nested_text(x):
-    while isinstance(x, (list, tuple)) and x:
-        x = x[0]
-    return isinstance(x, str)

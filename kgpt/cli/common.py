@@ -45,9 +45,9 @@ def several_processes(coordinator_address, num_processes, process_id):
     until then no backend may compute anything, so the devices are not
     looked up at start-up (`start_backends`).
     """
-    from kgpt.parallel import cluster
+    from kgpt.parallel import placement
 
-    found = cluster.resolve(coordinator_address, num_processes, process_id)
+    found = placement.resolve(coordinator_address, num_processes, process_id)
     return found.several or found.coordinator == "auto"
 
 

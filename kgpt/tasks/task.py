@@ -293,12 +293,13 @@ class _Reading:
     def __init__(self, task, split, data_dir):
         self.task, self.split, self.data_dir = task, split, data_dir
         self.row = ""  # source of the last example read
-        self.opened_before, _ = readers.opened()
+        self.opened = []  # the files the reader opened, latest last
 
     def call(self, what, fn, *args):
         """`fn(*args)`; a failure, even `SystemExit`, becomes a `DataError` saying where."""
         try:
-            return fn(*args)
+            with readers.recording(self.opened):
+                return fn(*args)
         except self.PASSED_ON:
             raise
         except BaseException as e:
@@ -306,9 +307,8 @@ class _Reading:
 
     def error(self, what, problem, cls=DataError):
         where = [f"split {self.split!r} of {self.data_dir}"]
-        count, path = readers.opened()
-        if count > self.opened_before:
-            where.append(f"file {path}")
+        if self.opened:
+            where.append(f"file {self.opened[-1]}")
         if self.row:
             where.append(f"last row read {self.row}")
         return cls(f"Task {self.task.name!r}{self.task._of_plugin()}: {what} {problem} ({', '.join(where)}). "

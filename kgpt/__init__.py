@@ -12,11 +12,11 @@ of them used imports them all, which registers every kgpt Keras class
 import importlib
 import sys
 
-from kgpt import log  # the "kgpt" logger prints progress unless the application configures it
+from kgpt import log  # `kgpt.log.to_stdout()` shows progress as the commands do; see kgpt.log
 
 __version__ = "0.1.0"
 
-# Public name -> the module that defines it (a module itself when the name is a module).
+# Public name -> the module that defines it.
 _NAMES = {
     "GPT1_CONFIG": "kgpt.models.backbone",
     "NUM_SPECIAL_TOKENS": "kgpt.models.backbone",

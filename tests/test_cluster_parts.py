@@ -223,7 +223,7 @@ def test_a_bad_log_every_is_named(text):
         callbacks.parse_every(text)
 
 
-def test_progress_lines_give_step_loss_throughput_and_time_left(capsys):
+def test_progress_lines_give_step_loss_throughput_and_time_left(capsys, progress):
     line = callbacks.ProgressLog("2", total_steps=10, first_step=2, tokens_per_step=512, accumulation=2)
     for batch in range(12):  # 6 steps of 2 micro-batches: steps 3..8
         line.on_train_batch_end(batch, {"loss": 3.25 - batch / 100})

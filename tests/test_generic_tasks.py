@@ -94,11 +94,11 @@ def reviews(tmp_path):
     return train, dev
 
 
-def test_classification_takes_the_training_labels_and_a_pair_of_columns(reviews, tmp_path, capsys):
+def test_classification_takes_the_training_labels_and_a_pair_of_columns(reviews, tmp_path, capsys, progress):
     train, dev = reviews
     task = with_files("text-classification", train_file=train, text_columns="review,title", label_column="stars")
     assert task.labels == ("2", "10")  # integers in numeric order
-    assert isinstance(task.transform, kgpt.transforms.Entailment) and task.metrics == ("accuracy", "f1")
+    assert isinstance(task.transform, kgpt.tasks.transforms.Entailment) and task.metrics == ("accuracy", "f1")
     examples, skipped, read = task.examples("train", None)
     assert read == 4 and [e.label for e in examples] == ["10", "2", "10"]
     assert examples[0].segments == ("good film", "A") and examples[0].source == f"{train}:2"
@@ -144,7 +144,7 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
         finetune_lib.with_files(REGISTRY.get("sst2"), config)
 
 
-def test_labels_one_class_and_rare_classes(tmp_path, capsys):
+def test_labels_one_class_and_rare_classes(tmp_path, capsys, progress):
     one = write_csv(tmp_path / "one.csv", [["t", "l"], ["a", "x"], ["b", "x"]])
     with pytest.raises(DataError, match=r"every row has label 'x' in column 'l': a classifier needs two labels"):
         with_files("text-classification", train_file=one, text_columns=["t"], label_column="l")
@@ -243,7 +243,9 @@ def extra_files(folder):
 DRIVER = """
 import json, sys
 from absl import flags
+from kgpt import log
 from kgpt.cli import common, train
+log.to_stdout()  # as the command's run() does: the test reads the progress lines
 for args in json.loads(sys.argv[1]):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["kgpt-train", *args])

@@ -38,7 +38,7 @@ def test_every_config_field_has_a_flag_and_every_flag_a_field():
     assert defined - {"verbose"} <= grouped
 
 
-def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys):
+def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys, progress):
     from absl import flags
 
     from kgpt.cli import train
@@ -61,7 +61,7 @@ def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys):
     assert config.learning_rate == config_lib.DEMO_PRETRAIN["learning_rate"]
 
 
-def test_a_recipe_fills_the_flags_not_given(capsys):
+def test_a_recipe_fills_the_flags_not_given(capsys, progress):
     from absl import app, flags
 
     from kgpt.cli import train
@@ -102,7 +102,7 @@ def test_a_recipe_fills_the_flags_not_given(capsys):
     (["--recipe=cpu-small", "--corpus=books", "--num_layers=2", "--lstm_units=64"],
      {"num_layers": 2, "lstm_units": 64}),  # given: kept
 ])
-def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, argv, expected):
+def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, progress, argv, expected):
     from absl import flags
 
     from kgpt.cli import train

@@ -193,7 +193,7 @@ def test_tasks_without_a_heuristic_say_so(tmp_path):
         zero_shot.zero_shot_tasks(kgpt.TaskRegistry()))
 
 
-def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys):
+def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys, progress):
     lm, tokenizer = tiny_lm()
     lm.compile(optimizer=keras.optimizers.Adam(1e-3))
     data = task("sst2").default_data(str(tmp_path / "sst2"))

@@ -32,7 +32,7 @@ def data(n=32, seed=0):
 
 def task_model(dropout=0.0):
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": dropout})
-    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
 
 
 def compile_and_fit(model, x, y, sample_weight, epochs=2):

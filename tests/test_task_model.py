@@ -18,8 +18,13 @@ def tiny_backbone(dropout=0.1):
 
 
 def packed(transform, examples, max_length=16):
+    """The examples' views, right-padded to the longest: `token_ids`, `padding_mask` `[examples, views, length]`."""
     views = [transforms.build_views(transform, segs, choices, LAYOUT, max_length)[0] for segs, choices in examples]
-    token_ids, mask = transforms.pack(views, max(len(v) for ex in views for v in ex))
+    token_ids = np.zeros((len(views), len(views[0]), max(len(v) for ex in views for v in ex)), "int32")
+    mask = np.zeros_like(token_ids)
+    for i, example in enumerate(views):
+        for v, ids in enumerate(example):
+            token_ids[i, v, : len(ids)], mask[i, v, : len(ids)] = ids, 1
     return {"token_ids": token_ids, "padding_mask": mask}
 
 
@@ -130,7 +135,7 @@ def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
 
 
 def test_head_and_views_must_agree():
-    with pytest.raises(ValueError, match=r"MultipleChoice\(num_choices=3\) needs num_views=3, got 2"):
+    with pytest.raises(ValueError, match=r"MultipleChoiceHead\(num_choices=3\) needs num_views=3, got 2"):
         kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(3), num_views=2)
     with pytest.raises(ValueError, match="kgpt now takes head objects .* A preset fine-tuned by an earlier kgpt"):
         kgpt.GPTTaskModel(tiny_backbone(), head="classification")

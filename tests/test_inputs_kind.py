@@ -45,3 +45,12 @@ def test_texts_gives_strings_and_whether_a_batch_and_names_the_caller():
         inputs_kind.texts(np.array([["a"]]), "x")
     with pytest.raises(TypeError, match=r"^x takes a str, a list of str or a string tensor, got dict\.$"):
         inputs_kind.texts({}, "x")
+
+
+def test_as_list_decodes_a_batch_and_leaves_its_items_to_the_caller():
+    assert inputs_kind.as_list("a", "x") == ["a"]
+    assert inputs_kind.as_list((b"a", None), "x") == ["a", None]
+    assert inputs_kind.as_list(tf.constant(["a", "b"]), "x") == ["a", "b"]
+    assert inputs_kind.as_list(np.array(["a"], dtype=object), "x") == ["a"]
+    with pytest.raises(TypeError, match=r"^segment 1: expected strings, got int\.$"):
+        inputs_kind.as_list(3, "segment 1")

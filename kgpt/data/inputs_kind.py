@@ -15,6 +15,7 @@ from kgpt.data import inputs_kind
 inputs_kind.is_text(["a film", b"a book"])      # True
 inputs_kind.is_text([[12, 7, 3]])               # False: token ids
 inputs_kind.texts(b"a film", "tokenize()")     # (['a film'], False): not a batch
+inputs_kind.as_list(("a", b"b", None), "x")     # ['a', 'b', None]: items left to the caller
 ```
 """
 
@@ -110,6 +111,23 @@ def texts(x, what):
             return texts(x.tolist(), what)[0], True
         raise ValueError(f"{what} takes a string or a rank-1 batch of strings, got shape {x.shape}.")
     raise TypeError(f"{what} takes a str, a list of str or a string tensor, got {type(x).__name__}.")
+
+
+def as_list(x, what):
+    """The items of a batch `x` (a str, list, tuple, NumPy array or tensor) as a list, bytes decoded as UTF-8.
+
+    The items are not checked: a task's preprocessor names a bad one by its
+    example. Anything that is not a batch is a `TypeError` naming `what`.
+    """
+    if isinstance(x, str):
+        return [x]
+    if hasattr(x, "numpy") and not isinstance(x, np.ndarray):
+        x = x.numpy()
+    if isinstance(x, np.ndarray):
+        x = x.tolist()
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(f"{what}: expected strings, got {type(x).__name__}.")
+    return [_as_str(v) for v in x]
 
 
 def _as_str(text):

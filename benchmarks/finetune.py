@@ -193,7 +193,7 @@ def build_model():
         intermediate_dim=FLAGS.intermediate_dim,
         max_sequence_length=FLAGS.sequence_length,
     )
-    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]))  # compile() defaults
+    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))  # compile() defaults
 
 
 class CompileLog:

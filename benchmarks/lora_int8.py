@@ -61,8 +61,11 @@ def child(spec):
     """One fine-tuning run in this process; writes `{score, trainable, weights, step_s, peak_rss_mb}`."""
     import keras
 
+    from kgpt import log
     from kgpt.jobs import finetune, run
     from kgpt.models import lora
+
+    log.to_stdout()  # the run's progress lines, as kgpt-train prints them
 
     class StepTimer(keras.callbacks.Callback):
         def __init__(self):

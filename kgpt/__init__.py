@@ -2,6 +2,11 @@
 
 Runs on TensorFlow and JAX (set `KERAS_BACKEND`). See README.md.
 
+The facade holds classes, functions and constants, each also reachable under
+the module that defines it; a module is used by its own path, never through
+the facade (`from kgpt.tasks import transforms`, `from kgpt.data import
+readers`). `kgpt.log` is the one module here: `kgpt.log.to_stdout()`.
+
 The names below are imported on first use (PEP 562), so that `import kgpt`
 and the commands' `--help` start without Keras, TensorFlow or JAX. The first
 of them used imports them all, which registers every kgpt Keras class
@@ -12,11 +17,11 @@ of them used imports them all, which registers every kgpt Keras class
 import importlib
 import sys
 
-from kgpt import log  # the "kgpt" logger prints progress unless the application configures it
+from kgpt import log  # `kgpt.log.to_stdout()` shows progress as the commands do; see kgpt.log
 
 __version__ = "0.1.0"
 
-# Public name -> the module that defines it (a module itself when the name is a module).
+# Public name -> the module that defines it.
 _NAMES = {
     "GPT1_CONFIG": "kgpt.models.backbone",
     "NUM_SPECIAL_TOKENS": "kgpt.models.backbone",
@@ -38,27 +43,17 @@ _NAMES = {
     "CheckpointError": "kgpt.io.presets",
     "RegistryError": "kgpt.tasks.registry",
     "TaskRegistry": "kgpt.tasks.registry",
-    "DataError": "kgpt.tasks.task",
+    "DataError": "kgpt.errors",
     "Example": "kgpt.tasks.task",
     "Skipped": "kgpt.tasks.task",
     "Task": "kgpt.tasks.task",
     "hookimpl": "kgpt.tasks.hookspecs",
     "load_finetuned": "kgpt.jobs.finetune",
-    "batching": "kgpt.data.batching",
-    "readers": "kgpt.data.readers",
-    "callbacks": "kgpt.train.callbacks",
-    "checkpoint": "kgpt.train.checkpoint",
-    "export": "kgpt.io.export",
-    "original": "kgpt.models.original",
-    "pretrained": "kgpt.models.pretrained",
-    "heads": "kgpt.tasks.heads",
-    "metrics": "kgpt.tasks.metrics",
-    "transforms": "kgpt.tasks.transforms",
-    "lm_loss": "kgpt.models.lm_loss",
-    "predict": "kgpt.jobs.predict",
-    "heuristics": "kgpt.tasks.heuristics",
-    "zero_shot": "kgpt.analysis.zero_shot",
 }
+
+# Modules that register Keras classes which no name above imports (the heads and transformations
+# a saved task model names, the LM loss its compile config names).
+_REGISTERING = ("kgpt.tasks.heads", "kgpt.tasks.transforms", "kgpt.models.lm_loss")
 
 __all__ = sorted([*_NAMES, "log"], key=lambda n: (n[0].islower(), n))
 
@@ -68,16 +63,27 @@ def _load_all():
     from kgpt._quiet import quiet_stderr
 
     with quiet_stderr():  # TensorFlow's C++ start-up lines; see kgpt._quiet
+        for module in _REGISTERING:
+            importlib.import_module(module)
         for name, module in _NAMES.items():
-            value = importlib.import_module(module)
-            globals()[name] = value if module.rsplit(".", 1)[1] == name else getattr(value, name)
+            globals()[name] = getattr(importlib.import_module(module), name)
 
 
 def __getattr__(name):
     if name not in _NAMES:
-        raise AttributeError(f"module 'kgpt' has no attribute {name!r}")
+        raise AttributeError(f"module 'kgpt' has no attribute {name!r}{_module_hint(name)}")
     _load_all()
     return globals()[name]
+
+
+def _module_hint(name):
+    """Where a module that the facade once offered lives now (`kgpt.transforms` -> `kgpt.tasks.transforms`)."""
+    import importlib.util
+
+    for package in ("data", "tasks", "io", "models", "train", "analysis", "jobs", "parallel"):
+        if importlib.util.find_spec(f"kgpt.{package}") and importlib.util.find_spec(f"kgpt.{package}.{name}"):
+            return f" (a module is used by its own path: `from kgpt.{package} import {name}`)"
+    return ""
 
 
 def __dir__():

@@ -41,6 +41,7 @@ import random
 import kgpt
 from kgpt.data import tables
 from kgpt.errors import ConfigError, DataError
+from kgpt.tasks.metrics import METRICS
 from kgpt.tasks.transforms import Classification, Entailment, MultipleChoice
 from kgpt_tasks import glue_demo
 
@@ -128,10 +129,10 @@ class FileTask(kgpt.Task):
             raise ConfigError(f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
                               f"join the texts into one column, or pick two.")
         metrics = _names(metrics)
-        unknown = [m for m in metrics if m not in kgpt.metrics.METRICS]
+        unknown = [m for m in metrics if m not in METRICS]
         if unknown:
             raise ConfigError(f"--metrics: {', '.join(map(repr, unknown))} is no metric; kgpt has "
-                              f"{', '.join(kgpt.metrics.METRICS)}.")
+                              f"{', '.join(METRICS)}.")
         every = [*text_columns, *choice_columns, label_column]
         twice = sorted({c for c in every if every.count(c) > 1})
         if twice:

@@ -9,6 +9,7 @@ header), or else `snli_format/scitail_1.0_{split}.txt` (JSON lines with
 
 import kgpt
 from kgpt.data import readers
+from kgpt.tasks.transforms import Entailment
 from kgpt_tasks import scitail_demo
 
 LABELS = ("entails", "neutral")
@@ -42,7 +43,7 @@ def register_tasks(register):
     register(
         kgpt.Task(
             name="scitail",
-            transform=kgpt.transforms.Entailment(),
+            transform=Entailment(),
             labels=LABELS,
             metrics=("accuracy",),
             read=read,

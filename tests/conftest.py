@@ -2,6 +2,7 @@
 
 import atexit
 import json
+import logging
 import os
 import shutil
 import signal
@@ -61,6 +62,23 @@ def pytest_report_header(config):
 @pytest.fixture(autouse=True)
 def _seed():
     keras.utils.set_random_seed(1234)
+
+
+@pytest.fixture(autouse=True)
+def _kgpt_logger():
+    """Leaves the "kgpt" logger as the test found it (a command run in-process installs its handler)."""
+    logger = logging.getLogger("kgpt")
+    handlers, level, propagate = list(logger.handlers), logger.level, logger.propagate
+    yield
+    logger.handlers[:] = handlers
+    logger.setLevel(level)
+    logger.propagate = propagate
+
+
+@pytest.fixture
+def progress():
+    """kgpt's progress lines on stdout, as `kgpt.log.to_stdout()` gives a script (capsys reads them)."""
+    kgpt.log.to_stdout()
 
 
 @pytest.fixture

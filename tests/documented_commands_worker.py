@@ -41,6 +41,7 @@ def run(main, command, mistakes):
     log = io.StringIO()
     handler = logging.StreamHandler(log)
     logger = logging.getLogger("kgpt.jobs.dry_run")  # what the dry run found (kgpt-predict moves "kgpt" to stderr)
+    logger.setLevel(logging.INFO)  # the library sets no level: the root's WARNING would hide what it found
     saved = dict(os.environ)
     os.environ.update(command["env"])
     os.chdir(command["cwd"])

@@ -25,7 +25,7 @@ def read_csv(path):
     return list(csv.reader(open(path)))
 
 
-def test_transfer_depth_table_and_plot(tiny_preset, tmp_path, capsys):
+def test_transfer_depth_table_and_plot(tiny_preset, tmp_path, capsys, progress):
     rows = analysis.transfer_depth(fine(tiny_preset), layers=[0, 2], output_dir=str(tmp_path))
     lines = capsys.readouterr().out.splitlines()
     assert [r[0] for r in rows] == [0, 2] and all(0 <= r[2] <= 100 for r in rows)

@@ -367,7 +367,7 @@ def test_models_refuse_a_tokenizer_larger_than_the_vocabulary():
 
 
 def test_task_model_refuses_bad_settings():
-    from kgpt.tasks.heads import Classification
+    from kgpt.tasks.heads import ClassificationHead
 
     backbone = kgpt.GPTBackbone(**TINY)
     for kwargs, error, match in [
@@ -376,7 +376,7 @@ def test_task_model_refuses_bad_settings():
         ({"classifier_dropout": 1.5}, ValueError, "classifier_dropout must be a number in"),
     ]:
         with pytest.raises(error, match=match):
-            kgpt.GPTTaskModel(backbone, head=Classification(["a", "b"]), **kwargs)
+            kgpt.GPTTaskModel(backbone, head=ClassificationHead(["a", "b"]), **kwargs)
 
 
 def test_causal_lm_preprocessor_refuses_bad_arguments():
@@ -424,7 +424,7 @@ def test_tokenizer_refuses_bad_ids_and_encoders():
 
 
 def test_fit_and_predict_refuse_bad_batches(lm):
-    task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.Classification(["a", "b"]))
+    task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))
     for call in (lambda: lm.fit(["a cab"], batch_size=0), lambda: lm.predict(["a cab"], batch_size=-2),
                  lambda: task.predict(["a cab"], batch_size=0), lambda: task.fit(["a"], ["a"], batch_size=2.5)):
         with pytest.raises((ValueError, TypeError), match="batch_size must be an integer"):
@@ -492,7 +492,7 @@ def test_eager_tensors_are_checked_like_arrays(lm):
         lm.backbone({"token_ids": ids, "padding_mask": mask})
     with pytest.raises(ValueError, match=r"x\['token_ids'\]\[0, 0\] is 150"):
         lm.predict({"token_ids": ids, "padding_mask": mask}, verbose=0)
-    task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.Classification(["a", "b"]))
+    task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))
     with pytest.raises(ValueError, match=r"x\['token_ids'\]\[0, 0, 0\] is 150"):
         task.predict({"token_ids": np.full((1, 1, 4), 150), "padding_mask": np.ones((1, 1, 4))}, verbose=0)
 

@@ -94,7 +94,7 @@ def test_dataset_draws_a_new_order_each_epoch():
 
 def test_predictions_do_not_depend_on_batching(backbone):
     """Bucketed, length-sorted batches give each example the outputs of one padded array, in split order."""
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b", "c"]), num_views=1)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]), num_views=1)
     rng = np.random.default_rng(0)
     builder = batching.SplitBuilder("dev", 1, limit=16)
     for n in (9, 3, 14, 5, 3, 11, 7):

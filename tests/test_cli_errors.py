@@ -195,7 +195,7 @@ def test_story_cloze_quoted_field_keeps_its_newline(tmp_path):
     assert second.source == f"{path}:4" and second.label == 1
 
 
-def test_single_class_training_split_warns(tmp_path, capsys):
+def test_single_class_training_split_warns(tmp_path, capsys, progress):
     from kgpt.jobs import finetune
 
     task = kgpt.Task(name="one-class", transform=kgpt.tasks.transforms.Classification(), labels=("no", "yes"),
@@ -233,7 +233,7 @@ def test_hook_with_the_wrong_signature_is_named(tmp_path):
     assert registry.broken[0].stage == "hooks"
 
 
-def test_task_named_like_a_builtin_says_it_is_ignored(capsys):
+def test_task_named_like_a_builtin_says_it_is_ignored(capsys, progress):
     claim = plugin("""
         import kgpt
 

@@ -15,7 +15,7 @@ from kgpt.data import batching, shards
 from kgpt.errors import ConfigError
 from kgpt.jobs.pretrain import PretrainConfig, pretrain
 from kgpt.train import callbacks
-from kgpt.parallel import cluster, distribute
+from kgpt.parallel import cluster, distribute, placement
 from kgpt.models.optimizers import WarmupSchedule
 
 JAX = keras.config.backend() == "jax"
@@ -24,13 +24,13 @@ JAX = keras.config.backend() == "jax"
 # --- finding the processes -----------------------------------------------------------------------------
 
 def test_flags_make_a_cluster_and_tensorflow_gets_every_address():
-    found = cluster.resolve("10.0.0.1:8476", 2, 1, environ={}, backend="jax")
+    found = placement.resolve("10.0.0.1:8476", 2, 1, environ={}, backend="jax")
     assert (found.num_processes, found.process_id, found.coordinator, found.chief) == (2, 1, "10.0.0.1:8476", False)
-    found = cluster.resolve("10.0.0.1:8476", 3, 0, environ={}, backend="tensorflow")
+    found = placement.resolve("10.0.0.1:8476", 3, 0, environ={}, backend="tensorflow")
     assert found.addresses == ("10.0.0.1:8476", "10.0.0.1:8477", "10.0.0.1:8478")  # one host: consecutive ports
-    found = cluster.resolve("a:1,b:2", 2, 1, environ={}, backend="tensorflow")
+    found = placement.resolve("a:1,b:2", 2, 1, environ={}, backend="tensorflow")
     assert found.addresses == ("a:1", "b:2") and found.coordinator == "a:1"
-    assert cluster.resolve("10.0.0.1:8476", 1, 0, environ={}, backend="jax") == cluster.Cluster()
+    assert placement.resolve("10.0.0.1:8476", 1, 0, environ={}, backend="jax") == placement.Cluster()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -44,7 +44,7 @@ def test_flags_make_a_cluster_and_tensorflow_gets_every_address():
 ])
 def test_flags_that_cannot_run_are_named(args, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        cluster.resolve(*args, environ={}, backend="jax")
+        placement.resolve(*args, environ={}, backend="jax")
 
 
 @pytest.mark.parametrize("environ, backend, expected", [
@@ -60,15 +60,15 @@ def test_flags_that_cannot_run_are_named(args, message):
     ({"TF_CONFIG": "{}"}, "jax", (1, 0, "")),  # TF_CONFIG is TensorFlow's
 ])
 def test_the_environment_describes_the_processes(environ, backend, expected):
-    found = cluster.resolve(environ=environ, backend=backend)
+    found = placement.resolve(environ=environ, backend=backend)
     assert (found.num_processes, found.process_id, found.found_by) == expected
 
 
 def test_a_tf_config_that_cannot_be_read_is_named():
     with pytest.raises(ConfigError, match="TF_CONFIG cannot be read"):
-        cluster.resolve(environ={"TF_CONFIG": "{not json"}, backend="tensorflow")
+        placement.resolve(environ={"TF_CONFIG": "{not json"}, backend="tensorflow")
     with pytest.raises(ConfigError, match="on TensorFlow pass every process's address"):
-        cluster.resolve("auto", environ={}, backend="tensorflow")
+        placement.resolve("auto", environ={}, backend="tensorflow")
 
 
 def test_differing_settings_are_listed_by_flag():
@@ -223,7 +223,7 @@ def test_a_bad_log_every_is_named(text):
         callbacks.parse_every(text)
 
 
-def test_progress_lines_give_step_loss_throughput_and_time_left(capsys):
+def test_progress_lines_give_step_loss_throughput_and_time_left(capsys, progress):
     line = callbacks.ProgressLog("2", total_steps=10, first_step=2, tokens_per_step=512, accumulation=2)
     for batch in range(12):  # 6 steps of 2 micro-batches: steps 3..8
         line.on_train_batch_end(batch, {"loss": 3.25 - batch / 100})

@@ -50,7 +50,7 @@ def test_a_dataset_of_valid_ids_gives_what_arrays_give(lm):
 
 
 def test_the_task_model_checks_its_datasets_too():
-    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.Classification(["a", "b"]))
+    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))
     ids = np.random.default_rng(1).integers(0, V, (4, 1, T)).astype("int32")
     ids[1, 0, 2] = V
     x = {"token_ids": ids, "padding_mask": np.ones((4, 1, T), "int32")}

@@ -167,7 +167,7 @@ def padded_inputs(batch, views, length, seed):
 def test_saved_model_serves_the_task_output_only(tmp_path):
     import tensorflow as tf
 
-    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.Classification(["a", "b", "c"]),
+    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]),
                               num_views=2, lm_coef=0.5)
     assert set(model.output) == {"task", "lm"}
     export_task_model(model, str(tmp_path / "served"), verbose=False)
@@ -185,7 +185,7 @@ def test_saved_model_serves_the_task_output_only(tmp_path):
 
 
 def test_saved_model_export_refuses_other_formats_and_models(tmp_path):
-    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.Regression())
+    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.RegressionHead())
     with pytest.raises(ValueError, match="format must be 'tf_saved_model', got 'onnx'"):
         export_task_model(model, str(tmp_path / "x"), format="onnx")
     with pytest.raises(TypeError, match="model must be a kgpt.GPTTaskModel, got GPTBackbone"):

@@ -126,7 +126,7 @@ def test_missing_files_list_the_paths_tried(tmp_path):
         list(scitail.read("train", str(tmp_path)))
 
 
-def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path, capsys):
+def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path, capsys, progress):
     data = scitail_demo.write(str(tmp_path / "data"))
     os.remove(os.path.join(data, "tsv_format", "scitail_1.0_test.tsv"))
     _, results = finetune_lib.finetune(config(tiny_preset, tmp_path, data_dir=data, output_dir=None))
@@ -160,7 +160,7 @@ def test_init_must_be_a_preset_or_a_checkpoint(tmp_path):
         finetune_lib.finetune(config(str(tmp_path), tmp_path))
 
 
-def test_fine_tunes_from_the_original_release_format(tmp_path, capsys):
+def test_fine_tunes_from_the_original_release_format(tmp_path, capsys, progress):
     # The release's layout: BPE files beside the weight shards, no special-token rows.
     tokenizer = char_tokenizer()
     release = tmp_path / "model"
@@ -205,7 +205,7 @@ def test_cli_lists_tasks():
 
 
 def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_and_logs_both(tiny_preset, tmp_path,
-                                                                                             capsys):
+                                                                                             capsys, progress):
     model, results = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
     out = tmp_path / "out"
     baseline = json.loads((out / "no_pretraining" / "metrics.json").read_text())

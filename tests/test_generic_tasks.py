@@ -94,11 +94,11 @@ def reviews(tmp_path):
     return train, dev
 
 
-def test_classification_takes_the_training_labels_and_a_pair_of_columns(reviews, tmp_path, capsys):
+def test_classification_takes_the_training_labels_and_a_pair_of_columns(reviews, tmp_path, capsys, progress):
     train, dev = reviews
     task = with_files("text-classification", train_file=train, text_columns="review,title", label_column="stars")
     assert task.labels == ("2", "10")  # integers in numeric order
-    assert isinstance(task.transform, kgpt.transforms.Entailment) and task.metrics == ("accuracy", "f1")
+    assert isinstance(task.transform, kgpt.tasks.transforms.Entailment) and task.metrics == ("accuracy", "f1")
     examples, skipped, read = task.examples("train", None)
     assert read == 4 and [e.label for e in examples] == ["10", "2", "10"]
     assert examples[0].segments == ("good film", "A") and examples[0].source == f"{train}:2"
@@ -106,7 +106,7 @@ def test_classification_takes_the_training_labels_and_a_pair_of_columns(reviews,
     assert f"1 row(s) with an empty text skipped (first at {train}:4)" in capsys.readouterr().out
     one = with_files("text-classification", train_file=train, validation_file=dev, text_columns=["review"],
                      label_column="stars")
-    assert isinstance(one.transform, kgpt.transforms.Classification)
+    assert isinstance(one.transform, kgpt.tasks.transforms.Classification)
     with pytest.raises(DataError, match=rf"{dev}:3: label '5' is not one of the training file's labels \('2', '10'\)"):
         one.examples("validation", None)
     with pytest.raises(FileNotFoundError, match="no --test_file given"):
@@ -144,7 +144,7 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
         finetune_lib.with_files(REGISTRY.get("sst2"), config)
 
 
-def test_labels_one_class_and_rare_classes(tmp_path, capsys):
+def test_labels_one_class_and_rare_classes(tmp_path, capsys, progress):
     one = write_csv(tmp_path / "one.csv", [["t", "l"], ["a", "x"], ["b", "x"]])
     with pytest.raises(DataError, match=r"every row has label 'x' in column 'l': a classifier needs two labels"):
         with_files("text-classification", train_file=one, text_columns=["t"], label_column="l")
@@ -199,11 +199,11 @@ def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path
     assert predict_lib.trained_columns(str(model_dir)) == ["ctx", "a", "b"]
     assert predict_lib.trained_columns(str(tmp_path)) is None
     path = write_csv(tmp_path / "in.csv", [["id", "a", "ctx", "b"], ["7", "yes", "c,\"d\"\ne", "no"]])
-    inputs = predict_lib.read_inputs(path, kgpt.transforms.MultipleChoice(2), columns=["ctx", "a", "b"])
+    inputs = predict_lib.read_inputs(path, kgpt.tasks.transforms.MultipleChoice(2), columns=["ctx", "a", "b"])
     assert inputs.examples == [(('c,"d"\ne',), ("yes", "no"))] and inputs.ids == ["7"] and inputs.format == "csv"
     assert inputs.records == [{"id": "7", "a": "yes", "ctx": 'c,"d"\ne', "b": "no"}]
     with pytest.raises(DataError, match=r"in.csv: no column 'q' \(--columns\); it has 'id', 'a', 'ctx', 'b'"):
-        predict_lib.read_inputs(path, kgpt.transforms.Classification(), columns=["q"])
+        predict_lib.read_inputs(path, kgpt.tasks.transforms.Classification(), columns=["q"])
 
 
 # --- the guide's commands, for real on a tiny model -----------------------------------------------------------------
@@ -243,7 +243,9 @@ def extra_files(folder):
 DRIVER = """
 import json, sys
 from absl import flags
+from kgpt import log
 from kgpt.cli import common, train
+log.to_stdout()  # as the command's run() does: the test reads the progress lines
 for args in json.loads(sys.argv[1]):
     flags.FLAGS.unparse_flags()
     flags.FLAGS(["kgpt-train", *args])

@@ -38,7 +38,7 @@ def test_every_config_field_has_a_flag_and_every_flag_a_field():
     assert defined - {"verbose"} <= grouped
 
 
-def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys):
+def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys, progress):
     from absl import flags
 
     from kgpt.cli import train
@@ -61,7 +61,7 @@ def test_flags_fill_the_configs_and_demo_settings_are_explicit(capsys):
     assert config.learning_rate == config_lib.DEMO_PRETRAIN["learning_rate"]
 
 
-def test_a_recipe_fills_the_flags_not_given(capsys):
+def test_a_recipe_fills_the_flags_not_given(capsys, progress):
     from absl import app, flags
 
     from kgpt.cli import train
@@ -102,7 +102,7 @@ def test_a_recipe_fills_the_flags_not_given(capsys):
     (["--recipe=cpu-small", "--corpus=books", "--num_layers=2", "--lstm_units=64"],
      {"num_layers": 2, "lstm_units": 64}),  # given: kept
 ])
-def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, argv, expected):
+def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, progress, argv, expected):
     from absl import flags
 
     from kgpt.cli import train
@@ -178,7 +178,7 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     lm = kgpt.GPTCausalLM(backbone, preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=16))
     lm.save_to_preset(str(tmp_path / "preset"))
-    task_model = kgpt.GPTTaskModel(backbone, head=kgpt.heads.Classification(["a", "b", "c"]), compile=False)
+    task_model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]), compile=False)
     task_model.save(str(tmp_path / "model.keras"))
     assert isinstance(keras.saving.load_model(str(tmp_path / "model.keras")), kgpt.GPTTaskModel)
     # A fresh process: `import kgpt` loads no Keras; the first name used registers every kgpt class.
@@ -195,7 +195,7 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
         print(type(keras_hub.models.CausalLM.from_preset({str(tmp_path / "preset")!r})).__name__)
     """)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["GPTTaskModel", "Classification", "GPTCausalLM"]
+    assert result.stdout.split() == ["GPTTaskModel", "ClassificationHead", "GPTCausalLM"]
     # A program that imported Keras first: `import kgpt` registers the classes at once.
     result = python(f"""
         import keras, keras_hub

@@ -314,7 +314,7 @@ def test_quantization_pre_block_output_is_the_forward_passs(lm):
 def classifier():
     preprocessor = task_preprocessor()
     model = kgpt.GPTTaskModel(tiny_backbone(preprocessor.tokenizer.vocabulary_size()),
-                              heads.Classification(["neg", "pos"]), preprocessor=preprocessor)
+                              heads.ClassificationHead(["neg", "pos"]), preprocessor=preprocessor)
     model.compile(optimizer=keras.optimizers.Adam(1e-2))
     return model
 
@@ -343,7 +343,7 @@ def test_a_dataset_of_strings_is_refused_when_it_cannot_train(classifier):
         classifier.fit(tf.data.Dataset.from_tensor_slices((TEXTS, [0, 1])))
     with pytest.raises(ValueError, match=r"dataset label 1: .*'maybe'"):
         classifier.fit(tf.data.Dataset.from_tensor_slices((TEXTS, ["pos", "maybe"])).batch(2))
-    pairs = kgpt.GPTTaskModel(classifier.backbone, heads.Classification(["a", "b"]), preprocessor=kgpt.GPTTaskPreprocessor(
+    pairs = kgpt.GPTTaskModel(classifier.backbone, heads.ClassificationHead(["a", "b"]), preprocessor=kgpt.GPTTaskPreprocessor(
         char_tokenizer(), transforms.Entailment(), max_length=LENGTH))
     with pytest.raises(ValueError, match=r"dataset example 0: entailment needs 2 text segments, got 1"):
         pairs.predict(tf.data.Dataset.from_tensor_slices(TEXTS).batch(2), verbose=0)
@@ -384,11 +384,11 @@ def test_num_classes_is_a_classifier_over_class_indices():
     preprocessor = task_preprocessor()
     model = kgpt.GPTTaskModel(tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=3,
                               preprocessor=preprocessor)
-    assert model.head == heads.Classification(["0", "1", "2"])
+    assert model.head == heads.ClassificationHead(["0", "1", "2"])
     assert model.head.target(2) == 2  # integer labels are the classes
     backbone = model.backbone
     with pytest.raises(ValueError, match=r"Pass head= or num_classes=, not both"):
-        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]), num_classes=2)
+        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]), num_classes=2)
     with pytest.raises(ValueError, match=r"needs head= .* or num_classes="):
         kgpt.GPTTaskModel(backbone)
     with pytest.raises(ValueError, match=r"num_classes must be an integer >= 2, got 1"):

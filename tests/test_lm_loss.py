@@ -108,7 +108,7 @@ def test_causal_lm_trains_the_same_with_and_without_logits():
 def test_chunk_size_means_the_same_in_both_models():
     backbone = kgpt.GPTBackbone(**TINY)
     lm = kgpt.GPTCausalLM(backbone)
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
     for size, expected in (("auto", kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE), (None, None), (64, 64)):
         lm.compile(lm_loss_chunk_size=size)
         model.compile(lm_loss_chunk_size=size)
@@ -126,7 +126,7 @@ def test_evaluation_skips_the_lm_loss_gradients(monkeypatch):
     monkeypatch.setattr(kgpt.models.lm_loss, "_loop", lambda *a, gradients: traced.append(gradients) or loop(
         *a, gradients=gradients))
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
     model.compile(optimizer=keras.optimizers.SGD(0.0), lm_loss_chunk_size=5)
     ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 1, 9)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
@@ -184,7 +184,7 @@ def test_compile_chooses_chunking_only_with_the_default_loss():
 
 def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), num_views=2, classifier_dropout=0.0, compile=False)
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), num_views=2, classifier_dropout=0.0, compile=False)
     ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 2, 9)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     x["padding_mask"][0, 1, 5:] = 0

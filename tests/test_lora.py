@@ -32,7 +32,7 @@ def data(n=32, seed=0):
 
 def task_model(dropout=0.0):
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": dropout})
-    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
 
 
 def compile_and_fit(model, x, y, sample_weight, epochs=2):
@@ -160,7 +160,7 @@ def test_a_checkpoint_of_a_lora_model_resumes_exactly(tmp_path):
         checkpoint.restore(make(), str(tmp_path / "ck"), {})
 
 
-def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, capsys):
+def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, capsys, progress):
     preset, data_dir = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
     fields = dict(task="scitail", data_dir=data_dir, init=preset, output_dir=str(tmp_path / "out"), epochs=1,
                   batch_size=8, learning_rate=1e-2, max_length=64, seed=3, lora_rank=RANK)

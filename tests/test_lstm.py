@@ -51,7 +51,7 @@ def test_added_tokens_and_transfer_keep_the_learned_weights():
 
 
 def test_task_model_trains_on_an_lstm_backbone():
-    model = kgpt.GPTTaskModel(kgpt.LSTMBackbone(**SIZES), head=kgpt.tasks.heads.Classification(["a", "b"]))
+    model = kgpt.GPTTaskModel(kgpt.LSTMBackbone(**SIZES), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))
     ids = np.random.default_rng(0).integers(1, 97, (8, 1, 10)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     history = model.fit(x, {"task": np.arange(8) % 2, "lm": ids[..., 1:]}, epochs=2, verbose=0)

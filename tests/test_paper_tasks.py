@@ -147,7 +147,7 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
         lines = (tmp_path / "out" / "submission" / file_name).read_text().splitlines()
         assert lines[0] == "index\tprediction"
         assert len(lines) == 1 + results["splits"][split]["examples"]["used"]
-        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == kgpt.tasks.heads.Regression()
+        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == kgpt.tasks.heads.RegressionHead()
 
 
 def encode(name, data, split="train"):

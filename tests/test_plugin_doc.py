@@ -13,7 +13,7 @@ from test_cli_errors import cli
 
 import kgpt
 from kgpt.cli import train
-from kgpt.tasks import hookspecs, metrics
+from kgpt.tasks import heads, hookspecs, metrics, transforms
 
 DOC = pathlib.Path(__file__).parents[1] / "docs" / "plugins.md"
 
@@ -103,10 +103,10 @@ def test_the_reference_tables_match_the_code():
     keys = set(first_column(section("Metrics"))) - {"a callable"}
     assert keys == set(metrics.METRICS)
     text = section("Transformations and heads")
-    heads_start = text.index("| `kgpt.heads.` |")
-    for module, table in ((kgpt.transforms, text[:heads_start]), (kgpt.heads, text[heads_start:])):
-        listed = {n.split("(")[0] for n in first_column(table)} - {f"kgpt.{module.__name__.split('.')[-1]}."}
-        base = module.Transform if module is kgpt.transforms else module.Head
+    heads_start = text.index("| `kgpt.tasks.heads.` |")
+    for module, table in ((transforms, text[:heads_start]), (heads, text[heads_start:])):
+        listed = {n.split("(")[0] for n in first_column(table)} - {f"{module.__name__}."}
+        base = module.Transform if module is transforms else module.Head
         defined = {name for name, value in vars(module).items() if isinstance(value, type)
                    and issubclass(value, base) and value is not base and not name.startswith("_")
                    and value.__module__ == module.__name__ and name != "Categorical"}  # Categorical: a base
@@ -116,12 +116,12 @@ def test_the_reference_tables_match_the_code():
 def test_the_errors_the_page_describes():
     read = lambda split, data_dir: []  # noqa: E731
     with pytest.raises(ValueError, match="metric 'f1' is binary F1 of the second label"):
-        kgpt.Task(name="three", transform=kgpt.transforms.Classification(), read=read, labels=("a", "b", "c"),
+        kgpt.Task(name="three", transform=transforms.Classification(), read=read, labels=("a", "b", "c"),
                   metrics=("f1",))
     with pytest.raises(ValueError, match="metric 'f1' is binary"):
-        kgpt.Task(name="score", transform=kgpt.transforms.Classification(), read=read, metrics=("f1",))
+        kgpt.Task(name="score", transform=transforms.Classification(), read=read, metrics=("f1",))
     with pytest.raises(ValueError, match="Unknown metric 'auc'. Built-in metrics: accuracy, f1, matthews"):
-        kgpt.Task(name="auc", transform=kgpt.transforms.Classification(), read=read, labels=("a", "b"),
+        kgpt.Task(name="auc", transform=transforms.Classification(), read=read, labels=("a", "b"),
                   metrics=("auc",))
     with pytest.raises(ValueError, match="name must match"):
-        kgpt.Task(name="1st", transform=kgpt.transforms.Classification(), read=read)
+        kgpt.Task(name="1st", transform=transforms.Classification(), read=read)

@@ -21,7 +21,7 @@ def write_corpus(folder, files=3, repeats=40):
     return folder
 
 
-def test_broken_and_looping_links_are_named(tmp_path, capsys):
+def test_broken_and_looping_links_are_named(tmp_path, capsys, progress):
     corpus = write_corpus(tmp_path / "corpus", files=1)
     os.symlink(tmp_path / "gone.txt", corpus / "dangling.txt")
     with pytest.raises(FileNotFoundError, match=r"dangling.txt \(a link to '.*gone.txt'\): No such file"):
@@ -37,7 +37,7 @@ def test_broken_and_looping_links_are_named(tmp_path, capsys):
     assert lines == [f"Skipped 1 folder(s) matching {str(corpus / '*.txt')!r}: {corpus / 'notes.txt'}"]
 
 
-def test_prepare_builds_the_shards_and_stops(tmp_path, capsys):
+def test_prepare_builds_the_shards_and_stops(tmp_path, capsys, progress):
     corpus = write_corpus(tmp_path / "corpus")
     index = prepare(PretrainConfig(corpus=str(corpus), shards_dir=str(tmp_path / "shards")))
     lines = capsys.readouterr().out.splitlines()

@@ -27,7 +27,7 @@ def inputs(views=None, seed=0):
 
 
 def trained_task_model():
-    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.MultipleChoice(2), num_views=2, task_name="toy")
+    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(2), num_views=2, task_name="toy")
     x = inputs(views=2)
     y = {"task": np.array([0, 1, 1]), "lm": x["token_ids"][:, :, 1:]}
     model.fit(x, y, epochs=2, verbose=0)  # the weights move away from their initial values
@@ -60,7 +60,7 @@ def test_task_model_round_trip_is_exact_and_leaves_the_optimizer_state_out(tmp_p
     assert model.optimizer.variables  # fine-tuned: Adam's moments exist, and keras-hub would save them
     model.save_to_preset(str(tmp_path))
     loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path))
-    assert loaded.task_name == "toy" and loaded.head == kgpt.tasks.heads.MultipleChoice(2)
+    assert loaded.task_name == "toy" and loaded.head == kgpt.tasks.heads.MultipleChoiceHead(2)
     np.testing.assert_array_equal(loaded.predict_task(x), model.predict_task(x))
     path = str(tmp_path / "task.weights.h5")
     with h5py.File(path) as f:
@@ -88,7 +88,7 @@ def test_tokenizer_round_trip_keeps_the_splitter(tmp_path):
 
 @pytest.fixture
 def saved(tmp_path):
-    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.Classification(["a", "b", "c"]), task_name="toy")
+    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]), task_name="toy")
     model.save_to_preset(str(tmp_path / "p"))
     return tmp_path / "p"
 
@@ -238,6 +238,8 @@ def test_presets_saved_before_the_decoder_block_load_with_the_same_outputs():
     with h5py.File(os.path.join(LEGACY, "task_model", "task.weights.h5")) as f:
         assert "optimizer" in f  # written with the optimizer's state, as kgpt saved presets then
     model = kgpt.GPTTaskModel.from_preset(os.path.join(LEGACY, "task_model"))
+    # Saved when the head's registered name was "kgpt.tasks.heads>Classification", the transformation's name too.
+    assert model.head == kgpt.tasks.heads.ClassificationHead(["neg", "pos"])
     outputs = model.predict({k: v[:, None] for k, v in x.items()}, verbose=0)
     same(outputs["task"], expected["task"])
     same(outputs["lm"], expected["lm"])

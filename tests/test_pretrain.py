@@ -28,7 +28,7 @@ def tiny_config(tmp_path, **overrides):
     return PretrainConfig(**values)
 
 
-def test_pretrain_learns_and_saves(tmp_path, capsys):
+def test_pretrain_learns_and_saves(tmp_path, capsys, progress):
     config = tiny_config(tmp_path)
     lm, tokenizer, metrics = pretrain(config)
     lines = capsys.readouterr().out.splitlines()
@@ -60,7 +60,7 @@ def test_pretrain_learns_and_saves(tmp_path, capsys):
     assert "accuracy" in results["splits"]["test"]
 
 
-def test_every_requested_step_is_trained(tmp_path, capsys):
+def test_every_requested_step_is_trained(tmp_path, capsys, progress):
     config = tiny_config(tmp_path, max_steps=10, evaluations=3, warmup_steps=1, output_dir=None)
     lm, _, metrics = pretrain(config)
     lines = capsys.readouterr().out.splitlines()
@@ -91,7 +91,7 @@ def test_non_utf8_names_file_and_byte(tmp_path):
         pretrain(config)
 
 
-def test_empty_files_are_counted(tmp_path, capsys):
+def test_empty_files_are_counted(tmp_path, capsys, progress):
     # The schedule of test_every_requested_step_is_trained: the same compiled train step (JAX reuses it).
     config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1)
     open(os.path.join(config.corpus, "empty.txt"), "w").close()

@@ -269,10 +269,10 @@ def test_list_table_shows_tasks_and_problems():
         (dict(labels=("a", "a")), "labels repeat"),
         (dict(metrics=("bleu",)), "Unknown metric 'bleu'"),
         (dict(transform="entailment"), "transform must be a kgpt.tasks.transforms.Transform"),
-        (dict(head=kgpt.tasks.heads.MultipleChoice(2)), "scores answer choices, which the classification transform has not"),
+        (dict(head=kgpt.tasks.heads.MultipleChoiceHead(2)), "scores answer choices, which the classification transform has not"),
         (dict(head="classification"), "head must be a kgpt.tasks.heads.Head"),
-        (dict(head=kgpt.tasks.heads.Classification(["x", "y"])), r"labels \('no', 'yes'\) differ from the head's"),
-        (dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.tasks.heads.MultipleChoice(4)),
+        (dict(head=kgpt.tasks.heads.ClassificationHead(["x", "y"])), r"labels \('no', 'yes'\) differ from the head's"),
+        (dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.tasks.heads.MultipleChoiceHead(4)),
          "the head has 4 choices but the transform makes 3 views"),
     ],
 )
@@ -282,9 +282,9 @@ def test_task_validation(overrides, message):
 
 
 def test_heads_are_inferred():
-    assert make_task().head == kgpt.tasks.heads.Classification(make_task().labels)
-    assert make_task(labels=None).head == kgpt.tasks.heads.Regression()
-    assert make_task(labels=None, transform=transforms.MultipleChoice(4)).head == kgpt.tasks.heads.MultipleChoice(4)
+    assert make_task().head == kgpt.tasks.heads.ClassificationHead(make_task().labels)
+    assert make_task(labels=None).head == kgpt.tasks.heads.RegressionHead()
+    assert make_task(labels=None, transform=transforms.MultipleChoice(4)).head == kgpt.tasks.heads.MultipleChoiceHead(4)
 
 
 # --- plugin code failing on data: the task, plugin, split and file are named ---
@@ -296,7 +296,7 @@ def jsonl_reader(split, data_dir):
         yield kgpt.Example(segments=(row["text"],), label=row["label"], source=f"{path}:{line_no}")
 
 
-class StrictHead(kgpt.tasks.heads.Classification):
+class StrictHead(kgpt.tasks.heads.ClassificationHead):
     def target(self, label, source=""):
         return {"no": 0, "yes": 1}[label.strip()]
 

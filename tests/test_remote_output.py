@@ -18,7 +18,7 @@ from conftest import kill_at_step
 import tensorflow as tf
 
 import kgpt
-from kgpt.io import storage
+from kgpt.io import remote_lock, storage
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs import pretrain as pretrain_lib
@@ -88,12 +88,12 @@ def test_an_unusable_output_dir_is_one_line_naming_the_flag(tmp_path, monkeypatc
 def test_the_lock_object_names_its_holder_and_is_taken_over_when_stale():
     folder = ram("lock")
     gfile.makedirs(folder)
-    first = storage.RemoteLock(folder)
+    first = remote_lock.RemoteLock(folder)
     first.acquire()
     holder = json.loads(storage.read_text(folder + "/.lock"))
     assert holder["host"] == socket.gethostname() and holder["pid"] == os.getpid()
     with pytest.raises(storage.StorageError, match=rf"is in use by another kgpt run \(pid {os.getpid()} on "):
-        storage.RemoteLock(folder).acquire()
+        remote_lock.RemoteLock(folder).acquire()
     first.release()
     assert not gfile.exists(folder + "/.lock")
     # A lock whose process of this host is gone, and one not refreshed for longer than stale_s, are taken over.
@@ -101,7 +101,7 @@ def test_the_lock_object_names_its_holder_and_is_taken_over_when_stale():
     for pid, age in ((int(gone.stdout), 0), (os.getppid(), 1000)):
         storage.write_text(folder + "/.lock", json.dumps({"host": socket.gethostname(), "pid": pid, "token": "old",
                                                           "time": time.time() - age}))
-        with storage.RemoteLock(folder) as lock:
+        with remote_lock.RemoteLock(folder) as lock:
             lock.check()
             storage.write_text(folder + "/.lock", json.dumps({"host": "elsewhere", "pid": 1, "token": "new",
                                                               "time": time.time()}))

@@ -2,7 +2,7 @@
 
 The guide's commands start processes on other hosts or take minutes, so they
 are checked as far as a command runs before it trains: flag names and values
-(absl parses them), and the processes they describe (`kgpt.parallel.cluster.resolve`).
+(absl parses them), and the processes they describe (`kgpt.parallel.placement.resolve`).
 What they do is tested by tests/test_cluster.py with the same flags on 127.0.0.1.
 """
 
@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from kgpt.parallel import cluster
+from kgpt.parallel import placement
 
 GUIDE = pathlib.Path(__file__).parents[1] / "docs" / "several-hosts.md"
 PARSE = """
@@ -55,7 +55,7 @@ def test_a_command_of_the_guide_parses_and_its_processes_can_run(environ, args):
     assert result.returncode == 0, result.stderr[-2000:]
     values = json.loads(result.stdout.strip().splitlines()[-1])
     backend = "tensorflow" if environ.get("KERAS_BACKEND") == "tensorflow" else "jax"
-    found = cluster.resolve(values["coordinator_address"], values["num_processes"], values["process_id"],
+    found = placement.resolve(values["coordinator_address"], values["num_processes"], values["process_id"],
                             environ=environ, backend=backend)
     flags_or_environment = environ.get("TF_CONFIG") or values["coordinator_address"]
     if flags_or_environment:  # the line says where the processes are: they are several (or JAX finds them)

@@ -97,7 +97,7 @@ def logged(capsys):
     return capsys.readouterr().out.splitlines()
 
 
-def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsys):
+def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsys, progress):
     files, one = build(tokenizer, tmp_path, directory="one", workers=1, chunk_bytes=32)
     logged(capsys)
     _, two = build(tokenizer, tmp_path, directory="two", workers=2, chunk_bytes=32)
@@ -180,7 +180,7 @@ def test_a_changed_shard_is_refused_by_name(tokenizer, tmp_path):
         build(tokenizer, tmp_path)
 
 
-def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path, capsys):
+def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path, capsys, progress):
     _, index = build(tokenizer, tmp_path)
     path = tmp_path / "shards" / "index.json"
     old = json.loads(path.read_text())
@@ -194,7 +194,7 @@ def test_an_index_without_crcs_is_rebuilt(tokenizer, tmp_path, capsys):
     assert lines[-1].startswith("Tokenized 4 file(s)") and again.shards == index.shards
 
 
-def test_shards_hold_the_token_stream(tokenizer, tmp_path, capsys):
+def test_shards_hold_the_token_stream(tokenizer, tmp_path, capsys, progress):
     logged(capsys)
     files, index = build(tokenizer, tmp_path)
     lines = logged(capsys)
@@ -209,7 +209,7 @@ def test_shards_hold_the_token_stream(tokenizer, tmp_path, capsys):
     assert [s["tokens"] for s in on_disk["sources"]] == [len(tokenizer.encode(open(f, newline="").read())) for f in files]
 
 
-def test_shards_are_reused_until_the_corpus_changes(tokenizer, tmp_path, capsys):
+def test_shards_are_reused_until_the_corpus_changes(tokenizer, tmp_path, capsys, progress):
     build(tokenizer, tmp_path)
     logged(capsys)
     build(tokenizer, tmp_path)
@@ -247,7 +247,7 @@ def test_a_corpus_of_only_empty_files_is_an_error(tokenizer, tmp_path):
         shards.build_shards([str(tmp_path / "e.txt")], tokenizer, str(tmp_path / "s"))
 
 
-def test_the_log_names_the_workers_that_ran(tokenizer, tmp_path, capsys):
+def test_the_log_names_the_workers_that_ran(tokenizer, tmp_path, capsys, progress):
     corpus = tmp_path / "a.txt"
     corpus.write_text(TEXT, encoding="utf-8")
     logged(capsys)

@@ -18,8 +18,13 @@ def tiny_backbone(dropout=0.1):
 
 
 def packed(transform, examples, max_length=16):
+    """The examples' views, right-padded to the longest: `token_ids`, `padding_mask` `[examples, views, length]`."""
     views = [transforms.build_views(transform, segs, choices, LAYOUT, max_length)[0] for segs, choices in examples]
-    token_ids, mask = transforms.pack(views, max(len(v) for ex in views for v in ex))
+    token_ids = np.zeros((len(views), len(views[0]), max(len(v) for ex in views for v in ex)), "int32")
+    mask = np.zeros_like(token_ids)
+    for i, example in enumerate(views):
+        for v, ids in enumerate(example):
+            token_ids[i, v, : len(ids)], mask[i, v, : len(ids)] = ids, 1
     return {"token_ids": token_ids, "padding_mask": mask}
 
 
@@ -30,7 +35,7 @@ def targets(x, labels):
 
 def test_head_reads_the_extract_token():
     backbone = tiny_backbone()
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.Classification(["a", "b", "c"]))
+    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]))
     x = packed(transforms.Entailment(), [([[1, 2, 3], [4]], ()), ([[5], [6, 7]], ())])
     hidden = to_numpy(backbone({"token_ids": x["token_ids"][:, 0], "padding_mask": x["padding_mask"][:, 0]}))
     last = x["padding_mask"][:, 0].sum(-1) - 1
@@ -43,7 +48,7 @@ def test_head_reads_the_extract_token():
 
 
 def test_similarity_is_invariant_to_the_order_of_the_sentences():
-    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.Classification(["a", "b"]), num_views=2)
+    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), num_views=2)
     a, b = [1, 2, 3, 4], [5, 6]
     ab = packed(transforms.Similarity(), [([a, b], ())])
     ba = packed(transforms.Similarity(), [([b, a], ())])
@@ -52,7 +57,7 @@ def test_similarity_is_invariant_to_the_order_of_the_sentences():
 
 
 def test_multiple_choice_scores_each_answer_and_softmax_sums_to_one():
-    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoice(3), num_views=3)
+    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(3), num_views=3)
     mc = transforms.MultipleChoice(3)
     x = packed(mc, [([[1, 2], [3]], [[4], [5, 6], [7]]), ([[8]], [[9], [10], [11, 12]])])
     logits = model.predict_task(x)
@@ -65,7 +70,7 @@ def test_multiple_choice_scores_each_answer_and_softmax_sums_to_one():
 
 
 def _sgd_step(lm_coef, x, y, sample_weight, weights):
-    model = kgpt.GPTTaskModel(tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.Classification(["a", "b"]),
+    model = kgpt.GPTTaskModel(tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),
                               lm_coef=lm_coef, classifier_dropout=0.0, compile=False)
     model.set_weights(weights)
     model.compile(optimizer=keras.optimizers.SGD(1.0))
@@ -78,8 +83,8 @@ def _sgd_step(lm_coef, x, y, sample_weight, weights):
 def test_lm_coef_scales_the_lm_gradient_and_zero_removes_it():
     x = packed(transforms.Entailment(), [([[1, 2, 3], [4, 5]], ()), ([[6], [7, 8, 9]], ())])
     y, sample_weight = targets(x, [0, 1])
-    start = kgpt.GPTTaskModel(tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False).get_weights()
-    assert "lm" not in kgpt.GPTTaskModel(tiny_backbone(), kgpt.tasks.heads.Classification(["a", "b"]), lm_coef=0, compile=False).output
+    start = kgpt.GPTTaskModel(tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False).get_weights()
+    assert "lm" not in kgpt.GPTTaskModel(tiny_backbone(), kgpt.tasks.heads.ClassificationHead(["a", "b"]), lm_coef=0, compile=False).output
     after = {c: _sgd_step(c, x, y, sample_weight, start) for c in (0.0, 0.5, 1.0)}
     # With SGD(lr=1) each update is minus the gradient of task + c * LM.
     lm_half = [h - z for h, z in zip(after[0.5], after[0.0])]
@@ -106,7 +111,7 @@ def test_learns_a_synthetic_task_to_high_accuracy():
 
     x, labels = data(600)
     x_test, labels_test = data(200)
-    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.Classification(["a", "b"]), compile=False)
+    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
     model.compile(optimizer=kgpt.gpt_adamw(1e-2, warmup_steps=10, total_steps=190, decay="linear"))
     y, sample_weight = targets(x, labels)
     model.fit(x, y, sample_weight=sample_weight, batch_size=32, epochs=10, verbose=0)
@@ -115,7 +120,7 @@ def test_learns_a_synthetic_task_to_high_accuracy():
 
 
 def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
-    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.Regression(), num_views=2)
+    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.RegressionHead(), num_views=2)
     model.compile(lm_loss_chunk_size=7)
     x = packed(transforms.Similarity(), [([[1, 2], [3]], ()), ([[4], [5, 6]], ())])
     y, sample_weight = targets(x, np.asarray([0.5, 4.0], "float32"))
@@ -123,18 +128,18 @@ def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
     path = str(tmp_path / "task.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
-    assert isinstance(loaded, kgpt.GPTTaskModel) and loaded.head == kgpt.tasks.heads.Regression()
+    assert isinstance(loaded, kgpt.GPTTaskModel) and loaded.head == kgpt.tasks.heads.RegressionHead()
     np.testing.assert_allclose(loaded.predict_task(x), model.predict_task(x), rtol=1e-5, atol=1e-6)
     assert int(to_numpy(loaded.optimizer.iterations)) == 1
     assert loaded.loss["lm"].chunk_size == 7  # the LM loss comes back as it was compiled
 
 
 def test_head_and_views_must_agree():
-    with pytest.raises(ValueError, match=r"MultipleChoice\(num_choices=3\) needs num_views=3, got 2"):
-        kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoice(3), num_views=2)
+    with pytest.raises(ValueError, match=r"MultipleChoiceHead\(num_choices=3\) needs num_views=3, got 2"):
+        kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(3), num_views=2)
     with pytest.raises(ValueError, match="kgpt now takes head objects .* A preset fine-tuned by an earlier kgpt"):
         kgpt.GPTTaskModel(tiny_backbone(), head="classification")
     with pytest.raises(ValueError, match="head must be a kgpt.tasks.heads.Head"):
         kgpt.GPTTaskModel(tiny_backbone(), head=3)
     with pytest.raises(ValueError, match="lm_coef must be a finite number >= 0, got -1"):
-        kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.Regression(), lm_coef=-1)
+        kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.RegressionHead(), lm_coef=-1)

@@ -15,32 +15,32 @@ from kgpt.tasks import heads, transforms
 # --- heads -------------------------------------------------------------------
 
 def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
-    head = heads.Classification(["negative", "positive"])
+    head = heads.ClassificationHead(["negative", "positive"])
     assert head.target("positive") == 1 and head.target(" negative ") == 0 and head.target(1) == 1
     assert head.decode(np.array([[0.1, 2.0], [3.0, -1.0]])).tolist() == [1, 0]
     np.testing.assert_allclose(head.probabilities(np.array([[0.0, np.log(3.0)]])), [[0.25, 0.75]], rtol=1e-6)
     assert head.prediction_name(1) == "positive" and head.output_names() == ["negative", "positive"]
-    assert heads.Regression().target("3.5") == 3.5
-    assert heads.MultipleChoice(4).target(3) == heads.MultipleChoice(4).target("3") == 3
+    assert heads.RegressionHead().target("3.5") == 3.5
+    assert heads.MultipleChoiceHead(4).target(3) == heads.MultipleChoiceHead(4).target("3") == 3
     # Numeric label names: an integer is the name, never a shifted index.
-    stars = heads.Classification(["1", "2", "3"])
+    stars = heads.ClassificationHead(["1", "2", "3"])
     assert stars.target(1) == stars.target("1") == 0 and stars.target(3) == 2
     with pytest.raises(ValueError, match="must be a list of label names"):
-        heads.Classification("ab")
+        heads.ClassificationHead("ab")
 
 
 @pytest.mark.parametrize(
     "head, label, message",
     [
-        (heads.Classification(["a", "b"]), "c", r"f.tsv:3: label 'c' is not one of 'a', 'b'"),
-        (heads.Classification(["a", "b"]), 2, r"f.tsv:3: label 2 is not one of"),
-        (heads.Classification(["a", "b"]), True, r"f.tsv:3: label True is not one of"),
-        (heads.Classification(["1", "2", "3"]), 0, r"f.tsv:3: label 0 is not one of '1', '2', '3'"),
-        (heads.Regression(), True, r"f.tsv:3: target True is not a number"),
-        (heads.Regression(), "nan", r"f.tsv:3: target 'nan' is not a finite number"),
-        (heads.Regression(), "inf", r"f.tsv:3: target 'inf' is not a finite number"),
-        (heads.Regression(), "high", r"f.tsv:3: target 'high' is not a number"),
-        (heads.MultipleChoice(2), 2, r"f.tsv:3: answer 2 is not a choice index 0..1"),
+        (heads.ClassificationHead(["a", "b"]), "c", r"f.tsv:3: label 'c' is not one of 'a', 'b'"),
+        (heads.ClassificationHead(["a", "b"]), 2, r"f.tsv:3: label 2 is not one of"),
+        (heads.ClassificationHead(["a", "b"]), True, r"f.tsv:3: label True is not one of"),
+        (heads.ClassificationHead(["1", "2", "3"]), 0, r"f.tsv:3: label 0 is not one of '1', '2', '3'"),
+        (heads.RegressionHead(), True, r"f.tsv:3: target True is not a number"),
+        (heads.RegressionHead(), "nan", r"f.tsv:3: target 'nan' is not a finite number"),
+        (heads.RegressionHead(), "inf", r"f.tsv:3: target 'inf' is not a finite number"),
+        (heads.RegressionHead(), "high", r"f.tsv:3: target 'high' is not a number"),
+        (heads.MultipleChoiceHead(2), 2, r"f.tsv:3: answer 2 is not a choice index 0..1"),
     ],
 )
 def test_bad_labels_name_their_source(head, label, message):
@@ -49,7 +49,7 @@ def test_bad_labels_name_their_source(head, label, message):
 
 
 def test_heads_and_transforms_serialize_to_themselves():
-    for obj in (heads.Classification(["x", "y", "z"]), heads.Regression(), heads.MultipleChoice(3),
+    for obj in (heads.ClassificationHead(["x", "y", "z"]), heads.RegressionHead(), heads.MultipleChoiceHead(3),
                 transforms.Classification(), transforms.Similarity(), transforms.MultipleChoice(5)):
         config = json.loads(json.dumps(keras.saving.serialize_keras_object(obj)))
         assert keras.saving.deserialize_keras_object(config) == obj
@@ -57,7 +57,7 @@ def test_heads_and_transforms_serialize_to_themselves():
 
 def test_a_plugin_can_bring_its_own_head():
     @keras.saving.register_keras_serializable(package="test_plugin")
-    class Stars(heads.Regression):
+    class Stars(heads.RegressionHead):
         kind = "stars"
 
         def decode(self, outputs):
@@ -118,7 +118,7 @@ def test_truncation_is_counted_and_reported():
     split = preprocessor.encode_batch(["abcdefghij", "ab"])
     assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
     assert split.view_lengths.ravel().tolist() == [8, 4]
-    model = kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]), preprocessor=preprocessor)
+    model = kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]), preprocessor=preprocessor)
     with pytest.warns(UserWarning, match=r"1 of 2 examples in inputs are longer than sequence_length=8 tokens: 4 tokens"):
         model.encode(["abcdefghij", "ab"])
 
@@ -182,19 +182,19 @@ def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_pa
 
 
 def test_text_needs_a_preprocessor_that_fits(backbone):
-    model = kgpt.GPTTaskModel(backbone, head=heads.Classification(["a", "b"]))
+    model = kgpt.GPTTaskModel(backbone, head=heads.ClassificationHead(["a", "b"]))
     with pytest.raises(ValueError, match="Text inputs need a preprocessor"):
         model.predict(["some text"])
     tokenizer = char_tokenizer()
     with pytest.raises(ValueError, match="tokenizer has 98 ids, more than the backbone's vocabulary_size=97"):
-        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
+        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]),
                           preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16))
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     with pytest.raises(ValueError, match=r"sequence_length=512 exceeds the model's context max_sequence_length=16"):
-        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
+        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]),
                           preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification()))
     with pytest.raises(ValueError, match=r"similarity transform makes 2 view\(s\), the model takes 1"):
-        kgpt.GPTTaskModel(backbone, heads.Classification(["a", "b"]),
+        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]),
                           preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Similarity(), max_length=16))
 
 

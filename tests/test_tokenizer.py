@@ -100,7 +100,7 @@ def test_exported_at_top_level():
     assert kgpt.GPTTokenizer is GPTTokenizer
 
 
-def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path, capsys):
+def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path, capsys, progress):
     corpus = tmp_path / "corpus.txt"
     text = "The keeper climbed the steps of the tower.\nThe keeper wrote the date, then the weather.\n"
     corpus.write_text(text * 50 + "Zebra!\n", encoding="utf-8")

@@ -55,9 +55,3 @@ def test_check_reports_wrong_arity():
     assert "needs 2 text segments, got 1" in transforms.Entailment().check(["a"])
     assert "needs 4 answer choices, got 2" in transforms.MultipleChoice(4).check(["ctx"], ["a", "b"])
     assert transforms.Similarity().check(["a", "b"]) is None
-
-
-def test_pack_right_pads():
-    token_ids, mask = transforms.pack([[[S, 1, E], [S, E]]], length=4)
-    assert token_ids.tolist() == [[[S, 1, E, 0], [S, E, 0, 0]]]
-    assert mask.tolist() == [[[1, 1, 1, 0], [1, 1, 0, 0]]]

@@ -59,7 +59,7 @@ def trained(tmp_path_factory):
     return preset, data, out, results
 
 
-def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions(trained, tmp_path, capsys):
+def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions(trained, tmp_path, capsys, progress):
     preset, data, out, results = trained
     _, again = finetune_lib.finetune(config(out, data, str(tmp_path / "eval"), epochs=0, batch_size=None))
     lines = capsys.readouterr().out.splitlines()
@@ -169,7 +169,7 @@ finetune.finetune(config)
 """
 
 
-def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(tmp_path, capsys):
+def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(tmp_path, capsys, progress):
     preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
     fields = dict(task="scitail", data_dir=data, init=preset, epochs=3, batch_size=8, learning_rate=1e-3,
                   max_length=64, seed=5, checkpoint_every=2, classifier_dropout=0.3)

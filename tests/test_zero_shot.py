@@ -9,6 +9,7 @@ from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.analysis import zero_shot
+from kgpt.tasks import heuristics
 from kgpt_tasks import dprd
 
 
@@ -35,7 +36,7 @@ def task(name):
 def test_cola_threshold_is_fit_on_train_and_applied_to_dev():
     cola = task("cola")
     heuristic = cola.zero_shot
-    assert isinstance(heuristic, zero_shot.ThresholdedLogProb) and heuristic.needs_training
+    assert isinstance(heuristic, heuristics.ThresholdedLogProb) and heuristic.needs_training
     # Average token log-probabilities: (-1 + -2) / 2 = -1.5, etc.
     train = {("", "a"): [-1.0, -2.0], ("", "b"): [-1.0], ("", "c"): [-3.0, -3.0, -3.0], ("", "d"): [-4.0]}
     labels = {"a": "1", "b": "1", "c": "0", "d": "0"}
@@ -68,7 +69,7 @@ def test_fitting_returns_a_new_heuristic_and_leaves_the_tasks_own_unchanged():
 
 def test_cola_predict_needs_a_threshold():
     with pytest.raises(RuntimeError, match="threshold comes from training data"):
-        zero_shot.ThresholdedLogProb().predict(FakeScorer({}), task("cola"), [example("a")])
+        heuristics.ThresholdedLogProb().predict(FakeScorer({}), task("cola"), [example("a")])
 
 
 def test_sst2_compares_positive_and_negative_after_very():
@@ -178,13 +179,6 @@ def test_resolve_tasks_looks_names_up_in_the_callers_registry(tmp_path):
         zero_shot.resolve_tasks({"rte": None}, str(tmp_path), registry)
 
 
-def test_the_heuristics_are_importable_from_zero_shot_as_before():
-    from kgpt.tasks import heuristics
-
-    for name in ("Heuristic", "Scorer", "ThresholdedLogProb", "NextWordChoice", "AnswerLogProb", "PronounSubstitution"):
-        assert getattr(zero_shot, name) is getattr(heuristics, name) is getattr(kgpt.zero_shot, name)
-
-
 def test_tasks_without_a_heuristic_say_so(tmp_path):
     lm, tokenizer = tiny_lm()
     with pytest.raises(ValueError, match="'rte' offers no zero-shot heuristic"):
@@ -193,7 +187,7 @@ def test_tasks_without_a_heuristic_say_so(tmp_path):
         zero_shot.zero_shot_tasks(kgpt.TaskRegistry()))
 
 
-def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys):
+def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys, progress):
     lm, tokenizer = tiny_lm()
     lm.compile(optimizer=keras.optimizers.Adam(1e-3))
     data = task("sst2").default_data(str(tmp_path / "sst2"))

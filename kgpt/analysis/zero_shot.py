@@ -4,9 +4,6 @@
 (`kgpt.tasks.heuristics`) and returns its metrics; `ZeroShotCallback` does
 so every N pre-training steps. Both take `kgpt.Task` objects: finding a task
 by name is the caller's (`resolve_tasks` with the caller's registry).
-
-The heuristics are importable from here too, as plugins have done:
-`from kgpt.analysis.zero_shot import NextWordChoice`.
 """
 
 import collections
@@ -17,17 +14,10 @@ import os
 import keras
 import numpy as np
 
-from kgpt.tasks.heuristics import (  # noqa: F401 (re-exported: plugins import them from here)
-    AnswerLogProb,
-    Heuristic,
-    NextWordChoice,
-    PronounSubstitution,
-    Scorer,
-    ThresholdedLogProb,
-)
 from kgpt.errors import ConfigError, DataError
 from kgpt.io.storage import write_text
 from kgpt.tasks import metrics as metrics_lib
+from kgpt.tasks.heuristics import Scorer
 
 logger = logging.getLogger(__name__)
 

@@ -16,6 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import app, flags, logging
 
+from kgpt import log
 from kgpt._quiet import LiveFilter, quiet_stderr
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and TensorFlow's start-up log lines.")
@@ -45,9 +46,9 @@ def several_processes(coordinator_address, num_processes, process_id):
     until then no backend may compute anything, so the devices are not
     looked up at start-up (`start_backends`).
     """
-    from kgpt.parallel import cluster
+    from kgpt.parallel import placement
 
-    found = cluster.resolve(coordinator_address, num_processes, process_id)
+    found = placement.resolve(coordinator_address, num_processes, process_id)
     return found.several or found.coordinator == "auto"
 
 
@@ -129,6 +130,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
     # find the devices there and print start-up lines, and more come at a job's first step:
     # the whole run after parsing goes through the filter.
     capture = LiveFilter()
+    log.to_stdout()  # the command prints kgpt's progress; the library leaves logging to the application
 
     def parse(argv):
         remaining = app.parse_flags_with_usage(argv)

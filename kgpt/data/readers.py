@@ -5,20 +5,39 @@ Task readers build on these so every malformed row is reported the same way:
 decides what to skip and yields `kgpt.Skipped` so it is counted.
 """
 
+import contextlib
+import contextvars
 import json
 import os
-import threading
 
 from kgpt.errors import DataError
 
-# The files read_lines opened in each thread, so that an error a task's own
-# code raises between rows can still name the file being read.
-_opened = threading.local()
+# The list `recording` gives the readers, while one step of a task's reader runs. A task's reader is
+# plugin code, `read(split, data_dir)`, between kgpt and these functions: there is no argument to pass
+# the list through without changing that contract, so it travels in a context variable, set only for
+# the duration of the step (nothing is kept from one reading to the next).
+_recorder = contextvars.ContextVar("kgpt_opened_files", default=None)
 
 
-def opened():
-    """`(count, path)`: how many files `read_lines` has opened in this thread, and the latest one."""
-    return getattr(_opened, "count", 0), getattr(_opened, "path", None)
+@contextlib.contextmanager
+def recording(opened):
+    """Within the block, the path of every file these readers open is appended to the list `opened`.
+
+    So that an error a task's own code raises between rows can name the file
+    being read (`kgpt.tasks.task`).
+    """
+    token = _recorder.set(opened)
+    try:
+        yield opened
+    finally:
+        _recorder.reset(token)
+
+
+def record_opened(path):
+    """Tells the `recording` block around this call (if any) that `path` is being read."""
+    opened = _recorder.get()
+    if opened is not None:
+        opened.append(path)
 
 
 def find_file(data_dir, candidates, what):
@@ -40,7 +59,7 @@ def find_file(data_dir, candidates, what):
 
 def read_lines(path):
     """Yields `(line_number, text)` of a UTF-8 file (BOM dropped, line ends stripped)."""
-    _opened.count, _opened.path = opened()[0] + 1, path
+    record_opened(path)
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
             try:

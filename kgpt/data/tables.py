@@ -125,7 +125,7 @@ def _tsv_rows(path):
 
 def _csv_rows(path):
     """`(first line of the row, fields)`; blank lines are errors except at the end, as in the other formats."""
-    readers._opened.count, readers._opened.path = readers.opened()[0] + 1, path
+    readers.record_opened(path)
     with open(path, "rb") as f:
         reader = csv.reader(_decoded(path, f), strict=True)
         blank = None

@@ -21,7 +21,6 @@ import os
 import re
 import shutil
 import tempfile
-import threading
 import warnings
 
 import h5py
@@ -236,9 +235,6 @@ PARTIAL_DIR = ".preset.partial"
 _MODEL_FILES = {CONFIG_FILE, MODEL_WEIGHTS_FILE, "model.weights.json", TASK_CONFIG_FILE, TASK_WEIGHTS_FILE,
                 "preprocessor.json", METADATA_FILE}
 _SHARD_FILE = re.compile(r"model_\d+\.weights\.h5$")
-_saving = threading.local()
-
-
 def replace_preset(directory, write):
     """Calls `write(folder)` on a hidden folder in `directory`, then moves what it wrote into `directory`.
 
@@ -415,7 +411,10 @@ class PresetMixin:
         backbone) are removed, never left to be loaded with the new weights.
         Other files in the folder stay.
         """
-        if getattr(_saving, "active", False):  # a task saving its backbone: inside the task's own save
+        if os.path.basename(os.path.normpath(os.fspath(preset_dir))) == PARTIAL_DIR:
+            # A task saving its backbone: keras-hub's Task.save_to_preset calls the backbone's with the
+            # task's folder and nothing else, and that folder is the hidden one of the task's own
+            # replace_preset: the backbone writes there directly.
             super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
             return
 
@@ -423,12 +422,7 @@ class PresetMixin:
             super(PresetMixin, self).save_to_preset(directory, max_shard_size=max_shard_size)
             stamp_metadata(directory)
 
-        path = check_save_target(preset_dir)
-        _saving.active = True
-        try:
-            replace_preset(path, write)
-        finally:
-            _saving.active = False
+        replace_preset(check_save_target(preset_dir), write)
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):

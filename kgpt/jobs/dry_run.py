@@ -42,7 +42,7 @@ from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.task_model import is_task_preset
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.parallel import cluster
+from kgpt.parallel import placement
 
 logger = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def _check_unlocked(path):
 
 def processes(config):
     """How many processes the run's flags or environment describe (they are not joined)."""
-    found = cluster.resolve(config.coordinator_address, config.num_processes, config.process_id)
+    found = placement.resolve(config.coordinator_address, config.num_processes, config.process_id)
     if found.coordinator == "auto":
         return "found by jax.distributed at start-up (--coordinator_address auto)"
     if found.several:

@@ -34,7 +34,7 @@ from kgpt.io import storage
 from kgpt.io.storage import write_json
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.parallel import cluster
+from kgpt.parallel import cluster, placement
 from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss, catching_sigterm
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
 
@@ -154,12 +154,12 @@ def _evictable(path):
 def join(config, job, settings, batch_size=None):
     """Joins the run's other processes, if any, and checks that they run this job with these settings.
 
-    Returns the `kgpt.parallel.cluster.Cluster`. Called first by each job, so a
+    Returns the `kgpt.parallel.placement.Cluster`. Called first by each job, so a
     process started with another flag stops every process before anything
     is read or written; with `batch_size`, so does a distribution the run's
     devices cannot hold.
     """
-    here = cluster.start(cluster.resolve(config.coordinator_address, config.num_processes, config.process_id),
+    here = cluster.start(placement.resolve(config.coordinator_address, config.num_processes, config.process_id),
                          timeout=config.startup_timeout)
     if here.several:
         if config.output_dir and storage.is_remote(config.output_dir) and config.distribution == "model_parallel":

@@ -12,7 +12,7 @@ with `os.replace`, so a file is always either the old one or the new one.
 
 A remote directory (`gs://...`, any path with a scheme: `kgpt.io.storage`)
 is checked the same way through `tf.io.gfile`; its lock is a lock object
-naming the holder's host and pid (`kgpt.io.storage.RemoteLock`), since an
+naming the holder's host and pid (`kgpt.io.remote_lock.RemoteLock`), since an
 object store has no lock that dies with its process.
 """
 
@@ -21,7 +21,7 @@ import json
 import os
 import threading
 
-from kgpt.io import storage
+from kgpt.io import remote_lock, storage
 
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
@@ -86,12 +86,12 @@ class RunDirectory:
     def __init__(self, path, job, settings, overwrite=False):
         self.path, self.job, self.settings, self.overwrite = path, job, settings, overwrite
         self._lock = None
-        self.remote_lock = None  # the claim of a remote directory (`kgpt.io.storage.RemoteLock`)
+        self.remote_lock = None  # the claim of a remote directory (`kgpt.io.remote_lock.RemoteLock`)
 
     def __enter__(self):
         if storage.is_remote(self.path):
             storage.check_folder(self.path)
-            self.remote_lock = storage.RemoteLock(self.path)
+            self.remote_lock = remote_lock.RemoteLock(self.path)
             self.remote_lock.acquire()
         else:
             os.makedirs(self.path, exist_ok=True)

@@ -59,9 +59,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         backbone: a `kgpt.GPTBackbone` whose vocabulary includes the start,
             delimiter and extract tokens.
         head: a `kgpt.tasks.heads.Head`: what the model outputs, its loss, how a
-            prediction is decoded (e.g. `kgpt.tasks.heads.Classification(labels)`).
+            prediction is decoded (e.g. `kgpt.tasks.heads.ClassificationHead(labels)`).
         num_classes: instead of `head`, as keras-hub's classifiers take it:
-            `Classification` over labels `0..num_classes-1` (names `"0"`, `"1"`, ...).
+            `ClassificationHead` over labels `0..num_classes-1` (names `"0"`, `"1"`, ...).
         num_views: views per example (1; 2 for similarity; the choices for
             multiple choice).
         lm_coef: weight of the auxiliary LM loss (paper: 0.5); 0 removes it
@@ -101,8 +101,8 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             num_classes = checks.positive_int(num_classes, "num_classes", minimum=2)
             if head is not None:
                 raise ValueError("Pass head= or num_classes=, not both (num_classes=N is "
-                                 "head=kgpt.tasks.heads.Classification(['0', ..., 'N-1'])).")
-            head = heads_lib.Classification([str(i) for i in range(num_classes)])
+                                 "head=kgpt.tasks.heads.ClassificationHead(['0', ..., 'N-1'])).")
+            head = heads_lib.ClassificationHead([str(i) for i in range(num_classes)])
         elif head is None:
             raise ValueError("GPTTaskModel needs head= (a kgpt.tasks.heads.Head) or num_classes= (a classifier "
                              "whose labels are 0..num_classes-1).")
@@ -110,16 +110,16 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             head = keras.saving.deserialize_keras_object(head)
         if isinstance(head, str):
             raise ValueError(
-                f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.Classification(labels), Regression(), "
-                f"MultipleChoice(k)). A preset fine-tuned by an earlier kgpt names its head this way in task.json: "
-                f"fine-tune it again (its backbone loads with kgpt-train --init DIR)."
+                f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.ClassificationHead(labels), "
+                f"RegressionHead(), MultipleChoiceHead(k)). A preset fine-tuned by an earlier kgpt names its head this "
+                f"way in task.json: fine-tune it again (its backbone loads with kgpt-train --init DIR)."
             )
         if not isinstance(head, heads_lib.Head):
-            raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.Classification(labels)), got {head!r}.")
+            raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), got {head!r}.")
         if head.pooling not in ("sum", "each"):
             raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
         num_views = checks.positive_int(num_views, "num_views")
-        if isinstance(head, heads_lib.MultipleChoice) and head.num_choices != num_views:
+        if isinstance(head, heads_lib.MultipleChoiceHead) and head.num_choices != num_views:
             raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
         checks.nonnegative(lm_coef, "lm_coef")
         checks.rate(classifier_dropout, "classifier_dropout")

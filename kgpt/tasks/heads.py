@@ -6,11 +6,11 @@ are added, as the paper does for similarity; `"each"`: one score per view, as
 for multiple choice), and applies one linear layer of `head.units(num_views)`
 outputs. The head does the rest:
 
-| head             | output `[batch, ...]`  | loss                  | prediction     | probabilities |
-|------------------|------------------------|-----------------------|----------------|---------------|
-| `Classification` | logits `[C]`           | cross-entropy         | label index    | softmax       |
-| `Regression`     | a value `[]`           | mean squared error    | the value      | the value     |
-| `MultipleChoice` | one logit per choice   | cross-entropy         | choice index   | softmax       |
+| head                 | output `[batch, ...]`  | loss                  | prediction     | probabilities |
+|----------------------|------------------------|-----------------------|----------------|---------------|
+| `ClassificationHead` | logits `[C]`           | cross-entropy         | label index    | softmax       |
+| `RegressionHead`     | a value `[]`           | mean squared error    | the value      | the value     |
+| `MultipleChoiceHead` | one logit per choice   | cross-entropy         | choice index   | softmax       |
 
 A plugin brings a new head by subclassing `Head` and registering it with
 `keras.saving.register_keras_serializable`, so a fine-tuned preset can be
@@ -21,7 +21,7 @@ import keras
 import kgpt
 
 @keras.saving.register_keras_serializable(package="my_plugin")
-class Ordinal(kgpt.tasks.heads.Regression):
+class Ordinal(kgpt.tasks.heads.RegressionHead):
     kind = "ordinal"
 
     def decode(self, outputs):
@@ -128,7 +128,7 @@ class Categorical(Head):
 
 
 @keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
-class Classification(Categorical):
+class ClassificationHead(Categorical):
     """One of `labels`: logits, cross-entropy, softmax probabilities.
 
     Targets are label names. An integer is read as a label name when the
@@ -137,7 +137,7 @@ class Classification(Categorical):
 
     Example:
     ```python
-    head = kgpt.tasks.heads.Classification(["negative", "positive"])
+    head = kgpt.tasks.heads.ClassificationHead(["negative", "positive"])
     head.target("positive")                # 1
     head.decode(np.array([[0.1, 2.0]]))    # array([1])
     head.prediction_name(1)                # 'positive'
@@ -148,12 +148,12 @@ class Classification(Categorical):
 
     def __init__(self, labels):
         if isinstance(labels, str) or labels is None:
-            raise ValueError(f"Classification labels must be a list of label names, got {labels!r}.")
+            raise ValueError(f"ClassificationHead labels must be a list of label names, got {labels!r}.")
         labels = tuple(labels)
         if len(labels) < 2:
             raise ValueError(f"A classification head needs at least 2 labels, got {labels!r}.")
         if len(set(labels)) != len(labels):
-            raise ValueError(f"Classification labels repeat: {labels}.")
+            raise ValueError(f"ClassificationHead labels repeat: {labels}.")
         self.labels = labels
 
     def units(self, num_views):
@@ -186,10 +186,10 @@ class Classification(Categorical):
 
 
 @keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
-class Regression(Head):
+class RegressionHead(Head):
     """A real value: one output, mean squared error; non-finite targets are refused.
 
-    Example: `kgpt.tasks.heads.Regression().target("3.5")  # 3.5`
+    Example: `kgpt.tasks.heads.RegressionHead().target("3.5")  # 3.5`
     """
 
     kind = "regression"
@@ -224,10 +224,10 @@ class Regression(Head):
 
 
 @keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
-class MultipleChoice(Categorical):
+class MultipleChoiceHead(Categorical):
     """The right one of `num_choices` answers: one logit per choice view, softmax over them.
 
-    Example: `kgpt.tasks.heads.MultipleChoice(4).target(2)  # 2`
+    Example: `kgpt.tasks.heads.MultipleChoiceHead(4).target(2)  # 2`
     """
 
     kind = "multiple_choice"
@@ -268,8 +268,16 @@ class MultipleChoice(Categorical):
         return {"num_choices": self.num_choices}
 
 
+# The names presets saved before the heads had names of their own record (`"registered_name":
+# "kgpt.tasks.heads>Classification"`, the name the input transformation has too): they load as these.
+for _old, _head in (("Classification", ClassificationHead), ("Regression", RegressionHead),
+                    ("MultipleChoice", MultipleChoiceHead)):
+    keras.saving.get_custom_objects().setdefault(f"kgpt.tasks.heads>{_old}", _head)
+del _old, _head
+
+
 def for_task(transform, labels):
     """The head a task gets when it names none: multiple choice, classification or regression."""
     if transform.takes_choices:
-        return MultipleChoice(transform.num_views)
-    return Regression() if labels is None else Classification(labels)
+        return MultipleChoiceHead(transform.num_views)
+    return RegressionHead() if labels is None else ClassificationHead(labels)

@@ -93,9 +93,9 @@ class Task:
         labels: label names (classification); `None` for regression and
             multiple choice.
         head: a `kgpt.tasks.heads.Head` (what the model outputs, its loss, how a
-            prediction is decoded); when `None`, `heads.MultipleChoice` for
-            the MultipleChoice transform, else `heads.Classification(labels)`
-            or `heads.Regression()` when there are no labels.
+            prediction is decoded); when `None`, `heads.MultipleChoiceHead` for
+            the MultipleChoice transform, else `heads.ClassificationHead(labels)`
+            or `heads.RegressionHead()` when there are no labels.
         metrics: metric keys of `kgpt.tasks.metrics.METRICS` or callables
             `fn(labels, predictions) -> float`; the first is the headline.
         splits: the splits `read` understands; the first trains.
@@ -153,7 +153,7 @@ class Task:
         if not callable(self.read):
             raise ValueError(f"{where}: read must be callable as read(split, data_dir).")
         if not isinstance(self.head, heads_lib.Head):
-            raise ValueError(f"{where}: head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.Classification(labels)), "
+            raise ValueError(f"{where}: head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), "
                              f"got {self.head!r}.")
         problem = self.head.check(self.transform)
         if problem:
@@ -167,7 +167,7 @@ class Task:
             raise ValueError(f"{where}: give at least one metric.")
         for metric in self.metrics:
             metrics_lib.resolve(metric)
-            binary = isinstance(self.head, heads_lib.Classification) and len(self.head.labels) == 2
+            binary = isinstance(self.head, heads_lib.ClassificationHead) and len(self.head.labels) == 2
             if isinstance(metric, str) and metric == "f1" and not binary:
                 raise ValueError(f"{where}: metric 'f1' is binary F1 of the second label (index 1), for a "
                                  f"classification head of 2 labels; this task's {self.head.kind} head has "
@@ -293,12 +293,13 @@ class _Reading:
     def __init__(self, task, split, data_dir):
         self.task, self.split, self.data_dir = task, split, data_dir
         self.row = ""  # source of the last example read
-        self.opened_before, _ = readers.opened()
+        self.opened = []  # the files the reader opened, latest last
 
     def call(self, what, fn, *args):
         """`fn(*args)`; a failure, even `SystemExit`, becomes a `DataError` saying where."""
         try:
-            return fn(*args)
+            with readers.recording(self.opened):
+                return fn(*args)
         except self.PASSED_ON:
             raise
         except BaseException as e:
@@ -306,9 +307,8 @@ class _Reading:
 
     def error(self, what, problem, cls=DataError):
         where = [f"split {self.split!r} of {self.data_dir}"]
-        count, path = readers.opened()
-        if count > self.opened_before:
-            where.append(f"file {path}")
+        if self.opened:
+            where.append(f"file {self.opened[-1]}")
         if self.row:
             where.append(f"last row read {self.row}")
         return cls(f"Task {self.task.name!r}{self.task._of_plugin()}: {what} {problem} ({', '.join(where)}). "

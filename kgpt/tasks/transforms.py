@@ -20,7 +20,6 @@ Every truncated example is counted and reported by the caller.
 import dataclasses
 
 import keras
-import numpy as np
 
 from kgpt.tasks.configurable import Configurable
 
@@ -192,15 +191,3 @@ def build_views(transform, segments, choices, layout, max_length):
         ids.append(layout.extract)
         views.append(ids)
     return views, cut
-
-
-def pack(views_per_example, length):
-    """Right-padded `token_ids`, `padding_mask` arrays `[examples, views, length]`."""
-    num_views = len(views_per_example[0]) if views_per_example else 1
-    token_ids = np.zeros((len(views_per_example), num_views, length), "int32")
-    padding_mask = np.zeros_like(token_ids)
-    for i, views in enumerate(views_per_example):
-        for v, ids in enumerate(views):
-            token_ids[i, v, : len(ids)] = ids
-            padding_mask[i, v, : len(ids)] = 1
-    return token_ids, padding_mask

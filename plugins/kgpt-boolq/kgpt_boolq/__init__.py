@@ -9,6 +9,7 @@ Each example becomes `[start] passage [delim] question [extract]`
 
 import kgpt
 from kgpt.data import readers
+from kgpt.tasks.transforms import Entailment
 
 LABELS = ("false", "true")
 
@@ -35,7 +36,7 @@ def register_tasks(register):
     register(
         kgpt.Task(
             name="boolq",
-            transform=kgpt.transforms.Entailment(),
+            transform=Entailment(),
             labels=LABELS,
             metrics=("accuracy",),
             read=read,

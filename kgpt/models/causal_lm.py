@@ -12,10 +12,11 @@ import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 
+from kgpt.data import inputs_kind
 from kgpt.models import generation, scoring
 from kgpt.models import inputs as checks
 from kgpt.models.backbone import GPTBackbone
-from kgpt.models.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset, is_text,
+from kgpt.models.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset,
                                           warn_if_warming_up)
 from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
@@ -265,7 +266,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
 
     def preprocess_samples(self, x, y=None, sample_weight=None):
         # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.
-        if self.preprocessor is None or not is_text(x):
+        if self.preprocessor is None or not inputs_kind.is_text(x):
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         return super().preprocess_samples(x, y, sample_weight)
 
@@ -323,9 +324,9 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
                 if value is not None:
                     raise ValueError(f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
                                      f"scoring_mode='log_probs' scores each next token of token_ids.")
-            if is_text(token_ids):
+            if inputs_kind.is_text(token_ids):
                 return scoring.score_text(self, token_ids, batch_size)
-        elif is_text(token_ids):
+        elif inputs_kind.is_text(token_ids):
             raise ValueError(f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
                              f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first.")
         return scoring.score_ids(self, token_ids, padding_mask, scoring_mode, layer_intercept_fn, target_ids,
@@ -374,7 +375,7 @@ class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
         if isinstance(inputs, np.ndarray) and inputs.ndim == 0:
             inputs = inputs.item()  # a 0-d array of one prompt: the prompt
         checks.not_a_generator(inputs, "inputs")
-        if is_text(inputs):
+        if inputs_kind.is_text(inputs):
             if self.preprocessor is None:
                 raise ValueError(NO_PREPROCESSOR)
             check_length(self, max_length or self.preprocessor.sequence_length)

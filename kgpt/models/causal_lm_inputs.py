@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 from keras import ops
 
+from kgpt.data import inputs_kind
 from kgpt.models import inputs as checks
 from kgpt.models.optimizers import WarmupSchedule
 
@@ -23,17 +24,6 @@ NO_PREPROCESSOR = (
     "kgpt.GPTCausalLM.from_preset(dir) from a preset that holds a tokenizer, or attach one: "
     "lm.preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=lm.backbone.max_sequence_length)."
 )
-
-
-def is_text(inputs):
-    """Whether `inputs` are strings (one, a list, or a string tensor/array), not token ids."""
-    if isinstance(inputs, (str, bytes)):
-        return True
-    if isinstance(inputs, (list, tuple)):
-        return bool(inputs) and all(isinstance(t, (str, bytes)) for t in inputs)
-    if tf is not None and isinstance(inputs, tf.Tensor):
-        return inputs.dtype == tf.string
-    return isinstance(inputs, np.ndarray) and inputs.dtype.kind in "US"
 
 
 def check_length(lm, length):
@@ -52,12 +42,12 @@ def check_call(lm, method, x, y, batch_size):
     batch_size = checks.batch_size(batch_size)
     checks.not_a_generator(x)
     _check_not_empty(x, method, "x")
-    if isinstance(x, tuple) and is_text(x):
+    if isinstance(x, tuple) and inputs_kind.is_text(x):
         x = list(x)
     if isinstance(x, (str, bytes)):
         raise TypeError(f"{method}() takes a list of texts, got one string: pass [{x!r:.40}].")
     _check_ids(lm, x, y)
-    if is_text(x):
+    if inputs_kind.is_text(x):
         _check_texts(lm, x, y, method)
     return checks.dataset_ids(x, lm.backbone.vocabulary_size, targets=True), batch_size
 
@@ -68,7 +58,7 @@ def _check_ids(lm, x, y):
     vocabulary = lm.backbone.vocabulary_size
     checks.model_inputs(x, vocabulary, lm.backbone.max_sequence_length)
     targets = checks.concrete(y)
-    if targets is not None and not is_text(x):
+    if targets is not None and not inputs_kind.is_text(x):
         targets = checks.token_ids(targets, "y", vocabulary)
         ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
         if ids is not None and targets.shape != np.shape(ids):

@@ -8,9 +8,9 @@ through `kgpt.models.task_preprocessor.encode_dataset`.
 
 import warnings
 
-import keras
 import numpy as np
 
+from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.models import inputs as checks
 from kgpt.models.task_preprocessor import encode_dataset as encode_text_dataset
@@ -66,36 +66,6 @@ def check_inputs(model, x, batch_size):
     return checks.batch_size(batch_size)
 
 
-def is_text_dataset(x):
-    """Whether `x` is a `tf.data.Dataset` whose inputs (the first item of `(x, y)`) are strings."""
-    if not type(x).__module__.startswith("tensorflow"):
-        return False
-    import tensorflow as tf
-
-    if not isinstance(x, tf.data.Dataset):
-        return False
-    spec = x.element_spec
-    inputs = keras.utils.unpack_x_y_sample_weight(spec)[0] if isinstance(spec, tuple) else spec
-    return any(s.dtype == tf.string for s in tf.nest.flatten(inputs))
-
-
 def is_text(x):
-    """Whether `x` is raw text for the preprocessor rather than token ids or a dataset."""
-    if isinstance(x, str):
-        return True
-    if isinstance(x, tuple):
-        return bool(x) and all(is_text(c) or _is_nested_text(c) for c in x)
-    if isinstance(x, np.ndarray):
-        return x.dtype.kind in "OUS"
-    if getattr(getattr(x, "dtype", None), "name", None) == "string":  # a tf string tensor
-        return True
-    if isinstance(x, list):
-        return not x or isinstance(x[0], (str, Example)) or _is_nested_text(x)
-    return False
-
-
-def _is_nested_text(x):
-    """Whether the first leaf of nested lists or tuples is a string."""
-    while isinstance(x, (list, tuple)) and x:
-        x = x[0]
-    return isinstance(x, str)
+    """Whether `x` is raw text for the preprocessor (text columns, or a list of `Example`s), not token ids."""
+    return inputs_kind.is_text_columns(x) or (isinstance(x, list) and bool(x) and isinstance(x[0], Example))

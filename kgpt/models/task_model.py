@@ -16,6 +16,7 @@ from keras import ops
 from keras_hub.models import Task as KerasHubTask
 from keras_hub.models import TextClassifier
 
+from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models import inputs as checks
@@ -325,9 +326,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         `validation_data=(texts, labels)` is encoded the same way.
         """
         batch_size = task_inputs.check_inputs(self, x, batch_size)
-        if task_inputs.is_text_dataset(x):
+        if inputs_kind.is_text_dataset(x):
             x = task_inputs.encode_dataset(self, x, targets=True)
-            if task_inputs.is_text_dataset(validation_data):
+            if inputs_kind.is_text_dataset(validation_data):
                 validation_data = task_inputs.encode_dataset(self, validation_data, targets=True)
         elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = int(np.random.randint(2**31)) if shuffle else None
@@ -350,7 +351,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
         batch_size = task_inputs.check_inputs(self, x, batch_size)
-        if task_inputs.is_text_dataset(x):
+        if inputs_kind.is_text_dataset(x):
             x = task_inputs.encode_dataset(self, x, targets=True)
         elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = task_inputs.text_dataset(self, x, y, batch_size), None, None
@@ -364,7 +365,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
         """
         batch_size = task_inputs.check_inputs(self, x, batch_size)
-        if task_inputs.is_text_dataset(x):
+        if inputs_kind.is_text_dataset(x):
             batches = task_inputs.encode_dataset(self, x, targets=False)
             outputs = self.task_predictor().predict(batches, verbose=verbose, **kwargs)
             return self.head.probabilities(outputs)

@@ -13,23 +13,11 @@ import keras
 import numpy as np
 from keras_hub.models import Preprocessor
 
+from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.tasks import transforms
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.tokenizer import GPTTokenizer
-
-
-def _texts(values, what):
-    """A batch of strings from a list, tuple, NumPy array or string tensor."""
-    if isinstance(values, str):
-        return [values]
-    if hasattr(values, "numpy") and not isinstance(values, np.ndarray):
-        values = values.numpy()
-    if isinstance(values, np.ndarray):
-        values = values.tolist()
-    if not isinstance(values, (list, tuple)):
-        raise TypeError(f"{what}: expected strings, got {type(values).__name__}.")
-    return [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
 
 
 MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text
@@ -149,7 +137,7 @@ class GPTTaskPreprocessor(Preprocessor):
         if isinstance(x, str):
             x = [x]
         if isinstance(x, (list, np.ndarray)) or (hasattr(x, "numpy") and not isinstance(x, tuple)):
-            items = list(x) if not hasattr(x, "numpy") or isinstance(x, np.ndarray) else _texts(x, "x")
+            items = list(x) if not hasattr(x, "numpy") or isinstance(x, np.ndarray) else inputs_kind.as_list(x, "x")
             if items and all(isinstance(i, Example) for i in items):
                 return [(tuple(e.segments), tuple(e.choices)) for e in items]
             if items and all(isinstance(i, tuple) for i in items):  # one tuple per example
@@ -157,7 +145,7 @@ class GPTTaskPreprocessor(Preprocessor):
             if any(isinstance(i, list) for i in items):
                 raise ValueError("A list of lists is ambiguous: pass segments as a tuple of columns, "
                                  "(premises, hypotheses), or examples as a list of tuples, [(premise, hypothesis), ...].")
-            return [((text,), ()) for text in _texts(items, "x")]
+            return [((text,), ()) for text in inputs_kind.as_list(items, "x")]
         if isinstance(x, tuple):
             columns = list(x)
             if any(isinstance(c, (str, bytes)) for c in columns):
@@ -168,8 +156,8 @@ class GPTTaskPreprocessor(Preprocessor):
             if self.transform.takes_choices:
                 if len(columns) < 2:
                     raise ValueError("Multiple choice inputs are (contexts, ..., choices): got one column.")
-                choices = [tuple(_texts(c, "choices")) for c in columns.pop()]
-            columns = [_texts(c, f"segment {i + 1}") for i, c in enumerate(columns)]
+                choices = [tuple(inputs_kind.as_list(c, "choices")) for c in columns.pop()]
+            columns = [inputs_kind.as_list(c, f"segment {i + 1}") for i, c in enumerate(columns)]
             sizes = {len(c) for c in columns} | ({len(choices)} if choices is not None else set())
             if len(sizes) > 1:
                 raise ValueError(f"The input columns have different lengths: {sorted(sizes)}.")

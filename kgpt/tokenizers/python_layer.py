@@ -14,6 +14,8 @@ import keras
 import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
+from kgpt.data import inputs_kind
+
 try:  # the tf.data path; keras-hub's own preprocessing needs TensorFlow there too
     import tensorflow as tf
 except ImportError:
@@ -45,7 +47,7 @@ class PythonTokenizer(Tokenizer):
         self._check_vocabulary()
         if self._use_tf_workflow():
             return self._tokenize_tf(inputs)
-        texts, batched = _texts(inputs)
+        texts, batched = inputs_kind.texts(inputs, "tokenize()")
         ids = [self.encode(text) for text in texts]
         return ids if batched else np.asarray(ids[0], dtype="int32")
 
@@ -111,34 +113,6 @@ class PythonTokenizer(Tokenizer):
         texts = [self.decode(values[s:e]).encode("utf-8") for s, e in zip(starts, ends)]
         return np.array(texts, dtype=object) if texts else np.zeros((0,), dtype="S1")
 
-
-
-def _texts(inputs):
-    """`(list of str, batched)` from the Python-side inputs `tokenize()` takes."""
-    if isinstance(inputs, (str, bytes)):
-        return [_as_str(inputs)], False
-    if isinstance(inputs, (list, tuple)):
-        if not all(isinstance(t, (str, bytes)) for t in inputs):
-            kinds = sorted({type(t).__name__ for t in inputs if not isinstance(t, (str, bytes))})
-            raise TypeError(f"tokenize() takes strings; the list holds {', '.join(kinds)}.")
-        return [_as_str(t) for t in inputs], True
-    if tf is not None and isinstance(inputs, tf.Tensor):
-        if inputs.dtype != tf.string:
-            raise TypeError(f"tokenize() takes string tensors, got {inputs.dtype.name}.")
-        inputs = np.asarray(inputs.numpy())
-    if isinstance(inputs, np.ndarray) and inputs.dtype.kind in "USO":
-        if inputs.ndim == 0:
-            return [_as_str(inputs.item())], False
-        if inputs.ndim == 1:
-            return _texts(inputs.tolist())[0], True
-        raise ValueError(f"tokenize() takes a string or a rank-1 batch of strings, got shape {inputs.shape}.")
-    raise TypeError(
-        f"tokenize() takes a str, a list of str or a string tensor, got {type(inputs).__name__}."
-    )
-
-
-def _as_str(text):
-    return text.decode("utf-8") if isinstance(text, bytes) else text
 
 
 def _id_rows(inputs):

@@ -354,6 +354,8 @@ class ProgressLog(keras.callbacks.Callback):
 
     For a log file or a cluster's log, where Keras' per-epoch line may come
     once an hour. `every` is `"N"` steps, `"Ns"` seconds, or `"0"` for none.
+    With `steps_per_execution > 1` Keras reports every execution's last step:
+    a line comes at the first report past each multiple of N.
 
     Args:
         every: when to print.

@@ -237,19 +237,19 @@ def test_progress_lines_give_step_loss_throughput_and_time_left(capsys, progress
 
 def test_sigterm_checkpoints_and_the_resumed_epoch_records_all_its_steps(tmp_path, monkeypatch):
     whole = tiny_pretrain(tmp_path, "whole", evaluations=1, max_steps=10)
-    original = callbacks.Progress.on_train_batch_end
+    original = callbacks.Progress.on_train_batch_begin
 
     def terminate_at_step_4(self, batch, logs=None):
-        if self.step == 3:  # this batch ends step 4: SIGTERM arrives during it
+        original(self, batch, logs)
+        if self.step == 3:  # step 4 begins: SIGTERM arrives during it
             os.kill(os.getpid(), signal.SIGTERM)
-        return original(self, batch, logs)
 
-    monkeypatch.setattr(callbacks.Progress, "on_train_batch_end", terminate_at_step_4)
+    monkeypatch.setattr(callbacks.Progress, "on_train_batch_begin", terminate_at_step_4)
     before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(callbacks.Preempted, match="stopped by SIGTERM at step 4; checkpoint written in"):
         tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10, checkpoint_every=3)
     assert signal.getsignal(signal.SIGTERM) is before  # the run puts back the handler it replaced
-    monkeypatch.setattr(callbacks.Progress, "on_train_batch_end", original)
+    monkeypatch.setattr(callbacks.Progress, "on_train_batch_begin", original)
     resumed = tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10, checkpoint_every=3)
     assert resumed["resumed_from_step"] == 4
     # One epoch of 10 steps, cut after 4: its loss is the mean of all 10, as the uninterrupted run's.

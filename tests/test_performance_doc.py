@@ -42,16 +42,28 @@ def commands():
     return found
 
 
-def test_the_benchmark_commands_use_its_flags():
-    source = (ROOT / "benchmarks" / "finetune.py").read_text()
+def defined_flags(script):
+    """The flags a benchmark script defines, with those of the benchmark modules it imports (execution.py:
+    finetune.py's split and model flags)."""
+    source = (ROOT / "benchmarks" / script).read_text()
     defined = set(re.findall(r'flags\.DEFINE_\w+\("(\w+)"', source))
-    benchmark = [args for _, program, args in commands() if program == "benchmarks/finetune.py"]
-    assert len(benchmark) >= 4
-    for args in benchmark:
+    for module in re.findall(r"^import (\w+)", source, re.M):
+        if (ROOT / "benchmarks" / f"{module}.py").exists():
+            defined |= defined_flags(f"{module}.py")
+    return defined
+
+
+def test_the_benchmark_commands_use_their_flags():
+    benchmarks = [(program, args) for _, program, args in commands() if program.startswith("benchmarks/")]
+    assert {program for program, _ in benchmarks} == {"benchmarks/finetune.py", "benchmarks/execution.py"}
+    assert sum(program == "benchmarks/finetune.py" for program, _ in benchmarks) >= 4
+    assert sum(program == "benchmarks/execution.py" for program, _ in benchmarks) >= 4
+    for program, args in benchmarks:
+        defined = defined_flags(program.split("/")[1])
         for word in args:
             if word.startswith("--"):
                 name = word[2:].split("=", 1)[0]
-                assert name in defined or (name.startswith("no") and name[2:] in defined), word
+                assert name in defined or (name.startswith("no") and name[2:] in defined), (program, word)
 
 
 def test_the_cache_commands_parse_and_pick_their_folder(tmp_path):

@@ -2,15 +2,28 @@
 
 A run's "step" is an optimizer update. With gradient accumulation over `K`
 micro-batches, `fit` sees `K` batches per step; the callbacks count batches
-and act on whole steps only (`steps_per_batch` below is `1 / K`).
+and act on whole steps only.
+
+None of them makes the host wait for a step. Keras hands a batch's logs to
+the callbacks on the main thread, as Python floats (a host-device sync), as
+soon as one callback overrides `on_train_batch_end` without being
+`async_safe`; otherwise (JAX) it hands them to a thread of its own and the
+main thread dispatches the next step at once. So these callbacks read the
+logs only where that is safe (`async_safe`), and do what needs the main
+thread (checkpoints, SIGTERM) at the next `on_train_batch_begin`, when the
+steps before it have been dispatched. They count batches from the `batch`
+indices Keras passes, which with `steps_per_execution = N` come once per N
+batches.
 """
 
+import bisect
 import contextlib
 import logging
 import math
 import signal
 import threading
 import time
+import weakref
 
 import keras
 import numpy as np
@@ -67,38 +80,121 @@ class NonFiniteLossError(ArithmeticError):
     """Training produced a NaN or infinite loss; the run stopped before saving anything from it."""
 
 
+class _BatchCount:
+    """The batches a run has finished, from the indices Keras passes (one call per execution of N batches).
+
+    `on_train_batch_end` may run in Keras' callback thread, several at once and
+    in any order: it only raises `ended` (under a lock). Keras waits for them
+    all before `on_epoch_end`, so at `on_epoch_begin` (main thread) `ended` is
+    the count before the epoch. `begun(batch)` on the main thread is the count
+    before the execution starting at `batch`, all of them dispatched.
+    """
+
+    def __init__(self, first_batches):
+        self.ended = self.epoch_start = first_batches
+        self._lock = threading.Lock()
+
+    def epoch_begin(self):
+        self.epoch_start = self.ended
+
+    def begun(self, batch):
+        return self.epoch_start + batch
+
+    def end(self, batch):
+        """Records the execution that ended at the epoch's `batch`; returns the run's batches through it."""
+        batches = self.epoch_start + batch + 1
+        with self._lock:
+            self.ended = max(self.ended, batches)
+        return batches
+
+
+# id(model) -> the StopOnNonFiniteLoss fitting it, which Progress consults before a checkpoint. Weak: the guard
+# holds its model, so an id is not reused while its entry lives.
+_GUARDS = weakref.WeakValueDictionary()
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
-    """Stops training with `NonFiniteLossError` at the first batch whose loss is NaN or infinite.
+    """Stops training with `NonFiniteLossError` at the first step whose loss is NaN or infinite.
 
     Keras' `TerminateOnNaN` only ends `fit`, after which a job would go on to
     save the broken weights over a good preset; raising stops the job itself,
     and the last checkpoint (written before the loss broke) stays the one a
-    rerun resumes from.
+    rerun resumes from: `Progress` asks this callback before it writes one.
+
+    It reads the loss Keras logs, the epoch's running mean, so a step that
+    breaks it leaves every later logged loss of the epoch non-finite too. It is
+    `async_safe`: on JAX, Keras reads each execution's loss in its callback
+    thread while the next steps run, and the error reaches the main thread at
+    Keras' next batch end after that (or at the epoch's end), a few steps
+    later, whose weights nothing saves. The step it names is exact with
+    `steps_per_execution=1`; with N, the loss is seen once per N batches and
+    the message names the steps of that execution.
 
     Args:
         hint: what the user can change, appended to the message.
         first_step: the optimizer step the run starts from (a resumed run).
+        accumulation: batches per optimizer step.
     """
+
+    async_safe = True
 
     def __init__(self, hint="", first_step=0, accumulation=1):
         super().__init__()
         self.hint, self.accumulation = hint, accumulation
-        self.batches = first_step * accumulation
+        self._count = _BatchCount(first_step * accumulation)
+        self._condition = threading.Condition()
+        self._checked = self._count.ended  # every batch through this one had a finite loss
+        self._begins = []  # the epoch's execution starts (batch indices), in order
+        self.error = None  # the NonFiniteLossError raised, once one was
 
-    @property
-    def step(self):
-        """The optimizer step the last batch belongs to (from 1)."""
-        return -(-self.batches // self.accumulation)
+    def set_model(self, model):
+        super().set_model(model)
+        _GUARDS[id(model)] = self
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._count.epoch_begin()
+        self._begins = []
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._begins.append(batch)  # main thread, before the execution is dispatched
 
     def on_train_batch_end(self, batch, logs=None):
-        self.batches += 1
+        starts = bisect.bisect_right(self._begins, batch)
+        first = self._begins[starts - 1] if starts else batch  # this execution's first batch
+        batches = self._count.end(batch)
         loss = (logs or {}).get("loss")
-        if loss is None:
-            return
-        value = float(np.asarray(keras.ops.convert_to_numpy(loss)))
-        if not math.isfinite(value):
-            raise NonFiniteLossError(f"The training loss is {value} at step {self.step}: training stopped and nothing "
-                                     f"from this run was saved over earlier outputs. {self.hint}".strip())
+        try:
+            if loss is not None:
+                value = float(np.asarray(keras.ops.convert_to_numpy(loss)))
+                if not math.isfinite(value):
+                    self._fail(value, batches - (batch - first), batches)
+        finally:
+            with self._condition:
+                if self.error is None:  # a finite running mean: every batch of the epoch so far was finite
+                    self._checked = max(self._checked, batches)
+                self._condition.notify_all()
+
+    def _fail(self, value, first, last):
+        step, since = -(-last // self.accumulation), -(-first // self.accumulation)
+        where = f"at step {step}" + (f" (steps {since}-{step} ran as one execution; the loss broke in one of them)"
+                                     if since < step else "")
+        error = NonFiniteLossError(f"The training loss is {value} {where}: training stopped and nothing from this run "
+                                   f"was saved over earlier outputs. {self.hint}".strip())
+        with self._condition:
+            self.error = self.error or error
+        raise self.error
+
+    def check_through(self, batches, timeout=600.0):
+        """Waits until the losses through the run's batch `batches` are checked; raises the error if one broke.
+
+        Called on the main thread before a checkpoint: by then those batches
+        have been dispatched, and so have their checks (Keras' thread runs them).
+        """
+        with self._condition:
+            if not self._condition.wait_for(lambda: self.error is not None or self._checked >= batches, timeout):
+                raise RuntimeError(f"the loss of batch {batches} was not checked within {timeout:.0f} s")
+            if self.error is not None:
+                raise self.error
 
 
 class Progress(keras.callbacks.Callback):
@@ -115,6 +211,11 @@ class Progress(keras.callbacks.Callback):
     On SIGTERM (a scheduler's preemption notice) it writes a checkpoint at the
     end of the current step and raises `Preempted`; with several processes
     they agree on that step first. Only process 0 writes files.
+
+    What follows a step runs on the main thread when the next execution
+    begins (or at the epoch's end), so Keras need not sync each step's logs
+    for it; a checkpoint waits there for `StopOnNonFiniteLoss` to have checked
+    the losses through its step, and is not written if one broke.
 
     Args:
         directory: where checkpoints go, or None for none.
@@ -138,7 +239,7 @@ class Progress(keras.callbacks.Callback):
         self.first_step = self.step  # where this process started (a resumed run: the checkpoint's step)
         self.epochs = state.get("epochs", [])  # one dict of logs per finished epoch
         self.metric_state = state.get("metric_state")  # the interrupted epoch's running sums, restored once
-        self._batches = 0
+        self._count = _BatchCount(self.step * accumulation)
 
     @property
     def history(self):
@@ -160,7 +261,14 @@ class Progress(keras.callbacks.Callback):
 
     # --- steps and epochs ------------------------------------------------------------------------------
 
+    async_safe = True  # its on_train_batch_end only counts (in Keras' callback thread on JAX)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._count.epoch_begin()
+
     def on_train_batch_begin(self, batch, logs=None):
+        if batch:  # this epoch's earlier executions are dispatched: act on the steps they finished
+            self._steps_done(self._count.begun(batch) // self.accumulation)
         if self.metric_state is not None:  # a resumed epoch continues the sums of its first part
             from kgpt.train import checkpoint
 
@@ -171,27 +279,38 @@ class Progress(keras.callbacks.Callback):
             self.metric_state = None
 
     def on_train_batch_end(self, batch, logs=None):
-        self._batches += 1
-        if self._batches % self.accumulation:
+        self._count.end(batch)
+
+    def _steps_done(self, step):
+        """Steps through `step` are dispatched (mid-epoch): checkpoints every `every` steps, and SIGTERM."""
+        if step == self.step:
             return  # inside an accumulated step
-        self.step += 1
+        previous, self.step = self.step, step
         if self._preempted():
             self.save(epoch_sums=True)
-            if self.directory is None:
-                raise Preempted(f"stopped by SIGTERM at step {self.step:,}; this run writes no checkpoints (no "
-                                f"--output_dir, or --checkpoint_every 0), so a rerun starts over.")
-            raise Preempted(f"stopped by SIGTERM at step {self.step:,}; checkpoint written in {self.directory}. Run "
-                            f"the same command again to resume.")
-        if self.every and self.step % self.every == 0 and self.step % self.steps_per_epoch:
+            self._stop_preempted()
+        if self.every and step // self.every > previous // self.every and step % self.steps_per_epoch:
             self.save(epoch_sums=True)
 
+    def _stop_preempted(self):
+        if self.directory is None:
+            raise Preempted(f"stopped by SIGTERM at step {self.step:,}; this run writes no checkpoints (no "
+                            f"--output_dir, or --checkpoint_every 0), so a rerun starts over.")
+        raise Preempted(f"stopped by SIGTERM at step {self.step:,}; checkpoint written in {self.directory}. Run "
+                        f"the same command again to resume.")
+
     def on_epoch_end(self, epoch, logs=None):
+        self.step = self._count.ended // self.accumulation  # Keras has waited for every batch end of the epoch
         logs = {k: float(np.asarray(v)) for k, v in (logs or {}).items()}
         del self.epochs[epoch:]
         self.epochs.append(logs)
         self.epoch_done(epoch + 1, logs)
         self.write_history()
         self.save()
+        # A notice during the epoch's last step: after that epoch's checkpoint, unless it was this fit's last
+        # epoch (the next fit's on_train_begin stops then, and after the run's last one the run finishes).
+        if epoch + 1 < (self.params or {}).get("epochs", 0) and self._preempted():
+            self._stop_preempted()  # the checkpoint just written is this step's
 
     def epoch_done(self, epoch, logs):
         """Called at each epoch end (`epoch` from 1) before the checkpoint; subclasses add to their state."""
@@ -212,9 +331,15 @@ class Progress(keras.callbacks.Callback):
         write_text(self.history_path, "\n".join(rows) + "\n")
 
     def save(self, epoch_sums=False):
-        """Writes a checkpoint of this step (process 0); `epoch_sums` keeps the running epoch's metric sums."""
+        """Writes a checkpoint of this step (process 0); `epoch_sums` keeps the running epoch's metric sums.
+
+        Raises `NonFiniteLossError` instead when a loss through this step broke.
+        """
         if self.directory is None:
             return
+        guard = _GUARDS.get(id(self._model))
+        if guard is not None:
+            guard.check_through(self.step * self.accumulation)
         model = self.model  # on JAX every process puts the training state back into the variables here
         from kgpt.train import checkpoint
 
@@ -229,6 +354,8 @@ class ProgressLog(keras.callbacks.Callback):
 
     For a log file or a cluster's log, where Keras' per-epoch line may come
     once an hour. `every` is `"N"` steps, `"Ns"` seconds, or `"0"` for none.
+    With `steps_per_execution > 1` Keras reports every execution's last step:
+    a line comes at the first report past each multiple of N.
 
     Args:
         every: when to print.
@@ -239,34 +366,45 @@ class ProgressLog(keras.callbacks.Callback):
         accumulation: batches per optimizer step.
     """
 
+    async_safe = True  # on JAX it runs in Keras' callback thread, which waits for the loss it prints
+
     def __init__(self, every, total_steps, first_step=0, tokens_per_step=None, examples_per_step=None,
                  accumulation=1):
         super().__init__()
         self.steps, self.seconds = parse_every(every)
         self.total_steps, self.step, self.accumulation = total_steps, first_step, accumulation
         self.tokens_per_step, self.examples_per_step = tokens_per_step, examples_per_step
-        self._batches = 0
+        self._count = _BatchCount(first_step * accumulation)
+        self._lock = threading.Lock()
         self._since = self._last_step = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        self._batches += 1
-        if self._batches % self.accumulation:
-            return
-        self.step += 1
-        now = time.monotonic()
-        if self._since is None:  # the first step compiles: measure from its end
-            self._since, self._last_step = now, self.step
-            return
-        due = (self.steps and self.step % self.steps == 0) or (self.seconds and now - self._since >= self.seconds)
-        if due and cluster.is_chief():
-            self._print(now, logs or {})
-        if due:
-            self._since, self._last_step = now, self.step
+    def on_epoch_begin(self, epoch, logs=None):
+        self._count.epoch_begin()
 
-    def _print(self, now, logs):
-        done = self.step - self._last_step
-        rate = done / max(now - self._since, 1e-9)  # steps/s
-        parts = [f"step {self.step:,}/{self.total_steps:,}"]
+    def on_train_batch_end(self, batch, logs=None):
+        batches = self._count.end(batch)
+        if batches % self.accumulation:
+            return  # inside an accumulated step
+        step, now = batches // self.accumulation, time.monotonic()
+        with self._lock:  # executions' ends may come in any order, several at once
+            if self._since is None:  # the first step compiles: measure from its end
+                self.step, self._since, self._last_step = step, now, step
+                return
+            if step <= self._last_step:
+                return  # a later step has been handled already
+            self.step = step
+            due = (self.steps and step // self.steps > self._last_step // self.steps) or \
+                (self.seconds and now - self._since >= self.seconds)
+            if not due:
+                return
+            done, seconds = step - self._last_step, now - self._since
+            self._since, self._last_step = now, step
+        if cluster.is_chief():
+            self._print(step, done / max(seconds, 1e-9), logs or {})
+
+    def _print(self, step, rate, logs):
+        """One line at `step`, `rate` steps/s since the last one."""
+        parts = [f"step {step:,}/{self.total_steps:,}"]
         loss = logs.get("loss")
         if loss is not None:
             parts.append(f"loss {float(np.asarray(keras.ops.convert_to_numpy(loss))):.4f}")
@@ -274,7 +412,7 @@ class ProgressLog(keras.callbacks.Callback):
             parts.append(f"{rate * self.tokens_per_step:,.0f} tokens/s")
         elif self.examples_per_step:
             parts.append(f"{rate * self.examples_per_step:,.1f} examples/s")
-        left = (self.total_steps - self.step) / rate if rate > 0 else float("inf")
+        left = (self.total_steps - step) / rate if rate > 0 else float("inf")
         parts.append(f"{_duration(left)} left")
         logger.info(", ".join(parts))
 

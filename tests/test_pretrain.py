@@ -51,7 +51,8 @@ def test_pretrain_learns_and_saves(tmp_path, capsys):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(backbone(x)),
                                keras.ops.convert_to_numpy(lm.backbone(x)), atol=1e-6)
     # ... and fine-tuning starts from it (--init).
-    from kgpt.jobs.finetune import FinetuneConfig, finetune
+    from kgpt.jobs.config import FinetuneConfig
+    from kgpt.jobs.finetune import finetune
 
     _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16))
     lines = capsys.readouterr().out.splitlines()

@@ -37,6 +37,7 @@ from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
+from kgpt.jobs.finetune_model import recorded
 from kgpt.jobs.rundir import LOCK_FILE, OUTPUTS, RUN_FILE, OutputDirError, RunDirectory
 from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.task_model import is_task_preset
@@ -264,7 +265,7 @@ def init(config, task=None):
         saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
         name = saved.get("task_name")
         if name != task.name:
-            source = finetune_lib._recorded_init(config.init)
+            source = recorded(config.init, "init_dir")
             raise ConfigError(f"--init {config.init} is fine-tuned for task {name!r}, not {task.name!r}: pass --task "
                               f"{name} to evaluate or train it further, or --init the pre-trained model to fine-tune "
                               f"for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))

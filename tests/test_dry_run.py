@@ -100,6 +100,14 @@ def test_an_output_directory_in_use_is_refused(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+    mine = tmp_path / "mine"
+    with RunDirectory(str(mine), "pretrain", {}):  # this process's own claim: refused as a second claim would be
+        with pytest.raises(OutputDirError, match=f"in use by another kgpt run \\(pid {os.getpid()}\\)"):
+            dry_run.output_dir(str(mine), "pretrain", {})
+        other = subprocess.run([sys.executable, "-c", "from kgpt.jobs.rundir import RunDirectory\n"
+                                f"RunDirectory({str(mine)!r}, 'pretrain', {{}}).__enter__()"],
+                               capture_output=True, text=True)
+        assert "is in use by another kgpt run" in other.stderr  # the check left the claim's lock in place
 
 
 def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):

@@ -35,12 +35,17 @@ def transfer(pretrained, num_layers):
     """
     if num_layers is None:
         return pretrained
-    if not 0 <= num_layers <= pretrained.num_layers:
-        raise ConfigError(f"transfer_layers must be in 0..{pretrained.num_layers}, got {num_layers}.")
+    check_transfer_layers(num_layers, pretrained.num_layers)
     fresh = type(pretrained).from_config(pretrained.get_config())
     for src, dst in zip(pretrained.transferred_layers(num_layers), fresh.transferred_layers(num_layers)):
         dst.set_weights(src.get_weights())
     return fresh
+
+
+def check_transfer_layers(num_layers, depth):
+    """Raises `ConfigError` unless `num_layers` (None: all) blocks of a model of `depth` blocks can be transferred."""
+    if num_layers is not None and not 0 <= num_layers <= depth:
+        raise ConfigError(f"transfer_layers must be in 0..{depth}, got {num_layers}.")
 
 
 # `initial`: what `initial_model` gave (before special tokens and `pretrained_weights`), for a baseline to reuse.
@@ -88,8 +93,7 @@ def starting_point(config, task, initial=None):
         return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model,
                      None)
     if config.epochs == 0:
-        raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
-                         f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
+        raise untrained_head(config, task)
     initial = initial or initial_model(config)
     backbone, tokenizer, origin = initial
     if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
@@ -103,18 +107,33 @@ def starting_point(config, task, initial=None):
 def _finetuned_init(config, task):
     kwargs = {"dtype": config.dtype} if config.dtype else {}
     model = GPTTaskModel.from_preset(config.init, **kwargs)
-    if model.task_name != task.name:
+    check_finetuned_init(config, task, model.task_name, model.head)
+    return model
+
+
+def check_finetuned_init(config, task, saved_task, saved_head=None):
+    """Raises `ConfigError` when the fine-tuned `config.init` (of task `saved_task`, with `saved_head`) cannot go on
+    as `config` asks: it is another task's, its head is not the task's now, or `transfer_layers` /
+    `pretrained_weights` ask for a pre-trained model. `--dry_run` checks with it (without the head: it builds none)."""
+    if saved_task != task.name:
         source = recorded(config.init, "init_dir")
-        raise ConfigError(f"--init {config.init} is fine-tuned for task {model.task_name!r}, not {task.name!r}: pass "
-                         f"--task {model.task_name} to evaluate or train it further, or --init the pre-trained model "
+        raise ConfigError(f"--init {config.init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
+                         f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
                          f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
-    if keras.saving.serialize_keras_object(model.head) != keras.saving.serialize_keras_object(task.head):
-        raise ConfigError(f"--init {config.init}: its head ({model.head.get_config()}) differs from task "
+    if saved_head is not None and \
+            keras.saving.serialize_keras_object(saved_head) != keras.saving.serialize_keras_object(task.head):
+        raise ConfigError(f"--init {config.init}: its head ({saved_head.get_config()}) differs from task "
                          f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved.")
     if config.transfer_layers is not None or not config.pretrained_weights:
         raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
                          f"{config.init} is fine-tuned.")
-    return model
+
+
+def untrained_head(config, task):
+    """The `ConfigError` of `epochs=0` (evaluate without training) with an `--init` that is not fine-tuned."""
+    return ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
+                       f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
+
 
 def recorded(preset, key):
     """What a fine-tuned preset's `metrics.json` records under `key` (`init_dir`, `batch_size`); None without one."""

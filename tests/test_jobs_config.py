@@ -139,6 +139,25 @@ def test_jobs_share_their_common_fields_once():
     assert not own[0] & own[1]
 
 
+def test_kgpt_analyze_reads_its_flags_once_and_sets_none(tmp_path):
+    """zero-shot-curve scores its --tasks: its config takes them, and the --zero_shot flag keeps what was given."""
+    from absl import flags
+
+    from kgpt.cli import analyze
+
+    flags.FLAGS(["kgpt-analyze", "--tasks=sst2", "--zero_shot=cola", "--dry_run", f"--output_dir={tmp_path / 'out'}"])
+    try:
+        before = flags.FLAGS.flag_values_dict()
+        config = analyze._config("zero-shot-curve", {"sst2": None})
+        analyze.main(["kgpt-analyze", "zero-shot-curve"])
+        after = flags.FLAGS.flag_values_dict()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert config.zero_shot == {"sst2": None}
+    assert after == before and after["zero_shot"] == ["cola"]
+    assert not (tmp_path / "out").exists()  # a dry run
+
+
 def test_finetune_without_init_is_an_error_naming_the_choices():
     from kgpt.errors import ConfigError
     from kgpt.jobs import finetune

@@ -137,6 +137,17 @@ def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path, capsys)
     assert any(m.startswith("Split 'test' not evaluated: No SciTail test file found") for m in messages)
 
 
+def test_a_run_leaves_numpy_global_generator_alone(tiny_preset, tmp_path):
+    """kgpt's batch order and new embeddings come from generators seeded by the config: NumPy's global generator
+    belongs to the application, and a run neither draws from it nor seeds it."""
+    data = scitail_demo.write(str(tmp_path / "data"))
+    np.random.seed(1234)
+    before = np.random.get_state()
+    finetune_lib.finetune(config(tiny_preset, tmp_path, data_dir=data, output_dir=None))
+    after = np.random.get_state()
+    assert np.array_equal(after[1], before[1]) and after[2:] == before[2:]
+
+
 def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
     partial = finetune_model.transfer(backbone, 1)
     same = lambda a, b: all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(a.weights, b.weights))

@@ -52,8 +52,8 @@ def train(config, task, model, splits, batch_size, origin, settings):
     others is refused.
     """
     train_name = task.splits[0]
-    train = splits[train_name]
-    steps_per_epoch = math.ceil(len(train) / batch_size)
+    train_split = splits[train_name]
+    steps_per_epoch = math.ceil(len(train_split) / batch_size)
     total_steps = steps_per_epoch * config.epochs
     model.compile(
         optimizer=gpt_adamw(config.learning_rate, warmup_steps=math.ceil(config.warmup_fraction * total_steps),
@@ -68,20 +68,21 @@ def train(config, task, model, splits, batch_size, origin, settings):
     if config.keep == "best" and distribute.spread_over_processes(model):
         raise ConfigError("keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
                           "across processes does not fit in: use keep='last'.")
-    plan = batching.length_plan(train.lengths, batch_size, config.seed, train.limit,
-                                max_padded_lengths(model, train, batch_size, config.epochs), epochs=config.epochs)
-    real_share = train.real_share(batching.batch_indices(train.lengths, batch_size, config.seed), plan)
+    max_lengths = max_padded_lengths(model, train_split, batch_size, config.epochs)
+    plan = batching.length_plan(train_split.lengths, batch_size, config.seed, train_split.limit, max_lengths,
+                                epochs=config.epochs)
+    real_share = train_split.real_share(batching.batch_indices(train_split.lengths, batch_size, config.seed), plan)
     logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
                 f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
-                f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train.num_views} view(s) "
-                f"of up to {int(train.lengths.max())} tokens, lm_coef {config.lm_coef}.")
+                f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
+                f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}.")
     logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
                 f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding "
-                f"every example to the longest would give {train.padded_share():.1%}.")
+                f"every example to the longest would give {train_split.padded_share():.1%}.")
     history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size, settings).fit()
     return {"kept_epoch": kept, "history": history,
             "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
-                                 "train_padded_to_longest": train.padded_share()}}
+                                 "train_padded_to_longest": train_split.padded_share()}}
 
 
 def max_padded_lengths(model, split, batch_size, epochs):

@@ -10,8 +10,7 @@ from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.jobs import experiments as analysis
-from kgpt.jobs.config import FinetuneConfig
-from kgpt.jobs.pretrain import PretrainConfig
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

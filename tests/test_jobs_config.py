@@ -158,6 +158,22 @@ def test_kgpt_analyze_reads_its_flags_once_and_sets_none(tmp_path):
     assert not (tmp_path / "out").exists()  # a dry run
 
 
+def test_no_module_of_kgpt_sets_a_flag():
+    """The commands read their flags into the job's config and never set one: a flag set outlives the command."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(config_lib.__file__).parents[1]
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            found += [f"{path.relative_to(root.parent)}:{node.lineno}" for target in targets
+                      if isinstance(target, (ast.Attribute, ast.Subscript)) and "FLAGS" in ast.unparse(target)]
+    assert not found, f"flags set after parsing: {found}"
+
+
 def test_finetune_without_init_is_an_error_naming_the_choices():
     from kgpt.errors import ConfigError
     from kgpt.jobs import finetune

@@ -10,7 +10,8 @@ import pytest
 from conftest import kill_at_step
 
 import kgpt
-from kgpt.jobs.pretrain import PretrainConfig, pretrain
+from kgpt.jobs.config import PretrainConfig
+from kgpt.jobs.pretrain import pretrain
 
 TEXT = "The keeper climbed the steps of the tower and wrote the date in the notebook.\n" * 30
 

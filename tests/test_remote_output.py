@@ -20,7 +20,7 @@ import tensorflow as tf
 import kgpt
 from kgpt.io import storage
 from kgpt.jobs import finetune as finetune_lib
-from kgpt.jobs.config import FinetuneConfig
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.rundir import OutputDirError, RunDirectory
@@ -44,7 +44,7 @@ def tiny_lm_config(tmp_path, output_dir, **overrides):
                   warmup_steps=1, max_steps=6, evaluations=2, sample_tokens=2, checkpoint_every=3,
                   tokenizer="train", num_merges=20)
     values.update(overrides)
-    return pretrain_lib.PretrainConfig(**values)
+    return PretrainConfig(**values)
 
 
 def run_cli(*args, cwd, background=False):

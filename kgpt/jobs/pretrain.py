@@ -23,7 +23,6 @@ from kgpt.data.shards import Team, build_shards
 from kgpt.models.tokenizer import PRESET_CONFIG, GPTTokenizer
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
-from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.jobs.pretrain.PretrainConfig
 from kgpt.jobs.config import recorded_settings
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm import GPTCausalLM

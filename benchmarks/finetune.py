@@ -14,7 +14,7 @@ tokens included) are log-normal like MultiNLI's under the GPT-1 vocabulary
 (mean ~39, clipped to [8, 230]); the longest example is pinned at 230, the
 longest of MNLI's training split, so "padded to longest" pads to what it did
 on MNLI (`--nopin_longest` keeps the sample's own maximum). It is built with
-`kgpt.data.batching.SplitBuilder`, as `kgpt.jobs.finetune.encode_split` does, and a
+`kgpt.data.batching.SplitBuilder`, as `kgpt.jobs.finetune_data.encode_split` does, and a
 small `kgpt.GPTTaskModel` (classification head, `compile()` defaults:
 auxiliary LM loss, lm_coef 0.5) is trained on three feeds of it. Its default
 vocabulary is 1024, not GPT-1's 40481: the run stays short on a CPU, and the

@@ -63,6 +63,7 @@ def child(spec):
 
     from kgpt import log
     from kgpt.jobs import finetune, run
+    from kgpt.jobs.config import FinetuneConfig
     from kgpt.models import lora
 
     log.to_stdout()  # the run's progress lines, as kgpt-train prints them
@@ -84,7 +85,7 @@ def child(spec):
     timer = StepTimer()
     original = run.callbacks
     run.callbacks = lambda *args, **kwargs: [*original(*args, **kwargs), timer]
-    config = finetune.FinetuneConfig(**spec["config"])
+    config = FinetuneConfig(**spec["config"])
     model, results = finetune.finetune(config)
     task_metric = next(k for k in results["splits"]["dev"] if k != "examples")
     figures = {"score": results["splits"]["dev"][task_metric], "metric": task_metric,
@@ -165,7 +166,7 @@ def int8_rows():
     import numpy as np
 
     import kgpt
-    from kgpt.jobs import finetune
+    from kgpt.jobs import finetune, finetune_data, finetune_outputs
     from kgpt.models import int8
 
     rows = []
@@ -177,18 +178,18 @@ def int8_rows():
         quantized_dir = os.path.join(FLAGS.output_dir, "int8", name)
         int8.quantize(finetune.load_finetuned(preset).model).save_to_preset(quantized_dir)
         quantized = kgpt.GPTTaskModel.from_preset(quantized_dir)
-        split = finetune.encode_split(task, "dev", FLAGS.data_dir, model.preprocessor)
+        split = finetune_data.encode_split(task, "dev", FLAGS.data_dir, model.preprocessor)
         times = {"float32": [], "int8": []}
         scores = {}
         for repeat in range(FLAGS.repeats + 1):
             for label, m in (("float32", model), ("int8", quantized)) if repeat % 2 == 0 else (
                     ("int8", quantized), ("float32", model)):
                 started = time.perf_counter()
-                evaluation = finetune.evaluate_split(task, m, split, FLAGS.batch_size)
+                evaluation = finetune_outputs.evaluate_split(task, m, split, FLAGS.batch_size)
                 if repeat:  # the first pass traces / compiles
                     times[label].append(time.perf_counter() - started)
                 scores[label] = next(iter(evaluation.metrics.values()))
-        a, b = (finetune.evaluate_split(task, m, split, FLAGS.batch_size) for m in (model, quantized))
+        a, b = (finetune_outputs.evaluate_split(task, m, split, FLAGS.batch_size) for m in (model, quantized))
         agree = float(np.mean(a.predictions == b.predictions))
         change = float(np.max(np.abs(np.asarray(a.probabilities) - np.asarray(b.probabilities))))
         t_float, t_int8 = statistics.median(times["float32"]), statistics.median(times["int8"])

@@ -10,15 +10,14 @@ from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.jobs import experiments as analysis
-from kgpt.jobs import finetune as finetune_lib
-from kgpt.jobs.pretrain import PretrainConfig
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def fine(init, **overrides):
     values = dict(task="scitail", init=init, epochs=1, batch_size=64, learning_rate=1e-3, max_length=48)
-    return finetune_lib.FinetuneConfig(**{**values, **overrides})
+    return FinetuneConfig(**{**values, **overrides})
 
 
 def read_csv(path):

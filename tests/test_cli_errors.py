@@ -196,13 +196,13 @@ def test_story_cloze_quoted_field_keeps_its_newline(tmp_path):
 
 
 def test_single_class_training_split_warns(tmp_path, capsys, progress):
-    from kgpt.jobs import finetune
+    from kgpt.jobs import finetune_data
 
     task = kgpt.Task(name="one-class", transform=kgpt.tasks.transforms.Classification(), labels=("no", "yes"),
                      read=lambda split, data_dir: [kgpt.Example((f"text {i}",), "yes", source=f"{split}:{i}")
                                                    for i in range(3)])
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
-    finetune._read_splits(task, str(tmp_path), preprocessor)
+    finetune_data.read_splits(task, str(tmp_path), preprocessor)
     assert ("every one of the 3 examples of task 'one-class''s training split 'train' has the label 'yes': the "
             "model can only learn to predict it") in capsys.readouterr().out
 

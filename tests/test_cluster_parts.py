@@ -13,7 +13,8 @@ import pytest
 import kgpt
 from kgpt.data import batching, shards
 from kgpt.errors import ConfigError
-from kgpt.jobs.pretrain import PretrainConfig, pretrain
+from kgpt.jobs.config import PretrainConfig
+from kgpt.jobs.pretrain import pretrain
 from kgpt.train import callbacks
 from kgpt.parallel import cluster, distribute, placement
 from kgpt.models.optimizers import WarmupSchedule

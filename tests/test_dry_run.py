@@ -16,7 +16,7 @@ import pytest
 import kgpt
 from conftest import TINY, char_tokenizer
 from kgpt.errors import DataError
-from kgpt.jobs import dry_run, finetune
+from kgpt.jobs import dry_run, finetune, finetune_data, finetune_model
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs.rundir import OutputDirError, RunDirectory
 from test_paper_tasks import write_glue
@@ -61,7 +61,7 @@ def test_a_bad_label_is_the_error_the_job_gives(preset, tmp_path):
     task = REGISTRY.get("rte")
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
     with pytest.raises(kgpt.DataError) as job:
-        finetune.encode_split(task, "dev", data, preprocessor)
+        finetune_data.encode_split(task, "dev", data, preprocessor)
     with pytest.raises(kgpt.DataError) as dry:
         dry_run.finetune(FinetuneConfig(task="rte", init=preset, data_dir=data), REGISTRY)
     assert str(dry.value) == str(job.value) and "dev.tsv:4" in str(dry.value)
@@ -100,6 +100,14 @@ def test_an_output_directory_in_use_is_refused(tmp_path):
     finally:
         holder.kill()
         holder.wait()
+    mine = tmp_path / "mine"
+    with RunDirectory(str(mine), "pretrain", {}):  # this process's own claim: refused as a second claim would be
+        with pytest.raises(OutputDirError, match=f"in use by another kgpt run \\(pid {os.getpid()}\\)"):
+            dry_run.output_dir(str(mine), "pretrain", {})
+        other = subprocess.run([sys.executable, "-c", "from kgpt.jobs.rundir import RunDirectory\n"
+                                f"RunDirectory({str(mine)!r}, 'pretrain', {{}}).__enter__()"],
+                               capture_output=True, text=True)
+        assert "is in use by another kgpt run" in other.stderr  # the check left the claim's lock in place
 
 
 def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):
@@ -173,7 +181,7 @@ def test_the_starting_point_and_task_errors_are_the_jobs(case, preset, cola_mode
     if whole_job:
         run = lambda: finetune.finetune(config, REGISTRY)  # noqa: E731 - raised before anything is read
     else:
-        run = lambda: finetune.starting_point(config, REGISTRY.get(task))  # noqa: E731
+        run = lambda: finetune_model.starting_point(config, REGISTRY.get(task))  # noqa: E731
     with pytest.raises(Exception) as job:
         run()
     with pytest.raises(type(job.value)) as dry:

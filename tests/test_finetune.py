@@ -14,13 +14,15 @@ from conftest import TINY, char_tokenizer, to_numpy
 import kgpt
 from kgpt.errors import ConfigError
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import finetune_data, finetune_model
+from kgpt.jobs.config import FinetuneConfig
 from kgpt_tasks import scitail, scitail_demo
 
 
 def config(preset, tmp_path, **overrides):
     fields = dict(task="scitail", init=preset, output_dir=str(tmp_path / "out"), epochs=1, batch_size=16,
                   learning_rate=1e-3, max_length=128)
-    return finetune_lib.FinetuneConfig(**{**fields, **overrides})
+    return FinetuneConfig(**{**fields, **overrides})
 
 
 def preprocessor(preset, task, max_length):
@@ -66,7 +68,7 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
     # The output is a preset that finds its task's plugin again and predicts identically.
     loaded, tokenizer, task = kgpt.load_finetuned(str(out))
     assert task.name == "scitail" and tokenizer.fingerprint() == kgpt.GPTTokenizer.from_preset(tiny_preset).fingerprint()
-    split = finetune_lib.encode_split(task, "dev", str(out / "data"), loaded.preprocessor)
+    split = finetune_data.encode_split(task, "dev", str(out / "data"), loaded.preprocessor)
     np.testing.assert_allclose(loaded.predict_outputs(split), model.predict_outputs(split), rtol=1e-5, atol=1e-6)
     # ... and on raw text, without the plugin: label names and probabilities.
     texts = (["The sun is a star.", "Ice is cold."], ["The sun is hot.", "A dog barks."])
@@ -81,7 +83,7 @@ def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
     write_tsv(data, "train", ["a long premise about the sun and the moon\tthe sun is hot\tentails",
                               "short\t \tneutral", "x\ty\tneutral"])
     task = kgpt.TaskRegistry().get("scitail")
-    split = finetune_lib.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 20))
+    split = finetune_data.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 20))
     # One character per token: 33 + 11 text tokens, 20 - 3 specials fit.
     assert split.counts == {"read": 3, "used": 2, "skipped": 1, "skipped_reasons": {"empty text field": 1},
                             "truncated": 1, "tokens_cut": 33 + 11 - (20 - 3)}
@@ -101,7 +103,7 @@ def test_malformed_rows_name_file_and_line(tiny_preset, tmp_path, row, message):
     write_tsv(data, "train", ["good premise\tgood hypothesis\tentails", row])
     task = kgpt.TaskRegistry().get("scitail")
     with pytest.raises(kgpt.DataError, match=message):
-        finetune_lib.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 64))
+        finetune_data.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 64))
 
 
 def test_snli_format_jsonl_reads_like_the_tsv(tmp_path):
@@ -135,16 +137,27 @@ def test_missing_eval_split_is_reported_not_fatal(tiny_preset, tmp_path, capsys,
     assert any(m.startswith("Split 'test' not evaluated: No SciTail test file found") for m in messages)
 
 
+def test_a_run_leaves_numpy_global_generator_alone(tiny_preset, tmp_path):
+    """kgpt's batch order and new embeddings come from generators seeded by the config: NumPy's global generator
+    belongs to the application, and a run neither draws from it nor seeds it."""
+    data = scitail_demo.write(str(tmp_path / "data"))
+    np.random.seed(1234)
+    before = np.random.get_state()
+    finetune_lib.finetune(config(tiny_preset, tmp_path, data_dir=data, output_dir=None))
+    after = np.random.get_state()
+    assert np.array_equal(after[1], before[1]) and after[2:] == before[2:]
+
+
 def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
-    partial = finetune_lib.transfer(backbone, 1)
+    partial = finetune_model.transfer(backbone, 1)
     same = lambda a, b: all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(a.weights, b.weights))
     assert same(partial.token_embedding, backbone.token_embedding)
     assert same(partial.position_embedding, backbone.position_embedding)
     assert same(partial.transformer_layers[0], backbone.transformer_layers[0])
     assert not same(partial.transformer_layers[1], backbone.transformer_layers[1])
-    assert finetune_lib.transfer(backbone, None) is backbone
+    assert finetune_model.transfer(backbone, None) is backbone
     with pytest.raises(ValueError, match=r"transfer_layers must be in 0..2, got 3"):
-        finetune_lib.transfer(backbone, 3)
+        finetune_model.transfer(backbone, 3)
 
 
 def test_special_tokens_are_added_when_missing(backbone):
@@ -238,9 +251,9 @@ def test_scratch_baseline_is_refused_where_there_is_nothing_to_compare(tiny_pres
 
 
 def test_only_the_demo_runs_the_baseline_unless_asked():
-    base = finetune_lib.FinetuneConfig(init="demo")
+    base = FinetuneConfig(init="demo")
     assert finetune_lib.runs_baseline(base)
-    assert not finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="demo", scratch_baseline=False))
-    assert not finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="demo", pretrained_weights=False))
-    assert not finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="some/preset"))
-    assert finetune_lib.runs_baseline(finetune_lib.FinetuneConfig(init="some/preset", scratch_baseline=True))
+    assert not finetune_lib.runs_baseline(FinetuneConfig(init="demo", scratch_baseline=False))
+    assert not finetune_lib.runs_baseline(FinetuneConfig(init="demo", pretrained_weights=False))
+    assert not finetune_lib.runs_baseline(FinetuneConfig(init="some/preset"))
+    assert finetune_lib.runs_baseline(FinetuneConfig(init="some/preset", scratch_baseline=True))

@@ -23,6 +23,7 @@ import kgpt
 from kgpt.data import tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs.config import FinetuneConfig
 from kgpt.jobs import predict as predict_lib
 
 REGISTRY = kgpt.TaskRegistry()
@@ -139,7 +140,7 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
                    metrics="matthews,auc")
     assert with_files("text-classification", train_file=train, text_columns=["review"], label_column="stars",
                       metrics="matthews,accuracy").metrics == ("matthews", "accuracy")
-    config = finetune_lib.FinetuneConfig(task="sst2", init="scratch", train_file=train)
+    config = FinetuneConfig(task="sst2", init="scratch", train_file=train)
     with pytest.raises(ConfigError, match="--train_file: task 'sst2' reads --data_dir in its own format"):
         finetune_lib.with_files(REGISTRY.get("sst2"), config)
 

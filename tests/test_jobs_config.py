@@ -139,6 +139,41 @@ def test_jobs_share_their_common_fields_once():
     assert not own[0] & own[1]
 
 
+def test_kgpt_analyze_reads_its_flags_once_and_sets_none(tmp_path):
+    """zero-shot-curve scores its --tasks: its config takes them, and the --zero_shot flag keeps what was given."""
+    from absl import flags
+
+    from kgpt.cli import analyze
+
+    flags.FLAGS(["kgpt-analyze", "--tasks=sst2", "--zero_shot=cola", "--dry_run", f"--output_dir={tmp_path / 'out'}"])
+    try:
+        before = flags.FLAGS.flag_values_dict()
+        config = analyze._config("zero-shot-curve", {"sst2": None})
+        analyze.main(["kgpt-analyze", "zero-shot-curve"])
+        after = flags.FLAGS.flag_values_dict()
+    finally:
+        flags.FLAGS.unparse_flags()
+    assert config.zero_shot == {"sst2": None}
+    assert after == before and after["zero_shot"] == ["cola"]
+    assert not (tmp_path / "out").exists()  # a dry run
+
+
+def test_no_module_of_kgpt_sets_a_flag():
+    """The commands read their flags into the job's config and never set one: a flag set outlives the command."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(config_lib.__file__).parents[1]
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets = node.targets if isinstance(node, ast.Assign) else \
+                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+            found += [f"{path.relative_to(root.parent)}:{node.lineno}" for target in targets
+                      if isinstance(target, (ast.Attribute, ast.Subscript)) and "FLAGS" in ast.unparse(target)]
+    assert not found, f"flags set after parsing: {found}"
+
+
 def test_finetune_without_init_is_an_error_naming_the_choices():
     from kgpt.errors import ConfigError
     from kgpt.jobs import finetune

@@ -16,6 +16,8 @@ from test_use_trained import make_preset, write_data
 import kgpt
 from kgpt.io.presets import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import finetune_model
+from kgpt.jobs.config import FinetuneConfig
 from kgpt.models import lora
 from kgpt.tasks import transforms
 from kgpt.train import checkpoint
@@ -164,7 +166,7 @@ def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, caps
     preset, data_dir = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
     fields = dict(task="scitail", data_dir=data_dir, init=preset, output_dir=str(tmp_path / "out"), epochs=1,
                   batch_size=8, learning_rate=1e-2, max_length=64, seed=3, lora_rank=RANK)
-    model, results = finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields))
+    model, results = finetune_lib.finetune(FinetuneConfig(**fields))
     log = capsys.readouterr().out
     assert f"LoRA rank {RANK} on the query and value projections: {lora.count_trainable(model):,} of" in log
     base = kgpt.GPTBackbone.from_preset(preset)
@@ -179,7 +181,7 @@ def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, caps
     assert json.loads((tmp_path / "out" / "run.json").read_text())["settings"]["lora_rank"] == RANK
     # The same command again restores the LoRA run's last checkpoint and scores the same model.
     predictions = (tmp_path / "out" / "predictions" / "dev.tsv").read_bytes()
-    _, again = finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields))
+    _, again = finetune_lib.finetune(FinetuneConfig(**fields))
     assert "is at the last step" in capsys.readouterr().out
     assert (tmp_path / "out" / "predictions" / "dev.tsv").read_bytes() == predictions
     assert again["splits"]["dev"]["accuracy"] == results["splits"]["dev"]["accuracy"]
@@ -187,7 +189,7 @@ def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, caps
 
 def test_a_bad_lora_rank_is_a_config_error(tmp_path):
     with pytest.raises(kgpt.ConfigError, match="lora_rank must be an integer >= 1"):
-        finetune_lib._enable_lora(task_model(), 0)
+        finetune_model.enable_lora(task_model(), 0)
 
 
 def test_cli_refuses_a_bad_lora_rank_by_flag_name():

@@ -6,7 +6,7 @@ import pytest
 from conftest import random_inputs, to_numpy
 
 import kgpt
-from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import finetune_model
 
 SIZES = dict(vocabulary_size=97, hidden_dim=16, lstm_units=24, max_sequence_length=16, dropout=0.0)
 
@@ -40,14 +40,14 @@ def test_added_tokens_and_transfer_keep_the_learned_weights():
     grown = backbone.with_added_tokens(3, seed=0)
     table = to_numpy(grown.token_embedding.embeddings)
     np.testing.assert_array_equal(table[:97], to_numpy(backbone.token_embedding.embeddings))
-    one = finetune_lib.transfer(backbone, 1)
+    one = finetune_model.transfer(backbone, 1)
     same = [np.array_equal(to_numpy(a), to_numpy(b)) for a, b in zip(one.weights, backbone.weights)]
     names = [w.path for w in one.weights]
     assert all(s for s, n in zip(same, names) if n.startswith(("token_embedding", "lstm_0")))
     # Kernels are drawn afresh (biases start at constants, equal either way).
     assert not any(s for s, n in zip(same, names) if n.startswith(("lstm_1", "output_projection")) and "kernel" in n)
     with pytest.raises(ValueError, match=r"transfer_layers must be in 0..2"):
-        finetune_lib.transfer(backbone, 3)
+        finetune_model.transfer(backbone, 3)
 
 
 def test_task_model_trains_on_an_lstm_backbone():

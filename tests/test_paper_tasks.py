@@ -7,6 +7,8 @@ import pytest
 
 import kgpt
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs import finetune_data
+from kgpt.jobs.config import FinetuneConfig
 
 REGISTRY = kgpt.TaskRegistry()
 SENTENCES = ["the cat sat on the mat.", "a dog ran far away!", "rain falls in spring.", "why is the sky blue?",
@@ -135,7 +137,7 @@ def test_the_paper_datasets_are_all_listed():
 def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_path):
     task = REGISTRY.get(name)
     data = write_dataset(name, tmp_path / "data")
-    config = finetune_lib.FinetuneConfig(task=name, data_dir=data, init=tiny_preset, output_dir=str(tmp_path / "out"),
+    config = FinetuneConfig(task=name, data_dir=data, init=tiny_preset, output_dir=str(tmp_path / "out"),
                                          epochs=1, batch_size=4, learning_rate=1e-3, max_length=96, predict_test=True)
     _, results = finetune_lib.finetune(config, registry=REGISTRY)
     metric_names = list(task.metrics)
@@ -153,7 +155,7 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
 def encode(name, data, split="train"):
     task = REGISTRY.get(name)
     preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), task.transform, max_length=128)
-    return finetune_lib.encode_split(task, split, data, preprocessor)
+    return finetune_data.encode_split(task, split, data, preprocessor)
 
 
 def test_glue_errors_name_file_and_line(tmp_path):

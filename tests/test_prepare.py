@@ -7,7 +7,8 @@ import sys
 import pytest
 
 import kgpt
-from kgpt.jobs.pretrain import PretrainConfig, corpus_files, prepare
+from kgpt.jobs.config import PretrainConfig
+from kgpt.jobs.pretrain import corpus_files, prepare
 from kgpt.data.shards import build_shards
 
 PARAGRAPH = ("The keeper\u2019s log for 3 January: \u201cWind SW, force 6 \u2014 glass falling\u2026\u201d "

@@ -10,7 +10,8 @@ import pytest
 from conftest import kill_at_step
 
 import kgpt
-from kgpt.jobs.pretrain import PretrainConfig, pretrain
+from kgpt.jobs.config import PretrainConfig
+from kgpt.jobs.pretrain import pretrain
 
 TEXT = "The keeper climbed the steps of the tower and wrote the date in the notebook.\n" * 30
 
@@ -51,7 +52,8 @@ def test_pretrain_learns_and_saves(tmp_path, capsys, progress):
     np.testing.assert_allclose(keras.ops.convert_to_numpy(backbone(x)),
                                keras.ops.convert_to_numpy(lm.backbone(x)), atol=1e-6)
     # ... and fine-tuning starts from it (--init).
-    from kgpt.jobs.finetune import FinetuneConfig, finetune
+    from kgpt.jobs.config import FinetuneConfig
+    from kgpt.jobs.finetune import finetune
 
     _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16))
     lines = capsys.readouterr().out.splitlines()

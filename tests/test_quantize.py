@@ -12,6 +12,7 @@ from test_use_trained import make_preset, write_data
 import kgpt
 from kgpt.io.presets import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs.config import FinetuneConfig
 from kgpt.models import int8
 
 
@@ -44,7 +45,7 @@ def finetuned(tmp_path_factory):
     """A tiny fine-tuned SciTail preset: `(preset, data_dir)`."""
     root = tmp_path_factory.mktemp("quantize")
     preset, data = make_preset(root / "preset"), write_data(root / "data")
-    config = finetune_lib.FinetuneConfig(task="scitail", data_dir=data, init=preset, output_dir=str(root / "out"),
+    config = FinetuneConfig(task="scitail", data_dir=data, init=preset, output_dir=str(root / "out"),
                                          epochs=1, batch_size=8, learning_rate=1e-3, max_length=64, seed=1)
     finetune_lib.finetune(config)
     return str(root / "out"), data

@@ -20,6 +20,7 @@ import tensorflow as tf
 import kgpt
 from kgpt.io import remote_lock, storage
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.rundir import OutputDirError, RunDirectory
@@ -43,7 +44,7 @@ def tiny_lm_config(tmp_path, output_dir, **overrides):
                   warmup_steps=1, max_steps=6, evaluations=2, sample_tokens=2, checkpoint_every=3,
                   tokenizer="train", num_merges=20)
     values.update(overrides)
-    return pretrain_lib.PretrainConfig(**values)
+    return PretrainConfig(**values)
 
 
 def run_cli(*args, cwd, background=False):
@@ -177,7 +178,7 @@ def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_pa
 
 def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, tmp_path):
     out = f"file://{tmp_path}/remote/rte"
-    config = finetune_lib.FinetuneConfig(task="scitail", init=tiny_preset, output_dir=out, epochs=1,
+    config = FinetuneConfig(task="scitail", init=tiny_preset, output_dir=out, epochs=1,
                                                batch_size=32, learning_rate=1e-3, max_length=32,
                                                data_dir=scitail_demo.write(str(tmp_path / "data")))
     model, results = finetune_lib.finetune(config)

@@ -57,7 +57,8 @@ def test_preprocessor_special_tokens():
 
 
 def tiny_pretrained_preset(tmp_path, **overrides):
-    from kgpt.jobs.pretrain import PretrainConfig, pretrain
+    from kgpt.jobs.config import PretrainConfig
+    from kgpt.jobs.pretrain import pretrain
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

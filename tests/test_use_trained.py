@@ -14,6 +14,7 @@ from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs.config import FinetuneConfig
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs.rundir import OutputDirError
 
@@ -46,7 +47,7 @@ def make_preset(path):
 def config(preset, data, out, **overrides):
     fields = dict(task="scitail", data_dir=data, init=preset, output_dir=out, epochs=2, batch_size=8,
                   learning_rate=1e-3, max_length=64, seed=3)
-    return finetune_lib.FinetuneConfig(**{**fields, **overrides})
+    return FinetuneConfig(**{**fields, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +165,8 @@ def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp
 RUN = """
 import sys
 from kgpt.jobs import finetune
-config = finetune.FinetuneConfig(**__import__("json").loads(sys.argv[1]))
+from kgpt.jobs.config import FinetuneConfig
+config = FinetuneConfig(**__import__("json").loads(sys.argv[1]))
 finetune.finetune(config)
 """
 
@@ -174,7 +176,7 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     fields = dict(task="scitail", data_dir=data, init=preset, epochs=3, batch_size=8, learning_rate=1e-3,
                   max_length=64, seed=5, checkpoint_every=2, classifier_dropout=0.3)
     reference = tmp_path / "reference"
-    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(reference)))
+    finetune_lib.finetune(FinetuneConfig(**fields, output_dir=str(reference)))
 
     killed = tmp_path / "killed"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
@@ -190,7 +192,7 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     step = json.loads((killed / "checkpoint" / json.loads(pointer.read_text())["checkpoint"] / "state.json").read_text())
     assert 0 < step["step"] < 9
 
-    finetune_lib.finetune(finetune_lib.FinetuneConfig(**fields, output_dir=str(killed)))
+    finetune_lib.finetune(FinetuneConfig(**fields, output_dir=str(killed)))
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"Resuming from the checkpoint at step {step['step']}") for line in lines)
     for split in ("dev", "test"):
@@ -204,7 +206,7 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     assert (killed / "history.csv").read_text().splitlines()[0] == (reference / "history.csv").read_text().splitlines()[0]
     # Another learning rate with this checkpoint: refused, naming the difference.
     with pytest.raises(OutputDirError, match=r"learning_rate: 0.001 there, 0.002 now"):
-        finetune_lib.finetune(finetune_lib.FinetuneConfig(**{**fields, "learning_rate": 2e-3},
+        finetune_lib.finetune(FinetuneConfig(**{**fields, "learning_rate": 2e-3},
                                                           output_dir=str(killed)))
 
 

@@ -74,60 +74,65 @@ def main(argv):
 
     logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
                 f"outputs in {output_dir}")
+    several = not FLAGS.dry_run and train.several_processes()
+    if several and mode in ("zero-shot", "zero-shot-curve"):
+        raise app.UsageError(f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
+                             "run it without --num_processes.", exitcode=2)
+    config = _config(mode, tasks)
     if FLAGS.dry_run:
-        _dry_run(mode, tasks, output_dir, seeds)
+        _dry_run(mode, config, tasks, output_dir, seeds)
         return
-    if train.several_processes():
-        if mode in ("zero-shot", "zero-shot-curve"):
-            raise app.UsageError(f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
-                                 "run it without --num_processes.", exitcode=2)
-        # Before any model is loaded: the processes join before the backend computes anything.
-        run.join(dataclasses.replace(train.finetune_config_from_flags(), output_dir=output_dir), "analyze",
+    if several:  # before any model is loaded: the processes join before the backend computes anything
+        run.join(dataclasses.replace(config, output_dir=output_dir), "analyze",
                  {"mode": mode, "tasks": tasks, "seeds": seeds})
     # The modes share the directory (zero-shot reads the model that transfer pre-trained there); each
     # experiment's own run under runs/ is claimed with its settings by its job.
     claim = RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite)
     run.on_chief(claim.__enter__, f"claiming {output_dir}")
     try:
-        _run(mode, tasks, output_dir, TaskRegistry(), seeds)
+        _run(mode, config, tasks, output_dir, TaskRegistry(), seeds)
     finally:
         if cluster.is_chief():
             claim.__exit__(None, None, None)
 
 
-def _run(mode, tasks, output_dir, registry, seeds):
+def _config(mode, tasks):
+    """The flags read once into the config the mode's runs start from (the dry run checks the same one).
+
+    zero-shot-curve pre-trains (a `PretrainConfig` whose zero-shot tasks are
+    `--tasks`); the other modes fine-tune, or (zero-shot) score `--init`.
+    """
+    if mode == "zero-shot-curve":
+        return train.pretrain_config_from_flags(zero_shot=tasks)
+    return train.finetune_config_from_flags()
+
+
+def _layers():
+    return [int(n) for n in FLAGS.layers] if FLAGS.layers else None
+
+
+def _run(mode, config, tasks, output_dir, registry, seeds):
     from kgpt.jobs import experiments
 
     if mode == "zero-shot":
-        experiments.zero_shot_table(FLAGS.init, tasks, output_dir=output_dir, registry=registry)
+        experiments.zero_shot_table(config.init, tasks, output_dir=output_dir, registry=registry)
     elif mode == "zero-shot-curve":
-        FLAGS.zero_shot = None  # the tasks come from --tasks here
-        base = dataclasses.replace(train.pretrain_config_from_flags(), zero_shot=tasks)
         lstm = train.lstm_settings() if "lstm" in FLAGS.architectures else None
-        experiments.zero_shot_curve(base, architectures=FLAGS.architectures, output_dir=output_dir,
+        experiments.zero_shot_curve(config, architectures=FLAGS.architectures, output_dir=output_dir,
                                     registry=registry, lstm=lstm)
+    elif mode == "transfer":
+        name, data_dir = next(iter(tasks.items()))
+        experiments.transfer_depth(dataclasses.replace(config, task=name, data_dir=data_dir), layers=_layers(),
+                                   output_dir=output_dir, registry=registry)
     else:
-        base = train.finetune_config_from_flags()
-        if mode == "transfer":
-            name, data_dir = next(iter(tasks.items()))
-            layers = [int(n) for n in FLAGS.layers] if FLAGS.layers else None
-            experiments.transfer_depth(dataclasses.replace(base, task=name, data_dir=data_dir), layers=layers,
-                                       output_dir=output_dir, registry=registry)
-        else:
-            experiments.ablations(base, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir,
-                                  registry=registry, seeds=seeds)
+        experiments.ablations(config, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir,
+                              registry=registry, seeds=seeds)
 
 
-def _dry_run(mode, tasks, output_dir, seeds):
+def _dry_run(mode, config, tasks, output_dir, seeds):
     from kgpt.jobs import dry_run
 
-    if mode == "zero-shot-curve":
-        FLAGS.zero_shot = None  # the tasks come from --tasks here
-        config = train.pretrain_config_from_flags()
-    else:
-        config = train.finetune_config_from_flags()
-    layers = [int(n) for n in FLAGS.layers] if FLAGS.layers else None
-    dry_run.analyze(mode, config, tasks, output_dir, layers=layers, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init,
+    dry_run.analyze(mode, config, tasks, output_dir, layers=_layers(), rows=FLAGS.rows, lstm_init=FLAGS.lstm_init,
                     seeds=seeds, architectures=FLAGS.architectures)
 
 

@@ -64,7 +64,7 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
     _check_flags()
     import kgpt
-    from kgpt.jobs import dry_run, finetune, predict
+    from kgpt.jobs import dry_run, finetune_data, finetune_outputs, predict
 
     if FLAGS.output == "-":  # the predictions own standard output
         common.log_to_stderr()
@@ -101,14 +101,14 @@ def main(argv):
         if hasattr(task, "with_files"):  # its registered form reads only its embedded demo's files
             raise kgpt.ConfigError(f"--data_dir reads a task's own format; a {model.task_name} model reads your "
                                    f"tables: pass --input FILE (.csv, .tsv or .jsonl).")
-        split = finetune.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
-        evaluation = finetune.evaluate_split(task, model, split, FLAGS.batch_size)
+        split = finetune_data.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
+        evaluation = finetune_outputs.evaluate_split(task, model, split, FLAGS.batch_size)
         if evaluation.metrics:
             logger.info(f"{FLAGS.split}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
         if FLAGS.output == "-":
-            sys.stdout.write(finetune.predictions_tsv(task, split, evaluation))
+            sys.stdout.write(finetune_outputs.predictions_tsv(task, split, evaluation))
         else:
-            finetune.write_predictions(FLAGS.output, task, split, evaluation)
+            finetune_outputs.write_predictions(FLAGS.output, task, split, evaluation)
         count = len(split)
     logger.info(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
 

@@ -84,9 +84,10 @@ define_flags()
 FLAGS = flags.FLAGS
 
 
-def _values(config_cls):
+def _values(config_cls, skip=()):
+    """The flags given or defaulted for `config_cls`'s fields (not `task`, nor the fields in `skip`)."""
     values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(config_cls)
-              if f.name != "task" and FLAGS[f.name].value is not None}
+              if f.name != "task" and f.name not in skip and FLAGS[f.name].value is not None}
     if values.get("zero_shot") is not None:
         values["zero_shot"] = parse_task_dirs(values["zero_shot"])
     return values
@@ -105,9 +106,13 @@ def _apply_recipe(values, job):
         _fill_unset(values, config_lib.RECIPES[FLAGS.recipe][job], f"--recipe {FLAGS.recipe}", kind="its")
 
 
-def pretrain_config_from_flags():
-    """PretrainConfig from the flags; --recipe, else the demo settings without --corpus, fill unset flags."""
-    values = _values(config_lib.PretrainConfig)
+def pretrain_config_from_flags(**overrides):
+    """PretrainConfig from the flags; --recipe, else the demo settings without --corpus, fill unset flags.
+
+    `overrides` are fields a command sets itself (kgpt-analyze zero-shot-curve: `zero_shot`, from its --tasks);
+    the flags are only read, never set.
+    """
+    values = _values(config_lib.PretrainConfig, skip=overrides)
     if FLAGS.recipe is not None and FLAGS.corpus is None:
         raise app.UsageError(f"--recipe {FLAGS.recipe} pre-trains on your text: give --corpus (a glob or folder of "
                              "UTF-8 text files).", exitcode=2)
@@ -116,7 +121,7 @@ def pretrain_config_from_flags():
         _fill_unset(values, config_lib.DEMO_PRETRAIN, "No --corpus: training on the embedded demo text with")
     if values["architecture"] == "lstm":
         values.update(lstm_settings())
-    return config_lib.PretrainConfig(**values)
+    return config_lib.PretrainConfig(**{**values, **overrides})
 
 
 def lstm_settings():

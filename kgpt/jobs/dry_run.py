@@ -37,7 +37,8 @@ from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
-from kgpt.jobs.rundir import LOCK_FILE, OUTPUTS, RUN_FILE, OutputDirError, RunDirectory
+from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, untrained_head
+from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.task_model import is_task_preset
 from kgpt.tasks.registry import TaskRegistry
@@ -93,48 +94,18 @@ def output_dir(path, job, settings, overwrite=False):
         raise FileExistsError(errno.EEXIST, "a file is in the way of the output directory", path)
     if not os.path.isdir(path):
         return f"{path} (new)"
-    _check_unlocked(path)
     claim = RunDirectory(path, job, settings, overwrite=overwrite)
-    run_file = os.path.join(path, RUN_FILE)
-    theirs = None
-    if os.path.exists(run_file):
-        try:
-            with open(run_file, encoding="utf-8") as f:
-                theirs = json.load(f)
-        except (OSError, ValueError) as e:
-            if not overwrite:
-                raise OutputDirError(f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
-                                     f"directory's outputs, or another --output_dir.") from None
-    if theirs == {"job": job, "settings": settings}:
+    claim.check_free()
+    action, foreign = claim.inspect()  # raises what the run's claim would raise
+    if action == "same":
         found = checkpoint_lib.latest(os.path.join(path, "checkpoint")) \
             if os.path.isdir(os.path.join(path, "checkpoint")) else None
         step = f"resumes from its checkpoint at step {found[1]['step']:,}" if found else "starts again (no checkpoint)"
         return f"{path}: the same run as before, which {step}"
-    foreign = [n for n in os.listdir(path) if n not in (LOCK_FILE, RUN_FILE)]
-    if theirs is None and not foreign:
+    if action == "new":
         return f"{path} (empty)"
-    if not overwrite:
-        raise OutputDirError(claim._refusal(theirs, foreign))
     replaced = sorted(n for n in foreign if n in OUTPUTS)
     return f"{path}: --overwrite replaces kgpt's outputs there ({', '.join(replaced) or 'none yet'}); other files stay"
-
-
-def _check_unlocked(path):
-    """Raises the run's 'in use' error when another process holds `path`'s lock (testing it takes no lock)."""
-    import fcntl
-
-    lock_path = os.path.join(path, LOCK_FILE)
-    if not os.path.exists(lock_path) or not os.access(lock_path, os.W_OK):
-        return
-    with open(lock_path, "r+") as lock:
-        try:
-            fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EACCES, errno.EAGAIN):
-                raise
-            holder = lock.read().strip() or "another process"
-            raise RunDirectory(path, "", {})._in_use(holder) from None
-        fcntl.lockf(lock, fcntl.LOCK_UN)
 
 
 def processes(config):
@@ -263,23 +234,12 @@ def init(config, task=None):
                 + ", ".join(f"{k}={v}" for k, v in DEMO_PRETRAIN.items()) + ")")
     if task is not None and is_task_preset(config.init):
         saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
-        name = saved.get("task_name")
-        if name != task.name:
-            source = finetune_lib._recorded_init(config.init)
-            raise ConfigError(f"--init {config.init} is fine-tuned for task {name!r}, not {task.name!r}: pass --task "
-                              f"{name} to evaluate or train it further, or --init the pre-trained model to fine-tune "
-                              f"for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
-        if config.transfer_layers is not None or not config.pretrained_weights:
-            raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
-                              f"{config.init} is fine-tuned.")
+        check_finetuned_init(config, task, saved.get("task_name"))
         return f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init)}): its head is kept"
     if task is not None and config.epochs == 0:
-        raise ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its "
-                          f"{task.name} head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} "
-                          f"run.")
+        raise untrained_head(config, task)
     found = pretrained(config.init, sizes := {})
-    if config.transfer_layers is not None and not 0 <= config.transfer_layers <= sizes.get("num_layers", 0):
-        raise ConfigError(f"transfer_layers must be in 0..{sizes.get('num_layers')}, got {config.transfer_layers}.")
+    check_transfer_layers(config.transfer_layers, sizes.get("num_layers", 0))
     return f"{config.init}: {found}"
 
 

@@ -35,7 +35,7 @@ import sys
 
 from kgpt.data import batching, tables
 from kgpt.errors import ConfigError, DataError
-from kgpt.jobs.finetune import prediction_columns, prediction_rows
+from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines
 from kgpt.io.storage import write_text
 from kgpt.parallel import distribute

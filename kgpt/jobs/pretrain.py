@@ -24,7 +24,6 @@ from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import PRESET_CONFIG
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
-from kgpt.jobs.config import DEMO_PRETRAIN, PretrainConfig  # noqa: F401 - kgpt.jobs.pretrain.PretrainConfig
 from kgpt.jobs.config import recorded_settings
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm import GPTCausalLM

@@ -28,6 +28,7 @@ import sys
 import tempfile
 
 import keras
+import numpy as np
 
 from kgpt.errors import ConfigError
 from kgpt.io import storage
@@ -284,8 +285,26 @@ def scope(config, batch_size):
     with compilation_cache(config.compilation_cache), \
             training_scope(config.distribution, config.dtype, batch_size // steps, config.model_parallel,
                            accumulation=steps) as shards:
-        keras.utils.set_random_seed(config.seed)
+        seed_keras(config.seed)
         yield shards
+
+
+def seed_keras(seed):
+    """Seeds what Keras draws its own random numbers from, so that a run's weights and dropout masks repeat.
+
+    kgpt's own draws (batch order, pre-training windows, new token
+    embeddings) come from generators seeded from the config
+    (`np.random.default_rng`); Keras' do not take one: every initializer and
+    dropout layer built without a seed draws it from Python's global `random`
+    (`keras.random.make_default_seed`), and unseeded `keras.random` ops use
+    Keras' global `SeedGenerator`. `keras.utils.set_random_seed` seeds both
+    (and TensorFlow's global seed); NumPy's global generator, which it seeds
+    too, is put back as it was: kgpt draws nothing from it, and it belongs
+    to the application.
+    """
+    state = np.random.get_state()
+    keras.utils.set_random_seed(seed)
+    np.random.set_state(state)
 
 
 def checkpoint_dir(config):

@@ -148,7 +148,15 @@ class RunDirectory:
                 self._lock.close()  # closing drops the lock; the file stays, harmless
                 self._lock = None
 
-    def _check(self):
+    def inspect(self):
+        """What claiming the directory would do, found without writing anything: `(action, foreign)`.
+
+        `action` is `"same"` (this run again: it resumes or re-evaluates),
+        `"new"` (nothing there yet) or `"overwrite"` (`foreign`, the files
+        there, hold another run's outputs, which `overwrite=True` clears);
+        a claim that would be refused raises its `OutputDirError` here. The
+        claim itself (`__enter__`) and `--dry_run` both decide with it.
+        """
         run_file = storage.join(self.path, RUN_FILE)
         theirs = None
         if storage.exists(run_file):
@@ -158,18 +166,46 @@ class RunDirectory:
                 if not self.overwrite:
                     raise OutputDirError(f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
                                          f"directory's outputs, or another --output_dir.") from None
-        ours = {"job": self.job, "settings": self.settings}
-        if theirs == ours:
-            return  # the same run again: it resumes or re-evaluates
+        if theirs == {"job": self.job, "settings": self.settings}:
+            return "same", []
         foreign = [n for n in storage.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)
                    and not storage.is_upload(n)]
         if theirs is None and not foreign:
-            storage.write_json(run_file, ours)
-            return
+            return "new", []
         if not self.overwrite:
             raise OutputDirError(self._refusal(theirs, foreign))
-        self._clear()
-        storage.write_json(run_file, ours)
+        return "overwrite", foreign
+
+    def check_free(self):
+        """Raises the claim's "in use" `OutputDirError` when a process holds the directory's lock; takes none.
+
+        For a look that must not claim (`--dry_run`): a lock taken and
+        released here tests the lock file only.
+        """
+        import fcntl
+
+        path = os.path.join(self.path, LOCK_FILE)
+        with _held_guard:
+            if _held.get(_file_id(path)) == os.getpid():  # this process's own run: opening the file would drop its lock
+                raise self._in_use(f"pid {os.getpid()}")
+        if not os.path.exists(path) or not os.access(path, os.W_OK):
+            return
+        with open(path, "r+") as lock:
+            try:
+                fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    raise
+                raise self._in_use(lock.read().strip() or "another process") from None
+            fcntl.lockf(lock, fcntl.LOCK_UN)
+
+    def _check(self):
+        action, _ = self.inspect()
+        if action == "same":
+            return
+        if action == "overwrite":
+            self._clear()
+        storage.write_json(storage.join(self.path, RUN_FILE), {"job": self.job, "settings": self.settings})
 
     def _refusal(self, theirs, foreign):
         if theirs is None:

@@ -1,0 +1,170 @@
+"""What fine-tuning starts from, and the task model it builds on it.
+
+`starting_point` loads `--init` (a pre-trained preset, the original release,
+Hugging Face files, `scratch`, `demo`, or a fine-tuned preset of the same
+task, whose head is kept), applies `transfer_layers` and
+`pretrained_weights`, and adds the special tokens; `build_model` puts the
+task's head on it (and LoRA factors with `lora_rank`).
+"""
+
+import collections
+import logging
+import os
+
+import keras
+
+from kgpt.errors import ConfigError
+from kgpt.io.presets import read_json
+from kgpt.jobs import pretrain as pretrain_lib
+from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
+from kgpt.models import lora
+from kgpt.models.backbone import GPTBackbone
+from kgpt.models.pretrained import load_pretrained, with_special_tokens
+from kgpt.models.task_model import GPTTaskModel, is_task_preset
+from kgpt.models.tokenizer import GPTTokenizer
+
+logger = logging.getLogger(__name__)
+
+SPECIAL_INITS = ("scratch", "demo")  # --init values that name no files
+
+
+def transfer(pretrained, num_layers):
+    """A fresh backbone of the same shape with the embeddings and first `num_layers` blocks copied.
+
+    `num_layers=None` copies everything. The paper's Figure 2 (left) varies this.
+    """
+    if num_layers is None:
+        return pretrained
+    check_transfer_layers(num_layers, pretrained.num_layers)
+    fresh = type(pretrained).from_config(pretrained.get_config())
+    for src, dst in zip(pretrained.transferred_layers(num_layers), fresh.transferred_layers(num_layers)):
+        dst.set_weights(src.get_weights())
+    return fresh
+
+
+def check_transfer_layers(num_layers, depth):
+    """Raises `ConfigError` unless `num_layers` (None: all) blocks of a model of `depth` blocks can be transferred."""
+    if num_layers is not None and not 0 <= num_layers <= depth:
+        raise ConfigError(f"transfer_layers must be in 0..{depth}, got {num_layers}.")
+
+
+# `initial`: what `initial_model` gave (before special tokens and `pretrained_weights`), for a baseline to reuse.
+Start = collections.namedtuple("Start", "backbone tokenizer origin finetuned initial")
+
+
+def initial_model(config):
+    """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init`."""
+    if config.init == "scratch":
+        tokenizer = GPTTokenizer.gpt1()
+        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), config.max_length or 512)
+        return backbone, tokenizer, "random initialisation (no pre-training)"
+    if config.init == "demo":
+        return _demo_model(config)
+    return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
+
+
+def _demo_model(config):
+    """`init="demo"`: the demo model pre-trained on the embedded text (kept in output_dir/pretrained, and reused)."""
+    out = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+    origin = "the demo model pre-trained on the embedded text"
+    if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete
+        logger.info(f"--init demo: using the demo model pre-trained in {out} by an earlier run of this command.")
+        backbone, tokenizer, _ = load_pretrained(out, dtype=config.dtype)
+        return backbone, tokenizer, origin
+    logger.info("--init demo: pre-training the small demo model on the embedded text first "
+                f"({', '.join(f'{k}={v}' for k, v in DEMO_PRETRAIN.items())}).")
+    lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=config.seed))
+    return lm.backbone, tokenizer, origin
+
+
+def starting_point(config, task, initial=None):
+    """What fine-tuning starts from: a `Start(backbone, tokenizer, origin, finetuned, initial)`.
+
+    `finetuned` is the loaded `GPTTaskModel` when `config.init` is a
+    fine-tuned preset of `task` (its head is kept), else None. `initial`, an
+    earlier `Start.initial`, is used instead of loading (or, for `demo`,
+    pre-training) `config.init` again.
+    """
+    if config.init not in SPECIAL_INITS and is_task_preset(config.init):
+        model = _finetuned_init(config, task)
+        action = "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
+        logger.info(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, "
+                    f"{action}.")
+        return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model,
+                     None)
+    if config.epochs == 0:
+        raise untrained_head(config, task)
+    initial = initial or initial_model(config)
+    backbone, tokenizer, origin = initial
+    if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
+        backbone = type(backbone).from_config(backbone.get_config())
+        origin = f"fresh weights (no pre-training) in the shape and vocabulary of {origin}"
+        logger.info("Pre-trained weights discarded: fine-tuning a freshly initialised model of the same shape.")
+    backbone = with_special_tokens(transfer(backbone, config.transfer_layers), tokenizer, seed=config.seed)
+    return Start(backbone, tokenizer, origin, None, initial)
+
+
+def _finetuned_init(config, task):
+    kwargs = {"dtype": config.dtype} if config.dtype else {}
+    model = GPTTaskModel.from_preset(config.init, **kwargs)
+    check_finetuned_init(config, task, model.task_name, model.head)
+    return model
+
+
+def check_finetuned_init(config, task, saved_task, saved_head=None):
+    """Raises `ConfigError` when the fine-tuned `config.init` (of task `saved_task`, with `saved_head`) cannot go on
+    as `config` asks: it is another task's, its head is not the task's now, or `transfer_layers` /
+    `pretrained_weights` ask for a pre-trained model. `--dry_run` checks with it (without the head: it builds none)."""
+    if saved_task != task.name:
+        source = recorded(config.init, "init_dir")
+        raise ConfigError(f"--init {config.init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
+                         f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
+                         f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
+    if saved_head is not None and \
+            keras.saving.serialize_keras_object(saved_head) != keras.saving.serialize_keras_object(task.head):
+        raise ConfigError(f"--init {config.init}: its head ({saved_head.get_config()}) differs from task "
+                         f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved.")
+    if config.transfer_layers is not None or not config.pretrained_weights:
+        raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
+                         f"{config.init} is fine-tuned.")
+
+
+def untrained_head(config, task):
+    """The `ConfigError` of `epochs=0` (evaluate without training) with an `--init` that is not fine-tuned."""
+    return ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
+                       f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
+
+
+def recorded(preset, key):
+    """What a fine-tuned preset's `metrics.json` records under `key` (`init_dir`, `batch_size`); None without one."""
+    path = os.path.join(preset, "metrics.json")
+    try:
+        return read_json(path, "").get(key) if os.path.exists(path) else None
+    except ValueError:
+        return None
+
+
+
+def build_model(config, task, start, preprocessor):
+    """The `GPTTaskModel` (uncompiled) on `start`'s backbone, with a fine-tuned `--init`'s head weights and LoRA."""
+    model = GPTTaskModel(start.backbone, head=task.head, num_views=task.transform.num_views, lm_coef=config.lm_coef,
+                         classifier_dropout=config.classifier_dropout, task_name=task.name,
+                         preprocessor=preprocessor, compile=False)
+    if start.finetuned is not None:
+        model.classifier.set_weights(start.finetuned.classifier.get_weights())
+    if config.lora_rank is not None:
+        enable_lora(model, config.lora_rank)
+    return model
+
+
+def enable_lora(model, rank):
+    """`--lora_rank`: only the LoRA factors and the task head train."""
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        raise ConfigError(f"lora_rank must be an integer >= 1 (or None: every weight trains), got {rank!r}.")
+    if not isinstance(model.backbone, lora.LoraMixin):
+        raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
+    model.backbone.enable_lora(rank)
+    logger.info(f"LoRA rank {rank} on the query and value projections: {lora.count_trainable(model):,} of "
+                f"{model.count_params():,} weights train (the factors and the task head).")
+
+

@@ -1,0 +1,204 @@
+"""Fine-tuning's training loop: compiling, fitting (resumable), the task's metrics per epoch, and `keep`.
+
+`train` compiles a task model with the paper's schedule and fits it on the
+training split, scoring the dev split after every epoch (`TaskMetrics`); a
+checkpoint is written at every epoch end (`Progress`), and a rerun of the
+same command resumes from it (`Training`).
+"""
+
+import logging
+import math
+import os
+
+import keras
+import numpy as np
+
+from kgpt.data import batching
+from kgpt.errors import ConfigError
+from kgpt.jobs import run
+from kgpt.jobs.finetune_data import split_fingerprint
+from kgpt.jobs.finetune_outputs import evaluate_split
+from kgpt.models import lora
+from kgpt.models.optimizers import gpt_adamw
+from kgpt.parallel import distribute
+from kgpt.train import callbacks as callbacks_lib
+from kgpt.train import checkpoint as checkpoint_lib
+
+logger = logging.getLogger(__name__)
+
+
+class TaskMetrics(keras.callbacks.Callback):
+    """Scores the task's own metrics (F1, Matthews, Pearson, ...) on a split after every epoch.
+
+    They join the epoch's logs as `val_<metric>`, so the progress line,
+    `history.csv`, TensorBoard and `History` show them. List it before the
+    loggers.
+    """
+
+    def __init__(self, task, split, batch_size):
+        super().__init__()
+        self.task, self.split, self.batch_size = task, split, batch_size
+
+    def on_epoch_end(self, epoch, logs=None):
+        scores = evaluate_split(self.task, self.model, self.split, self.batch_size).metrics
+        if logs is not None:
+            logs.update({f"val_{name}": value for name, value in scores.items()})
+
+
+def train(config, task, model, splits, batch_size, origin, settings):
+    """Compiles and fits `model` (resuming a checkpoint); returns the results it adds to metrics.json.
+
+    `settings` are what the run's outputs depend on (`kgpt.jobs.finetune.run_settings`): a checkpoint made with
+    others is refused.
+    """
+    train_name = task.splits[0]
+    train_split = splits[train_name]
+    steps_per_epoch = math.ceil(len(train_split) / batch_size)
+    total_steps = steps_per_epoch * config.epochs
+    model.compile(
+        optimizer=gpt_adamw(config.learning_rate, warmup_steps=math.ceil(config.warmup_fraction * total_steps),
+                            total_steps=total_steps, decay="linear", weight_decay=config.weight_decay,
+                            gradient_accumulation_steps=config.gradient_accumulation_steps),
+        lm_loss_chunk_size=config.lm_loss_chunk_size or None,
+    )
+    dev_name = next((n for n, s in splits.items() if n != train_name and s.targets is not None), None)
+    if config.keep == "best" and dev_name is None:
+        raise ConfigError(f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} "
+                         f"was found.")
+    if config.keep == "best" and distribute.spread_over_processes(model):
+        raise ConfigError("keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
+                          "across processes does not fit in: use keep='last'.")
+    max_lengths = max_padded_lengths(model, train_split, batch_size, config.epochs)
+    plan = batching.length_plan(train_split.lengths, batch_size, config.seed, train_split.limit, max_lengths,
+                                epochs=config.epochs)
+    real_share = train_split.real_share(batching.batch_indices(train_split.lengths, batch_size, config.seed), plan)
+    logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
+                f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
+                f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
+                f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}.")
+    logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
+                f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding "
+                f"every example to the longest would give {train_split.padded_share():.1%}.")
+    history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size, settings).fit()
+    return {"kept_epoch": kept, "history": history,
+            "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
+                                 "train_padded_to_longest": train_split.padded_share()}}
+
+
+def max_padded_lengths(model, split, batch_size, epochs):
+    """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
+    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs)
+
+
+class Training:
+    """Runs `model.fit` for a fine-tuning config: resumable, with per-epoch history and `keep`.
+
+    With an output directory, a checkpoint (`kgpt.train.checkpoint`) is written at
+    every epoch end and every `checkpoint_every` steps, and a rerun of the
+    same command resumes from it: same seed, same data order, same dropout
+    masks, so it ends with the weights of an uninterrupted run.
+    """
+
+    def __init__(self, config, task, model, splits, train_name, dev_name, batch_size, settings):
+        self.config, self.task, self.model = config, task, model
+        self.train, self.dev = splits[train_name], splits.get(dev_name)
+        self.batch_size = batch_size
+        self.settings = settings | {"batch_size": batch_size, "train_data": split_fingerprint(self.train)}
+        self.directory = run.checkpoint_dir(config)
+        self.steps_per_epoch = math.ceil(len(self.train) / batch_size)
+        self.metric = task.metric_names[0]
+
+    def fit(self):
+        """Trains (or resumes) to the end; returns `(history, kept_epoch)` (epochs counted from 1)."""
+        progress = Progress(self, self._restore())
+        if progress.step < self.config.epochs * self.steps_per_epoch:
+            metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
+            callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
+                                      "or check the data", before=metrics,
+                                      total_steps=self.config.epochs * self.steps_per_epoch,
+                                      examples_per_step=self.batch_size)
+            run.fit(self.model, self._calls(progress.step), callbacks, self._validation())
+        return progress.history, progress.finish()
+
+    def _restore(self):
+        state = run.restore(self.model, self.config, self.settings)
+        total = self.config.epochs * self.steps_per_epoch
+        if state is not None and state["step"] >= total:
+            logger.info(f"The checkpoint in {self.directory} is at the last step ({total:,}): this run finished "
+                        f"training; evaluating it.")
+        elif state is not None:
+            epoch, done = divmod(state["step"], self.steps_per_epoch)
+            logger.info(f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) "
+                        f"of {total:,} in {self.directory}.")
+        return state
+
+    def _calls(self, step):
+        """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
+        epochs = self.config.epochs
+        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs)
+        pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
+        for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
+            def make(a, b, total, first=first, skip=skip):
+                return batching.dataset(self.train, self.batch_size, seed=self.config.seed,
+                                        lm=self.config.lm_coef > 0, first_epoch=first, max_lengths=max_lengths,
+                                        skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro,
+                                        epochs=epochs)
+
+            yield distribute.feed(make), first, last, None
+
+    def _validation(self):
+        if self.dev is None:
+            return None
+        epochs = self.config.epochs  # one evaluation per epoch
+        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs)
+
+        def make(a, b, total):
+            return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0, max_lengths=max_lengths,
+                                    shards=(a, b, total), pad_to=distribute.batch_shards(), epochs=epochs)
+
+        return distribute.feed(make)
+
+
+class Progress(callbacks_lib.Progress):
+    """`kgpt.train.callbacks.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
+
+    keep = ("best",)
+
+    def __init__(self, training, state=None):
+        config = training.config
+        super().__init__(training.directory, training.settings, training.steps_per_epoch, config.checkpoint_every,
+                         os.path.join(config.output_dir, "history.csv") if config.output_dir else None, state,
+                         accumulation=config.gradient_accumulation_steps)
+        self.training = training
+        self.best = (state or {}).get("best")  # {"epoch": from 1, "score": value} or None
+        self._best_weights = None
+
+    def extra_state(self):
+        return {"best": self.best}
+
+    def epoch_done(self, epoch, logs):
+        if self.training.config.keep != "best":
+            return
+        score = logs.get(f"val_{self.training.metric}")
+        if score is None or not math.isfinite(score):
+            return
+        if self.best is None or score > self.best["score"]:
+            self.best = {"epoch": epoch, "score": score}
+            self._best_weights = [np.array(v) for v in self.model.get_weights()]
+            if self.directory:
+                checkpoint_lib.save_weights(self.model, self.directory, "best")
+
+    def finish(self):
+        """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""
+        if self.training.config.keep != "best" or self.best is None:
+            return len(self.epochs) or None
+        model = self.training.model
+        if len(self.epochs) != self.best["epoch"]:
+            if self._best_weights is not None:
+                model.set_weights(self._best_weights)
+            else:  # resumed after the best epoch: its weights are on disk
+                lora.load_weights(model, os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
+        metric = self.training.metric
+        logger.info(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
+                    f"({self.best['score']:.4f}).")
+        return self.best["epoch"]

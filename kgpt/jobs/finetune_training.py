@@ -2,7 +2,7 @@
 
 `train` compiles a task model with the paper's schedule and fits it on the
 training split, scoring the dev split after every epoch (`TaskMetrics`); a
-checkpoint is written at every epoch end (`Progress`), and a rerun of the
+checkpoint is written at every epoch end (`FinetuneProgress`), and a rerun of the
 same command resumes from it (`Training`).
 """
 
@@ -110,7 +110,7 @@ class Training:
 
     def fit(self):
         """Trains (or resumes) to the end; returns `(history, kept_epoch)` (epochs counted from 1)."""
-        progress = Progress(self, self._restore())
+        progress = FinetuneProgress(self, self._restore())
         if progress.step < self.config.epochs * self.steps_per_epoch:
             metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
             callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
@@ -159,7 +159,7 @@ class Training:
         return distribute.feed(make)
 
 
-class Progress(callbacks_lib.Progress):
+class FinetuneProgress(callbacks_lib.Progress):
     """`kgpt.train.callbacks.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
 
     keep = ("best",)

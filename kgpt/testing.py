@@ -103,7 +103,7 @@ def check_task(task, data_dir=None, tokenizer=None):
     x, y, sample_weight = split.batch(np.arange(len(split)))
     logs = model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
     _check(math.isfinite(float(logs["loss"])), task, f"training loss is not finite: {logs}")
-    outputs = model.predict_outputs(split)
+    outputs = model.predict(split)
     predictions = np.asarray(task.head.decode(outputs))
     _check(predictions.shape == (4,), task, f"head.decode gave shape {predictions.shape} for 4 examples, expected (4,)")
     names = task.head.output_names()

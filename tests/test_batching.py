@@ -101,7 +101,7 @@ def test_predictions_do_not_depend_on_batching(backbone):
         builder.add([rng.integers(1, 90, n).tolist()], target=0)
     split = builder.build()
     padded = split.inputs(np.arange(len(split)), length=16)
-    expected = model.predict_task(padded)
+    expected = model.predict(padded)
     np.testing.assert_allclose(batching.predict_outputs(model.task_predictor(), split, 3), expected,
                                rtol=1e-5, atol=1e-5)
 

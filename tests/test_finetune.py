@@ -69,11 +69,11 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
     loaded, tokenizer, task = kgpt.load_finetuned(str(out))
     assert task.name == "scitail" and tokenizer.fingerprint() == kgpt.GPTTokenizer.from_preset(tiny_preset).fingerprint()
     split = finetune_data.encode_split(task, "dev", str(out / "data"), loaded.preprocessor)
-    np.testing.assert_allclose(loaded.predict_outputs(split), model.predict_outputs(split), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loaded.predict(split), model.predict(split), rtol=1e-5, atol=1e-6)
     # ... and on raw text, without the plugin: label names and probabilities.
     texts = (["The sun is a star.", "Ice is cold."], ["The sun is hot.", "A dog barks."])
     standalone = kgpt.GPTTaskModel.from_preset(str(out))
-    probabilities = standalone.predict(texts)
+    probabilities = standalone.head.probabilities(standalone.predict(texts))
     assert probabilities.shape == (2, 2) and np.allclose(probabilities.sum(-1), 1.0, atol=1e-5)
     assert standalone.predict_labels(texts) == [scitail.LABELS[i] for i in probabilities.argmax(-1)]
 

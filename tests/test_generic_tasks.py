@@ -337,7 +337,8 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     assert list(rows[0]) == ["id", "review", "source", "prediction", "p_negative", "p_positive"]
     model = kgpt.GPTTaskModel.from_preset(str(folder / "my-reviews"))
     texts = [r["review"] for r in inputs]
-    np.testing.assert_allclose([[float(r["p_negative"]), float(r["p_positive"])] for r in rows], model.predict(texts),
+    np.testing.assert_allclose([[float(r["p_negative"]), float(r["p_positive"])] for r in rows],
+                               model.head.probabilities(model.predict(texts)),
                                atol=1e-4)
     assert [r["prediction"] for r in rows] == model.predict_labels(texts)
     # Its output again as input: the predictions would replace its columns, so it is refused.

@@ -72,7 +72,7 @@ def test_the_merged_preset_predicts_like_the_adapted_model_and_loads_as_a_plain_
     model.save_to_preset(str(tmp_path / "merged"))
     loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path / "merged"))
     assert not lora.lora_layers(loaded) and len(loaded.weights) == len(lora.file_variables(model))
-    np.testing.assert_allclose(loaded.predict_task(x), model.predict_task(x), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(loaded.predict(x), model.predict(x), rtol=1e-5, atol=1e-5)
 
 
 def test_separate_lora_weights_round_trip_onto_the_base_backbone(trained, tmp_path):

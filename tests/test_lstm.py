@@ -56,4 +56,4 @@ def test_task_model_trains_on_an_lstm_backbone():
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     history = model.fit(x, {"task": np.arange(8) % 2, "lm": ids[..., 1:]}, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
-    assert keras.ops.convert_to_numpy(model.predict_task(x)).shape == (8, 2)
+    assert keras.ops.convert_to_numpy(model.predict(x)).shape == (8, 2)

@@ -55,16 +55,17 @@ def test_a_quantized_task_model_saves_and_loads_with_the_same_predictions(finetu
     preset, _ = finetuned
     model = kgpt.GPTTaskModel.from_preset(preset)
     texts = [("a cell has a nucleus.", "a cell has a nucleus."), ("water is wet.", "iron is a metal.")]
-    before = model.predict(texts)
+    probabilities = lambda m: m.head.probabilities(m.predict(texts))  # noqa: E731
+    before = probabilities(model)
     model.quantize("int8")  # Keras' own call: the cached prediction model (TensorFlow) must not stay float32
     assert "classifier/kernel" in int8_arrays(model)
-    after = model.predict(texts)
+    after = probabilities(model)
     np.testing.assert_allclose(after, before, atol=0.05)
     assert not np.array_equal(after, before)
     model.save_to_preset(str(tmp_path / "int8"))
     loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path / "int8"))  # the head is quantized again from its file
     assert int8_arrays(loaded) == int8_arrays(model)
-    np.testing.assert_array_equal(loaded.predict(texts), after)
+    np.testing.assert_array_equal(probabilities(loaded), after)
     # A quantized head file under a float model's task.json that does not match: named, not half-loaded.
     (tmp_path / "int8" / "task.weights.h5").write_bytes(b"truncated")
     with pytest.raises(CheckpointError, match="task.weights.h5"):

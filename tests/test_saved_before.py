@@ -39,4 +39,4 @@ def test_a_causal_lm_saved_before_tokenizes_and_predicts_the_same():
 def test_a_task_model_saved_before_predicts_the_same_probabilities():
     model = kgpt.GPTTaskModel.from_preset(os.path.join(HERE, "task_model"))
     assert model.task_name == "sst2"
-    same(np.asarray(model.predict(PAIRS, verbose=0)), expected()["probabilities"])
+    same(model.head.probabilities(model.predict(PAIRS, verbose=0)), expected()["probabilities"])

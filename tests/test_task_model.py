@@ -41,10 +41,10 @@ def test_head_reads_the_extract_token():
     last = x["padding_mask"][:, 0].sum(-1) - 1
     kernel, bias = (to_numpy(w) for w in model.classifier.weights)
     expected = hidden[np.arange(2), last] @ kernel + bias
-    np.testing.assert_allclose(model.predict_task(x), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(model.predict(x), expected, rtol=1e-4, atol=1e-5)
     # Padding after the extract token changes nothing.
     x["token_ids"][x["padding_mask"] == 0] = 11
-    np.testing.assert_allclose(model.predict_task(x), expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(model.predict(x), expected, rtol=1e-4, atol=1e-5)
 
 
 def test_similarity_is_invariant_to_the_order_of_the_sentences():
@@ -53,20 +53,20 @@ def test_similarity_is_invariant_to_the_order_of_the_sentences():
     ab = packed(transforms.Similarity(), [([a, b], ())])
     ba = packed(transforms.Similarity(), [([b, a], ())])
     assert ab["token_ids"].tolist() != ba["token_ids"].tolist()
-    np.testing.assert_allclose(model.predict_task(ab), model.predict_task(ba), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(ab), model.predict(ba), rtol=1e-5, atol=1e-6)
 
 
 def test_multiple_choice_scores_each_answer_and_softmax_sums_to_one():
     model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(3), num_views=3)
     mc = transforms.MultipleChoice(3)
     x = packed(mc, [([[1, 2], [3]], [[4], [5, 6], [7]]), ([[8]], [[9], [10], [11, 12]])])
-    logits = model.predict_task(x)
+    logits = model.predict(x)
     assert logits.shape == (2, 3)
     probabilities = to_numpy(keras.ops.softmax(logits, axis=-1))
     np.testing.assert_allclose(probabilities.sum(-1), [1.0, 1.0], rtol=1e-6)
     # An answer's score does not depend on the other answers.
     changed = packed(mc, [([[1, 2], [3]], [[4], [20, 21], [22]]), ([[8]], [[9], [10], [11, 12]])])
-    np.testing.assert_allclose(model.predict_task(changed)[0, 0], logits[0, 0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(model.predict(changed)[0, 0], logits[0, 0], rtol=1e-5, atol=1e-6)
 
 
 def _sgd_step(lm_coef, x, y, sample_weight, weights):
@@ -115,7 +115,7 @@ def test_learns_a_synthetic_task_to_high_accuracy():
     model.compile(optimizer=kgpt.gpt_adamw(1e-2, warmup_steps=10, total_steps=190, decay="linear"))
     y, sample_weight = targets(x, labels)
     model.fit(x, y, sample_weight=sample_weight, batch_size=32, epochs=10, verbose=0)
-    accuracy = np.mean(np.argmax(model.predict_task(x_test), -1) == labels_test)
+    accuracy = np.mean(np.argmax(model.predict(x_test), -1) == labels_test)
     assert accuracy > 0.9, accuracy
 
 
@@ -129,7 +129,7 @@ def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
     model.save(path)
     loaded = keras.saving.load_model(path)
     assert isinstance(loaded, kgpt.GPTTaskModel) and loaded.head == kgpt.tasks.heads.RegressionHead()
-    np.testing.assert_allclose(loaded.predict_task(x), model.predict_task(x), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(loaded.predict(x), model.predict(x), rtol=1e-5, atol=1e-6)
     assert int(to_numpy(loaded.optimizer.iterations)) == 1
     assert loaded.loss["lm"].chunk_size == 7  # the LM loss comes back as it was compiled
 

@@ -149,8 +149,11 @@ def test_fit_and_predict_on_raw_strings(tiny_preset, tmp_path, kind):
     # One batch of one padded length: every call compiles one shape (these tests run on JAX too).
     history = model.fit(texts, labels, batch_size=4, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all() and history.history["loss"][1] < history.history["loss"][0]
-    predictions = model.predict(texts)
-    assert predictions.shape == (4, 2) and np.allclose(predictions.sum(-1), 1.0, atol=1e-5)
+    predictions = model.predict(texts)  # logits, as keras-hub's classifiers give
+    assert predictions.shape == (4, 2)
+    assert np.allclose(model.head.probabilities(predictions).sum(-1), 1.0, atol=1e-5)
+    # The same kind of output on the token ids of the same texts (keras-hub's classifiers give logits on both).
+    np.testing.assert_allclose(model.predict(model.preprocessor(texts), verbose=0), predictions, rtol=1e-5, atol=1e-5)
     assert len(model.predict_labels(texts)) == 4
     if kind != "two segments":
         return  # the round trip below compiles three more programs per kind on JAX: one kind covers it

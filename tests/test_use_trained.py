@@ -109,7 +109,7 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
     rows = [line.split("\t") for line in lines[1:]]
     assert [r[0] for r in rows] == ["1", "2", "3"]
     model = kgpt.GPTTaskModel.from_preset(out)
-    expected = model.predict(tuple(map(list, zip(*pairs))))
+    expected = model.head.probabilities(model.predict(tuple(map(list, zip(*pairs)))))
     np.testing.assert_allclose(np.array([[float(r[2]), float(r[3])] for r in rows]), expected, atol=1e-4)
     assert [r[1] for r in rows] == model.predict_labels(tuple(map(list, zip(*pairs))))
     # A line with one segment for a two-segment task: one line naming the file and line, exit 1.

@@ -46,10 +46,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     vocabulary]` logits never exist at once.
 
     With a preprocessor (`from_preset` attaches one), `fit`, `evaluate` and
-    `predict` take raw text, batched by length (`kgpt.data.batching`); `predict`
-    then returns probabilities (classification, multiple choice) or values
-    (regression). Arrays and `tf.data` datasets of token ids work as for any
-    Keras model, with targets `y = {"task": ..., "lm": token_ids[..., 1:]}`
+    `predict` take raw text, batched by length (`kgpt.data.batching`). `predict`
+    returns the head's raw outputs on every kind of input, as keras-hub's
+    classifiers do: logits (classification, multiple choice) or values
+    (regression); `head.probabilities` turns them into probabilities. Arrays
+    and `tf.data` datasets of token ids work as for any Keras model, with targets `y = {"task": ..., "lm": token_ids[..., 1:]}`
     and `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`.
 
     It is a `keras_hub.models.TextClassifier`: keras-hub's
@@ -77,7 +78,8 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
 
     model = kgpt.GPTTaskModel.from_preset("lm_out", task="sst2")   # a kgpt-train --task lm preset
     model.fit(["a joy to watch", "dull and long"], ["1", "0"], batch_size=2)
-    model.predict(["what a film"])                                 # [[p("0"), p("1")]]
+    logits = model.predict(["what a film"])                        # [[logit("0"), logit("1")]]
+    model.head.probabilities(logits)                               # [[p("0"), p("1")]]
     model.predict_labels(["what a film"])                          # ['1']
     model.save_to_preset("sst2_out")    # GPTTaskModel.from_preset("sst2_out") predicts on text again
     ```
@@ -360,34 +362,30 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
                                         batch_size=batch_size, **kwargs)
 
     def predict(self, x, batch_size=None, verbose="auto", **kwargs):
-        """On raw text: probabilities `[examples, classes or choices]` or values `[examples]`.
+        """The head's raw outputs, in input order, whatever the input: as keras-hub's classifiers give logits.
 
-        On token-id arrays or datasets: Keras' `predict` (a dict of outputs).
+        Logits `[examples, classes]` (classification), one logit per choice
+        `[examples, choices]` (multiple choice) or values `[examples]`
+        (regression), on raw text, a batched `tf.data.Dataset` of text, an
+        `EncodedSplit`, token-id arrays `{"token_ids", "padding_mask"}` of shape
+        `[examples, num_views, length]` or a dataset of them. The LM output,
+        which only the loss needs, is not computed (`model(x)["lm"]` gives it).
+        Probabilities: `model.head.probabilities(model.predict(x))`.
         """
         batch_size = task_inputs.check_inputs(self, x, batch_size)
         if inputs_kind.is_text_dataset(x):
-            batches = task_inputs.encode_dataset(self, x, targets=False)
-            outputs = self.task_predictor().predict(batches, verbose=verbose, **kwargs)
-            return self.head.probabilities(outputs)
-        if task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
+            x = task_inputs.encode_dataset(self, x, targets=False)
+        elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
-            outputs = distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
-            return self.head.probabilities(outputs)
+            return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
         with checks.dataset_errors(self):
-            return keras.Model.predict(self, checks.dataset_ids(x, self.backbone.vocabulary_size),
-                                       batch_size=batch_size, verbose=verbose, **kwargs)
+            return self.task_predictor().predict(checks.dataset_ids(x, self.backbone.vocabulary_size),
+                                                 batch_size=batch_size, verbose=verbose, **kwargs)
 
     def predict_labels(self, x, batch_size=None):
         """Predictions on raw text as the task names them: label names, choice indices or values."""
-        batch_size = task_inputs.check_inputs(self, x, batch_size)
-        outputs = self.predict_outputs(x, batch_size)
+        outputs = self.predict(x, batch_size)
         return [self.head.prediction_name(p) for p in self.head.decode(outputs)]
-
-    def predict_outputs(self, x, batch_size=None):
-        """The head's raw outputs (logits or values) on raw text or an `EncodedSplit`, in input order."""
-        batch_size = task_inputs.check_inputs(self, x, batch_size)
-        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
-        return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
 
     def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
         """Exports a TensorFlow SavedModel whose `serve` endpoint returns the task output only.
@@ -466,13 +464,6 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             object.__setattr__(self, "_task_predictor", predictor)
         return predictor
 
-    def predict_task(self, x, batch_size=32):
-        """Task outputs only, as NumPy, for token-id inputs `{"token_ids", "padding_mask"}`.
-
-        Unlike `predict()`, skips the LM output (hidden states
-        `[examples, views, length, hidden]`), which only the loss needs.
-        """
-        return self.task_predictor().predict(x, batch_size=batch_size, verbose=0)
 
 def is_task_preset(preset, cls=None):
     """Whether `preset` is a directory holding a fine-tuned task model (`task.json` of a `GPTTaskModel`)."""

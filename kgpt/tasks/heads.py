@@ -91,7 +91,12 @@ class Head(Configurable):
         raise NotImplementedError
 
     def probabilities(self, outputs):
-        """Task outputs -> what `model.predict(texts)` returns: probabilities, or values."""
+        """`model.predict(x)`'s raw outputs (NumPy) -> probabilities (softmax of logits), or the values as they are.
+
+        What kgpt-predict writes in its `p_<name>` columns: e.g.
+        `model.head.probabilities(model.predict(["what a film"]))` gives
+        `[[p("0"), p("1")]]` for a two-label classifier.
+        """
         return np.asarray(outputs, "float32")
 
     def prediction_name(self, value):

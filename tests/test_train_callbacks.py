@@ -82,7 +82,7 @@ class Synced(keras.callbacks.Callback):
         pass
 
 
-def test_progress_lines_with_several_steps_per_execution(capsys):
+def test_progress_lines_with_several_steps_per_execution(capsys, progress):
     model = linear(4)
     line = callbacks.ProgressLog("6", total_steps=24, examples_per_step=2)
     # In order (on JAX, Keras' thread may take two executions' ends out of order: a line then comes later).

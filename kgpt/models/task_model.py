@@ -9,9 +9,9 @@ Its parts: `kgpt.models.views` (the layers that fold views into the batch),
 """
 
 import os
+import random
 
 import keras
-import numpy as np
 from keras import ops
 from keras_hub.models import Task as KerasHubTask
 from keras_hub.models import TextClassifier
@@ -323,8 +323,10 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             shuffle=True, **kwargs):
         """Keras `fit`; on raw text (see the class docstring), `y` holds labels (names or indices).
 
-        Text batches are drawn by length (`kgpt.data.batching`), shuffled from
-        NumPy's global seed (`keras.utils.set_random_seed`) when `shuffle`.
+        Text batches are drawn by length (`kgpt.data.batching`) and, when
+        `shuffle`, shuffled from a seed drawn where Keras draws its default
+        seeds (Python's `random`, which `keras.utils.set_random_seed` seeds);
+        NumPy's global generator is left alone.
         `validation_data=(texts, labels)` is encoded the same way.
         """
         batch_size = task_inputs.check_inputs(self, x, batch_size)
@@ -333,7 +335,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             if inputs_kind.is_text_dataset(validation_data):
                 validation_data = task_inputs.encode_dataset(self, validation_data, targets=True)
         elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
-            seed = int(np.random.randint(2**31)) if shuffle else None
+            seed = random.getrandbits(31) if shuffle else None
             x = task_inputs.text_dataset(self, x, y, batch_size, seed=seed)
             if validation_data is not None:
                 if isinstance(validation_data, batching.EncodedSplit) or task_inputs.is_text(validation_data):

@@ -6,6 +6,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 
@@ -157,3 +158,20 @@ def kill_at_step(process, folder, step, timeout=300):
     process.send_signal(signal.SIGKILL)
     process.wait()
     return checkpoint_step(folder)
+
+
+def cli(monkeypatch, capsys, module, *args):
+    """Runs the command `module.run()` in this process with `args`: `(exit code, stdout, stderr)`, every line."""
+    from absl import flags
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # no descriptor-level filter: capsys sees everything
+    monkeypatch.delenv("KGPT_TRACEBACK", raising=False)
+    monkeypatch.setattr(sys, "argv", [module.__name__, *args])
+    flags.FLAGS.unparse_flags()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            module.run()
+    finally:
+        flags.FLAGS.unparse_flags()
+    out = capsys.readouterr()
+    return exited.value.code, out.out, out.err

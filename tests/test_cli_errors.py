@@ -12,7 +12,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import TINY, char_tokenizer
+from conftest import TINY, char_tokenizer, cli
 
 import kgpt
 from kgpt.cli import analyze, train
@@ -21,21 +21,6 @@ from kgpt.io.presets import CheckpointError
 from kgpt.tasks.registry import RegistryError
 
 
-def cli(monkeypatch, capsys, module, *args):
-    """Runs `module.run()` as its command would with `args`: `(exit code, stdout, stderr)`."""
-    from absl import flags
-
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")  # no descriptor-level filter: capsys sees everything
-    monkeypatch.delenv("KGPT_TRACEBACK", raising=False)
-    monkeypatch.setattr(sys, "argv", [module.__name__, *args])
-    flags.FLAGS.unparse_flags()
-    try:
-        with pytest.raises(SystemExit) as exited:
-            module.run()
-    finally:
-        flags.FLAGS.unparse_flags()
-    out = capsys.readouterr()
-    return exited.value.code, out.out, out.err
 
 
 def one_line(code, err, prog="kgpt-train"):

@@ -13,6 +13,7 @@ import sys
 import keras_hub
 import numpy as np
 import pytest
+from conftest import cli
 
 import kgpt
 from kgpt.cli import train
@@ -55,20 +56,6 @@ def bpe_preset(tmp_path_factory):
     return folder
 
 
-def cli(monkeypatch, capsys, module, *args):
-    """Runs `module.run()` as its command would with `args`: `(exit code, stdout, stderr)`."""
-    from absl import flags
-
-    monkeypatch.delenv("KGPT_TRACEBACK", raising=False)
-    monkeypatch.setattr(sys, "argv", [module.__name__, *args])
-    flags.FLAGS.unparse_flags()
-    try:
-        with pytest.raises(SystemExit) as exited:
-            module.run()
-    finally:
-        flags.FLAGS.unparse_flags()
-    out = capsys.readouterr()
-    return exited.value.code, out.out, out.err
 
 
 def test_the_wrapper_gives_the_inner_ids_and_appends_the_task_tokens(bpe_preset, tmp_path):

@@ -116,18 +116,6 @@ class KerasHubTokenizer(PythonTokenizer):
             return self._added[token]
         return self.inner.token_to_id(token)
 
-    @property
-    def start_id(self):
-        return self.start_token_id
-
-    @property
-    def delimiter_id(self):
-        return self.delimiter_token_id
-
-    @property
-    def extract_id(self):
-        return self.extract_token_id
-
     def tokenize(self, inputs):
         """The inner tokenizer's ids (its own `tf.data` ops run in graphs)."""
         self._check_vocabulary()

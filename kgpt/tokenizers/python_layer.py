@@ -23,10 +23,25 @@ except ImportError:
 
 
 class PythonTokenizer(Tokenizer):
-    """Base class: subclasses give `encode(text) -> ids`, `decode(ids) -> str` and `_check_vocabulary()`."""
+    """Base class: subclasses give `encode(text) -> ids`, `decode(ids) -> str`, `_check_vocabulary()` and the
+    `start_token_id`, `delimiter_token_id` and `extract_token_id` of the paper's added tokens."""
 
     def _check_vocabulary(self):
         """Raises when the tokenizer has no vocabulary yet (subclasses say how to give it one)."""
+
+    # The paper's added tokens under the interface's names (subclasses set the keras-hub `*_token_id`s).
+
+    @property
+    def start_id(self):
+        return self.start_token_id
+
+    @property
+    def delimiter_id(self):
+        return self.delimiter_token_id
+
+    @property
+    def extract_id(self):
+        return self.extract_token_id
 
     def call(self, inputs, *args, training=None, **kwargs):
         return self.tokenize(inputs, *args, **kwargs)

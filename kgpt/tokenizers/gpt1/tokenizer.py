@@ -247,18 +247,6 @@ class GPT1Tokenizer(PythonTokenizer):
             raise ValueError(f"Token {token!r} is not in the vocabulary.")
         return self.encoder[token]
 
-    @property
-    def start_id(self):
-        return self.start_token_id
-
-    @property
-    def delimiter_id(self):
-        return self.delimiter_token_id
-
-    @property
-    def extract_id(self):
-        return self.extract_token_id
-
     # --- encoding ------------------------------------------------------------
 
     def bpe(self, word):

@@ -117,6 +117,14 @@ def test_every_folder_of_kgpt_has_its_place_in_the_layers():
     assert folders == set(LAYERS) - {"base", "testing"}, "add the new folder to LAYERS and to CONTRIBUTING.md's map"
 
 
+def test_the_package_list_installs_every_folder_of_kgpt():
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(p.parent) for p in ROOT.rglob("__init__.py")}
+    assert folders <= listed, f"add to pyproject.toml's packages: {sorted(folders - listed)}"
+
+
 def test_no_module_imports_a_layer_above_its_own():
     found = upward_imports(import_graph())
     assert not found, "imports that look up the layers:\n" + "\n".join(found)

@@ -76,6 +76,28 @@ def test_corpus_shorter_than_a_window_names_the_flag(monkeypatch, capsys, preset
     assert "fewer than one window of sequence_length=32 + 1" in message and "lower --sequence_length" in message
 
 
+def test_a_prompt_with_no_room_for_the_sample_is_refused_before_training(monkeypatch, capsys, presets, tmp_path):
+    folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
+    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--max_steps=10",
+                       "--warmup_steps=1", "--sequence_length=8", f"--tokenizer={presets / 'good'}",
+                       "--prompt=the cat sat on the mat and the dog ran far away")
+    message = one_line(code, err)
+    assert message.startswith("--prompt is ") and "--sequence_length=8" in message and "Epoch" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_no_sample_with_sample_tokens_0_and_the_preset_is_saved(monkeypatch, capsys, presets, tmp_path, progress):
+    """It crashed in generate after training, before the preset was written."""
+    folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
+    code, out, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--max_steps=2",
+                         "--evaluations=1", "--warmup_steps=1", "--sequence_length=8", "--batch_size=2",
+                         "--num_layers=1", "--hidden_dim=8", "--intermediate_dim=16", "--num_heads=2",
+                         "--validation_tokens=0", "--sample_tokens=0", f"--tokenizer={presets / 'good'}",
+                         f"--output_dir={tmp_path / 'out'}")
+    assert code in (0, None), err[-3000:]
+    assert "Sample:" not in out and (tmp_path / "out" / "model.weights.h5").exists()
+
+
 def test_changed_shard_is_one_line(monkeypatch, capsys, presets, tmp_path):
     folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
     args = ("--task=lm", f"--corpus={folder}", "--prepare_only", f"--output_dir={tmp_path / 'out'}",

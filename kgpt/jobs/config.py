@@ -125,7 +125,7 @@ class PretrainConfig(RunConfig, ModelConfig):
     validation_tokens: int = option(262_144, "... but at most this many tokens (512 windows of 512).")
     shards_dir: str | None = option(None, "Token shards folder (default: OUTPUT_DIR/shards, or a temporary one); "
                                     "reused when the corpus and tokenizer are unchanged.")
-    sample_tokens: int = option(40, "Length of the generated sample printed at the end.")
+    sample_tokens: int = option(40, "Length of the generated sample printed at the end (0: none).")
     prompt: str | None = option(None, "Prompt for that sample (default: the first words of the held-out text).")
     zero_shot: dict | None = option(None, "Tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
                                     "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "

@@ -256,6 +256,7 @@ def pretrain(config, registry=None):
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
+        _check_prompt(config, tokenizer)  # before training: the sample comes after it, before the preset is saved
         train_end = split_point(index.total_tokens, config)
         with run.scope(config, config.batch_size) as shards:
             lm = _compiled_lm(config, tokenizer)
@@ -273,7 +274,7 @@ def pretrain(config, registry=None):
             if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
                 logger.info("No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) "
                             "writes one.")
-            else:
+            elif config.sample_tokens:
                 held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
                 metrics["sample"] = _sample(config, lm, tokenizer, held_out, shards)
             # Text in, text out from here on (and in the preset): lm.generate("..."), lm.score("...").
@@ -394,9 +395,23 @@ def _metrics(total, progress, zero_shot, validation):
     return metrics
 
 
+def _check_prompt(config, tokenizer):
+    """Refuses a `--prompt` that leaves the sample no room in the context."""
+    if config.prompt and config.sample_tokens:
+        length = len(tokenizer.encode(config.prompt))
+        if length >= config.sequence_length:
+            raise ConfigError(f"--prompt is {length} tokens, which leaves no room in --sequence_length="
+                              f"{config.sequence_length} for the sample: shorten it, or --sample_tokens 0 for none.")
+
+
 def _sample(config, lm, tokenizer, held_out, replicas):
     """A sample from `config.prompt`, or from the first held-out tokens."""
-    prompt = tokenizer.encode(config.prompt) if config.prompt else [int(i) for i in held_out[:4]]
+    # The default prompt leaves room for at least one token, even in a context of 4 or fewer.
+    prompt = tokenizer.encode(config.prompt) if config.prompt else [int(i) for i in held_out[:4]][
+        :config.sequence_length - 1]
+    if not prompt:
+        logger.info(f"No sample: sequence_length={config.sequence_length} leaves no room for a prompt.")
+        return None
     length = min(config.sequence_length, len(prompt) + config.sample_tokens)
     # One prompt per device: a data-parallel model splits every batch evenly.
     sample = tokenizer.decode(lm.generate([prompt] * replicas, max_length=length)["token_ids"][0])

@@ -431,6 +431,9 @@ def test_fit_and_predict_refuse_bad_batches(lm):
             call()
     with pytest.raises(TypeError, match="x.0. is None, not text"):
         lm.fit([None, "a cab"])
+    for call in (lambda: task.predict(None), lambda: task.fit(None), lambda: lm.predict(None), lambda: lm.fit(None)):
+        with pytest.raises(TypeError, match="x is None: pass texts, token ids or a tf.data.Dataset"):
+            call()
     ids = np.ones((2, 8), "int32")
     with pytest.raises(ValueError, match=r"y must have the shape of x\['token_ids'\] \(2, 8\).*got \(2, 5\)"):
         lm.fit({"token_ids": ids, "padding_mask": ids}, ids[:, :5], verbose=0)

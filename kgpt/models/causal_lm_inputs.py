@@ -40,6 +40,7 @@ def check_call(lm, method, x, y, batch_size):
     """The checks `fit`, `evaluate` and `predict` share; returns `x` (a tuple of texts as a list, since
     keras-hub reads a tuple as `(x, y, sample_weight)`) and `batch_size`."""
     batch_size = checks.batch_size(batch_size)
+    checks.not_none(x)
     checks.not_a_generator(x)
     _check_not_empty(x, method, "x")
     if isinstance(x, tuple) and inputs_kind.is_text(x):

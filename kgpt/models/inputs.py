@@ -140,6 +140,12 @@ def text_list(x, name="x"):
             raise TypeError(f"{name}[{bad}] is {x[bad]!r:.60}, not text: a list of texts must hold only strings.")
 
 
+def not_none(x, name="x"):
+    """Refuses `None` where data is due (Keras would fail deep inside its data adapters)."""
+    if x is None:
+        raise TypeError(f"{name} is None: pass texts, token ids or a tf.data.Dataset.")
+
+
 def not_a_generator(x, name="x"):
     """Refuses iterators and generators, which Keras and keras-hub read only partly or not at all."""
     import types

@@ -60,6 +60,7 @@ def encode_dataset(model, ds, targets):
 
 def check_inputs(model, x, batch_size):
     """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`."""
+    checks.not_none(x)
     checks.not_a_generator(x)
     checks.text_list(x)
     checks.model_inputs(x, model.backbone.vocabulary_size, model.backbone.max_sequence_length, ndim=3)

@@ -63,6 +63,7 @@ from absl import app, flags, logging
 import kgpt
 from kgpt.data import batching
 from kgpt.jobs import run
+from kgpt.models import compile_cost
 
 flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split (with --tsv: its first pairs, at most).")
 flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")
@@ -117,12 +118,13 @@ def tsv_lengths(path):
     return np.minimum(np.asarray(lengths, "int64"), FLAGS.sequence_length)
 
 
-def plan_budget(split):
-    """The planned feed's padded lengths: kgpt-train's compile-aware plan for `plan_epochs` epochs."""
+def plan_budget(split, compile_batches=batching.COMPILE_BATCHES):
+    """The planned feed's padded lengths and their budget: kgpt-train's compile-aware plan for `plan_epochs` epochs,
+    each compilation worth `compile_batches` steps."""
     jit = keras.config.backend() == "jax"  # what Keras compiles with here (TensorFlow: jit_compile False on a CPU)
-    budget = batching.max_lengths_for(jit, -(-len(split) // FLAGS.batch_size), FLAGS.plan_epochs)
-    return batching.length_plan(split.lengths, FLAGS.batch_size, FLAGS.seed, split.limit, budget,
-                                epochs=FLAGS.plan_epochs), budget
+    budget = batching.max_lengths_for(jit, -(-len(split) // FLAGS.batch_size), FLAGS.plan_epochs, compile_batches)
+    return batching.length_plan(split.lengths, FLAGS.batch_size, FLAGS.seed, split.limit, budget, compile_batches,
+                                FLAGS.plan_epochs), budget
 
 
 def synthetic_split(lengths, vocabulary_size, limit, rng, name="train"):
@@ -153,13 +155,13 @@ def padded_dataset(split, batch_size, seed):
     return data.batch(batch_size).prefetch(2)
 
 
-def feed_batches(feed, split, all_max, epochs):
+def feed_batches(feed, split, all_max, epochs, compile_batches=batching.COMPILE_BATCHES):
     """`(split fed, per epoch its batches as index arrays, per epoch each batch's padded length)`.
 
     The padded feeds' batches are listed unshuffled: all have one length, so only their sizes matter.
     """
     if feed in ("bucketed", "planned"):
-        plan = plan_budget(split)[0] if feed == "planned" else None
+        plan = plan_budget(split, compile_batches)[0] if feed == "planned" else None
         orders = [batching.batch_indices(split.lengths, FLAGS.batch_size, FLAGS.seed, epoch) for epoch in range(epochs)]
         return split, orders, [[split.padded_length(b, plan) for b in o] for o in orders]
     data = all_max if feed == "all_max_length" else split
@@ -245,11 +247,18 @@ class Feed:
     """One feed of the split with its own fresh model, warmed up: every shape it will give traced and compiled."""
 
     def __init__(self, name, split, all_max, compile_log):
+        self.model = build_model()
+        self.compile_batches, self.measure_compiles = batching.COMPILE_BATCHES, (0, 0.0)
         if name == "bucketed":
             self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed)
-        elif name == "planned":
-            self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed, max_lengths=plan_budget(split)[1],
-                                         epochs=FLAGS.plan_epochs)
+        elif name == "planned":  # as kgpt-train plans: with a compilation's cost measured on this model
+            seconds, compiles = compile_log.seconds, compile_log.compiles
+            self.compile_batches = compile_cost.compile_batches(self.model, split, FLAGS.batch_size)
+            # The longest length's compilation, made by the measurement and counted with the warm-up's.
+            self.measure_compiles = (compile_log.compiles - compiles, compile_log.seconds - seconds)
+            self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed, epochs=FLAGS.plan_epochs,
+                                         max_lengths=plan_budget(split, self.compile_batches)[1],
+                                         compile_batches=self.compile_batches)
         elif name == "padded_to_longest":
             self.data = padded_dataset(split, FLAGS.batch_size, FLAGS.seed)
         elif name == "all_max_length":
@@ -257,9 +266,8 @@ class Feed:
         else:
             raise ValueError(f"Unknown feed {name!r}.")
         self.name, self.compile_log = name, compile_log
-        self.fed, self.orders, self.padded = feed_batches(name, split, all_max, FLAGS.epochs)
+        self.fed, self.orders, self.padded = feed_batches(name, split, all_max, FLAGS.epochs, self.compile_batches)
         warmup, self.num_shapes = warmup_dataset(name, self.data, self.fed, self.orders, self.padded)
-        self.model = build_model()
         self.warmup = EpochTimer(compile_log)
         self.model.fit(warmup, epochs=1, callbacks=[self.warmup], verbose=0)
         self.warmup_traces = tf_traces(self.model) if keras.config.backend() == "tensorflow" else None
@@ -273,7 +281,7 @@ class Feed:
         seconds = float(np.median([t[0] for t in self.timer.epochs]))
         fed, orders, padded = self.fed, self.orders, self.padded
         computed = [sum(len(b) * fed.num_views * p for b, p in zip(o, ps)) for o, ps in zip(orders, padded)]
-        plan = plan_budget(fed)[0] if self.name == "planned" else None
+        plan = plan_budget(fed, self.compile_batches)[0] if self.name == "planned" else None
         shares = [fed.real_share(o, plan) for o in orders] if self.name in ("bucketed", "planned") else \
             [fed.padded_share()]
         view_lengths = fed.view_lengths
@@ -289,8 +297,9 @@ class Feed:
             "seconds": seconds,
             "epoch_seconds": [t[0] for t in self.timer.epochs],
             "warmup_seconds": self.warmup.epochs[0][0],
-            "warmup_compiles": self.warmup.epochs[0][1],
-            "warmup_compile_seconds": self.warmup.epochs[0][2],
+            "warmup_compiles": self.warmup.epochs[0][1] + self.measure_compiles[0],
+            "warmup_compile_seconds": self.warmup.epochs[0][2] + self.measure_compiles[1],
+            "compile_batches": self.compile_batches,
             "timed_compiles": sum(t[1] for t in self.timer.epochs),
             "warmup_traces": self.warmup_traces,
             "traces": tf_traces(self.model) if keras.config.backend() == "tensorflow" else None,
@@ -382,6 +391,7 @@ def measure():
         whole = compiling + FLAGS.plan_epochs * planned["seconds"]
         jit = keras.config.backend() == "jax"
         print(f"planned feed (kgpt-train's plan for {FLAGS.plan_epochs} epochs, jit={jit}): "
+              f"a compilation measured at {planned['compile_batches']} steps; "
               f"{len(planned['lengths'])} padded lengths {planned['lengths']}, {planned['real_share']:.2%} real "
               f"tokens; "
               f"compiling {compiling:.0f} s of an estimated {whole:.0f} s run ({compiling / max(whole, 1e-9):.0%}; "

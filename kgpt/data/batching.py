@@ -15,8 +15,10 @@ array. Each training epoch:
 
 Where every padded length costs a compilation (XLA: JAX, or TensorFlow with
 `jit_compile`), the plan knows what compiling costs (`length_plan`): a
-compilation is worth `COMPILE_BATCHES` steps, compiling may take at most
-`COMPILE_SHARE` of an epoch (`max_lengths_for`), and within that the plan
+compilation is worth some number of steps (`compile_batches`: measured in
+the run on JAX, `kgpt.models.compile_cost`; `COMPILE_BATCHES` where it is
+not), compiling may take at most `COMPILE_SHARE` of the run
+(`max_lengths_for`), and within that the plan
 keeps the few lengths, read from the split's length histogram, that make
 compiling plus computing padded positions cheapest. The lengths are a fixed
 set per split, each compiled once and reused by every epoch (and by the next
@@ -38,8 +40,9 @@ import numpy as np
 from kgpt.errors import DataError
 
 POOL_BATCHES = 100  # batches per length-sorted pool: larger packs tighter, smaller shuffles more
-# With compilation: one XLA compilation of a task model's train step takes about as long as this many of its
-# steps (measured on JAX on a CPU, docs/performance.md), and compiling may take at most COMPILE_SHARE of a run.
+# With compilation, where the run does not measure it: one XLA compilation of a task model's train step takes
+# about as long as this many of its steps (the 2 x 64 model with GPT-1's vocabulary on JAX on a CPU,
+# docs/performance.md). Compiling may take at most COMPILE_SHARE of a run.
 COMPILE_BATCHES = 8
 COMPILE_SHARE = 0.25
 
@@ -230,17 +233,36 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def max_lengths_for(jit_compile, num_batches, epochs=1):
+def max_lengths_for(jit_compile, num_batches, epochs=1, compile_batches=COMPILE_BATCHES):
     """How many padded lengths a feed of `num_batches` batches per epoch, for `epochs`, may use (None: no limit).
 
     Without compilation (TensorFlow's default on a CPU) a new length costs
     nothing; with it (JAX, XLA) each costs one compilation of about
-    `COMPILE_BATCHES` steps, and all of them together at most `COMPILE_SHARE`
+    `compile_batches` steps, and all of them together at most `COMPILE_SHARE`
     of the run (compiling and `epochs` epochs of steps).
     """
     if not jit_compile:
         return None
-    return max(1, int(COMPILE_SHARE / (1 - COMPILE_SHARE) * num_batches * max(1, epochs) / COMPILE_BATCHES))
+    return max(1, int(COMPILE_SHARE / (1 - COMPILE_SHARE) * num_batches * max(1, epochs) / max(compile_batches, 1)))
+
+
+def compile_batches(compile_seconds, step_seconds, step_positions, split, batch_size):
+    """A compilation measured against a step of `step_positions` positions, in average batches of `split`.
+
+    An average batch is one of `split`'s length-sorted batches at its
+    bucket length; a step's time is taken to grow with its positions. The
+    figure is rounded to a power of 2 (at least 1), so that a run's timing
+    noise seldom changes the plan, and so the programs, between runs.
+
+    Example:
+    ```python
+    compile_batches(30.0, 0.5, 32 * 256, split, 32)  # 60 steps of 32 x 256: 128 if the average batch is 32 x 128
+    ```
+    """
+    batches = batch_indices(split.lengths, batch_size)
+    average = sum(len(b) * split.num_views * split.padded_length(b) for b in batches) / len(batches)
+    steps = compile_seconds / max(step_seconds, 1e-9) * step_positions / max(average, 1)
+    return 2 ** max(0, round(math.log2(max(steps, 1))))
 
 
 def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None, compile_batches=COMPILE_BATCHES,
@@ -309,7 +331,7 @@ def filled(indices, multiple):
 
 
 def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0,
-            shards=(0, 1, 1), pad_to=1, micro_batches=1, epochs=1):
+            shards=(0, 1, 1), pad_to=1, micro_batches=1, epochs=1, compile_batches=COMPILE_BATCHES):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
@@ -317,8 +339,8 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     1`, ... A pass left unfinished (Keras reads one batch to build the model
     before the first epoch) does not count. Without a seed, batches come
     sorted by length, the same on every pass. Batches are padded to the
-    lengths of `length_plan(..., max_lengths, epochs=epochs)` (`epochs`: how
-    many passes its compilations serve). `skip` leaves out the first
+    lengths of `length_plan(..., max_lengths, compile_batches, epochs)`
+    (`epochs`: how many passes its compilations serve). `skip` leaves out the first
     batches of epoch `first_epoch` (a run resumed mid-epoch); the dataset
     then holds the rest of that epoch only.
 
@@ -348,7 +370,7 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
     if not 0 <= skip < num_batches:
         raise ValueError(f"skip must be in 0..{num_batches - 1} (batches per epoch), got {skip}.")
-    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths, epochs=epochs)
+    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths, compile_batches, epochs)
     first, stop, total = shards
 
     def generate():

@@ -18,7 +18,7 @@ from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.jobs.finetune_outputs import evaluate_split
-from kgpt.models import lora
+from kgpt.models import compile_cost, lora
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import distribute
 from kgpt.train import callbacks as callbacks_lib
@@ -68,26 +68,18 @@ def train(config, task, model, splits, batch_size, origin, settings):
     if config.keep == "best" and distribute.spread_over_processes(model):
         raise ConfigError("keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
                           "across processes does not fit in: use keep='last'.")
-    max_lengths = max_padded_lengths(model, train_split, batch_size, config.epochs)
-    plan = batching.length_plan(train_split.lengths, batch_size, config.seed, train_split.limit, max_lengths,
-                                epochs=config.epochs)
-    real_share = train_split.real_share(batching.batch_indices(train_split.lengths, batch_size, config.seed), plan)
     logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
                 f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
                 f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
                 f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}.")
-    logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
-                f"{len(plan)} padded length(s){' (one XLA compilation each)' if model.jit_compile else ''}; padding "
-                f"every example to the longest would give {train_split.padded_share():.1%}.")
-    history, kept = Training(config, task, model, splits, train_name, dev_name, batch_size, settings).fit()
-    return {"kept_epoch": kept, "history": history,
-            "real_token_share": {"train": real_share, "train_padded_lengths": list(plan),
-                                 "train_padded_to_longest": train_split.padded_share()}}
+    training = Training(config, task, model, splits, train_name, dev_name, batch_size, settings)
+    history, kept = training.fit()
+    return {"kept_epoch": kept, "history": history, "real_token_share": training.real_token_share}
 
 
-def max_padded_lengths(model, split, batch_size, epochs):
+def max_padded_lengths(model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES):
     """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
-    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs)
+    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs, compile_batches)
 
 
 class Training:
@@ -110,7 +102,10 @@ class Training:
 
     def fit(self):
         """Trains (or resumes) to the end; returns `(history, kept_epoch)` (epochs counted from 1)."""
-        progress = FinetuneProgress(self, self._restore())
+        state = self._restore()
+        self.compile_batches = self._compile_batches(state)
+        self._plan()
+        progress = FinetuneProgress(self, state)
         if progress.step < self.config.epochs * self.steps_per_epoch:
             metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
             callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
@@ -132,17 +127,47 @@ class Training:
                         f"of {total:,} in {self.directory}.")
         return state
 
+    def _compile_batches(self, state):
+        """What one compilation costs, in steps (`kgpt.data.batching.length_plan`).
+
+        A resumed run takes the figure its checkpoint holds (the same lengths
+        as before the interruption; a checkpoint from before the figure was
+        recorded planned with `COMPILE_BATCHES`); a new one measures it
+        (`kgpt.models.compile_cost`) when it compiles and has steps to run.
+        """
+        if state is not None:
+            return state.get("compile_batches", batching.COMPILE_BATCHES)
+        if not self.model.jit_compile:
+            return batching.COMPILE_BATCHES
+        measured = compile_cost.compile_batches(self.model, self.train, self.batch_size, self.config.lm_coef > 0,
+                                                self.config.gradient_accumulation_steps)
+        if measured != batching.COMPILE_BATCHES:
+            logger.info(f"One compilation of the train step costs about {measured:g} of its steps (measured).")
+        return measured
+
+    def _plan(self):
+        epochs, train = self.config.epochs, self.train
+        max_lengths = max_padded_lengths(self.model, train, self.batch_size, epochs, self.compile_batches)
+        plan = batching.length_plan(train.lengths, self.batch_size, self.config.seed, train.limit, max_lengths,
+                                    self.compile_batches, epochs)
+        real_share = train.real_share(batching.batch_indices(train.lengths, self.batch_size, self.config.seed), plan)
+        logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
+                    f"{len(plan)} padded length(s){' (one XLA compilation each)' if self.model.jit_compile else ''}; "
+                    f"padding every example to the longest would give {train.padded_share():.1%}.")
+        self.real_token_share = {"train": real_share, "train_padded_lengths": list(plan),
+                                 "train_padded_to_longest": train.padded_share()}
+
     def _calls(self, step):
         """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
         epochs = self.config.epochs
-        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs)
+        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs, self.compile_batches)
         pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
         for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
             def make(a, b, total, first=first, skip=skip):
                 return batching.dataset(self.train, self.batch_size, seed=self.config.seed,
                                         lm=self.config.lm_coef > 0, first_epoch=first, max_lengths=max_lengths,
                                         skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro,
-                                        epochs=epochs)
+                                        epochs=epochs, compile_batches=self.compile_batches)
 
             yield distribute.feed(make), first, last, None
 
@@ -150,11 +175,12 @@ class Training:
         if self.dev is None:
             return None
         epochs = self.config.epochs  # one evaluation per epoch
-        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs)
+        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs, self.compile_batches)
 
         def make(a, b, total):
             return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0, max_lengths=max_lengths,
-                                    shards=(a, b, total), pad_to=distribute.batch_shards(), epochs=epochs)
+                                    shards=(a, b, total), pad_to=distribute.batch_shards(), epochs=epochs,
+                                    compile_batches=self.compile_batches)
 
         return distribute.feed(make)
 
@@ -174,7 +200,7 @@ class FinetuneProgress(callbacks_lib.Progress):
         self._best_weights = None
 
     def extra_state(self):
-        return {"best": self.best}
+        return {"best": self.best, "compile_batches": self.training.compile_batches}
 
     def epoch_done(self, epoch, logs):
         if self.training.config.keep != "best":

@@ -41,13 +41,26 @@ def encode(model, x, y=None, name="inputs"):
     return split
 
 
-def text_dataset(model, x, y, batch_size, seed=None, name="inputs"):
-    """Texts and labels (or an `EncodedSplit`) as a `tf.data` dataset of length-bucketed model batches."""
+def labeled_split(model, x, y, name="inputs"):
+    """Texts and labels (or an `EncodedSplit`) as an `EncodedSplit` with targets."""
     split = x if isinstance(x, batching.EncodedSplit) else encode(model, x, y, name=name)
     if split.targets is None:
         raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}.")
-    return batching.dataset(split, batch_size or 32, seed=seed, lm="lm" in model.output,
-                            max_lengths=model.max_padded_lengths(split, batch_size or 32))
+    return split
+
+
+def text_dataset(model, x, y, batch_size, seed=None, name="inputs", epochs=1,
+                 compile_batches=batching.COMPILE_BATCHES):
+    """Texts and labels (or an `EncodedSplit`) as a `tf.data` dataset of length-bucketed model batches.
+
+    Its padded lengths are planned for `epochs` passes, each compilation
+    worth `compile_batches` steps (`kgpt.data.batching.length_plan`).
+    """
+    split = labeled_split(model, x, y, name=name)
+    batch_size = batch_size or 32
+    return batching.dataset(split, batch_size, seed=seed, lm="lm" in model.output, epochs=epochs,
+                            max_lengths=model.max_padded_lengths(split, batch_size, epochs, compile_batches),
+                            compile_batches=compile_batches)
 
 
 def encode_dataset(model, ds, targets):

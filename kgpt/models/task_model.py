@@ -20,7 +20,7 @@ from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models import inputs as checks
-from kgpt.models import task_inputs
+from kgpt.models import compile_cost, task_inputs
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
@@ -313,9 +313,10 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""
         return task_inputs.encode(self, x, y, name=name)
 
-    def max_padded_lengths(self, split, batch_size):
-        """How many padded lengths batches of `split` may use: all without XLA, fewer with (`kgpt.data.batching`)."""
-        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size))
+    def max_padded_lengths(self, split, batch_size, epochs=1, compile_batches=batching.COMPILE_BATCHES):
+        """How many padded lengths batches of `split` may use in `epochs` passes: all without XLA, fewer with (each
+        compilation worth `compile_batches` steps: `kgpt.data.batching`)."""
+        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size), epochs, compile_batches)
 
     # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
     # task examples are tokenized in Python and batched by length instead.
@@ -336,14 +337,21 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
                 validation_data = task_inputs.encode_dataset(self, validation_data, targets=True)
         elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = random.getrandbits(31) if shuffle else None
-            x = task_inputs.text_dataset(self, x, y, batch_size, seed=seed)
+            batch_size = batch_size or 32
+            split = task_inputs.labeled_split(self, x, y)
+            passes = epochs - kwargs.get("initial_epoch", 0)
+            # On JAX each padded length compiles: what that costs is measured before the lengths are planned.
+            cost = compile_cost.compile_batches(self, split, batch_size, "lm" in self.output) if self.compiled \
+                else batching.COMPILE_BATCHES
+            x = task_inputs.text_dataset(self, split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost)
             if validation_data is not None:
                 if isinstance(validation_data, batching.EncodedSplit) or task_inputs.is_text(validation_data):
                     validation_data = (validation_data, None)
                 if len(validation_data) > 2 and validation_data[2] is not None:
                     raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
                 validation_data = task_inputs.text_dataset(self, validation_data[0], validation_data[1],
-                                                           batch_size, name="validation_data")
+                                                           batch_size, name="validation_data", epochs=passes,
+                                                           compile_batches=cost)
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
         vocabulary = self.backbone.vocabulary_size

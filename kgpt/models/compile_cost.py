@@ -1,0 +1,96 @@
+"""What one XLA compilation of a model's train step costs, in its own steps: the price of a padded length.
+
+The length plan (`kgpt.data.batching.length_plan`) trades padding against
+compilations, and what a compilation is worth in steps varies by orders of
+magnitude: 3-8 steps for a 2 x 64 model with GPT-1's vocabulary on a CPU,
+40-70 for a 2 x 32 model with a small one, thousands on an accelerator whose
+steps take milliseconds. So, on JAX, a run measures it before planning: it
+compiles the train step at the split's longest length (a length every plan
+has, so `fit` reuses the program) and times two steps after it, on a copy of
+the model's state that it then drops: the weights, the optimizer and the
+random state are left as they were.
+
+A program loaded from the persistent compilation cache counts what compiling
+it cost when it was compiled (JAX keeps that time with the program), so a
+run with a warm cache plans the lengths, and so the programs, that the run
+which filled it planned.
+"""
+
+import itertools
+import time
+
+import keras
+import numpy as np
+
+from kgpt.data import batching
+
+TIMED_STEPS = 2
+# What JAX reports when it loads a program from its persistent cache instead of compiling it: the compile
+# time the load saved, and the load's own time (together: what compiling it took).
+CACHE_EVENTS = ("/jax/compilation_cache/compile_time_saved_sec", "/jax/compilation_cache/cache_retrieval_time_sec")
+
+
+def measure(model, batch):
+    """`(compile_seconds, step_seconds)` of `model`'s train step on one `(x, y, sample_weight)` batch, or None.
+
+    None where nothing is measured: not JAX, not XLA-compiled, several
+    processes (every process must plan the same lengths) or a distribution
+    (the state would need its layouts). With `steps_per_execution` N, a step
+    is an N-th of an execution.
+    """
+    if keras.config.backend() != "jax" or not model.jit_compile or model.run_eagerly:
+        return None
+    import jax
+
+    if jax.process_count() > 1 or keras.distribution.distribution() is not None:
+        return None
+    model._symbolic_build(data_batch=batch)  # what fit does first: the metrics and the optimizer get their variables
+    model.make_train_function()
+    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
+                                 metrics_variables=True)
+    state = jax.tree.map(lambda value: jax.numpy.array(value, copy=True), state)  # Keras' step donates its state
+    batches = itertools.repeat(batch)
+    saved = []
+
+    def listen(event, duration, **kwargs):
+        if event in CACHE_EVENTS:
+            saved.append(duration)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        started = time.perf_counter()
+        _, state = model.train_function(state, batches)
+        jax.block_until_ready(state)
+        first = time.perf_counter() - started
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    times = []
+    for _ in range(TIMED_STEPS):
+        started = time.perf_counter()
+        _, state = model.train_function(state, batches)
+        jax.block_until_ready(state)
+        times.append(time.perf_counter() - started)
+    step = min(times)
+    return max(first - step, 0.0) + sum(saved), step / model.steps_per_execution
+
+
+def compile_batches(model, split, batch_size, lm=True, micro_batches=1):
+    """One compilation of `model`'s train step, in average batches of `split` (`kgpt.data.batching.compile_batches`).
+
+    Measured (`measure`) at the split's longest length where that can be
+    done, else `kgpt.data.batching.COMPILE_BATCHES`. With gradient
+    accumulation the step is one of a batch's `micro_batches` micro-batches,
+    as the run feeds them.
+    """
+    if keras.config.backend() != "jax" or not model.jit_compile:
+        return batching.COMPILE_BATCHES
+    longest = int(split.lengths.max())
+    rows = np.argsort(split.lengths, kind="stable")[-batch_size:]  # a batch as long as the split's longest
+    rows, _ = batching.filled(rows, micro_batches)
+    micro = rows[:len(rows) // micro_batches]
+    measured = measure(model, split.batch(micro, lm=lm, length=longest))
+    if measured is None:
+        return batching.COMPILE_BATCHES
+    compile_seconds, step_seconds = measured
+    return batching.compile_batches(compile_seconds, step_seconds * micro_batches,
+                                    len(rows) * split.num_views * longest, split, batch_size)

@@ -48,7 +48,8 @@ def measure(model, batch):
     model.make_train_function()
     state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
                                  metrics_variables=True)
-    state = jax.tree.map(lambda value: jax.numpy.array(value, copy=True), state)  # Keras' step donates its state
+    # Keras' step donates its state: it gets a copy (one program for the whole state, not one per shape).
+    state = jax.jit(lambda values: jax.tree.map(jax.numpy.copy, values))(state)
     batches = itertools.repeat(batch)
     saved = []
 

@@ -50,6 +50,7 @@ fraction of the all-at-max-length epoch. The issue's targets: >= 90% real
 tokens and a bucketed epoch at most 0.35x the all-at-max-length epoch.
 """
 
+import json
 import os
 import time
 
@@ -88,6 +89,8 @@ flags.DEFINE_list("feeds", ["bucketed", "padded_to_longest", "all_max_length"],
 flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the batch order.")
 flags.DEFINE_string("compilation_cache", "none", "JAX: a folder for the persistent compilation cache, as kgpt-train's "
                     "--compilation_cache (run twice to see a second run's warm-up); 'none': every program compiled.")
+flags.DEFINE_string("json", None, "Also write the figures of every feed to this JSON file (benchmarks/backends.py "
+                    "reads it).")
 FLAGS = flags.FLAGS
 
 FEED_NAMES = {"bucketed": "bucketed", "planned": "planned", "padded_to_longest": "padded to longest",
@@ -348,6 +351,10 @@ def measure():
         for feed in feeds:
             feed.epoch()
     rows = [feed.summary() for feed in feeds]
+    if FLAGS.json:
+        with open(FLAGS.json, "w") as f:
+            json.dump({"backend": keras.config.backend(), "plan_epochs": FLAGS.plan_epochs, "feeds": rows}, f,
+                      default=lambda value: value.item())  # NumPy scalars
     print(f"jit_compile={rows[0]['jit_compile']}")
     reference = next((r for r in rows if r["feed"] == "all_max_length"), None)
     print()

@@ -1,4 +1,4 @@
-"""kgpt's Dropout draws exactly keras.layers.Dropout's masks (on JAX through its unrolled threefry), on both backends."""
+"""kgpt's Dropout draws exactly keras.layers.Dropout's masks (on JAX by its unrolled threefry), on both backends."""
 
 import keras
 import numpy as np

@@ -32,7 +32,7 @@ traced in turn (a table each, in `--trace_dir`/kgpt and /keras).
 """
 
 import os
-import sys
+import shutil
 import tempfile
 import time
 
@@ -192,7 +192,7 @@ def profile_jax(model, data, example, trace_dir):
         opcode, path, movement, _ = instructions.get(op, ("?", "", False, ""))
         unknown += op not in instructions
         rows.append((step_profile.classify(path, opcode, movement), step_profile.direction(path), ns))
-    table, total = step_profile.table(rows, FLAGS.steps, period)
+    table, total = step_profile.table(rows, FLAGS.steps)
     print_table(f"JAX: {FLAGS.steps} traced steps, {len(runs)} executions of jit_train_step", table, total, period)
     print(f"step period in the trace (start to start): {period:.1f} ms; one execution spans {span:.1f} ms; "
           f"the host between executions (Python, Keras' loop, dispatch, idle): {period - span:.1f} ms "
@@ -219,7 +219,7 @@ def profile_tf(model, data, trace_dir, step_ms):
     rows = [(step_profile.classify(name, op_type, op_type in ("Transpose", "Identity", "Reshape", "ConcatV2",
                                                                 "Slice", "StridedSlice", "Pack", "Tile")),
              step_profile.direction(name), ns) for name, op_type, ns in ops]
-    table, total = step_profile.table(rows, FLAGS.steps, step_ms)
+    table, total = step_profile.table(rows, FLAGS.steps)
     print_table(f"TensorFlow: {FLAGS.steps} traced steps (op events of TF's executors)", table, total, step_ms)
     return table
 
@@ -280,11 +280,9 @@ def main(argv):
                 profile_tf(each, data, folder, step_ms)
     finally:
         if not FLAGS.trace_dir:
-            import shutil
-
             shutil.rmtree(trace_dir, ignore_errors=True)
     print(f"trace: {FLAGS.trace_dir}" if FLAGS.trace_dir else "trace: removed (--trace_dir keeps it)")
 
 
 if __name__ == "__main__":
-    sys.exit(app.run(main))
+    app.run(main)

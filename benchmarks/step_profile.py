@@ -66,7 +66,7 @@ def direction(path):
     lower = path.lower()
     if re.search(r"adam|optimizer|assignaddvariable|resourceapply|assignvariable", lower):
         return "update"
-    if "transpose(jvp" in lower or "gradient_tape" in lower or "gradients/" in lower or "grad" in lower.split("/")[0]:
+    if "transpose(jvp" in lower or "gradient_tape/" in lower or "gradients/" in lower:
         return "backward"
     return "forward"
 
@@ -182,7 +182,7 @@ def tf_ops(xplane):
     return ops
 
 
-def table(rows, steps, step_ms):
+def table(rows, steps):
     """`[(class, forward ms, backward ms, update ms, ms, share)]` per step from `[(class, direction, ns)]`."""
     by_class = collections.defaultdict(lambda: collections.Counter())
     for name, way, ns in rows:

@@ -188,7 +188,8 @@ def warmup_dataset(feed, data, fed, orders, padded):
     return warmup.apply(tf.data.experimental.assert_cardinality(len(batches))), len(batches)
 
 
-def build_model():
+def build_model(dropout=0.1):
+    """The benchmark's task model (`dropout`: the backbone's and the classifier's, GPT-1's 0.1 by default)."""
     keras.utils.set_random_seed(FLAGS.seed)
     backbone = kgpt.GPTBackbone(
         vocabulary_size=FLAGS.vocabulary_size,
@@ -197,8 +198,10 @@ def build_model():
         hidden_dim=FLAGS.hidden_dim,
         intermediate_dim=FLAGS.intermediate_dim,
         max_sequence_length=FLAGS.sequence_length,
+        dropout=dropout,
     )
-    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))  # compile() defaults
+    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),  # compile() defaults
+                             classifier_dropout=dropout)
 
 
 class CompileLog:

@@ -20,6 +20,7 @@ from kgpt.models import original_convert
 from kgpt.io.presets import PresetMixin
 from kgpt.models import inputs as checks
 from kgpt.models.decoder_block import GPTDecoderBlock
+from kgpt.models.dropout import Dropout
 from kgpt.models.lora import LoraMixin
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
@@ -166,7 +167,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
             name="position_embedding",
         )
         self.embeddings_add = keras.layers.Add(dtype=dtype, name="embeddings_add")
-        self.embeddings_dropout = keras.layers.Dropout(
+        self.embeddings_dropout = Dropout(
             dropout, dtype=dtype, name="embeddings_dropout"
         )
         self.transformer_layers = [

@@ -20,6 +20,8 @@ import math
 import keras
 from keras import ops
 
+from kgpt.models.dropout import Dropout
+
 
 @keras.saving.register_keras_serializable(package="kgpt")
 def gelu_tanh(x):
@@ -92,12 +94,12 @@ class GPTDecoderBlock(keras.layers.Layer):
         self.attention_softmax = keras.layers.Softmax(axis=-1, dtype="float32", name="attention_softmax")
         # Made at the residual rate, then set: a Dropout draws its seed only at a rate > 0, and the
         # keras-hub block's drew one here whenever `dropout` was (the same seeds, the same masks).
-        self.attention_probs_dropout = keras.layers.Dropout(
+        self.attention_probs_dropout = Dropout(
             self.dropout or self._attention_rate(), dtype=self.dtype_policy, name="attention_probs_dropout")
         self.attention_probs_dropout.rate = self._attention_rate()
         self.attention_output_dense = dense("attention_output", "abcd,cde->abe", (None, hidden), "e")
         self.attention_layer_norm = self._layer_norm("self_attention_layer_norm")
-        self.attention_residual_dropout = keras.layers.Dropout(
+        self.attention_residual_dropout = Dropout(
             self.dropout, dtype=self.dtype_policy, name="self_attention_dropout")
         self.feedforward_intermediate_dense = keras.layers.Dense(
             self.intermediate_dim, activation=self.activation, kernel_initializer=_clone(self.kernel_initializer),
@@ -106,8 +108,7 @@ class GPTDecoderBlock(keras.layers.Layer):
             hidden, kernel_initializer=_clone(self.kernel_initializer), dtype=self.dtype_policy,
             name="feedforward_output_dense")
         self.feedforward_layer_norm = self._layer_norm("feedforward_layer_norm")
-        self.feedforward_dropout = keras.layers.Dropout(self.dropout, dtype=self.dtype_policy,
-                                                        name="feedforward_dropout")
+        self.feedforward_dropout = Dropout(self.dropout, dtype=self.dtype_policy, name="feedforward_dropout")
         for layer in (self.query_dense, self.key_dense, self.value_dense):
             layer.build(input_shape)
         self.attention_output_dense.build((*input_shape[:-1], self.num_heads, head_dim))

@@ -22,6 +22,7 @@ from kgpt.tasks import heads as heads_lib
 from kgpt.models import inputs as checks
 from kgpt.models import compile_cost, task_inputs
 from kgpt.models.backbone import GPTBackbone
+from kgpt.models.dropout import Dropout
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
@@ -144,7 +145,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         self.fold_ids = FoldViews(name="fold_token_ids")
         self.fold_mask = FoldViews(name="fold_padding_mask")
         self.extract_states = ExtractStates(num_views, name="extract_states")
-        self.classifier_dropout_layer = keras.layers.Dropout(classifier_dropout, name="classifier_dropout")
+        self.classifier_dropout_layer = Dropout(classifier_dropout, name="classifier_dropout")
         self.classifier = keras.layers.Dense(
             head.units(num_views),
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),

@@ -37,11 +37,18 @@ Callbacks:
   makes Keras hand every batch's logs to the callbacks on the main thread as
   Python floats: a host-device sync per execution (what kgpt's callbacks did
   before they were made asynchronous, and what Keras' TensorBoard callback
-  still does).
+  does);
+- tensorboard: kgpt's plus the TensorBoard callback `kgpt-train` adds with an
+  output folder (`EpochTensorBoard`, writing to a temporary folder);
+- keras_tensorboard: kgpt's plus Keras' own `TensorBoard` callback, which
+  `kgpt-train` added before (the same per-epoch files, and a per-step sync).
 """
 
+import atexit
 import itertools
 import os
+import shutil
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -61,7 +68,8 @@ flags.DEFINE_enum("workload", "finetune", ["finetune", "pretrain"], "What an epo
 flags.DEFINE_list("steps_per_execution", ["1", "4", "16"], "Keras' steps_per_execution values to compare.")
 flags.DEFINE_list("jit_compile", ["default"], "Keras' jit_compile values: default (Keras' 'auto': XLA on JAX, on "
                   "TensorFlow only with a GPU), true, false.")
-flags.DEFINE_list("callbacks", ["none"], "Callback sets to compare: none, kgpt, sync (see the docstring).")
+CALLBACK_SETS = ("none", "kgpt", "sync", "tensorboard", "keras_tensorboard")
+flags.DEFINE_list("callbacks", ["none"], f"Callback sets to compare: {', '.join(CALLBACK_SETS)} (see the docstring).")
 flags.DEFINE_integer("rounds", 3, "Timed epochs per variant, the variants taking turns.")
 flags.DEFINE_integer("pretrain_steps", 32, "pretrain: steps in one epoch.")
 flags.DEFINE_string("log_every", "100", "The kgpt callbacks' ProgressLog interval (kgpt-train's --log_every).")
@@ -138,6 +146,9 @@ class Variant:
         self.data, self.steps = data, steps
         self.model = build(int(steps_per_execution), JIT[jit_compile])
         self.callback_set = callback_set
+        if callback_set.endswith("tensorboard"):  # the event files go to a folder removed at exit
+            self.log_dir = tempfile.mkdtemp(prefix="kgpt-execution-logs-")
+            atexit.register(shutil.rmtree, self.log_dir, ignore_errors=True)
         self.timer = EpochTimer()
         warmup = EpochTimer()
         self.model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=[*self.callbacks(), warmup], verbose=0,
@@ -153,6 +164,9 @@ class Variant:
         kgpt_set = [kgpt_callbacks.StopOnNonFiniteLoss(),
                     kgpt_callbacks.Progress(None, {}, self.steps),
                     kgpt_callbacks.ProgressLog(FLAGS.log_every, total)]
+        if self.callback_set in ("tensorboard", "keras_tensorboard"):
+            board = kgpt_callbacks.EpochTensorBoard if self.callback_set == "tensorboard" else keras.callbacks.TensorBoard
+            return kgpt_set + [board(self.log_dir)]
         return kgpt_set + ([Synced()] if self.callback_set == "sync" else [])
 
     def epoch(self):
@@ -172,8 +186,8 @@ def measure():
         if name not in JIT:
             raise app.UsageError(f"--jit_compile takes default, true or false, got {name!r}.")
     for name in FLAGS.callbacks:
-        if name not in ("none", "kgpt", "sync"):
-            raise app.UsageError(f"--callbacks takes none, kgpt or sync, got {name!r}.")
+        if name not in CALLBACK_SETS:
+            raise app.UsageError(f"--callbacks takes {', '.join(CALLBACK_SETS)}, got {name!r}.")
     config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
                                                          "vocabulary_size", "sequence_length", "batch_size"))
     print(f"backend={keras.config.backend()} keras={keras.__version__} {config}")

@@ -7,9 +7,11 @@ import sys
 
 import pytest
 from conftest import TINY, char_tokenizer
+from test_train_callbacks import async_dispatch, events
 
 import kgpt
 from kgpt.jobs import experiments as analysis
+from kgpt.jobs import run
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -85,14 +87,23 @@ def test_ablations_errors(tiny_preset, tmp_path):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["lstm"], output_dir=str(tmp_path))
 
 
-def test_zero_shot_curve_for_both_architectures(tmp_path):
+def test_zero_shot_curve_for_both_architectures(tmp_path, monkeypatch):
+    """Also: kgpt-train's callbacks (NaN stop, zero-shot, progress, TensorBoard) need no sync per step."""
+    fit, fitted = run.fit, []
+
+    def checked_fit(model, calls, callbacks, validation=None):
+        fitted.append([type(c).__name__ for c in callbacks])
+        assert async_dispatch(callbacks)
+        fit(model, calls, callbacks, validation)
+
+    monkeypatch.setattr(run, "fit", checked_fit)
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("the film was very good . the plot was very bad .\n" * 40)
     base = PretrainConfig(corpus=str(corpus), num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
                           lstm_units=24, sequence_length=16, batch_size=4, max_steps=4, evaluations=1,
                           warmup_steps=1, sample_tokens=2, zero_shot={"sst2": None}, zero_shot_every=2,
-                          zero_shot_examples=10, tokenizer="train", num_merges=20)
+                          zero_shot_examples=10, tokenizer="train", num_merges=20, log_every="2")
     rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"), lstm={"lstm_units": 12})
     assert [(r[0], r[1], r[2]) for r in rows] == [("transformer", 2, "sst2"), ("transformer", 4, "sst2"),
                                                   ("lstm", 2, "sst2"), ("lstm", 4, "sst2")]
@@ -100,6 +111,20 @@ def test_zero_shot_curve_for_both_architectures(tmp_path):
     assert len(read_csv(tmp_path / "out" / "runs" / "curve_lstm" / "zero_shot.csv")) == 3
     lstm = json.loads((tmp_path / "out" / "runs" / "curve_lstm" / "config.json").read_text())["config"]
     assert (lstm["lstm_units"], lstm["num_layers"]) == (12, 1)  # the LSTM's settings replace the base's
+    assert fitted == [["StopOnNonFiniteLoss", "ZeroShotCallback", "PretrainProgress", "ProgressLog",
+                       "EpochTensorBoard"]] * 2
+    run_dir = tmp_path / "out" / "runs" / "curve_transformer"
+    written = events(str(run_dir / "logs"))
+    assert [(tag, step) for tag, step, _ in written["train"]] == [
+        ("epoch_loss", 0), ("epoch_sparse_categorical_accuracy", 0), ("epoch_learning_rate", 0)]
+    assert [tag for tag, _, _ in written["validation"]] == [
+        "evaluation_loss_vs_iterations", "evaluation_sparse_categorical_accuracy_vs_iterations", "epoch_loss",
+        "epoch_sparse_categorical_accuracy"]
+    assert [(tag, step) for tag, step, _ in written["zero_shot"]] == [("zero_shot/sst2/accuracy", 2),
+                                                                       ("zero_shot/sst2/accuracy", 4)]
+    checkpoint = run_dir / "checkpoint" / json.loads((run_dir / "checkpoint" / "latest.json").read_text())["checkpoint"]
+    state = json.loads((checkpoint / "state.json").read_text())
+    assert [row[:2] for row in state["zero_shot"]] == [[2, "sst2"], [4, "sst2"]]  # with its own step's evaluation
 
 
 def run_analyze(*args, cwd):

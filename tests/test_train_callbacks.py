@@ -1,17 +1,22 @@
-"""The training callbacks without a per-step host sync: NaN stop, checkpoints and progress lines, with
-`steps_per_execution` 1 and 4 (Keras then calls the batch hooks once per 4 batches).
+"""The training callbacks without a per-step host sync: NaN stop, checkpoints, progress lines, TensorBoard and
+zero-shot evaluations, with `steps_per_execution` 1 and 4 (Keras then calls the batch hooks once per 4 batches).
 
 A one-weight linear model keeps these fast; the jobs' own tests (test_pretrain, test_use_trained,
-test_cluster_parts) run the same callbacks inside kgpt-train.
+test_cluster_parts) run the same callbacks inside kgpt-train; test_analysis checks the whole list a
+pre-training run with zero-shot tasks passes to Keras.
 """
 
+import glob
 import json
+import os
 import threading
+from unittest import mock
 
 import keras
 import numpy as np
 import pytest
 
+from kgpt.analysis.zero_shot import ZeroShotCallback
 from kgpt.train import callbacks
 
 
@@ -91,3 +96,76 @@ def test_progress_lines_with_several_steps_per_execution(capsys, progress):
     # Keras reports every 4th step; a line comes at the first report past each multiple of 6 (the first
     # report, step 4, only starts the clock).
     assert steps == ["step 8/24", "step 12/24", "step 20/24", "step 24/24"]
+
+
+def async_dispatch(callback_list):
+    """Whether Keras would hand `callback_list`'s batch ends to its own thread (no sync per step). TensorFlow's
+    backend is not thread-safe, so Keras never does there: its rule is then asked as if it were."""
+    from keras.src import backend
+
+    with mock.patch.object(backend, "IS_THREAD_SAFE", True):
+        return keras.callbacks.CallbackList(callback_list)._async_train
+
+
+def events(log_dir):
+    """`{subfolder: [(tag, step, value), ...]}` of the TensorBoard event files under `log_dir`, in order."""
+    import tensorflow as tf
+
+    found = {}
+    for path in sorted(glob.glob(os.path.join(log_dir, "**", "events.*"), recursive=True)):
+        rows = found.setdefault(os.path.relpath(os.path.dirname(path), log_dir), [])
+        for event in tf.compat.v1.train.summary_iterator(path):
+            rows += [(v.tag, event.step, tf.make_ndarray(v.tensor).tolist()) for v in event.summary.value]
+            if event.graph_def:
+                rows.append(("graph", event.step, None))
+    return found
+
+
+def test_epoch_tensorboard_writes_what_keras_tensorboard_writes_with_no_batch_hook(tmp_path):
+    model = linear(1)
+    model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])
+    board = callbacks.EpochTensorBoard(str(tmp_path / "kgpt"))
+    assert async_dispatch([board]) and not async_dispatch([keras.callbacks.TensorBoard("x")])
+    x, y = data(4)
+    model.fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False, validation_data=(x, y),
+              callbacks=[keras.callbacks.TensorBoard(str(tmp_path / "keras")), board])
+    written = events(str(tmp_path / "kgpt"))
+    assert written == events(str(tmp_path / "keras"))  # tags, steps and values, in the same order
+    assert [(tag, step) for tag, step, _ in written["train"]] == [("keras", 0)] + [  # a Sequential's summary
+        (f"epoch_{name}", epoch) for epoch in (0, 1) for name in ("loss", "mae", "learning_rate")]
+    assert [(tag, step) for tag, step, _ in written["validation"]] == [
+        (tag, step) for epoch in (0, 1) for tag, step in [("evaluation_loss_vs_iterations", 4 * epoch + 4),
+                                                          ("evaluation_mae_vs_iterations", 4 * epoch + 4),
+                                                          ("epoch_loss", epoch), ("epoch_mae", epoch)]]
+    with pytest.raises(ValueError, match="update_freq must be 'epoch', got 'batch'"):
+        callbacks.EpochTensorBoard(str(tmp_path), update_freq="batch")
+
+
+class Evaluations(ZeroShotCallback):
+    """A zero-shot callback without tasks that records where it evaluates: (step, on the main thread)."""
+
+    def __init__(self, every):
+        super().__init__({}, tokenizer=None, every=every)
+        self.at = []
+
+    def evaluate_now(self, step):
+        if step != self._last:
+            self.at.append((step, threading.current_thread() is threading.main_thread()))
+        super().evaluate_now(step)
+
+
+@pytest.mark.parametrize("steps_per_execution, accumulation, expected", [
+    (1, None, [3, 6, 9, 12]),  # every 3 steps, at each epoch end (6 and 12) too, and at the end (12 again: once)
+    (4, None, [4, 8, 12]),  # Keras reports steps 4, 8, 12: the first report past each multiple of 3
+    (1, 2, [3, 6]),  # 12 batches, 6 optimizer steps
+])
+def test_zero_shot_evaluates_on_the_main_thread_at_its_steps(steps_per_execution, accumulation, expected):
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.01, gradient_accumulation_steps=accumulation), loss="mse",
+                  steps_per_execution=steps_per_execution)
+    zero_shot = Evaluations(every=3)
+    assert async_dispatch([zero_shot])
+    model.fit(*data(12), batch_size=2, epochs=2 if steps_per_execution == 1 and accumulation is None else 1,
+              steps_per_epoch=6 if steps_per_execution == 1 and accumulation is None else None, verbose=0,
+              shuffle=False, callbacks=[zero_shot])
+    assert zero_shot.at == [(step, True) for step in expected]

@@ -202,8 +202,9 @@ def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys, pr
     assert (tmp_path / "logs" / "zero_shot").exists()
     logged = capsys.readouterr().out  # kgpt's logger prints to the current stdout
     assert [int(line.split()[3][:-1]) for line in logged.splitlines() if line.startswith("Zero-shot at step")] == [3, 6, 8]
-    # The model (on JAX: the whole training state, synced) is touched only where an evaluation runs.
-    assert [step for step, reads in enumerate(callback.reads_per_batch, 1) if reads] == [3, 6]
+    # The model (on JAX: the whole training state, synced) is touched only where an evaluation runs: when the
+    # batch after its step begins (batch b begins after step b).
+    assert [batch for batch, reads in enumerate(callback.reads_per_batch) if reads] == [3, 6]
     # A second fit() continues from the optimizer's step.
     lm.fit({"token_ids": ids[:4, :-1], "padding_mask": np.ones((4, 16), "int32")}, ids[:4, 1:],
            batch_size=2, epochs=1, verbose=0, callbacks=[callback])
@@ -211,7 +212,7 @@ def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys, pr
 
 
 class ModelReads(zero_shot.ZeroShotCallback):
-    """Counts, per batch, the callback's reads of `self.model`."""
+    """Counts, per batch begin, the callback's reads of `self.model` (on the main thread)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -222,7 +223,7 @@ class ModelReads(zero_shot.ZeroShotCallback):
         self.reads += 1
         return super().model
 
-    def on_train_batch_end(self, batch, logs=None):
+    def on_train_batch_begin(self, batch, logs=None):
         before = self.reads
-        super().on_train_batch_end(batch, logs)
+        super().on_train_batch_begin(batch, logs)
         self.reads_per_batch.append(self.reads - before)

@@ -18,6 +18,7 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.io.storage import write_text
 from kgpt.tasks import metrics as metrics_lib
 from kgpt.tasks.heuristics import Scorer
+from kgpt.train.callbacks import BatchCount
 
 logger = logging.getLogger(__name__)
 
@@ -105,9 +106,18 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
 class ZeroShotCallback(keras.callbacks.Callback):
     """Evaluates zero-shot tasks every `every` training steps (paper Figure 2, right).
 
-    Reads the optimizer's step once per `fit` and counts batches after that:
-    on JAX, touching the model in a callback syncs the whole training state,
-    which every batch would slow training down.
+    Reads the optimizer's step once per `fit` and counts steps after that
+    from the batch indices Keras passes (`kgpt.train.callbacks.BatchCount`):
+    on JAX, touching the model in a callback syncs the whole training state.
+    It evaluates on the main thread when the next execution begins (nothing
+    has trained since: the weights of the step it names) or at the epoch's
+    end, and once more at the end of training; its batch end only counts, so
+    it is `async_safe` and Keras need not sync each step for it. Steps are
+    optimizer updates (gradient accumulation's micro-batches count as one);
+    with `steps_per_execution = N` Keras reports every Nth batch, and it
+    evaluates at the first report past each multiple of `every`. List it
+    before a callback that checkpoints its `rows()` (kgpt-train's progress),
+    so that a checkpoint holds the evaluation of its own step.
 
     Args:
         tasks: `{name: (task, data_dir)}`.
@@ -170,13 +180,32 @@ class ZeroShotCallback(keras.callbacks.Callback):
             lines = ["step,task,metric,value"] + [f"{step},{name},{metric},{value!r}" for step, name, metric, value in rows]
             write_text(self.csv_path, "\n".join(lines) + "\n")
 
+    async_safe = True  # its on_train_batch_end only counts (in Keras' callback thread on JAX)
+
     def on_train_begin(self, logs=None):
-        self.step = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+        optimizer = self.model.optimizer
+        self._accumulation = getattr(optimizer, "gradient_accumulation_steps", None) or 1
+        self.step = int(keras.ops.convert_to_numpy(optimizer.iterations))  # optimizer steps (not micro-batches)
+        self._count = BatchCount(self.step * self._accumulation)
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._count.epoch_begin()
+
+    def on_train_batch_begin(self, batch, logs=None):
+        if batch:  # the epoch's earlier executions are dispatched (the first's steps were seen at the last epoch end)
+            self._reached(self._count.begun(batch) // self._accumulation)
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1  # one optimizer step per batch
-        if self.step % self.every == 0:
-            self.evaluate_now(self.step)
+        self._count.end(batch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._reached(self._count.ended // self._accumulation)  # Keras has waited for the epoch's batch ends
+
+    def _reached(self, step):
+        """On the main thread: training has gone through `step`; evaluates if it passed a multiple of `every`."""
+        previous, self.step = self.step, step
+        if step // self.every > previous // self.every:
+            self.evaluate_now(step)
 
     def on_train_end(self, logs=None):
         self.evaluate_now(self.step)

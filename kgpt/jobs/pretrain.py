@@ -374,7 +374,7 @@ def _fit(config, lm, index, train_end, evaluations, validation, progress, zero_s
     calls = ((windows(first * steps_per_eval + skip), first, last, (steps_per_eval - skip) * micro)
              for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations))
     callbacks = run.callbacks(config, progress, f"Lower --learning_rate ({config.learning_rate:g})",
-                              after=[zero_shot] if zero_shot is not None else [], total_steps=config.max_steps,
+                              before=[zero_shot] if zero_shot is not None else [], total_steps=config.max_steps,
                               tokens_per_step=config.batch_size * config.sequence_length)
     run.fit(lm, calls, callbacks, validation)
 

@@ -36,7 +36,7 @@ from kgpt.io.storage import write_json
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.parallel import cluster, placement
-from kgpt.train.callbacks import ProgressLog, StopOnNonFiniteLoss, catching_sigterm
+from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteLoss, catching_sigterm
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
 
 logger = logging.getLogger(__name__)
@@ -339,10 +339,11 @@ def callbacks(config, progress, hint, before=(), after=(), total_steps=None, tok
               examples_per_step=None):
     """The run's callbacks: stop on a NaN loss, `before`, `progress`, progress lines, TensorBoard, `after`.
 
-    `before` are callbacks that add to an epoch's logs (progress records
-    them); `after` see the checkpoint already written. Progress lines
-    (`config.log_every`) need `total_steps`; TensorBoard needs an output
-    directory and process 0.
+    `before` are callbacks that add to an epoch's logs or to a checkpoint's
+    state (progress records and saves them after theirs have run); `after`
+    see the checkpoint already written. Progress lines (`config.log_every`)
+    need `total_steps`; TensorBoard (per epoch, `EpochTensorBoard`) needs an
+    output directory and process 0.
     """
     directory = checkpoint_dir(config)
     hint = f"{hint}; the last checkpoint{f' ({directory})' if directory else ''} is kept."
@@ -351,7 +352,7 @@ def callbacks(config, progress, hint, before=(), after=(), total_steps=None, tok
     every = log_every(config)
     if total_steps and every != "0":
         lines = [ProgressLog(every, total_steps, progress.step, tokens_per_step, examples_per_step, steps)]
-    tensorboard = [keras.callbacks.TensorBoard(os.path.join(config.output_dir, "logs"))] \
+    tensorboard = [EpochTensorBoard(os.path.join(config.output_dir, "logs"))] \
         if config.output_dir and cluster.is_chief() else []
     return [StopOnNonFiniteLoss(hint, progress.step, steps), *before, progress, *lines, *tensorboard, *after]
 

@@ -1,4 +1,4 @@
-"""Callbacks both training jobs share: a NaN stop, a run's progress and checkpoints, progress lines.
+"""Callbacks both training jobs share: a NaN stop, a run's progress and checkpoints, progress lines, TensorBoard.
 
 A run's "step" is an optimizer update. With gradient accumulation over `K`
 micro-batches, `fit` sees `K` batches per step; the callbacks count batches
@@ -80,7 +80,7 @@ class NonFiniteLossError(ArithmeticError):
     """Training produced a NaN or infinite loss; the run stopped before saving anything from it."""
 
 
-class _BatchCount:
+class BatchCount:
     """The batches a run has finished, from the indices Keras passes (one call per execution of N batches).
 
     `on_train_batch_end` may run in Keras' callback thread, several at once and
@@ -141,7 +141,7 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
     def __init__(self, hint="", first_step=0, accumulation=1):
         super().__init__()
         self.hint, self.accumulation = hint, accumulation
-        self._count = _BatchCount(first_step * accumulation)
+        self._count = BatchCount(first_step * accumulation)
         self._condition = threading.Condition()
         self._checked = self._count.ended  # every batch through this one had a finite loss
         self._begins = []  # the epoch's execution starts (batch indices), in order
@@ -239,7 +239,7 @@ class Progress(keras.callbacks.Callback):
         self.first_step = self.step  # where this process started (a resumed run: the checkpoint's step)
         self.epochs = state.get("epochs", [])  # one dict of logs per finished epoch
         self.metric_state = state.get("metric_state")  # the interrupted epoch's running sums, restored once
-        self._count = _BatchCount(self.step * accumulation)
+        self._count = BatchCount(self.step * accumulation)
 
     @property
     def history(self):
@@ -374,7 +374,7 @@ class ProgressLog(keras.callbacks.Callback):
         self.steps, self.seconds = parse_every(every)
         self.total_steps, self.step, self.accumulation = total_steps, first_step, accumulation
         self.tokens_per_step, self.examples_per_step = tokens_per_step, examples_per_step
-        self._count = _BatchCount(first_step * accumulation)
+        self._count = BatchCount(first_step * accumulation)
         self._lock = threading.Lock()
         self._since = self._last_step = None
 
@@ -415,6 +415,42 @@ class ProgressLog(keras.callbacks.Callback):
         left = (self.total_steps - step) / rate if rate > 0 else float("inf")
         parts.append(f"{_duration(left)} left")
         logger.info(", ".join(parts))
+
+
+class EpochTensorBoard(keras.callbacks.TensorBoard):
+    """Keras' `TensorBoard` callback per epoch only: the same event files, and no hook on any batch.
+
+    With its default `update_freq="epoch"` Keras' callback writes per epoch
+    only (`epoch_*` scalars and the learning rate in `train/`, validation's
+    `epoch_*` and `evaluation_*_vs_iterations` in `validation/`), yet it
+    overrides `on_train_batch_end`, and one such callback makes Keras hand
+    every step's logs to the callbacks on the main thread as Python floats (a
+    host sync per step on JAX). This one leaves Keras' batch hooks at their
+    defaults and writes what Keras' writes at the epoch's end; the training
+    graph, which Keras writes at the first batch's end where it can (for a
+    `tf.function` train step; Keras 3's trainers pass a Python function, so
+    none is written), comes at the first epoch's end. Nothing of it runs in
+    Keras' callback thread. Batch summaries and profiling (`update_freq`,
+    `profile_batch`) need Keras' own callback.
+    """
+
+    # Keras' defaults (`utils.default`), which it recognizes as no hook at all.
+    on_train_batch_begin = keras.callbacks.Callback.on_train_batch_begin
+    on_train_batch_end = keras.callbacks.Callback.on_train_batch_end
+    on_test_batch_begin = keras.callbacks.Callback.on_test_batch_begin
+
+    def __init__(self, log_dir="logs", **kwargs):
+        for name, only in (("update_freq", "epoch"), ("profile_batch", 0)):
+            if kwargs.get(name, only) != only:
+                raise ValueError(f"EpochTensorBoard writes per epoch only: {name} must be {only!r}, got "
+                                 f"{kwargs[name]!r}; keras.callbacks.TensorBoard writes batches and profiles.")
+        super().__init__(log_dir, **kwargs)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self._should_write_train_graph:  # the train step has run by now
+            self._write_keras_model_train_graph()
+            self._should_write_train_graph = False
+        super().on_epoch_end(epoch, logs)
 
 
 def parse_every(every):

@@ -26,8 +26,12 @@ def inputs(views=None, seed=0):
     return {"token_ids": ids, "padding_mask": mask}
 
 
+def task_model():
+    return kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(2), num_views=2, task_name="toy")
+
+
 def trained_task_model():
-    model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(2), num_views=2, task_name="toy")
+    model = task_model()
     x = inputs(views=2)
     y = {"task": np.array([0, 1, 1]), "lm": x["token_ids"][:, :, 1:]}
     model.fit(x, y, epochs=2, verbose=0)  # the weights move away from their initial values
@@ -191,8 +195,7 @@ def test_config_nested_too_deeply_is_a_checkpoint_error(tmp_path):
 
 
 def test_tampered_task_config_is_refused_before_anything_is_built(tmp_path):
-    model, _ = trained_task_model()
-    model.save_to_preset(str(tmp_path))
+    task_model().save_to_preset(str(tmp_path))  # untrained: only its task.json is read before the refusal
     _edit_json(tmp_path / "task.json", lambda c: c["config"]["backbone"]["config"].update(num_layers=10**9))
     with pytest.raises(kgpt.CheckpointError, match=r"task.json describes a model of at least"):
         kgpt.GPTTaskModel.from_preset(str(tmp_path))

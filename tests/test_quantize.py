@@ -1,5 +1,6 @@
 """int8: quantized causal LMs and task models round trip through presets; `kgpt-predict --quantize int8`."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -38,6 +39,22 @@ def test_a_quantized_causal_lm_saves_and_loads_with_the_same_outputs(tmp_path):
     np.testing.assert_array_equal(to_numpy(loaded(x)), quantized)
     with pytest.raises(ValueError, match="Only 'int8'"):
         int8.quantize(loaded, "int4")
+
+
+def test_quantizing_collects_garbage_once_not_once_per_layer(monkeypatch):
+    # Keras runs gc.collect() for each kernel it replaces: seconds per layer in a process holding many objects.
+    calls, collect = [], gc.collect
+    monkeypatch.setattr(gc, "collect", lambda *args: calls.append(args) or collect(*args))
+    int8.quantize(kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY)))
+    assert len(calls) == 1
+    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), num_classes=2)
+    model.quantize("int8")
+    assert len(calls) == 2 and "classifier/kernel" in int8_arrays(model)
+    with pytest.raises(ValueError, match="Only 'int8'"), int8.one_garbage_collection():
+        int8.quantize(model, "int4")
+    assert len(calls) == 3  # collected once on the way out of an error too
+    gc.collect()
+    assert len(calls) == 4  # and gc.collect is the one it replaced again, not the no-op
 
 
 @pytest.fixture(scope="module")

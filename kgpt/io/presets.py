@@ -379,14 +379,17 @@ def quantize_head_like_file(task, task_path):
     """
     if not os.path.isfile(task_path) or not _holds_int8(task_path):
         return
+    from kgpt.models import int8
+
     backbone_layers = {id(layer) for layer in task.backbone._flatten_layers()}
-    for layer in task._flatten_layers(include_self=False):
-        if id(layer) in backbone_layers or layer._flatten_layers(include_self=False):
-            continue
-        if layer.weights and getattr(layer, "quantization_mode", "none") is None and hasattr(layer, "quantize"):
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                layer.quantize("int8")
+    with int8.one_garbage_collection():  # not one gc.collect() per quantized layer
+        for layer in task._flatten_layers(include_self=False):
+            if id(layer) in backbone_layers or layer._flatten_layers(include_self=False):
+                continue
+            if layer.weights and getattr(layer, "quantization_mode", "none") is None and hasattr(layer, "quantize"):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    layer.quantize("int8")
 
 
 class PresetMixin:

@@ -61,9 +61,18 @@ def defined_flags(script):
 def test_the_benchmark_commands_use_their_flags():
     benchmarks = [(program, args) for _, program, args in commands() if program.startswith("benchmarks/")]
     assert {program for program, _ in benchmarks} == {"benchmarks/finetune.py", "benchmarks/execution.py",
-                                                      "benchmarks/profile_step.py"}
+                                                      "benchmarks/profile_step.py", "benchmarks/backends.py"}
     assert sum(program == "benchmarks/finetune.py" for program, _ in benchmarks) >= 4
     assert sum(program == "benchmarks/execution.py" for program, _ in benchmarks) >= 4
+    # backends.py passes its --finetune_args and --pretrain_args on to finetune.py and model.py: theirs are checked too.
+    inner = {"finetune_args": "benchmarks/finetune.py", "pretrain_args": "benchmarks/model.py"}
+    for program, args in list(benchmarks):
+        if program == "benchmarks/backends.py":
+            for word in args:
+                name, _, value = word[2:].partition("=")
+                if name in inner:
+                    benchmarks.append((inner[name], shlex.split(value)))
+    assert any(program == "benchmarks/model.py" for program, _ in benchmarks)
     for program, args in benchmarks:
         defined = defined_flags(program.split("/")[1])
         for word in args:

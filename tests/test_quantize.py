@@ -11,6 +11,7 @@ from conftest import TINY, random_inputs, to_numpy
 from test_use_trained import make_preset, write_data
 
 import kgpt
+from kgpt.io import presets
 from kgpt.io.presets import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs.config import FinetuneConfig
@@ -50,7 +51,7 @@ def test_quantizing_collects_garbage_once_not_once_per_layer(monkeypatch):
     model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), num_classes=2)
     model.quantize("int8")
     assert len(calls) == 2 and "classifier/kernel" in int8_arrays(model)
-    with pytest.raises(ValueError, match="Only 'int8'"), int8.one_garbage_collection():
+    with pytest.raises(ValueError, match="Only 'int8'"), presets.one_garbage_collection():
         int8.quantize(model, "int4")
     assert len(calls) == 3  # collected once on the way out of an error too
     gc.collect()

@@ -14,6 +14,7 @@ half-loading (Keras itself ignores surplus arrays silently).
 
 import collections
 import contextlib
+import gc
 import inspect
 import json
 import math
@@ -368,6 +369,26 @@ def _holds_int8(path):
         return False
 
 
+@contextlib.contextmanager
+def one_garbage_collection():
+    """Runs the block with `gc.collect()` a no-op, then collects once.
+
+    Keras' `Layer.__delattr__` runs a full `gc.collect()` each time
+    `quantize` deletes a float kernel: one per Dense/EinsumDense layer,
+    each taking about half a second in a process that holds TensorFlow (more
+    in one that holds many models). One collection after the last layer
+    frees the same buffers.
+    """
+    collect = gc.collect
+    gc.collect = lambda generation=2: 0
+    try:
+        yield
+    finally:
+        gc.collect = collect
+        collect()
+
+
+
 def quantize_head_like_file(task, task_path):
     """Quantizes a task model's head layers to int8 when its saved head was.
 
@@ -379,10 +400,8 @@ def quantize_head_like_file(task, task_path):
     """
     if not os.path.isfile(task_path) or not _holds_int8(task_path):
         return
-    from kgpt.models import int8
-
     backbone_layers = {id(layer) for layer in task.backbone._flatten_layers()}
-    with int8.one_garbage_collection():  # not one gc.collect() per quantized layer
+    with one_garbage_collection():  # not one gc.collect() per quantized layer
         for layer in task._flatten_layers(include_self=False):
             if id(layer) in backbone_layers or layer._flatten_layers(include_self=False):
                 continue

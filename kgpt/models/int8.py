@@ -10,32 +10,13 @@ arrays and `from_preset` builds the quantized layers again (the backbone's
 config records them; a task head is re-quantized from its weights file).
 """
 
-import contextlib
-import gc
 import warnings
 
 import keras
 
+from kgpt.io import presets
+
 INT8 = "int8"
-
-
-@contextlib.contextmanager
-def one_garbage_collection():
-    """Runs the block with `gc.collect()` a no-op, then collects once.
-
-    Keras' `Layer.__delattr__` runs a full `gc.collect()` each time
-    `quantize` deletes a float kernel: one per Dense/EinsumDense layer,
-    each taking about half a second in a process that holds TensorFlow (more
-    in one that holds many models). One collection after the last layer
-    frees the same buffers.
-    """
-    collect = gc.collect
-    gc.collect = lambda generation=2: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        collect()
 
 
 def is_quantized(model):
@@ -53,7 +34,7 @@ def quantize(model, mode=INT8):
         raise ValueError(f"Only 'int8' is supported, got {mode!r}.")
     if is_quantized(model):
         return model
-    with warnings.catch_warnings(), one_garbage_collection():
+    with warnings.catch_warnings(), presets.one_garbage_collection():
         # One "does not have a `quantize` method" per norm and embedding layer: expected.
         warnings.filterwarnings("ignore", message=r".*does not have a `quantize` method")
         # Layers without weights are left alone: a loaded task model's preprocessor holds an unbuilt

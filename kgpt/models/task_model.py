@@ -20,7 +20,7 @@ from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt.models import inputs as checks
-from kgpt.models import compile_cost, int8, task_inputs
+from kgpt.models import compile_cost, task_inputs
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.dropout import Dropout
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
@@ -28,8 +28,8 @@ from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import new_task_model
-from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
-                              tokenizer_fits)
+from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset,
+                              one_garbage_collection, read_json, tokenizer_fits)
 from kgpt.models.task_preprocessor import GPTTaskPreprocessor
 
 
@@ -463,7 +463,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         """
         if filters is None:
             filters = lambda layer: bool(layer.weights)  # noqa: E731
-        with int8.one_garbage_collection():  # not one gc.collect() per quantized layer
+        with one_garbage_collection():  # not one gc.collect() per quantized layer
             super().quantize(mode, config=config, filters=filters, **kwargs)
         object.__setattr__(self, "_task_predictor", None)
 

@@ -251,8 +251,9 @@ def compile_batches(compile_seconds, step_seconds, step_positions, split, batch_
 
     An average batch is one of `split`'s length-sorted batches at its
     bucket length; a step's time is taken to grow with its positions. The
-    figure is rounded to a power of 2 (at least 1), so that a run's timing
-    noise seldom changes the plan, and so the programs, between runs.
+    figure is rounded to a power of 2 (at least 1), so that small timing
+    noise does not change the plan, and so the programs, between runs (a
+    heavily loaded machine still can).
 
     Example:
     ```python

@@ -58,7 +58,6 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np
-import tensorflow as tf
 from absl import app, flags, logging
 
 import kgpt
@@ -152,6 +151,8 @@ def padded_batch(split, indices, length):
 
 def padded_dataset(split, batch_size, seed):
     """Every example padded to the split's longest view, reshuffled each epoch: kgpt's feed before bucketing."""
+    import tensorflow as tf  # here, not at the top: profile_step.py shares this module and runs on JAX without TF
+
     arrays = padded_batch(split, np.arange(len(split)), int(split.lengths.max()))  # [N, views, longest]
     data = tf.data.Dataset.from_tensor_slices(arrays)
     data = data.shuffle(len(split), seed=seed, reshuffle_each_iteration=True)
@@ -174,6 +175,8 @@ def feed_batches(feed, split, all_max, epochs, compile_batches=batching.COMPILE_
 
 def warmup_dataset(feed, data, fed, orders, padded):
     """One batch of every shape `(rows, padded length)` the feed gives in `orders`, with `data`'s element spec."""
+    import tensorflow as tf
+
     batches = {}
     for order, lengths in zip(orders, padded):
         for indices, length in zip(order, lengths):

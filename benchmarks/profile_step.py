@@ -40,11 +40,11 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np
-import tensorflow as tf
 from absl import app, flags, logging
 
 import finetune  # the split's and the model's flags and builders (the script's folder is on sys.path)
 import step_profile
+from kgpt.jobs import run
 from kgpt.models import dropout as kgpt_dropout
 
 flags.DEFINE_integer("length", None, "Padded tokens per example (default: --sequence_length).")
@@ -61,6 +61,10 @@ flags.DEFINE_multi_string("xla_options", [], "JAX: a set of XLA compiler options
                           "(e.g. xla_cpu_multi_thread_eigen=false); repeat the flag for several sets. The train step "
                           "is compiled once per set (and once without) and the executables take turns, --rounds "
                           "rounds of --steps steps each, called directly (no Keras loop).")
+flags.DEFINE_integer("lm_loss_chunk_size", None, "Tokens per chunk of the LM loss (default: compile()'s, "
+                     "kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).")
+flags.DEFINE_string("dtype", None, "Dtype policy of the model (e.g. mixed_bfloat16 on a GPU or TPU; default: "
+                    "Keras' global policy, float32).")
 flags.DEFINE_bool("trace", True, "Capture and read a profiler trace (--notrace: step times only).")
 FLAGS = flags.FLAGS
 
@@ -84,6 +88,8 @@ def batch():
 def build(masks):
     """The benchmark's task model, its dropout masks drawn the `masks` way ('kgpt' or 'keras')."""
     model = finetune.build_model(dropout=FLAGS.dropout)
+    if FLAGS.lm_loss_chunk_size:
+        model.compile(lm_loss_chunk_size=FLAGS.lm_loss_chunk_size)
     for layer in model._flatten_layers():
         if isinstance(layer, kgpt_dropout.Dropout):
             layer.unrolled = masks == "kgpt"
@@ -173,7 +179,7 @@ def print_table(title, rows, total, step_ms):
     print(f"| all ops (summed over threads) | | | | {total:.1f} | {total / step_ms:.2f}x the step's wall time |")
 
 
-def profile_jax(model, data, example, trace_dir):
+def profile_jax(model, data, example, trace_dir, step_ms):
     import jax
 
     costs, text = train_step_costs(model, example)
@@ -193,10 +199,16 @@ def profile_jax(model, data, example, trace_dir):
         unknown += op not in instructions
         rows.append((step_profile.classify(path, opcode, movement), step_profile.direction(path), ns))
     table, total = step_profile.table(rows, FLAGS.steps)
-    print_table(f"JAX: {FLAGS.steps} traced steps, {len(runs)} executions of jit_train_step", table, total, period)
-    print(f"step period in the trace (start to start): {period:.1f} ms; one execution spans {span:.1f} ms; "
-          f"the host between executions (Python, Keras' loop, dispatch, idle): {period - span:.1f} ms "
-          f"({(period - span) / period:.1%})" + (f"; {unknown} op events not in the compiled text" if unknown else ""))
+    print_table(f"JAX: {FLAGS.steps} traced steps, {len(runs)} executions of jit_train_step", table, total,
+                period if len(runs) >= FLAGS.steps else step_ms)
+    unknown_note = f"; {unknown} op events not in the compiled text" if unknown else ""
+    if len(runs) < FLAGS.steps:  # a GPU's device events carry no execution id: the steps cannot be told apart
+        print(f"the trace tells {len(runs)} execution(s) of the train step apart, not {FLAGS.steps}: no host gap "
+              f"per step is measured here{unknown_note}")
+    else:
+        print(f"step period in the trace (start to start): {period:.1f} ms; one execution spans {span:.1f} ms; "
+              f"the host between executions (Python, Keras' loop, dispatch, idle): {period - span:.1f} ms "
+              f"({(period - span) / period:.1%})" + unknown_note)
     dearest = {}
     for op, ns in ops:
         dearest[op] = dearest.get(op, 0) + ns / 1e6 / FLAGS.steps
@@ -208,6 +220,8 @@ def profile_jax(model, data, example, trace_dir):
 
 
 def profile_tf(model, data, trace_dir, step_ms):
+    import tensorflow as tf
+
     tf.profiler.experimental.start(trace_dir)
     try:
         model.fit(data, epochs=1, steps_per_epoch=FLAGS.steps, verbose=0)
@@ -226,20 +240,57 @@ def profile_tf(model, data, trace_dir, step_ms):
 
 def main(argv):
     logging.set_verbosity(logging.WARNING)
+    if FLAGS.trace and "xla_gpu_enable_command_buffer" not in os.environ.get("XLA_FLAGS", ""):
+        # On a GPU, XLA records a step's kernels into CUDA graphs, whose trace events name the graph, not
+        # the ops in it: without them, each op is its own event (the step's time hardly changes: 62 ms
+        # either way at the paper's shape on one H200). Set before JAX starts its GPU backend.
+        os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_enable_command_buffer=").strip()
     if FLAGS.steps < 2 or FLAGS.rounds < 1 or FLAGS.warmup_steps < 1:
         raise app.UsageError("--steps must be at least 2, --rounds and --warmup_steps at least 1.")
     length = FLAGS.length or FLAGS.sequence_length
     if length > FLAGS.sequence_length:
         raise app.UsageError(f"--length ({length}) exceeds --sequence_length ({FLAGS.sequence_length}).")
+    if FLAGS.dtype:
+        keras.config.set_dtype_policy(FLAGS.dtype)
     example = batch()
-    data = tf.data.Dataset.from_tensors(example).repeat()
+    with run.compilation_cache(FLAGS.compilation_cache):
+        measure(example, length)
+
+
+class Repeated(keras.utils.PyDataset):
+    """One batch, `count` times (as many as a `fit` of this script takes), with no `tf.data`: TensorFlow need
+    not be installed on JAX (e.g. a JAX-only install on an accelerator)."""
+
+    def __init__(self, example, count):
+        super().__init__()
+        self.example, self.count = example, count
+
+    def __len__(self):
+        return self.count  # not "endless": Keras' adapter makes an index array of this length
+
+    def __getitem__(self, index):
+        return self.example
+
+
+def repeated(example):
+    """The one batch, forever, as `fit` takes it: `Repeated` on JAX, a `tf.data` dataset on TensorFlow."""
+    if JAX:
+        return Repeated(example, max(FLAGS.steps, FLAGS.warmup_steps))
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensors(example).repeat()
+
+
+def measure(example, length):
+    data = repeated(example)
     models = {FLAGS.dropout_masks: build(FLAGS.dropout_masks)}
     if FLAGS.ab:
         other = "keras" if FLAGS.dropout_masks == "kgpt" else "kgpt"
         models[other] = build(other)
     model = models[FLAGS.dropout_masks]
     config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
-                                                         "vocabulary_size", "batch_size", "dropout"))
+                                                         "vocabulary_size", "batch_size", "dropout", "dtype",
+                                                         "lm_loss_chunk_size"))
     print(f"backend={keras.config.backend()} keras={keras.__version__} {config}, length={length}, "
           f"jit_compile={model.jit_compile}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     for masks, each in models.items():
@@ -275,7 +326,7 @@ def main(argv):
             if len(traced) > 1:
                 print(f"\n--- dropout masks {masks} ---")
             if JAX:
-                profile_jax(each, data, example, folder)
+                profile_jax(each, data, example, folder, step_ms)
             else:
                 profile_tf(each, data, folder, step_ms)
     finally:

@@ -6,6 +6,7 @@ import pytest
 from conftest import TINY, to_numpy
 
 import kgpt
+from kgpt.models import lm_loss
 from kgpt.models.lm_loss import TiedLMLoss, chunked_lm_loss
 
 RNG = np.random.default_rng(0)
@@ -54,6 +55,22 @@ def test_chunked_loss_equals_plain_logits_in_value_and_gradient(chunk_size):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
     evaluation = chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=chunk_size, training=False)
     np.testing.assert_allclose(to_numpy(evaluation), expected[0], rtol=1e-5)
+
+
+@pytest.mark.parametrize("multiple", [16, 128])  # 13 rows padded to 16 (3 extra) and to 128
+def test_padding_the_vocabulary_changes_neither_value_nor_gradients(multiple):
+    expected = value_and_grads(plain_sums)
+    got = value_and_grads(lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=5,
+                                                       pad_vocabulary_to=multiple))
+    assert got[2].shape == TABLE.shape  # the padded rows' gradient is cut off
+    for e, g in zip(expected, got):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    evaluation = chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=5, training=False,
+                                 pad_vocabulary_to=multiple)
+    np.testing.assert_allclose(to_numpy(evaluation), expected[0], rtol=1e-5)
+    assert lm_loss.vocabulary_multiple() == 1  # on a CPU the loss pads nothing by default
+    with pytest.raises(ValueError, match="pad_vocabulary_to must be a positive number of rows, got 0"):
+        chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, pad_vocabulary_to=0)
 
 
 def test_chunked_loss_rejects_bad_arguments():

@@ -8,6 +8,7 @@ backend. Nothing here runs inside a compiled step.
 
 import contextlib
 import numbers
+import sys
 
 import numpy as np
 
@@ -175,6 +176,8 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
     ds = dataset_ids(tf.data.Dataset.from_tensor_slices({"token_ids": [[1, 2]], "padding_mask": [[1, 1]]}), 3)
     ```
     """
+    if "tensorflow" not in sys.modules:  # no dataset without TensorFlow imported; JAX needs no TensorFlow for arrays
+        return dataset
     import tensorflow as tf
 
     if not isinstance(dataset, tf.data.Dataset):

@@ -40,6 +40,10 @@ from keras import ops
 # XLA keeps about six [chunk, vocabulary] arrays) stay far below the full
 # logits, large enough for efficient matrix multiplies: see benchmarks/model.py.
 DEFAULT_CHUNK_SIZE = 1024
+# Rows the embedding matrix is padded to a multiple of inside the loss on an accelerator: XLA on a GPU
+# multiplies GPT-1's 40,481 rows with a slower kernel than 40,576 (a step of the paper's shape on one
+# H200 took 0.87x the time padded; docs/performance.md). The padded rows get a logit of -1e30.
+VOCABULARY_MULTIPLE = 128
 REDUCTIONS = ("mean_with_sample_weight", "sum_over_batch_size", "sum")
 # Whether the loss being traced is for a training step (gradients computed alongside): set only by
 # `gradients_wanted`, around a model's compute_loss (see the module docstring for why not an argument).
@@ -165,7 +169,19 @@ class BatchMean(keras.losses.Loss):
         return cls(keras.saving.deserialize_keras_object(config.pop("loss")), **config)
 
 
-def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHUNK_SIZE, training=True):
+def vocabulary_multiple():
+    """What `chunked_lm_loss` pads the vocabulary to a multiple of by default: `VOCABULARY_MULTIPLE` on JAX on
+    a GPU or TPU, 1 (no padding) elsewhere, where the extra pass over each chunk's logits costs more than the
+    kernel saves (a CPU) or nothing is known to gain (TensorFlow without XLA)."""
+    if keras.config.backend() != "jax":
+        return 1
+    import jax
+
+    return 1 if jax.default_backend() == "cpu" else VOCABULARY_MULTIPLE
+
+
+def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHUNK_SIZE, training=True,
+                    pad_vocabulary_to=None):
     """Weighted sums of next-token cross-entropies and of correct argmax predictions.
 
     Equal, up to float rounding, to computing `logits = hidden @ embeddings.T`
@@ -186,6 +202,10 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
             pass).
         training: compute the gradients with the loss; `False` for
             evaluation (no gradient can be taken then).
+        pad_vocabulary_to: inside the loss, the embedding matrix gets rows
+            of zeros (logit -1e30) up to a multiple of this, for faster
+            matrix multiplies; `None`: `vocabulary_multiple()`. The result
+            is the same.
 
     Returns:
         float32 `[2]`: the weighted loss sum (differentiable in `hidden` and
@@ -205,6 +225,9 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
     """
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size}.")
+    multiple = vocabulary_multiple() if pad_vocabulary_to is None else pad_vocabulary_to
+    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+        raise ValueError(f"pad_vocabulary_to must be a positive number of rows, got {multiple!r}.")
     hidden = ops.convert_to_tensor(hidden)
     embeddings = ops.convert_to_tensor(embeddings)
     if keras.config.backend() == "tensorflow":
@@ -218,12 +241,12 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
         raise ValueError(f"hidden {hidden.shape} and embeddings {embeddings.shape} differ in the last axis.")
     chunks = _Chunks(hidden, targets, weights, chunk_size)
     if not training:
-        return _loop(chunks, chunks.flat_hidden, ops.cast(embeddings, hidden.dtype), gradients=False)[0]
+        return _loop(chunks, chunks.flat_hidden, ops.cast(embeddings, hidden.dtype), multiple, gradients=False)[0]
 
     @ops.custom_gradient
     def fused(flat_hidden, embeddings):
         compute = ops.cast(embeddings, flat_hidden.dtype)
-        sums, grad_hidden, grad_embeddings = _loop(chunks, flat_hidden, compute, gradients=True)
+        sums, grad_hidden, grad_embeddings = _loop(chunks, flat_hidden, compute, multiple, gradients=True)
 
         def grad(*args, upstream=None):
             if upstream is None:
@@ -275,16 +298,28 @@ class _Chunks:
         return x[: self.n]
 
 
-def _loop(chunks, flat_hidden, embeddings, gradients):
-    """`(sums, d sums[0] / d flat_hidden, d sums[0] / d embeddings)`; the gradients are None without `gradients`."""
+def _loop(chunks, flat_hidden, embeddings, multiple, gradients):
+    """`(sums, d sums[0] / d flat_hidden, d sums[0] / d embeddings)`; the gradients are None without `gradients`.
+
+    The vocabulary is padded to a multiple of `multiple` rows, which no target names and whose logits are
+    -1e30: their probabilities are 0, so are their gradients, and they are cut off the embeddings' gradient.
+    """
     hidden = chunks.layout(flat_hidden)  # [C, R, H]
-    vocabulary = embeddings.shape[0]
+    true_vocabulary = embeddings.shape[0]
+    vocabulary = true_vocabulary + (-true_vocabulary % multiple)
+    bias = None
+    if vocabulary > true_vocabulary:
+        embeddings = ops.pad(embeddings, [[0, vocabulary - true_vocabulary], [0, 0]])
+        bias = ops.concatenate([ops.zeros((true_vocabulary,), "float32"),
+                                ops.full((vocabulary - true_vocabulary,), -1e30, "float32")])
     kernel = ops.transpose(embeddings)  # [H, V]
 
     def body(i, carry):
         sums, grad_hidden, grad_embeddings = carry
         h, t, w = hidden[i], chunks.targets[i], chunks.weights[i]  # [R, H], [R], [R]
         logits = ops.cast(ops.matmul(h, kernel), "float32")  # [R, V]
+        if bias is not None:
+            logits = logits + bias
         log_z = ops.logsumexp(logits, axis=-1)  # [R]
         picked = ops.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
         hits = ops.cast(ops.equal(ops.argmax(logits, axis=-1), t), "float32")
@@ -304,7 +339,7 @@ def _loop(chunks, flat_hidden, embeddings, gradients):
     sums, grad_hidden, grad_embeddings = ops.fori_loop(0, chunks.count, body, init)
     if not gradients:
         return sums, None, None
-    return sums, chunks.restore(grad_hidden), grad_embeddings
+    return sums, chunks.restore(grad_hidden), grad_embeddings[:true_vocabulary]
 
 
 @keras.saving.register_keras_serializable(package="kgpt")

@@ -26,7 +26,6 @@ JAX with <= 25% of the run compiling, and kgpt >= 1.2x keras-hub on
 TensorFlow.
 """
 
-import functools
 import json
 import os
 import shlex
@@ -37,7 +36,7 @@ import tempfile
 
 from absl import app, flags
 
-from kgpt._children import die_with_parent
+from kgpt._children import ends_with_this_process
 
 flags.DEFINE_string("finetune_args", "", "Arguments for benchmarks/finetune.py (its --feeds default here: "
                     "planned,padded_to_longest).")
@@ -55,7 +54,7 @@ def measure(script, args, backend):
     """Runs `benchmarks/SCRIPT ARGS` under `backend`; returns its last stdout line (JSON) or the JSON file it wrote."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
     result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
-                            env=env, preexec_fn=functools.partial(die_with_parent, os.getpid()))  # ends with this one
+                            env=env, preexec_fn=ends_with_this_process())
     if result.returncode:
         raise RuntimeError(f"{script} {shlex.join(args)} failed on {backend}:\n{result.stderr[-4000:]}")
     return result.stdout

@@ -24,6 +24,8 @@ import time
 
 from absl import app, flags
 
+from kgpt._children import ends_with_this_process
+
 flags.DEFINE_integer("megabytes", 20, "Size of the generated corpus.")
 flags.DEFINE_integer("num_merges", 40000, "Merges for the tokenizer-training timing.")
 flags.DEFINE_integer("stream_batches", 300, "Batches read per memory measurement.")
@@ -138,7 +140,8 @@ def _run_worker(part, directory):
     command = [sys.executable, os.path.abspath(__file__), f"--worker={part}", f"--directory={directory}"]
     command += [f"--{name}={FLAGS[name].value}" for name in ("stream_batches", "train_steps", "num_layers",
                 "hidden_dim", "num_heads", "intermediate_dim", "sequence_length", "batch_size")]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+                            preexec_fn=ends_with_this_process())
     if result.returncode:
         raise RuntimeError(f"worker {part} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -40,6 +40,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags
 
+from kgpt._children import ends_with_this_process
+
 flags.DEFINE_string("init", None, "The pre-trained preset to fine-tune (kgpt-train --task lm --output_dir).")
 flags.DEFINE_string("task", "cola", "The task to fine-tune.")
 flags.DEFINE_string("data_dir", None, "The task's data (default: its embedded data).")
@@ -114,7 +116,8 @@ def finetune_runs():
                           log_every="0")
             spec = json.dumps({"config": config, "result": result})
             started = time.perf_counter()
-            subprocess.run([sys.executable, os.path.abspath(__file__), f"--child={spec}"], check=True)
+            subprocess.run([sys.executable, os.path.abspath(__file__), f"--child={spec}"], check=True,
+                           preexec_fn=ends_with_this_process())
             with open(result) as f:
                 results[(mode, seed)] = json.load(f)
             print(f"{mode} seed {seed}: {results[(mode, seed)]} ({time.perf_counter() - started:.0f} s)", flush=True)

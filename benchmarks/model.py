@@ -31,6 +31,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from absl import app, flags, logging
 
+from kgpt._children import ends_with_this_process
+
 flags.DEFINE_integer("num_layers", 6, "Transformer blocks.")
 flags.DEFINE_integer("hidden_dim", 512, "Hidden size.")
 flags.DEFINE_integer("num_heads", 8, "Attention heads.")
@@ -230,7 +232,7 @@ def xla_train_temp_bytes(lm, x, y):
 def run_worker(name):
     args = [sys.executable, os.path.abspath(__file__), f"--worker={name}"]
     args += [f"--{f}={FLAGS[f].value}" for f in SHAPE_FLAGS]
-    result = subprocess.run(args, capture_output=True, text=True)
+    result = subprocess.run(args, capture_output=True, text=True, preexec_fn=ends_with_this_process())
     if result.returncode:
         raise RuntimeError(f"Benchmark of {name} failed:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])

@@ -24,6 +24,8 @@ import time
 
 from absl import app, flags
 
+from kgpt._children import ends_with_this_process
+
 flags.DEFINE_list("backends", ["jax", "tensorflow"], "Keras backends to measure.")
 flags.DEFINE_list("processes", ["1", "2"], "Process counts to run; ratios are to the first.")
 flags.DEFINE_integer("num_layers", 4, "Transformer blocks.")
@@ -62,7 +64,8 @@ def run(backend, count, corpus, work):
         with open(logs[-1], "w") as log:
             processes.append(subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args,
                                                *(extra if count > 1 else [])],
-                                              stdout=log, stderr=subprocess.STDOUT, env=env))
+                                              stdout=log, stderr=subprocess.STDOUT, env=env,
+                                              preexec_fn=ends_with_this_process()))
     began = time.monotonic()
     try:
         codes = [p.wait(timeout=FLAGS.timeout) for p in processes]

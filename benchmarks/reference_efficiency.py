@@ -385,10 +385,13 @@ def prepare(flags_values):
 
 def find_reference_python(given):
     """A Python that imports torch and transformers: `given`, else `python` on PATH; a clear error otherwise."""
+    from kgpt._children import ends_with_this_process  # not at the top: the reference's Python runs this file
+
     candidates = [given] if given else ["python", "python3"]
     for python in candidates:
         try:
-            ok = subprocess.run([python, "-c", "import torch, transformers"], capture_output=True).returncode == 0
+            ok = subprocess.run([python, "-c", "import torch, transformers"], capture_output=True,
+                                preexec_fn=ends_with_this_process()).returncode == 0
         except OSError:
             ok = False
         if ok:
@@ -401,7 +404,9 @@ def run_worker(python, name, work_dir, seed, env=None, mode="worker"):
     label = name if name != "reference" or mode != "worker" else f"reference seed {seed}"
     print(f"\n== {label} ==", flush=True)
     command = [python, os.path.abspath(__file__), mode, name, work_dir, str(seed)]
-    if subprocess.run(command, env=env, cwd=ROOT).returncode:
+    from kgpt._children import ends_with_this_process  # not at the top: the reference's Python runs this file
+
+    if subprocess.run(command, env=env, cwd=ROOT, preexec_fn=ends_with_this_process()).returncode:
         raise SystemExit(f"{label} failed: {' '.join(command)}")
 
 

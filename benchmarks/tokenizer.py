@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 
+from kgpt._children import ends_with_this_process
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -110,7 +112,8 @@ def speed(args):
             for workers in args.workers.split(","):
                 command = [sys.executable, os.path.abspath(__file__), "build-once", "--files", args.files,
                            "--workers", workers, "--splitters", splitter]
-                out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+                out = subprocess.run(command, check=True, capture_output=True, text=True,
+                                     preexec_fn=ends_with_this_process()).stdout
                 runs[int(workers)].append(json.loads(out.strip().splitlines()[-1]))
         rates = {}
         for workers, results in runs.items():

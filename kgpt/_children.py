@@ -18,6 +18,7 @@ only (ctypes, 4 ms): `kgpt._quiet`'s stderr filter, a `python -c` child that
 does not import kgpt, runs this file by its path.
 """
 
+import functools
 import os
 import signal
 import sys
@@ -51,3 +52,14 @@ def die_with_parent(parent_pid, sig=signal.SIGKILL):
     if os.getppid() != parent_pid:  # the parent ended before the request: the kernel will send nothing
         os.kill(os.getpid(), sig)
     return True
+
+
+def ends_with_this_process(sig=signal.SIGKILL):
+    """A `preexec_fn` for `subprocess`: the child asks for `sig` when the process that starts it ends.
+
+    Example:
+    ```python
+    subprocess.run([sys.executable, "-c", "pass"], preexec_fn=ends_with_this_process())
+    ```
+    """
+    return functools.partial(die_with_parent, os.getpid(), sig)

@@ -61,7 +61,8 @@ def defined_flags(script):
 def test_the_benchmark_commands_use_their_flags():
     benchmarks = [(program, args) for _, program, args in commands() if program.startswith("benchmarks/")]
     assert {program for program, _ in benchmarks} == {"benchmarks/finetune.py", "benchmarks/execution.py",
-                                                      "benchmarks/profile_step.py", "benchmarks/backends.py"}
+                                                      "benchmarks/profile_step.py", "benchmarks/backends.py",
+                                                      "benchmarks/model.py"}
     assert sum(program == "benchmarks/finetune.py" for program, _ in benchmarks) >= 4
     assert sum(program == "benchmarks/execution.py" for program, _ in benchmarks) >= 4
     # backends.py passes its --finetune_args and --pretrain_args on to finetune.py and model.py: theirs are checked too.

@@ -5,6 +5,8 @@
     KERAS_BACKEND=tensorflow python benchmarks/finetune.py   # ~2 min on 2 CPU cores (JAX ~3.5: 19 XLA compiles)
     python benchmarks/finetune.py --vocabulary_size 40481     # GPT-1's vocabulary (~11 min on 2 CPU cores)
     python benchmarks/finetune.py --num_examples 8192 --epochs 3            # several pools, median of 3 epochs
+    KERAS_BACKEND=jax python benchmarks/finetune.py --tsv RTE/train.tsv --feeds planned_by_positions,planned
+    KERAS_BACKEND=jax python benchmarks/finetune.py --step_curve 16,32,64,128,256   # step time against length
     python benchmarks/finetune.py --num_layers 12 --hidden_dim 768 --num_heads 12 --intermediate_dim 3072 \
         --vocabulary_size 40481 --sequence_length 512 --num_examples 32768 --epochs 3   # paper shape, accelerator
 

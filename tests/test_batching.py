@@ -168,7 +168,7 @@ def test_a_plan_that_prices_attention_costs_least_and_pads_long_batches_less():
     assert compiling <= batching.COMPILE_SHARE * (compiling + 3 * 94)
 
 
-def test_each_plan_compiles_within_a_quarter_of_its_own_run():
+def test_each_plan_compiles_within_a_quarter_of_its_own_run(monkeypatch):
     """30 batches of 32 for 3 epochs: priced by time, long batches cost several average ones, so the budget allows
     more lengths; the plan still keeps its compilations within a quarter of its own estimated run."""
     lengths = skewed_lengths(960, seed=4)
@@ -189,6 +189,12 @@ def test_each_plan_compiles_within_a_quarter_of_its_own_run():
             assert plan[-1] == 230 and len(plan) <= budget
             plans[attention, compile_batches] = plan
     assert len(plans[30, 8]) > len(plans[None, 8]) and len(plans[30, 16]) > len(plans[None, 16]) == 1
+    # The share binds where the budget does not: at 32 batches a compilation, 3 lengths would make the fastest run,
+    # but their compiling would exceed a quarter of it.
+    unbounded = dict(max_lengths=40, compile_batches=32, epochs=3, attention_length=30)
+    assert batching.length_plan(lengths, 32, seed=0, **unbounded) == (230,)
+    monkeypatch.setattr(batching, "COMPILE_SHARE", 0.99)
+    assert len(batching.length_plan(lengths, 32, seed=0, **unbounded)) == 3
 
 
 def test_compiling_backends_spend_at_most_a_quarter_of_an_epoch_compiling():

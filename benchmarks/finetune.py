@@ -5,6 +5,8 @@
     KERAS_BACKEND=tensorflow python benchmarks/finetune.py   # ~2 min on 2 CPU cores (JAX ~3.5: 19 XLA compiles)
     python benchmarks/finetune.py --vocabulary_size 40481     # GPT-1's vocabulary (~11 min on 2 CPU cores)
     python benchmarks/finetune.py --num_examples 8192 --epochs 3            # several pools, median of 3 epochs
+    KERAS_BACKEND=jax python benchmarks/finetune.py --tsv RTE/train.tsv --feeds planned_by_positions,planned
+    KERAS_BACKEND=jax python benchmarks/finetune.py --step_curve 16,32,64,128,256   # step time against length
     python benchmarks/finetune.py --num_layers 12 --hidden_dim 768 --num_heads 12 --intermediate_dim 3072 \
         --vocabulary_size 40481 --sequence_length 512 --num_examples 32768 --epochs 3   # paper shape, accelerator
 
@@ -27,7 +29,10 @@ The feeds:
 - bucketed: `kgpt.data.batching.dataset(split, batch_size, seed)`, every
   bucket length the split needs (kgpt's feed where nothing compiles);
 - planned: the same, rounded up to the compile-aware plan `kgpt-train` uses
-  where steps compile (`max_lengths_for`, `length_plan` for `--plan_epochs`);
+  where steps compile (`max_lengths_for`, `length_plan` for `--plan_epochs`),
+  a row's cost growing with attention (`compile_cost.attention_length`);
+- planned by positions: the same plan with a row's cost its positions alone
+  (kgpt-train's plan before attention was priced; `attention_length=None`);
 - padded to longest: every batch padded to the split's longest view, as kgpt
   did before (shuffled `tf.data` slices of the fully padded arrays, built as
   `EncodedSplit.batch` builds a batch);
@@ -65,6 +70,8 @@ from kgpt.data import batching
 from kgpt.jobs import run
 from kgpt.models import compile_cost
 
+import step_curve  # --step_curve (the script's folder is on sys.path)
+
 flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split (with --tsv: its first pairs, at most).")
 flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")
 flags.DEFINE_float("length_sigma", 0.5, "Log-normal shape of the view lengths (sigma of log length).")
@@ -88,12 +95,17 @@ flags.DEFINE_list("feeds", ["bucketed", "padded_to_longest", "all_max_length"],
 flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the batch order.")
 flags.DEFINE_string("compilation_cache", "none", "JAX: a folder for the persistent compilation cache, as kgpt-train's "
                     "--compilation_cache (run twice to see a second run's warm-up); 'none': every program compiled.")
+flags.DEFINE_float("compile_share", batching.COMPILE_SHARE, "The share of a run the planned feeds' compilations may "
+                   "take (kgpt's COMPILE_SHARE); another value shows what the bound costs or saves.")
+flags.DEFINE_list("step_curve", [], "Instead of the feeds: time the train step at these padded lengths, the lengths "
+                  "taking turns for --epochs rounds, and fit a row's time to a*L + b*L^2 (benchmarks/step_curve.py).")
 flags.DEFINE_string("json", None, "Also write the figures of every feed to this JSON file (benchmarks/backends.py "
                     "reads it).")
 FLAGS = flags.FLAGS
 
-FEED_NAMES = {"bucketed": "bucketed", "planned": "planned", "padded_to_longest": "padded to longest",
-              "all_max_length": "all at max length"}
+FEED_NAMES = {"bucketed": "bucketed", "planned": "planned", "planned_by_positions": "planned by positions",
+              "padded_to_longest": "padded to longest", "all_max_length": "all at max length"}
+PLANNED = ("planned", "planned_by_positions")
 REAL_SHARE_TARGET = 0.90  # the issue: >= 90% of computed positions are real tokens
 TIME_RATIO_TARGET = 0.35  # the issue: a bucketed epoch takes at most 0.35x the all-at-max-length epoch
 
@@ -120,13 +132,15 @@ def tsv_lengths(path):
     return np.minimum(np.asarray(lengths, "int64"), FLAGS.sequence_length)
 
 
-def plan_budget(split, compile_batches=batching.COMPILE_BATCHES):
+def plan_budget(split, compile_batches=batching.COMPILE_BATCHES, attention_length=None):
     """The planned feed's padded lengths and their budget: kgpt-train's compile-aware plan for `plan_epochs` epochs,
-    each compilation worth `compile_batches` steps."""
+    each compilation worth `compile_batches` steps, a row's cost growing with `attention_length`."""
     jit = keras.config.backend() == "jax"  # what Keras compiles with here (TensorFlow: jit_compile False on a CPU)
-    budget = batching.max_lengths_for(jit, -(-len(split) // FLAGS.batch_size), FLAGS.plan_epochs, compile_batches)
+    dearest = batching.dearest_batch(split.lengths, FLAGS.batch_size, split.limit, attention_length)
+    budget = batching.max_lengths_for(jit, -(-len(split) // FLAGS.batch_size), FLAGS.plan_epochs, compile_batches,
+                                      dearest)
     return batching.length_plan(split.lengths, FLAGS.batch_size, FLAGS.seed, split.limit, budget, compile_batches,
-                                FLAGS.plan_epochs), budget
+                                FLAGS.plan_epochs, attention_length), budget
 
 
 def synthetic_split(lengths, vocabulary_size, limit, rng, name="train"):
@@ -159,13 +173,13 @@ def padded_dataset(split, batch_size, seed):
     return data.batch(batch_size).prefetch(2)
 
 
-def feed_batches(feed, split, all_max, epochs, compile_batches=batching.COMPILE_BATCHES):
+def feed_batches(feed, split, all_max, epochs, compile_batches=batching.COMPILE_BATCHES, attention_length=None):
     """`(split fed, per epoch its batches as index arrays, per epoch each batch's padded length)`.
 
     The padded feeds' batches are listed unshuffled: all have one length, so only their sizes matter.
     """
-    if feed in ("bucketed", "planned"):
-        plan = plan_budget(split, compile_batches)[0] if feed == "planned" else None
+    if feed in ("bucketed", *PLANNED):
+        plan = plan_budget(split, compile_batches, attention_length)[0] if feed in PLANNED else None
         orders = [batching.batch_indices(split.lengths, FLAGS.batch_size, FLAGS.seed, epoch) for epoch in range(epochs)]
         return split, orders, [[split.padded_length(b, plan) for b in o] for o in orders]
     data = all_max if feed == "all_max_length" else split
@@ -184,7 +198,7 @@ def warmup_dataset(feed, data, fed, orders, padded):
 
     def generate():
         for (_, length), indices in sorted(batches.items()):
-            yield fed.batch(indices, length=length) if feed in ("bucketed", "planned") else \
+            yield fed.batch(indices, length=length) if feed in ("bucketed", *PLANNED) else \
                 padded_batch(fed, indices, length)
 
     warmup = tf.data.Dataset.from_generator(generate, output_signature=data.element_spec)
@@ -258,16 +272,23 @@ class Feed:
     def __init__(self, name, split, all_max, compile_log):
         self.model = build_model()
         self.compile_batches, self.measure_compiles = batching.COMPILE_BATCHES, (0, 0.0)
+        self.attention_length, self.measured = None, None
         if name == "bucketed":
             self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed)
-        elif name == "planned":  # as kgpt-train plans: with a compilation's cost measured on this model
+        elif name in PLANNED:  # as kgpt-train plans: with a compilation's cost measured on this model
+            if name == "planned":
+                self.attention_length = compile_cost.attention_length(self.model.backbone)
             seconds, compiles = compile_log.seconds, compile_log.compiles
-            self.compile_batches = compile_cost.compile_batches(self.model, split, FLAGS.batch_size)
+            self.measured = compile_cost.measure_longest(self.model, split, FLAGS.batch_size)
+            if self.measured is not None:
+                self.compile_batches = batching.compile_batches(*self.measured, split, FLAGS.batch_size,
+                                                                self.attention_length)
             # The longest length's compilation, made by the measurement and counted with the warm-up's.
             self.measure_compiles = (compile_log.compiles - compiles, compile_log.seconds - seconds)
             self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed, epochs=FLAGS.plan_epochs,
-                                         max_lengths=plan_budget(split, self.compile_batches)[1],
-                                         compile_batches=self.compile_batches)
+                                         max_lengths=plan_budget(split, self.compile_batches,
+                                                                 self.attention_length)[1],
+                                         compile_batches=self.compile_batches, attention_length=self.attention_length)
         elif name == "padded_to_longest":
             self.data = padded_dataset(split, FLAGS.batch_size, FLAGS.seed)
         elif name == "all_max_length":
@@ -275,7 +296,8 @@ class Feed:
         else:
             raise ValueError(f"Unknown feed {name!r}.")
         self.name, self.compile_log = name, compile_log
-        self.fed, self.orders, self.padded = feed_batches(name, split, all_max, FLAGS.epochs, self.compile_batches)
+        self.fed, self.orders, self.padded = feed_batches(name, split, all_max, FLAGS.epochs, self.compile_batches,
+                                                          self.attention_length)
         warmup, self.num_shapes = warmup_dataset(name, self.data, self.fed, self.orders, self.padded)
         self.warmup = EpochTimer(compile_log)
         self.model.fit(warmup, epochs=1, callbacks=[self.warmup], verbose=0)
@@ -290,8 +312,8 @@ class Feed:
         seconds = float(np.median([t[0] for t in self.timer.epochs]))
         fed, orders, padded = self.fed, self.orders, self.padded
         computed = [sum(len(b) * fed.num_views * p for b, p in zip(o, ps)) for o, ps in zip(orders, padded)]
-        plan = plan_budget(fed, self.compile_batches)[0] if self.name == "planned" else None
-        shares = [fed.real_share(o, plan) for o in orders] if self.name in ("bucketed", "planned") else \
+        plan = plan_budget(fed, self.compile_batches, self.attention_length)[0] if self.name in PLANNED else None
+        shares = [fed.real_share(o, plan) for o in orders] if self.name in ("bucketed", *PLANNED) else \
             [fed.padded_share()]
         view_lengths = fed.view_lengths
         longest = [sum(len(b) * fed.num_views * int(view_lengths[b].max()) for b in o) for o in orders]
@@ -309,6 +331,8 @@ class Feed:
             "warmup_compiles": self.warmup.epochs[0][1] + self.measure_compiles[0],
             "warmup_compile_seconds": self.warmup.epochs[0][2] + self.measure_compiles[1],
             "compile_batches": self.compile_batches,
+            "attention_length": self.attention_length,
+            "estimated_seconds": self.estimate(),
             "timed_compiles": sum(t[1] for t in self.timer.epochs),
             "warmup_traces": self.warmup_traces,
             "traces": tf_traces(self.model) if keras.config.backend() == "tensorflow" else None,
@@ -318,9 +342,29 @@ class Feed:
         }
 
 
+    def estimate(self):
+        """A planned feed's `plan_epochs` run as its plan estimated it: its compilations and its epochs' steps, each
+        step the measured one at the longest length scaled by `row_cost` (in seconds; None if not measured)."""
+        if self.measured is None:
+            return None
+        compile_seconds, step_seconds, rows, longest = self.measured
+        unit = step_seconds / (rows * self.fed.num_views * batching.row_cost(longest, self.attention_length))
+        work = np.median([sum(len(b) * self.fed.num_views * batching.row_cost(p, self.attention_length)
+                              for b, p in zip(o, ps)) for o, ps in zip(self.orders, self.padded)])
+        lengths = len({p for ps in self.padded for p in ps})
+        return lengths * compile_seconds + FLAGS.plan_epochs * unit * float(work)
+
+
 def main(argv):
+    batching.COMPILE_SHARE = FLAGS.compile_share  # read by max_lengths_for and length_plan when they plan
     with run.compilation_cache(FLAGS.compilation_cache):
-        measure()
+        if FLAGS.step_curve:
+            rng = np.random.default_rng(FLAGS.seed)
+            step_curve.measure(build_model(), lambda lengths: synthetic_split(lengths, FLAGS.vocabulary_size,
+                                                                              FLAGS.sequence_length, rng),
+                               [int(n) for n in FLAGS.step_curve], FLAGS.batch_size, max(FLAGS.epochs, 1))
+        else:
+            measure()
 
 
 def measure():
@@ -398,20 +442,24 @@ def measure():
             ratio = bucketed["seconds"] / reference["seconds"]
             verdict = "met" if ratio <= TIME_RATIO_TARGET else "MISSED"
             print(f"target bucketed epoch <= {TIME_RATIO_TARGET}x all-at-max-length epoch: {ratio:.2f}x ({verdict})")
-    planned = next((r for r in rows if r["feed"] == "planned"), None)
-    if planned:
+    for planned in (r for r in rows if r["feed"] in PLANNED):
         compiling = planned["warmup_compile_seconds"] if keras.config.backend() == "jax" else 0.0
         whole = compiling + FLAGS.plan_epochs * planned["seconds"]
         jit = keras.config.backend() == "jax"
-        print(f"planned feed (kgpt-train's plan for {FLAGS.plan_epochs} epochs, jit={jit}): "
+        attention = planned["attention_length"]
+        estimated = planned["estimated_seconds"]
+        print(f"{FEED_NAMES[planned['feed']]} feed (kgpt-train's plan for {FLAGS.plan_epochs} epochs, jit={jit}, a "
+              f"row costing " + (f"L x (1 + L / {attention:.0f})" if attention else "its positions") + "): "
               f"a compilation measured at {planned['compile_batches']} steps; "
               f"{len(planned['lengths'])} padded lengths {planned['lengths']}, {planned['real_share']:.2%} real "
-              f"tokens; "
-              f"compiling {compiling:.0f} s of an estimated {whole:.0f} s run ({compiling / max(whole, 1e-9):.0%}; "
-              f"targets >= 85% real, <= 25% compiling)"
+              f"tokens; compiling {compiling:.0f} s of a {whole:.0f} s run (warm-up compiling + {FLAGS.plan_epochs} x "
+              f"the epoch; {compiling / max(whole, 1e-9):.0%}; targets >= 85% real, <= 25% compiling; planned with "
+              f"compiling <= {FLAGS.compile_share:.0%})"
+              + (f"; the plan estimated {estimated:.0f} s" if estimated is not None else "")
               + (f"; {planned['timed_compiles']} XLA compiles in timed epochs" if jit else ""))
         if reference:
-            print(f"planned epoch / all-at-max-length epoch: {planned['seconds'] / reference['seconds']:.2f}x")
+            print(f"{FEED_NAMES[planned['feed']]} epoch / all-at-max-length epoch: "
+                  f"{planned['seconds'] / reference['seconds']:.2f}x")
     print(f"whole run: {time.perf_counter() - began:.0f} s")
 
 

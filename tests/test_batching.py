@@ -128,6 +128,75 @@ def test_length_plan_pads_least_within_its_budget():
     assert batching.length_plan(lengths, 16, seed=5) == tuple(needed)  # no budget: every bucket length
 
 
+def test_a_plan_that_prices_attention_costs_least_and_pads_long_batches_less():
+    """A row padded to L costs L (1 + L / attention_length): the plan is still the cheapest (brute force), and a
+    larger quadratic term (a shorter attention_length) moves its lengths up, to pad the long batches less."""
+    import itertools
+
+    lengths = mnli_like_lengths(600, seed=3)
+    batches = batching.batch_indices(lengths, 16, seed=5)
+    needed = sorted({batching.bucket_length(lengths[b].max()) for b in batches})
+    needed[-1] = int(lengths.max())
+    split = split_of(lengths)
+
+    def cost(plan, attention):
+        return sum(len(b) * batching.row_cost(split.padded_length(b, plan), attention) for b in batches)
+
+    assert batching.row_cost(128, 128) == 256 and batching.row_cost(128) == 128
+    plans = {}
+    for attention in (None, 64, 16):
+        for budget in (2, 3, 4):
+            plan = batching.length_plan(lengths, 16, seed=5, max_lengths=budget, compile_batches=0,
+                                        attention_length=attention)
+            assert len(plan) == budget and plan[-1] == needed[-1]
+            best = min(cost(subset + (needed[-1],), attention)
+                       for subset in itertools.combinations(needed[:-1], budget - 1))
+            assert cost(plan, attention) == pytest.approx(best)
+            plans[attention, budget] = plan
+    for budget in (2, 3, 4):
+        by_positions, by_time = plans[None, budget], plans[16, budget]
+        assert all(t >= p for t, p in zip(by_time, by_positions))
+    assert plans[16, 4] != plans[None, 4]
+    # With compilations to pay for, a dear attention buys more long lengths, and compiling stays within its share.
+    lengths = skewed_lengths(3000)
+    budget = batching.max_lengths_for(True, 94, epochs=3)  # 94 batches an epoch, 8 steps a compilation
+    by_positions, by_time = (batching.length_plan(lengths, 32, seed=0, max_lengths=budget, epochs=3,
+                                                  attention_length=a) for a in (None, 30))
+    assert len(by_positions) <= len(by_time) <= budget and by_time[-1] == by_positions[-1] == 230
+    assert sum(n >= 100 for n in by_time) > sum(n >= 100 for n in by_positions)
+    compiling = len(by_time) * batching.COMPILE_BATCHES
+    assert compiling <= batching.COMPILE_SHARE * (compiling + 3 * 94)
+
+
+def test_each_plan_compiles_within_a_quarter_of_its_own_run(monkeypatch):
+    """30 batches of 32 for 3 epochs: priced by time, long batches cost several average ones, so the budget allows
+    more lengths; the plan still keeps its compilations within a quarter of its own estimated run."""
+    lengths = skewed_lengths(960, seed=4)
+    split = split_of(lengths)
+    order = batching.batch_indices(lengths, 32, seed=0)
+    plans = {}
+    for attention in (None, 30):
+        dearest = batching.dearest_batch(lengths, 32, attention_length=attention)
+        assert dearest == 1 if attention is None else dearest > 2
+        for compile_batches in (8, 16):
+            budget = batching.max_lengths_for(True, 30, 3, compile_batches, dearest)
+            plan = batching.length_plan(lengths, 32, seed=0, max_lengths=budget, compile_batches=compile_batches,
+                                        epochs=3, attention_length=attention)
+            average = sum(len(b) * batching.row_cost(split.padded_length(b), attention) for b in order) / len(order)
+            steps = 3 * sum(len(b) * batching.row_cost(split.padded_length(b, plan), attention) for b in order)
+            compiling = len(plan) * compile_batches * average
+            assert len(plan) == 1 or compiling <= batching.COMPILE_SHARE * (compiling + steps) + 1e-6
+            assert plan[-1] == 230 and len(plan) <= budget
+            plans[attention, compile_batches] = plan
+    assert len(plans[30, 8]) > len(plans[None, 8]) and len(plans[30, 16]) > len(plans[None, 16]) == 1
+    # The share binds where the budget does not: at 32 batches a compilation, 3 lengths would make the fastest run,
+    # but their compiling would exceed a quarter of it.
+    unbounded = dict(max_lengths=40, compile_batches=32, epochs=3, attention_length=30)
+    assert batching.length_plan(lengths, 32, seed=0, **unbounded) == (230,)
+    monkeypatch.setattr(batching, "COMPILE_SHARE", 0.99)
+    assert len(batching.length_plan(lengths, 32, seed=0, **unbounded)) == 3
+
+
 def test_compiling_backends_spend_at_most_a_quarter_of_an_epoch_compiling():
     assert batching.max_lengths_for(False, 10_000) is None  # TensorFlow without XLA: lengths are free
     assert batching.max_lengths_for(True, 5) == 1  # a small task: one compiled program
@@ -170,10 +239,11 @@ def test_a_planned_feed_covers_every_example_exactly_once_in_its_planned_lengths
     for i, n in enumerate(lengths):
         builder.add([[i + 1] + [7] * (int(n) - 1)], target=i % 2, uid=f"row{i}")  # the first id names the example
     split = builder.build()
-    plan = batching.length_plan(split.lengths, 16, seed=3, limit=512, max_lengths=3)
+    plan = batching.length_plan(split.lengths, 16, seed=3, limit=512, max_lengths=3, attention_length=20)
     for epoch in (0, 1):
         seen = []
-        for x, _, _ in batching.dataset(split, 16, seed=3, first_epoch=epoch, max_lengths=3).as_numpy_iterator():
+        for x, _, _ in batching.dataset(split, 16, seed=3, first_epoch=epoch, max_lengths=3,
+                                        attention_length=20).as_numpy_iterator():
             assert x["token_ids"].shape[-1] in plan
             rows = x["token_ids"][:, 0, 0] - 1
             np.testing.assert_array_equal(x["padding_mask"][:, 0].sum(-1), lengths[rows])  # nothing cut

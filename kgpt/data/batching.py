@@ -20,7 +20,9 @@ the run on JAX, `kgpt.models.compile_cost`; `COMPILE_BATCHES` where it is
 not), compiling may take at most `COMPILE_SHARE` of the run
 (`max_lengths_for`), and within that the plan
 keeps the few lengths, read from the split's length histogram, that make
-compiling plus computing padded positions cheapest. The lengths are a fixed
+compiling plus computing the padded batches cheapest. A row padded to `L`
+costs `row_cost(L, attention_length)`: `L` positions, plus attention's
+scores, which grow with `L` squared. The lengths are a fixed
 set per split, each compiled once and reused by every epoch (and by the next
 run, through the persistent compilation cache: `kgpt.jobs.run`).
 
@@ -233,51 +235,93 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
-def max_lengths_for(jit_compile, num_batches, epochs=1, compile_batches=COMPILE_BATCHES):
+def row_cost(length, attention_length=None):
+    """What one row padded to `length` costs a step, in positions: `length * (1 + length / attention_length)`.
+
+    A row's work is per position (its matmuls, the LM head) plus
+    attention's `[heads, length, length]` scores, softmax and dropout masks,
+    per position and per position it attends to; `attention_length` is the
+    length at which the two are equal (`kgpt.models.compile_cost.attention_length`).
+    None: positions alone (the cost plans had before it was measured).
+
+    Example:
+    ```python
+    row_cost(128, attention_length=128)  # 256.0: twice the positions' own cost
+    ```
+    """
+    return length if not attention_length else length * (1 + length / attention_length)
+
+
+def max_lengths_for(jit_compile, num_batches, epochs=1, compile_batches=COMPILE_BATCHES, dearest=1.0):
     """How many padded lengths a feed of `num_batches` batches per epoch, for `epochs`, may use (None: no limit).
 
     Without compilation (TensorFlow's default on a CPU) a new length costs
     nothing; with it (JAX, XLA) each costs one compilation of about
-    `compile_batches` steps, and all of them together at most `COMPILE_SHARE`
-    of the run (compiling and `epochs` epochs of steps).
+    `compile_batches` average batches, and all of them together at most
+    `COMPILE_SHARE` of the run (compiling and `epochs` epochs of steps). A
+    run's step costs at most `dearest` average batches (`dearest_batch`; 1:
+    the run of every batch at its own bucket length, a bound every plan
+    keeps), so this many is an upper bound: `length_plan` keeps each plan's
+    compiling within the share of its own run.
     """
     if not jit_compile:
         return None
-    return max(1, int(COMPILE_SHARE / (1 - COMPILE_SHARE) * num_batches * max(1, epochs) / max(compile_batches, 1)))
+    return max(1, int(COMPILE_SHARE / (1 - COMPILE_SHARE) * num_batches * max(1, epochs) * max(dearest, 1.0)
+                      / max(compile_batches, 1)))
 
 
-def compile_batches(compile_seconds, step_seconds, step_positions, split, batch_size):
-    """A compilation measured against a step of `step_positions` positions, in average batches of `split`.
+def dearest_batch(lengths, batch_size, limit=None, attention_length=None):
+    """A batch of the longest rows padded to the longest, in average batches (at their bucket lengths).
+
+    1 where a row's cost is its positions (`attention_length` None): plans
+    made before attention was priced keep the budget they had.
+    """
+    if not attention_length:
+        return 1.0
+    lengths = np.asarray(lengths)
+    batches = batch_indices(lengths, batch_size)
+    average = sum(len(b) * row_cost(bucket_length(lengths[b].max(), limit), attention_length)
+                  for b in batches) / len(batches)
+    return min(batch_size, len(lengths)) * row_cost(int(lengths.max()), attention_length) / max(average, 1e-9)
+
+
+def compile_batches(compile_seconds, step_seconds, step_rows, step_length, split, batch_size, attention_length=None):
+    """A compilation measured against a step of `step_rows` rows of `step_length`, in average batches of `split`.
 
     An average batch is one of `split`'s length-sorted batches at its
-    bucket length; a step's time is taken to grow with its positions. The
-    figure is rounded to a power of 2 (at least 1), so that small timing
-    noise does not change the plan, and so the programs, between runs (a
-    heavily loaded machine still can).
+    bucket length; a step's time is taken to grow as its rows'
+    `row_cost(length, attention_length)`. The figure is rounded to a power
+    of 2 (at least 1), so that small timing noise does not change the plan,
+    and so the programs, between runs (a heavily loaded machine still can).
 
     Example:
     ```python
-    compile_batches(30.0, 0.5, 32 * 256, split, 32)  # 60 steps of 32 x 256: 128 if the average batch is 32 x 128
+    compile_batches(30.0, 0.5, 32, 256, split, 32)  # 60 steps of 32 x 256: 128 if the average batch is 32 x 128
     ```
     """
     batches = batch_indices(split.lengths, batch_size)
-    average = sum(len(b) * split.num_views * split.padded_length(b) for b in batches) / len(batches)
-    steps = compile_seconds / max(step_seconds, 1e-9) * step_positions / max(average, 1)
+    average = sum(len(b) * split.num_views * row_cost(split.padded_length(b), attention_length)
+                  for b in batches) / len(batches)
+    step_cost = step_rows * split.num_views * row_cost(step_length, attention_length)
+    steps = compile_seconds / max(step_seconds, 1e-9) * step_cost / max(average, 1)
     return 2 ** max(0, round(math.log2(max(steps, 1))))
 
 
 def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None, compile_batches=COMPILE_BATCHES,
-                epochs=1):
+                epochs=1, attention_length=None):
     """The padded lengths a feed's batches are rounded up to, at most `max_lengths` of them.
 
     Takes the bucket lengths an epoch's batches need (epoch 0's order with a
     `seed`, the length-sorted order without): all of them when `max_lengths`
     is None (nothing compiles). Otherwise the plan with at most `max_lengths`
-    lengths, the longest always among them, that costs least when each
-    length costs `compile_batches` average batches (its compilation, once)
-    and each padded position one per epoch (`epochs`): an exact dynamic
-    program over the few dozen bucket lengths (`compile_batches=0`: the plan
-    of `max_lengths` lengths that pads fewest).
+    lengths, the longest always among them, whose estimated run time is
+    least: each length costs `compile_batches` average batches (its
+    compilation, once), and each epoch (`epochs`) every batch costs its rows'
+    `row_cost(padded length, attention_length)`; a plan of several lengths
+    spends at most `COMPILE_SHARE` of its own estimated run compiling. An
+    exact dynamic program over the few dozen bucket lengths
+    (`compile_batches=0`: the plan of `max_lengths` lengths that computes
+    least).
     The longest is the split's longest view itself, not rounded up (it is
     the one length every plan has). A later epoch's batch rounds up to the
     next kept length.
@@ -297,23 +341,28 @@ def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None, co
     needed = sorted(rows)
     if max_lengths is None:
         return tuple(needed)
-    # cost[s][j]: fewest padded positions covering needed[:j + 1] with s lengths, the last needed[j].
+    # cost[s][j]: the least cost of the batches of needed[:j + 1] with s lengths, the last needed[j]; the rows of
+    # needed[i..j] all padded to needed[j] cost span[i][j].
     count = len(needed)
     most = min(max_lengths, count)
-    pad = [[sum(rows[needed[m]] * (needed[j] - needed[m]) for m in range(i, j + 1)) for j in range(count)]
-           for i in range(count)]
+    price = [row_cost(n, attention_length) for n in needed]
+    below = np.concatenate([[0], np.cumsum([rows[n] for n in needed])])  # rows of needed[:i]
+    span = [[(below[j + 1] - below[i]) * price[j] for j in range(count)] for i in range(count)]
     cost = [[math.inf] * count for _ in range(most + 1)]
     back = [[-1] * count for _ in range(most + 1)]
     for j in range(count):
-        cost[1][j] = pad[0][j]
+        cost[1][j] = span[0][j]
     for s in range(2, most + 1):
         for j in range(count):
             for i in range(j):
-                if cost[s - 1][i] + pad[i + 1][j] < cost[s][j]:
-                    cost[s][j], back[s][j] = cost[s - 1][i] + pad[i + 1][j], i
-    # A compilation in positions: `compile_batches` batches of the average positions of a batch.
-    per_batch = sum(rows[n] * n for n in needed) / len(batches)
-    total = [max(1, epochs) * cost[s][count - 1] + s * compile_batches * per_batch for s in range(1, most + 1)]
+                if cost[s - 1][i] + span[i + 1][j] < cost[s][j]:
+                    cost[s][j], back[s][j] = cost[s - 1][i] + span[i + 1][j], i
+    # A compilation in the same units: `compile_batches` batches of the average cost of a batch.
+    per_batch = sum(rows[n] * p for n, p in zip(needed, price)) / len(batches)
+    compiling = [s * compile_batches * per_batch for s in range(1, most + 1)]
+    total = [max(1, epochs) * cost[s][count - 1] + compiling[s - 1] for s in range(1, most + 1)]
+    # One length is always allowed (the longest); more only while their compilations stay within the share.
+    total = [t if s == 1 or compiling[s - 1] <= COMPILE_SHARE * t else math.inf for s, t in enumerate(total, 1)]
     s = 1 + int(np.argmin(total))  # the fewest lengths among equally cheap plans
     kept, j = [], count - 1
     while j >= 0:
@@ -332,7 +381,8 @@ def filled(indices, multiple):
 
 
 def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0,
-            shards=(0, 1, 1), pad_to=1, micro_batches=1, epochs=1, compile_batches=COMPILE_BATCHES):
+            shards=(0, 1, 1), pad_to=1, micro_batches=1, epochs=1, compile_batches=COMPILE_BATCHES,
+            attention_length=None):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
@@ -340,7 +390,7 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     1`, ... A pass left unfinished (Keras reads one batch to build the model
     before the first epoch) does not count. Without a seed, batches come
     sorted by length, the same on every pass. Batches are padded to the
-    lengths of `length_plan(..., max_lengths, compile_batches, epochs)`
+    lengths of `length_plan(..., max_lengths, compile_batches, epochs, attention_length)`
     (`epochs`: how many passes its compilations serve). `skip` leaves out the first
     batches of epoch `first_epoch` (a run resumed mid-epoch); the dataset
     then holds the rest of that epoch only.
@@ -371,7 +421,8 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
     if not 0 <= skip < num_batches:
         raise ValueError(f"skip must be in 0..{num_batches - 1} (batches per epoch), got {skip}.")
-    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths, compile_batches, epochs)
+    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths, compile_batches, epochs,
+                       attention_length)
     first, stop, total = shards
 
     def generate():

@@ -77,9 +77,12 @@ def train(config, task, model, splits, batch_size, origin, settings):
     return {"kept_epoch": kept, "history": history, "real_token_share": training.real_token_share}
 
 
-def max_padded_lengths(model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES):
+def max_padded_lengths(model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES,
+                       attention_length=None):
     """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
-    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs, compile_batches)
+    dearest = batching.dearest_batch(split.lengths, batch_size, split.limit, attention_length)
+    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs, compile_batches,
+                                    dearest)
 
 
 class Training:
@@ -103,6 +106,7 @@ class Training:
     def fit(self):
         """Trains (or resumes) to the end; returns `(history, kept_epoch)` (epochs counted from 1)."""
         state = self._restore()
+        self.attention_length = self._attention_length(state)
         self.compile_batches = self._compile_batches(state)
         self._plan()
         progress = FinetuneProgress(self, state)
@@ -127,6 +131,17 @@ class Training:
                         f"of {total:,} in {self.directory}.")
         return state
 
+    def _attention_length(self, state):
+        """The length at which a row's attention costs as much as the rest of it (`kgpt.data.batching.row_cost`).
+
+        A resumed run takes its checkpoint's (one from before the figure was
+        recorded planned by positions alone: None), so it plans the lengths
+        it planned before the interruption.
+        """
+        if state is not None:
+            return state.get("attention_length")
+        return compile_cost.attention_length(self.model.backbone, self.config.lm_coef > 0)
+
     def _compile_batches(self, state):
         """What one compilation costs, in steps (`kgpt.data.batching.length_plan`).
 
@@ -140,16 +155,17 @@ class Training:
         if not self.model.jit_compile:
             return batching.COMPILE_BATCHES
         measured = compile_cost.compile_batches(self.model, self.train, self.batch_size, self.config.lm_coef > 0,
-                                                self.config.gradient_accumulation_steps)
+                                                self.config.gradient_accumulation_steps, self.attention_length)
         if measured != batching.COMPILE_BATCHES:
             logger.info(f"One compilation of the train step costs about {measured:g} of its steps (measured).")
         return measured
 
     def _plan(self):
         epochs, train = self.config.epochs, self.train
-        max_lengths = max_padded_lengths(self.model, train, self.batch_size, epochs, self.compile_batches)
+        max_lengths = max_padded_lengths(self.model, train, self.batch_size, epochs, self.compile_batches,
+                                         self.attention_length)
         plan = batching.length_plan(train.lengths, self.batch_size, self.config.seed, train.limit, max_lengths,
-                                    self.compile_batches, epochs)
+                                    self.compile_batches, epochs, self.attention_length)
         real_share = train.real_share(batching.batch_indices(train.lengths, self.batch_size, self.config.seed), plan)
         logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
                     f"{len(plan)} padded length(s){' (one XLA compilation each)' if self.model.jit_compile else ''}; "
@@ -160,14 +176,16 @@ class Training:
     def _calls(self, step):
         """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
         epochs = self.config.epochs
-        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs, self.compile_batches)
+        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs, self.compile_batches,
+                                         self.attention_length)
         pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
         for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
             def make(a, b, total, first=first, skip=skip):
                 return batching.dataset(self.train, self.batch_size, seed=self.config.seed,
                                         lm=self.config.lm_coef > 0, first_epoch=first, max_lengths=max_lengths,
                                         skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro,
-                                        epochs=epochs, compile_batches=self.compile_batches)
+                                        epochs=epochs, compile_batches=self.compile_batches,
+                                        attention_length=self.attention_length)
 
             yield distribute.feed(make), first, last, None
 
@@ -175,12 +193,13 @@ class Training:
         if self.dev is None:
             return None
         epochs = self.config.epochs  # one evaluation per epoch
-        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs, self.compile_batches)
+        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs, self.compile_batches,
+                                         self.attention_length)
 
         def make(a, b, total):
             return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0, max_lengths=max_lengths,
                                     shards=(a, b, total), pad_to=distribute.batch_shards(), epochs=epochs,
-                                    compile_batches=self.compile_batches)
+                                    compile_batches=self.compile_batches, attention_length=self.attention_length)
 
         return distribute.feed(make)
 
@@ -200,7 +219,8 @@ class FinetuneProgress(callbacks_lib.Progress):
         self._best_weights = None
 
     def extra_state(self):
-        return {"best": self.best, "compile_batches": self.training.compile_batches}
+        return {"best": self.best, "compile_batches": self.training.compile_batches,
+                "attention_length": self.training.attention_length}
 
     def epoch_done(self, epoch, logs):
         if self.training.config.keep != "best":

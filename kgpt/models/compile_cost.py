@@ -25,9 +25,34 @@ import numpy as np
 from kgpt.data import batching
 
 TIMED_STEPS = 2
+# What one attention score costs a train step on a CPU (its mask, softmax and dropout mask, forward and backward:
+# element-wise passes, dropout's hash the dearest), in FLOPs of the step's matmuls: fitted to JAX's step times
+# against the padded length (docs/performance.md, "A step's cost against its padded length").
+SCORE_FLOPS = 500
 # What JAX reports when it loads a program from its persistent cache instead of compiling it: the compile
 # time the load saved, and the load's own time (together: what compiling it took).
 CACHE_EVENTS = ("/jax/compilation_cache/compile_time_saved_sec", "/jax/compilation_cache/cache_retrieval_time_sec")
+
+
+def attention_length(backbone, lm_head=True):
+    """The padded length at which a row's attention costs a train step as much as the rest of its work, or None.
+
+    Per position, a row's work is its matmuls: the blocks' projections and
+    feed-forward and, with `lm_head`, the tied LM head of the auxiliary loss
+    (with GPT-1's vocabulary, most of it). Per position and per position it
+    attends to, it is `heads` attention scores (the mask, softmax and
+    dropout mask of each, forward and backward), priced at `SCORE_FLOPS`
+    matmul FLOPs each, and `4 x hidden` FLOPs of attention's two matmuls.
+    None for a backbone without attention (`kgpt.data.batching.row_cost`:
+    positions alone).
+    """
+    heads = getattr(backbone, "num_heads", None)
+    if not heads:
+        return None
+    layers, hidden, inner = backbone.num_layers, backbone.hidden_dim, backbone.intermediate_dim
+    per_position = 2 * (layers * (4 * hidden**2 + 2 * hidden * inner) + lm_head * hidden * backbone.vocabulary_size)
+    per_pair = layers * (4 * hidden + SCORE_FLOPS * heads)
+    return float(per_position / per_pair)
 
 
 def measure(model, batch):
@@ -75,23 +100,34 @@ def measure(model, batch):
     return max(first - step, 0.0) + sum(saved), step / model.steps_per_execution
 
 
-def compile_batches(model, split, batch_size, lm=True, micro_batches=1):
-    """One compilation of `model`'s train step, in average batches of `split` (`kgpt.data.batching.compile_batches`).
+def measure_longest(model, split, batch_size, lm=True, micro_batches=1):
+    """`(compile_seconds, step_seconds, rows, length)`: `measure` on a batch of `split` at its longest length, or None.
 
-    Measured (`measure`) at the split's longest length where that can be
-    done, else `kgpt.data.batching.COMPILE_BATCHES`. With gradient
-    accumulation the step is one of a batch's `micro_batches` micro-batches,
-    as the run feeds them.
+    With gradient accumulation the step is one of a batch's `micro_batches`
+    micro-batches, as the run feeds them; `step_seconds` is the whole
+    batch's, of `rows` rows.
     """
     if keras.config.backend() != "jax" or not model.jit_compile:
-        return batching.COMPILE_BATCHES
+        return None
     longest = int(split.lengths.max())
     rows = np.argsort(split.lengths, kind="stable")[-batch_size:]  # a batch as long as the split's longest
     rows, _ = batching.filled(rows, micro_batches)
     micro = rows[:len(rows) // micro_batches]
     measured = measure(model, split.batch(micro, lm=lm, length=longest))
     if measured is None:
-        return batching.COMPILE_BATCHES
+        return None
     compile_seconds, step_seconds = measured
-    return batching.compile_batches(compile_seconds, step_seconds * micro_batches,
-                                    len(rows) * split.num_views * longest, split, batch_size)
+    return compile_seconds, step_seconds * micro_batches, len(rows), longest
+
+
+def compile_batches(model, split, batch_size, lm=True, micro_batches=1, attention_length=None):
+    """One compilation of `model`'s train step, in average batches of `split` (`kgpt.data.batching.compile_batches`).
+
+    Measured (`measure_longest`) at the split's longest length where that
+    can be done, else `kgpt.data.batching.COMPILE_BATCHES`. A batch costs its
+    rows' `kgpt.data.batching.row_cost(length, attention_length)`.
+    """
+    measured = measure_longest(model, split, batch_size, lm, micro_batches)
+    if measured is None:
+        return batching.COMPILE_BATCHES
+    return batching.compile_batches(*measured, split, batch_size, attention_length)

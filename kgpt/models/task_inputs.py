@@ -50,17 +50,19 @@ def labeled_split(model, x, y, name="inputs"):
 
 
 def text_dataset(model, x, y, batch_size, seed=None, name="inputs", epochs=1,
-                 compile_batches=batching.COMPILE_BATCHES):
+                 compile_batches=batching.COMPILE_BATCHES, attention_length=None):
     """Texts and labels (or an `EncodedSplit`) as a `tf.data` dataset of length-bucketed model batches.
 
     Its padded lengths are planned for `epochs` passes, each compilation
-    worth `compile_batches` steps (`kgpt.data.batching.length_plan`).
+    worth `compile_batches` steps, a row's cost growing with `attention_length`
+    (`kgpt.data.batching.length_plan`).
     """
     split = labeled_split(model, x, y, name=name)
     batch_size = batch_size or 32
     return batching.dataset(split, batch_size, seed=seed, lm="lm" in model.output, epochs=epochs,
-                            max_lengths=model.max_padded_lengths(split, batch_size, epochs, compile_batches),
-                            compile_batches=compile_batches)
+                            max_lengths=model.max_padded_lengths(split, batch_size, epochs, compile_batches,
+                                                                 attention_length),
+                            compile_batches=compile_batches, attention_length=attention_length)
 
 
 def encode_dataset(model, ds, targets):

@@ -314,10 +314,14 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""
         return task_inputs.encode(self, x, y, name=name)
 
-    def max_padded_lengths(self, split, batch_size, epochs=1, compile_batches=batching.COMPILE_BATCHES):
+    def max_padded_lengths(self, split, batch_size, epochs=1, compile_batches=batching.COMPILE_BATCHES,
+                           attention_length=None):
         """How many padded lengths batches of `split` may use in `epochs` passes: all without XLA, fewer with (each
-        compilation worth `compile_batches` steps: `kgpt.data.batching`)."""
-        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size), epochs, compile_batches)
+        compilation worth `compile_batches` steps, a row's cost growing with `attention_length`:
+        `kgpt.data.batching`)."""
+        dearest = batching.dearest_batch(split.lengths, batch_size, split.limit, attention_length)
+        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size), epochs, compile_batches,
+                                        dearest)
 
     # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
     # task examples are tokenized in Python and batched by length instead.
@@ -342,9 +346,12 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
             split = task_inputs.labeled_split(self, x, y)
             passes = epochs - kwargs.get("initial_epoch", 0)
             # On JAX each padded length compiles: what that costs is measured before the lengths are planned.
-            cost = compile_cost.compile_batches(self, split, batch_size, "lm" in self.output) if self.compiled \
+            attention = compile_cost.attention_length(self.backbone, "lm" in self.output)
+            cost = compile_cost.compile_batches(self, split, batch_size, "lm" in self.output,
+                                                attention_length=attention) if self.compiled \
                 else batching.COMPILE_BATCHES
-            x = task_inputs.text_dataset(self, split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost)
+            x = task_inputs.text_dataset(self, split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost,
+                                         attention_length=attention)
             if validation_data is not None:
                 if isinstance(validation_data, batching.EncodedSplit) or task_inputs.is_text(validation_data):
                     validation_data = (validation_data, None)
@@ -352,7 +359,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
                     raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
                 validation_data = task_inputs.text_dataset(self, validation_data[0], validation_data[1],
                                                            batch_size, name="validation_data", epochs=passes,
-                                                           compile_batches=cost)
+                                                           compile_batches=cost, attention_length=attention)
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
         vocabulary = self.backbone.vocabulary_size

@@ -264,3 +264,15 @@ def test_models_train_the_same_with_the_vocabulary_padded_as_on_an_accelerator(m
     for a, b in zip(plain_weights, padded_weights):
         assert a.shape == b.shape
         np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", [13, 127, -1])  # the first id past the 13 rows, the last padded row, negative
+def test_a_target_off_the_vocabulary_is_nan_padded_not_a_padded_row_s_finite_loss(target):
+    """Models check their ids; a direct caller's bad target must not read a padded row's -1e30 as a finite loss."""
+    targets = TARGETS.copy()
+    targets[1, 2] = target
+    for training in (False, True):
+        sums = to_numpy(chunked_lm_loss(HIDDEN, TABLE, targets, WEIGHTS, chunk_size=5, training=training,
+                                        pad_vocabulary_to=np.int64(128)))  # a NumPy integer is a number of rows
+        assert np.isnan(sums[0]) and sums[1] == to_numpy(plain_sums(HIDDEN, TABLE))[1] - (
+            WEIGHTS[1, 2] * (TARGETS[1, 2] == np.argmax(HIDDEN[1, 2] @ TABLE.T)))

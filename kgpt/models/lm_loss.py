@@ -42,8 +42,8 @@ from keras import ops
 # logits, large enough for efficient matrix multiplies: see benchmarks/model.py.
 DEFAULT_CHUNK_SIZE = 1024
 # Rows the embedding matrix is padded to a multiple of inside the loss on an accelerator: XLA on a GPU
-# multiplies GPT-1's 40,481 rows with a slower kernel than 40,576 (a step of the paper's shape on one
-# H200 took 0.87x the time padded; docs/performance.md). The padded rows get a logit of -1e30.
+# multiplies GPT-1's 40,481 rows with a slower kernel than 40,576 (a fine-tuning step of the paper's shape,
+# 512 tokens, on one H200 took 0.87x the time padded; docs/performance.md). The padded rows get a logit of -1e30.
 VOCABULARY_MULTIPLE = 128
 REDUCTIONS = ("mean_with_sample_weight", "sum_over_batch_size", "sum")
 # Whether the loss being traced is for a training step (gradients computed alongside): set only by

@@ -46,6 +46,7 @@ import finetune  # the split's and the model's flags and builders (the script's 
 import step_profile
 from kgpt.jobs import run
 from kgpt.models import dropout as kgpt_dropout
+from kgpt.parallel.distribute import DTYPES
 
 flags.DEFINE_integer("length", None, "Padded tokens per example (default: --sequence_length).")
 flags.DEFINE_float("dropout", 0.1, "The model's dropout (embeddings, attention, residuals, head).")
@@ -62,9 +63,9 @@ flags.DEFINE_multi_string("xla_options", [], "JAX: a set of XLA compiler options
                           "is compiled once per set (and once without) and the executables take turns, --rounds "
                           "rounds of --steps steps each, called directly (no Keras loop).")
 flags.DEFINE_integer("lm_loss_chunk_size", None, "Tokens per chunk of the LM loss (default: compile()'s, "
-                     "kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).")
-flags.DEFINE_string("dtype", None, "Dtype policy of the model (e.g. mixed_bfloat16 on a GPU or TPU; default: "
-                    "Keras' global policy, float32).")
+                     "kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).", lower_bound=1)
+flags.DEFINE_enum("dtype", None, DTYPES, "Dtype policy of the model (e.g. mixed_bfloat16 on a GPU or TPU; default: "
+                  "Keras' global policy, float32).")
 flags.DEFINE_bool("trace", True, "Capture and read a profiler trace (--notrace: step times only).")
 FLAGS = flags.FLAGS
 
@@ -88,7 +89,7 @@ def batch():
 def build(masks):
     """The benchmark's task model, its dropout masks drawn the `masks` way ('kgpt' or 'keras')."""
     model = finetune.build_model(dropout=FLAGS.dropout)
-    if FLAGS.lm_loss_chunk_size:
+    if FLAGS.lm_loss_chunk_size is not None:
         model.compile(lm_loss_chunk_size=FLAGS.lm_loss_chunk_size)
     for layer in model._flatten_layers():
         if isinstance(layer, kgpt_dropout.Dropout):

@@ -110,10 +110,17 @@ def _train(chunk, dtype=None, validate=True):
         keras.config.set_dtype_policy("float32")
 
 
-def test_causal_lm_trains_the_same_with_and_without_logits():
+@pytest.fixture(scope="module")
+def trained_in_chunks_of_7():
+    """`_train(7)`, unpadded (on a CPU): trained once for the tests that compare with it."""
+    assert lm_loss.vocabulary_multiple() == 1
+    return _train(7)
+
+
+def test_causal_lm_trains_the_same_with_and_without_logits(trained_in_chunks_of_7):
     plain, plain_weights = _train("logits")
     for chunk in (7, None):  # batches of 5 x 16 tokens: 12 chunks of 7, padded by 4; or one chunk of 80
-        chunked, chunked_weights = _train(chunk)
+        chunked, chunked_weights = trained_in_chunks_of_7 if chunk == 7 else _train(chunk)
         assert set(chunked) == set(plain) == {"loss", "sparse_categorical_accuracy", "val_loss",
                                                "val_sparse_categorical_accuracy"}
         for key in plain:
@@ -220,3 +227,52 @@ def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     np.testing.assert_allclose(losses[0]["lm_loss"], (nll * weights["lm"]).sum() / weights["lm"].sum(), rtol=1e-5)
     with pytest.raises(ValueError, match="must be a kgpt.models.lm_loss.TiedLMLoss"):
         model.compile(loss={"task": "sparse_categorical_crossentropy", "lm": "sparse_categorical_crossentropy"})
+
+
+def bf16_sums(fn):
+    """`fn` on bfloat16 hidden states (a mixed-precision model's) and the float32 table."""
+    return lambda h, t: fn(keras.ops.cast(h, "bfloat16"), t)
+
+
+@pytest.mark.parametrize("table", ["random", "zeros", "a multiple"])
+def test_padding_changes_nothing_in_bfloat16_nor_on_zero_or_already_padded_tables(table, monkeypatch):
+    """A mixed-precision step's loss (bfloat16 hidden, float32 variable), padded as on an accelerator or not."""
+    rows = {"random": TABLE, "zeros": np.zeros_like(TABLE), "a multiple": np.concatenate([TABLE, TABLE[:3]])}[table]
+    monkeypatch.setattr(__import__(__name__), "TABLE", rows)  # value_and_grads differentiates at TABLE
+    results = [value_and_grads(bf16_sums(lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=5,
+                                                                      pad_vocabulary_to=multiple)))
+               for multiple in (1, 8, 128)]
+    for got in results[1:]:
+        assert got[2].shape == rows.shape and got[2].dtype == np.float32
+        for e, g in zip(results[0], got):
+            np.testing.assert_array_equal(g, e)  # the padded rows add exact zeros: not one bit differs
+    if table == "zeros":  # every real logit 0: log(13) per weighted token; argmax 0, never a padded row
+        np.testing.assert_allclose(results[1][0], [WEIGHTS.sum() * np.log(13), WEIGHTS[TARGETS == 0].sum()],
+                                   rtol=1e-6)
+
+
+def test_models_train_the_same_with_the_vocabulary_padded_as_on_an_accelerator(monkeypatch, trained_in_chunks_of_7):
+    """The accelerator default (a multiple of 128) forced on this CPU: GPTCausalLM's whole fit, evaluation too."""
+    plain, plain_weights = trained_in_chunks_of_7
+    multiples, loop = [], lm_loss._loop
+    monkeypatch.setattr(lm_loss, "_loop", lambda *a, gradients: multiples.append(a[3]) or loop(*a, gradients=gradients))
+    monkeypatch.setattr(lm_loss, "vocabulary_multiple", lambda: lm_loss.VOCABULARY_MULTIPLE)
+    padded, padded_weights = _train(7)  # TINY's 97 rows padded to 128
+    assert multiples and set(multiples) == {128}  # training and evaluation steps both padded
+    for key in plain:
+        np.testing.assert_allclose(padded[key], plain[key], rtol=1e-6, err_msg=key)
+    for a, b in zip(plain_weights, padded_weights):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("target", [13, 127, -1])  # the first id past the 13 rows, the last padded row, negative
+def test_a_target_off_the_vocabulary_is_nan_padded_not_a_padded_row_s_finite_loss(target):
+    """Models check their ids; a direct caller's bad target must not read a padded row's -1e30 as a finite loss."""
+    targets = TARGETS.copy()
+    targets[1, 2] = target
+    for training in (False, True):
+        sums = to_numpy(chunked_lm_loss(HIDDEN, TABLE, targets, WEIGHTS, chunk_size=5, training=training,
+                                        pad_vocabulary_to=np.int64(128)))  # a NumPy integer is a number of rows
+        assert np.isnan(sums[0]) and sums[1] == to_numpy(plain_sums(HIDDEN, TABLE))[1] - (
+            WEIGHTS[1, 2] * (TARGETS[1, 2] == np.argmax(HIDDEN[1, 2] @ TABLE.T)))

@@ -32,6 +32,7 @@ loss. A loss called outside any model's `compute_loss` computes gradients.
 
 import contextlib
 import contextvars
+import numbers
 
 import keras
 from keras import ops
@@ -41,8 +42,8 @@ from keras import ops
 # logits, large enough for efficient matrix multiplies: see benchmarks/model.py.
 DEFAULT_CHUNK_SIZE = 1024
 # Rows the embedding matrix is padded to a multiple of inside the loss on an accelerator: XLA on a GPU
-# multiplies GPT-1's 40,481 rows with a slower kernel than 40,576 (a step of the paper's shape on one
-# H200 took 0.87x the time padded; docs/performance.md). The padded rows get a logit of -1e30.
+# multiplies GPT-1's 40,481 rows with a slower kernel than 40,576 (a fine-tuning step of the paper's shape,
+# 512 tokens, on one H200 took 0.87x the time padded; docs/performance.md). The padded rows get a logit of -1e30.
 VOCABULARY_MULTIPLE = 128
 REDUCTIONS = ("mean_with_sample_weight", "sum_over_batch_size", "sum")
 # Whether the loss being traced is for a training step (gradients computed alongside): set only by
@@ -226,8 +227,9 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
     if chunk_size is not None and chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size}.")
     multiple = vocabulary_multiple() if pad_vocabulary_to is None else pad_vocabulary_to
-    if isinstance(multiple, bool) or not isinstance(multiple, int) or multiple < 1:
+    if isinstance(multiple, bool) or not isinstance(multiple, numbers.Integral) or multiple < 1:
         raise ValueError(f"pad_vocabulary_to must be a positive number of rows, got {multiple!r}.")
+    multiple = int(multiple)  # a NumPy integer too (from a config or an array's shape)
     hidden = ops.convert_to_tensor(hidden)
     embeddings = ops.convert_to_tensor(embeddings)
     if keras.config.backend() == "tensorflow":
@@ -322,6 +324,8 @@ def _loop(chunks, flat_hidden, embeddings, multiple, gradients):
             logits = logits + bias
         log_z = ops.logsumexp(logits, axis=-1)  # [R]
         picked = ops.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
+        if bias is not None:  # a target off the real rows is NaN (as past them unpadded on JAX), not a padded row's -1e30
+            picked = ops.where(ops.logical_and(t >= 0, t < true_vocabulary), picked, float("nan"))
         hits = ops.cast(ops.equal(ops.argmax(logits, axis=-1), t), "float32")
         sums = sums + ops.stack([ops.sum(w * (log_z - picked)), ops.sum(w * hits)])
         if gradients:

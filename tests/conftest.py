@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models (2 layers, hidden 16) so the suite runs in minutes."""
 
 import atexit
+import gc
 import json
 import logging
 import os
@@ -74,6 +75,24 @@ def _kgpt_logger():
     logger.handlers[:] = handlers
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+# A full garbage collection scans every object the process holds: in a test worker that has imported TensorFlow,
+# JAX and Keras (half a million objects) and run hundreds of tests, seconds each, and the tests run many (Python's
+# own, `gc.collect()` in Keras' quantize per kernel it replaces and in `keras.backend.clear_session`). What is
+# alive once the tests are collected, and what a test file leaves alive after its last test (caches, compiled
+# programs), is frozen (`gc.freeze`): later collections scan only what the running file made. A frozen object is
+# still freed when its last reference goes; only a reference cycle that it joins later would wait for the end.
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_the_file_leaves():
+    yield
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny models (2 layers, hidden 16) so the suite runs in minutes."""
 
 import atexit
+import gc
 import json
 import logging
 import os
@@ -43,12 +44,14 @@ TINY = dict(
 
 # Files whose tests take longest (minutes on a 2-core CPU), run first: with pytest-xdist
 # (`--dist loadfile`, files in this order) the last files to start are short ones, so
-# neither worker is left alone with a long file at the end.
+# neither worker is left alone with a long file at the end. The rest run in name order: a long
+# file late in the alphabet (test_use_trained.py, test_quantize.py) is listed here too.
 SLOW_FILES = ("test_cluster.py", "test_distribute.py", "test_analysis.py", "test_paper_tasks.py",
               "test_documented_commands.py", "test_generic_tasks.py", "test_pretrain.py", "test_finetune.py",
-              "test_remote_output.py", "test_keras_hub_conformance.py", "test_plugin_doc.py", "test_causal_lm.py",
-              "test_task_contract.py", "test_text_task.py", "test_dry_run.py", "test_plugins.py", "test_backbone.py",
-              "test_task_model.py", "test_lm_loss.py")
+              "test_use_trained.py", "test_keras_hub_tokenizer.py", "test_quantize.py", "test_remote_output.py",
+              "test_keras_hub_conformance.py", "test_plugin_doc.py", "test_causal_lm.py", "test_task_contract.py",
+              "test_text_task.py", "test_dry_run.py", "test_plugins.py", "test_backbone.py", "test_task_model.py",
+              "test_lm_loss.py")
 
 
 def pytest_collection_modifyitems(items):
@@ -74,6 +77,24 @@ def _kgpt_logger():
     logger.handlers[:] = handlers
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+# A full garbage collection scans every object the process holds: in a test worker that has imported TensorFlow,
+# JAX and Keras (half a million objects) and run hundreds of tests, seconds each, and the tests run many (Python's
+# own, `gc.collect()` in Keras' quantize per kernel it replaces and in `keras.backend.clear_session`). What is
+# alive once the tests are collected, and what a test file leaves alive after its last test (caches, compiled
+# programs), is frozen (`gc.freeze`): later collections scan only what the running file made. A frozen object is
+# still freed when its last reference goes; only a reference cycle that it joins later would wait for the end.
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _freeze_what_the_file_leaves():
+    yield
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture

@@ -1,6 +1,7 @@
 """Runs a few pre-training steps on one device and data-parallel on 2 virtual CPU devices; prints JSON.
 
-Run in its own process: the device count is fixed before JAX/TensorFlow start.
+Run in its own process: the device count is fixed before JAX/TensorFlow start. Arguments: the corpus
+folder, the jobs (job:mode,...) and the tiny preset fine-tuning starts from.
 """
 
 import json
@@ -21,20 +22,21 @@ from kgpt.jobs.config import FinetuneConfig, PretrainConfig  # noqa: E402
 from kgpt.jobs.finetune import finetune  # noqa: E402
 from kgpt.jobs.pretrain import pretrain  # noqa: E402
 
-corpus, steps = sys.argv[1], [step.split(":") for step in sys.argv[2].split(",")]  # job:mode,...
+corpus, steps, preset = sys.argv[1], [step.split(":") for step in sys.argv[2].split(",")], sys.argv[3]
 results = {"backend": keras.config.backend(), "devices": len(distribute.mesh_devices())}
 # At most one data-parallel run per process on TensorFlow: a second
 # MirroredStrategy in the same process can collide with the first's collective ops.
 for job, mode in steps:
     if job == "pretrain":
-        config = PretrainConfig(corpus=corpus, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-                                dropout=0.0, sequence_length=16, batch_size=8, learning_rate=1e-2, warmup_steps=2,
-                                max_steps=6, evaluations=6, validation_fraction=0.0, sample_tokens=2, seed=3,
-                                distribution=mode, lm_loss_chunk_size=24)  # several chunks per replica
+        # A vocabulary learned from the corpus: loading GPT-1's 40,478 tokens would cost more than the run.
+        config = PretrainConfig(corpus=corpus, tokenizer="train", num_merges=40, num_layers=2, num_heads=2,
+                                hidden_dim=16, intermediate_dim=32, dropout=0.0, sequence_length=16, batch_size=8,
+                                learning_rate=1e-2, warmup_steps=2, max_steps=6, evaluations=6,
+                                validation_fraction=0.0, sample_tokens=2, seed=3, distribution=mode,
+                                lm_loss_chunk_size=24)  # several chunks per replica
         results[f"pretrain:{mode}"] = pretrain(config)[2]["train_loss"]
     elif job == "finetune":
-        config = FinetuneConfig(task="scitail", init="scratch", num_layers=2, num_heads=2, hidden_dim=16,
-                                intermediate_dim=32, dropout=0.0, classifier_dropout=0.0, max_length=48, epochs=2,
+        config = FinetuneConfig(task="scitail", init=preset, classifier_dropout=0.0, max_length=48, epochs=2,
                                 batch_size=16, learning_rate=1e-3, distribution=mode, lm_loss_chunk_size=40)
         _, scores = finetune(config)
         results[f"finetune:{mode}"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]

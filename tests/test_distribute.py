@@ -9,7 +9,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import TINY
+from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.parallel import distribute
@@ -38,13 +38,19 @@ def worker_figures(process, log):
 
 def test_data_parallel_losses_match_one_device(tmp_path):
     (tmp_path / "a.txt").write_text(TEXT)
+    # Fine-tuning starts from a tiny preset without dropout (each TensorFlow replica would draw its own masks).
+    tokenizer = char_tokenizer()
+    preset = str(tmp_path / "preset")
+    kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64,
+                        "dropout": 0.0}).save_to_preset(preset)
+    tokenizer.save_to_preset(preset)
     # Pre-training (tf.data windows) and fine-tuning (NumPy inputs, a last partial
     # batch, predictions over a split), each on 2 devices and on one. Two worker
     # processes (one tf.distribute strategy per process on TensorFlow), run at the
     # same time: each keeps about one core busy.
     runs = {"first": "pretrain:none,finetune:none,pretrain:data_parallel",
             "second": "finetune:data_parallel" + (",model_parallel:none" if JAX else "")}
-    processes = {name: start_worker(str(tmp_path), jobs, log=tmp_path / name) for name, jobs in runs.items()}
+    processes = {name: start_worker(str(tmp_path), jobs, preset, log=tmp_path / name) for name, jobs in runs.items()}
     try:
         first, second = (worker_figures(processes[name], tmp_path / name) for name in runs)
     finally:

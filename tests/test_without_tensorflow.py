@@ -2,13 +2,12 @@
 
 import importlib.abc
 import os
+import subprocess
 import sys
 
 import keras
 import numpy as np
 import pytest
-from absl import flags
-
 from kgpt.models import inputs
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -34,34 +33,46 @@ def test_dataset_ids_passes_arrays_without_importing_tensorflow(no_tensorflow):
     assert "tensorflow" not in sys.modules
 
 
-@pytest.fixture(scope="module")
-def profile_step():
-    """benchmarks/profile_step.py as a module, its flags parsed from its defaults (and removed afterwards)."""
-    sys.path.insert(0, BENCHMARKS)
-    before = set(flags.FLAGS)
-    try:
-        module = __import__("profile_step")
-        flags.FLAGS(["profile_step.py"])
-        yield module
-    finally:
-        sys.path.remove(BENCHMARKS)
-        for name in set(flags.FLAGS) - before:
-            delattr(flags.FLAGS, name)
-        for name in ("profile_step", "finetune", "step_profile"):
-            sys.modules.pop(name, None)
+# benchmarks/profile_step.py in a process of its own (its absl flags are global: another test's module may
+# define the same names), with every import of tensorflow failing as on a JAX-only install.
+CHILD = """
+import importlib.abc, runpy, sys
+
+class NoTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] == "tensorflow":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+
+sys.meta_path.insert(0, NoTensorFlow())
+script = sys.argv[1]
+sys.path.insert(0, script.rsplit("/", 1)[0])
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    print("tensorflow imported" if "tensorflow" in sys.modules else "tensorflow never imported", flush=True)
+"""
+TINY = ["--num_layers=1", "--hidden_dim=16", "--num_heads=2", "--intermediate_dim=32", "--vocabulary_size=97",
+        "--sequence_length=16", "--batch_size=4", "--steps=2", "--rounds=1", "--warmup_steps=1", "--notrace"]
 
 
-def test_profile_step_refuses_a_chunk_size_or_dtype_it_would_not_measure(profile_step):
+def _profile_step(*args):
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return subprocess.run([sys.executable, "-c", CHILD, os.path.join(BENCHMARKS, "profile_step.py"), *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_profile_step_refuses_a_chunk_size_or_dtype_it_would_not_measure():
     # --lm_loss_chunk_size=0 measured the default chunk size under a config line that said 0.
-    with pytest.raises(flags.IllegalFlagValueError, match="0 is not a positive integer"):
-        flags.FLAGS["lm_loss_chunk_size"].parse("0")
-    with pytest.raises(flags.IllegalFlagValueError, match="mixed_bfloat16"):
-        flags.FLAGS["dtype"].parse("bf16")
+    for flag, words in (("--lm_loss_chunk_size=0", "0 is not a positive integer"), ("--dtype=bf16", "mixed_bfloat16")):
+        result = _profile_step(*TINY, flag)
+        assert result.returncode != 0 and words in result.stderr, (flag, result.stderr[-2000:])
+        assert "Traceback" not in result.stderr
 
 
-@pytest.mark.skipif(keras.config.backend() != "jax", reason="the PyDataset feed is JAX's; TensorFlow's is tf.data")
-def test_profile_step_feeds_jax_one_batch_with_no_tensorflow(profile_step, no_tensorflow):
-    example = ({"token_ids": np.ones((2, 1, 4), "int32")}, {"task": np.zeros(2, "int32")})
-    data = profile_step.repeated(example)
-    assert len(data) == max(flags.FLAGS.steps, flags.FLAGS.warmup_steps) and data[len(data) - 1] is example
-    assert "tensorflow" not in sys.modules
+@pytest.mark.skipif(keras.config.backend() != "jax", reason="one process on JAX is enough: it sets its backend")
+def test_profile_step_trains_on_jax_with_tensorflow_never_imported():
+    result = _profile_step(*TINY)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step, dropout masks kgpt:" in result.stdout
+    assert result.stdout.rstrip().endswith("tensorflow never imported"), result.stdout[-2000:]

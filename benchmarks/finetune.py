@@ -136,9 +136,8 @@ def plan_budget(split, compile_batches=batching.COMPILE_BATCHES, attention_lengt
     """The planned feed's padded lengths and their budget: kgpt-train's compile-aware plan for `plan_epochs` epochs,
     each compilation worth `compile_batches` steps, a row's cost growing with `attention_length`."""
     jit = keras.config.backend() == "jax"  # what Keras compiles with here (TensorFlow: jit_compile False on a CPU)
-    dearest = batching.dearest_batch(split.lengths, FLAGS.batch_size, split.limit, attention_length)
-    budget = batching.max_lengths_for(jit, -(-len(split) // FLAGS.batch_size), FLAGS.plan_epochs, compile_batches,
-                                      dearest)
+    budget = batching.max_lengths_of(jit, split, FLAGS.batch_size, FLAGS.plan_epochs, compile_batches,
+                                     attention_length)
     return batching.length_plan(split.lengths, FLAGS.batch_size, FLAGS.seed, split.limit, budget, compile_batches,
                                 FLAGS.plan_epochs, attention_length), budget
 

@@ -270,6 +270,12 @@ def max_lengths_for(jit_compile, num_batches, epochs=1, compile_batches=COMPILE_
                       / max(compile_batches, 1)))
 
 
+def max_lengths_of(jit_compile, split, batch_size, epochs=1, compile_batches=COMPILE_BATCHES, attention_length=None):
+    """`max_lengths_for` a feed of `split` in batches of `batch_size`, its dearest batch priced by `row_cost`."""
+    dearest = dearest_batch(split.lengths, batch_size, split.limit, attention_length)
+    return max_lengths_for(jit_compile, math.ceil(len(split) / batch_size), epochs, compile_batches, dearest)
+
+
 def dearest_batch(lengths, batch_size, limit=None, attention_length=None):
     """A batch of the longest rows padded to the longest, in average batches (at their bucket lengths).
 

@@ -388,7 +388,6 @@ def one_garbage_collection():
         collect()
 
 
-
 def quantize_head_like_file(task, task_path):
     """Quantizes a task model's head layers to int8 when its saved head was.
 

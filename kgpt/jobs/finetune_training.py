@@ -80,9 +80,7 @@ def train(config, task, model, splits, batch_size, origin, settings):
 def max_padded_lengths(model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES,
                        attention_length=None):
     """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
-    dearest = batching.dearest_batch(split.lengths, batch_size, split.limit, attention_length)
-    return batching.max_lengths_for(model.jit_compile, math.ceil(len(split) / batch_size), epochs, compile_batches,
-                                    dearest)
+    return batching.max_lengths_of(model.jit_compile, split, batch_size, epochs, compile_batches, attention_length)
 
 
 class Training:

@@ -319,9 +319,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         """How many padded lengths batches of `split` may use in `epochs` passes: all without XLA, fewer with (each
         compilation worth `compile_batches` steps, a row's cost growing with `attention_length`:
         `kgpt.data.batching`)."""
-        dearest = batching.dearest_batch(split.lengths, batch_size, split.limit, attention_length)
-        return batching.max_lengths_for(self.jit_compile, -(-len(split) // batch_size), epochs, compile_batches,
-                                        dearest)
+        return batching.max_lengths_of(self.jit_compile, split, batch_size, epochs, compile_batches, attention_length)
 
     # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
     # task examples are tokenized in Python and batched by length instead.

@@ -47,8 +47,11 @@ class GPTDecoderBlock(keras.layers.Layer):
         attention_dropout: optional float. Dropout on the attention
             probabilities (`None`: `dropout`). At 0 attention runs through
             `keras.ops.dot_product_attention` (flash attention where the
-            device has it); otherwise the probabilities are computed
-            explicitly, in float32 under mixed precision.
+            device has it). Otherwise, in training on JAX on a GPU or TPU,
+            through `kgpt.models.flash_attention`'s kernel, which draws the
+            mask inside (see `fused_dropout_attention`); elsewhere the
+            probabilities are computed explicitly, in float32 under mixed
+            precision.
         layer_norm_epsilon: float.
         kernel_initializer: initializer of every kernel (biases start at 0).
 
@@ -58,7 +61,19 @@ class GPTDecoderBlock(keras.layers.Layer):
         cache: optional `[batch, 2, max_length, heads, head_dim]`: keys and
             values of the positions before; with it the call returns `(y, cache)`.
         cache_update_index: the position of `x[:, 0]` (with `cache`).
+
+    Attributes:
+        fused_dropout_attention: where attention with dropout runs fused in
+            training (a class attribute, read when the step is traced).
+            `None` (default): on JAX on one GPU or TPU, unless
+            `keras.config.disable_flash_attention()` was called or a Keras
+            distribution is set (the kernel has no sharding rule, so XLA
+            would gather its inputs onto every device). `False`: never, the
+            explicit probabilities as on a CPU. `True`: on JAX on any device
+            (a CPU interprets the kernel, slowly: for tests).
     """
+
+    fused_dropout_attention = None
 
     def __init__(self, num_heads, intermediate_dim, dropout=0.0, attention_dropout=None, layer_norm_epsilon=1e-5,
                  kernel_initializer="glorot_uniform", **kwargs):
@@ -146,12 +161,30 @@ class GPTDecoderBlock(keras.layers.Layer):
         if self._attention_rate() == 0:
             y = ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
                                           flash_attention=keras.config.is_flash_attention_enabled())
+        elif training and cache is None and self._fused_dropout():
+            from kgpt.models.flash_attention import flash_attention
+
+            # The seed the explicit path's dropout would draw: the layer's seed stream (and so a
+            # checkpoint's random state) advances the same way whichever path runs.
+            seed = self.attention_probs_dropout.seed_generator.next()
+            y = flash_attention(query, key, value, seed, rate=self._attention_rate(), scale=scale,
+                                padding_mask=padding_mask)
         else:
             scores = ops.einsum("aecd,abcd->acbe", key, ops.multiply(query, ops.cast(scale, query.dtype)))
             probs = self.attention_softmax(scores, mask=mask)  # [B, N, T, S]
             probs = self.attention_probs_dropout(probs, training=training)
             y = ops.einsum("acbe,aecd->abcd", probs, value)  # [B, T, N, D]
         return self.attention_output_dense(y), cache
+
+    def _fused_dropout(self):
+        if keras.config.backend() != "jax" or self.fused_dropout_attention is False:
+            return False
+        if self.fused_dropout_attention:
+            return True
+        import jax
+
+        return (jax.default_backend() in ("gpu", "tpu") and keras.config.is_flash_attention_enabled() is not False
+                and keras.distribution.distribution() is None)
 
     @staticmethod
     def _mask(query_shape, key_length, start, padding_mask):

@@ -204,8 +204,9 @@ def warmup_dataset(feed, data, fed, orders, padded):
     return warmup.apply(tf.data.experimental.assert_cardinality(len(batches))), len(batches)
 
 
-def build_model(dropout=0.1):
-    """The benchmark's task model (`dropout`: the backbone's and the classifier's, GPT-1's 0.1 by default)."""
+def build_model(dropout=0.1, attention_dropout=None):
+    """The benchmark's task model (`dropout`: the backbone's and the classifier's, GPT-1's 0.1 by default;
+    `attention_dropout`: the attention probabilities', `None` for `dropout`)."""
     keras.utils.set_random_seed(FLAGS.seed)
     backbone = kgpt.GPTBackbone(
         vocabulary_size=FLAGS.vocabulary_size,
@@ -215,6 +216,7 @@ def build_model(dropout=0.1):
         intermediate_dim=FLAGS.intermediate_dim,
         max_sequence_length=FLAGS.sequence_length,
         dropout=dropout,
+        attention_dropout=attention_dropout,
     )
     return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),  # compile() defaults
                              classifier_dropout=dropout)

@@ -13,7 +13,11 @@ temporary buffers XLA plans for one training step, which needs no step to
 run: `--plan_only` prints just that, e.g. for the paper shape on a CPU) and
 model FLOP utilisation: the training FLOPs per second over the
 matrix-multiply rate measured on the same device in the same process.
-`kgpt` and `kgpt_fused` train with kgpt's default memory-lean LM loss
+On JAX on a GPU or TPU `kgpt` now runs attention dropout in the fused
+kernel (`kgpt.models.flash_attention`); `kgpt_explicit` is kgpt with the
+explicit `[batch, heads, T, T]` probabilities (the default before, and the
+CPU's), `kgpt_kernel` kgpt with the kernel on any device (a CPU interprets
+it: slow). `kgpt` and `kgpt_fused` train with kgpt's default memory-lean LM loss
 (`compile(lm_loss_chunk_size=1024)`); `kgpt_logits` (the same model with
 plain logits) and keras-hub hold all the logits. keras-hub's `GPT2Backbone`
 (pre-LN plus a final layer norm) with its tied LM head has the same weights
@@ -43,21 +47,25 @@ flags.DEFINE_integer("batch_size", 8, "Sequences per step.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after the warm-up steps).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps (compilation).")
 flags.DEFINE_list("models", ["kgpt", "keras_hub_gpt2", "kgpt_logits", "kgpt_fused"],
-                  "Models to measure; ratios are to the first.")
+                  "Models to measure; ratios are to the first: kgpt, kgpt_explicit, kgpt_kernel, kgpt_logits, "
+                  "kgpt_fused, keras_hub_gpt2.")
 flags.DEFINE_integer("lm_loss_chunk_size", 1024, "Tokens per chunk of the LM loss of kgpt and kgpt_fused.")
 flags.DEFINE_bool("plan_only", False, "JAX: only compile each training step and report XLA's planned temporary memory.")
 flags.DEFINE_string("dtype", "float32", "Dtype policy of the models (e.g. mixed_bfloat16 on GPUs/TPUs).")
 flags.DEFINE_integer("gemm_size", 0, "Side of the square matrix multiply timed as the device's peak rate (0: 8192 "
                      "on a GPU or TPU, 2048 on a CPU).")
+flags.DEFINE_bool("inference", True, "Also time inference (a second compilation).")
+flags.DEFINE_bool("xla_temp", True, "JAX: also report XLA's planned temporary memory (the train step compiled again).")
 flags.DEFINE_string("worker", None, "Internal: measure this one model and print JSON.")
 FLAGS = flags.FLAGS
 
 SHAPE_FLAGS = ("num_layers", "hidden_dim", "num_heads", "intermediate_dim", "sequence_length", "vocabulary_size",
-               "batch_size", "steps", "warmup", "dtype", "gemm_size", "lm_loss_chunk_size", "plan_only")
+               "batch_size", "steps", "warmup", "dtype", "gemm_size", "lm_loss_chunk_size", "plan_only", "inference",
+               "xla_temp")
 
 
-def training_flops_per_token():
-    """Model FLOPs of one training token: 6 x (weights touched by matmuls) + attention scores.
+def training_flops_per_token(length=None):
+    """Model FLOPs of one training token (in a sequence of `length`, default the flag's): 6N + attention scores.
 
     Forward 2 FLOPs per multiply-add, backward twice that (the usual 6N rule,
     as in the PaLM/Megatron MFU definitions), with N the block weights plus the
@@ -68,7 +76,7 @@ def training_flops_per_token():
     h, i, layers = FLAGS.hidden_dim, FLAGS.intermediate_dim, FLAGS.num_layers
     block = 4 * h * h + 2 * h * i
     matmul_weights = layers * block + FLAGS.vocabulary_size * h
-    return 6 * matmul_weights + 12 * layers * FLAGS.sequence_length * h
+    return 6 * matmul_weights + 12 * layers * (length or FLAGS.sequence_length) * h
 
 
 def gemm_flops_per_s():
@@ -134,13 +142,16 @@ def build(name):
         max_sequence_length=FLAGS.sequence_length,
         dropout=0.1,
     )
-    if name in ("kgpt", "kgpt_logits"):  # measure() compiles kgpt_logits with plain logits
+    if name in ("kgpt", "kgpt_logits", "kgpt_explicit", "kgpt_kernel"):  # kgpt_logits: compiled with plain logits
+        # Each model has a process of its own, so the class switch is this model's.
+        kgpt.GPTDecoderBlock.fused_dropout_attention = {"kgpt_explicit": False, "kgpt_kernel": True}.get(name)
         return kgpt.GPTCausalLM(kgpt.GPTBackbone(**shape))
     if name == "kgpt_fused":  # attention dropout 0: keras.ops.dot_product_attention in training too
         return kgpt.GPTCausalLM(kgpt.GPTBackbone(**shape, attention_dropout=0.0))
     if name == "keras_hub_gpt2":
         return keras_hub.models.GPT2CausalLM(keras_hub.models.GPT2Backbone(**shape), preprocessor=None)
-    raise app.UsageError(f"Unknown model {name!r}; choose from kgpt, kgpt_logits, kgpt_fused, keras_hub_gpt2.")
+    raise app.UsageError(f"Unknown model {name!r}; choose from kgpt, kgpt_explicit, kgpt_kernel, kgpt_logits, "
+                         "kgpt_fused, keras_hub_gpt2.")
 
 
 def device_peak_bytes():
@@ -201,10 +212,13 @@ def measure(name):
     # Peaks of training, read before inference materialises its own logits.
     train_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     peak = device_peak_bytes()
-    predictor = keras.Model(lm.input, keras.ops.argmax(lm.output, axis=-1))
-    infer = timed(lambda: predictor.predict_on_batch(x))
+    infer = None
+    if FLAGS.inference:
+        predictor = keras.Model(lm.input, keras.ops.argmax(lm.output, axis=-1))
+        infer = timed(lambda: predictor.predict_on_batch(x))
     return {
         "model": name,
+        "device": device_kind(),
         "weights": int(lm.count_params()),
         "train_tokens_per_s": train,
         "gemm_tflops": gemm / 1e12,
@@ -212,8 +226,23 @@ def measure(name):
         "inference_tokens_per_s": infer,
         "peak_host_rss_mib": train_rss,
         "peak_device_mib": None if peak is None else peak / 2**20,
-        "xla_temp_mib": None if keras.config.backend() != "jax" else xla_train_temp_bytes(lm, x, y) / 2**20,
+        "xla_temp_mib": None if keras.config.backend() != "jax" or not FLAGS.xla_temp
+        else xla_train_temp_bytes(lm, x, y) / 2**20,
     }
+
+
+def device_kind():
+    """The first device's name as the backend reports it (e.g. 'NVIDIA H100 80GB HBM3'; 'cpu')."""
+    import keras
+
+    if keras.config.backend() == "jax":
+        import jax
+
+        return jax.devices()[0].device_kind
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.config.experimental.get_device_details(gpus[0]).get("device_name", "GPU") if gpus else "cpu"
 
 
 def xla_train_temp_bytes(lm, x, y):
@@ -261,7 +290,7 @@ def main(argv):
         dev = "-" if r["peak_device_mib"] is None else f"{r['peak_device_mib']:.0f}"
         temp = "-" if r["xla_temp_mib"] is None else f"{r['xla_temp_mib']:,.0f}"
         print(f"{r['model']:<16}{r['weights']:>12,}{r['train_tokens_per_s']:>14,.0f}{r['mfu']:>8.1%}"
-              f"{r['gemm_tflops']:>14.3f}{r['inference_tokens_per_s']:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}"
+              f"{r['gemm_tflops']:>14.3f}{r['inference_tokens_per_s'] or 0:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}"
               f"{temp:>14}")
     size = FLAGS.gemm_size or "8192 (GPU/TPU) or 2048 (CPU)"
     print(f"MFU: training FLOPs ({training_flops_per_token():,} per token, 6N + attention) / the {size}^2 "
@@ -269,8 +298,9 @@ def main(argv):
     a = rows[0]
     for b in rows[1:]:
         print(f"ratio {a['model']}/{b['model']}: train x{a['train_tokens_per_s'] / b['train_tokens_per_s']:.2f}, "
-              f"inference x{a['inference_tokens_per_s'] / b['inference_tokens_per_s']:.2f}, "
-              f"peak RSS x{a['peak_host_rss_mib'] / b['peak_host_rss_mib']:.2f}"
+              + (f"inference x{a['inference_tokens_per_s'] / b['inference_tokens_per_s']:.2f}, "
+                 if a["inference_tokens_per_s"] else "")
+              + f"peak RSS x{a['peak_host_rss_mib'] / b['peak_host_rss_mib']:.2f}"
               + (f", XLA temp x{a['xla_temp_mib'] / b['xla_temp_mib']:.2f}" if a["xla_temp_mib"] else ""))
 
 

@@ -29,7 +29,17 @@ them with `keras.random.dropout` (JAX's rolled loop), and times the two in
 one process, their fits taking turns (`--rounds` each); on JAX each is then
 traced in turn (a table each, in `--trace_dir`/kgpt and /keras).
 `--dropout_masks keras` makes the second way the first.
+
+`--attention` picks how attention dropout runs: `default` (on JAX on a GPU
+or TPU the fused kernel of `kgpt.models.flash_attention`, elsewhere the
+explicit probabilities), `explicit`, `kernel` (on any device; a CPU
+interprets it, slowly) or `none` (attention dropout 0: attention through
+`keras.ops.dot_product_attention`). `--summary_json` ends with one line of JSON
+(step, tokens per step, warm-up, peak device memory) for
+`benchmarks/gpu.py`.
 """
+
+import json
 
 import os
 import shutil
@@ -45,6 +55,7 @@ from absl import app, flags, logging
 import finetune  # the split's and the model's flags and builders (the script's folder is on sys.path)
 import step_profile
 from kgpt.jobs import run
+from kgpt.models.decoder_block import GPTDecoderBlock
 from kgpt.models import dropout as kgpt_dropout
 from kgpt.parallel.distribute import DTYPES
 
@@ -66,6 +77,9 @@ flags.DEFINE_integer("lm_loss_chunk_size", None, "Tokens per chunk of the LM los
                      "kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).", lower_bound=1)
 flags.DEFINE_enum("dtype", None, DTYPES, "Dtype policy of the model (e.g. mixed_bfloat16 on a GPU or TPU; default: "
                   "Keras' global policy, float32).")
+flags.DEFINE_enum("attention", "default", ["default", "explicit", "kernel", "none"], "How attention dropout runs "
+                  "(see the module's docstring).")
+flags.DEFINE_bool("summary_json", False, "End with the figures as one line of JSON.")
 flags.DEFINE_bool("trace", True, "Capture and read a profiler trace (--notrace: step times only).")
 FLAGS = flags.FLAGS
 
@@ -88,7 +102,8 @@ def batch():
 
 def build(masks):
     """The benchmark's task model, its dropout masks drawn the `masks` way ('kgpt' or 'keras')."""
-    model = finetune.build_model(dropout=FLAGS.dropout)
+    GPTDecoderBlock.fused_dropout_attention = {"explicit": False, "kernel": True}.get(FLAGS.attention)
+    model = finetune.build_model(dropout=FLAGS.dropout, attention_dropout=0.0 if FLAGS.attention == "none" else None)
     if FLAGS.lm_loss_chunk_size is not None:
         model.compile(lm_loss_chunk_size=FLAGS.lm_loss_chunk_size)
     for layer in model._flatten_layers():
@@ -282,6 +297,20 @@ def repeated(example):
     return tf.data.Dataset.from_tensors(example).repeat()
 
 
+def peak_device_mib():
+    """The first accelerator's peak memory in use so far (JAX: its allocator's; TensorFlow: GPU:0's), or None."""
+    if JAX:
+        import jax
+
+        device = jax.devices()[0]
+        stats = device.memory_stats() if device.platform != "cpu" else None
+        return None if not stats or "peak_bytes_in_use" not in stats else stats["peak_bytes_in_use"] / 2**20
+    import tensorflow as tf
+
+    gpus = tf.config.list_physical_devices("GPU")
+    return tf.config.experimental.get_memory_info("GPU:0")["peak"] / 2**20 if gpus else None
+
+
 def measure(example, length):
     data = repeated(example)
     models = {FLAGS.dropout_masks: build(FLAGS.dropout_masks)}
@@ -294,11 +323,13 @@ def measure(example, length):
                                                          "lm_loss_chunk_size"))
     print(f"backend={keras.config.backend()} keras={keras.__version__} {config}, length={length}, "
           f"jit_compile={model.jit_compile}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    warmup = {}
     for masks, each in models.items():
         began = time.perf_counter()
         each.fit(data, epochs=1, steps_per_epoch=FLAGS.warmup_steps, verbose=0)
+        warmup[masks] = time.perf_counter() - began
         print(f"warm-up, dropout masks {masks} ({FLAGS.warmup_steps} steps, compiling/tracing): "
-              f"{time.perf_counter() - began:.1f} s")
+              f"{warmup[masks]:.1f} s")
     seconds = {masks: [] for masks in models}
     for _ in range(FLAGS.rounds):  # the models take turns, so a change in the machine's load hits them alike
         for masks, each in models.items():
@@ -312,6 +343,9 @@ def measure(example, length):
         print(f"A/B: masks {FLAGS.dropout_masks} / masks {other}, median of the per-round ratios: {paired:.2f}x"
               + ("" if JAX else " (TensorFlow: both draw with keras.random.dropout, so this is the noise)"))
     step_ms = float(np.median(seconds[FLAGS.dropout_masks])) * 1e3
+    if FLAGS.summary_json:
+        print(json.dumps({"step_ms": step_ms, "tokens_per_step": int(np.size(example[0]["token_ids"])),
+                          "warmup_s": warmup[FLAGS.dropout_masks], "peak_device_mib": peak_device_mib()}))
     if FLAGS.xla_options:
         if not JAX:
             raise app.UsageError("--xla_options compares XLA compilations of JAX's step: use KERAS_BACKEND=jax.")

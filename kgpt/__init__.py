@@ -41,6 +41,7 @@ _NAMES = {
     "gpt_adamw": "kgpt.models.optimizers",
     "ConfigError": "kgpt.errors",
     "CheckpointError": "kgpt.io.presets",
+    "upload_preset": "kgpt.io.hub",
     "RegistryError": "kgpt.tasks.registry",
     "TaskRegistry": "kgpt.tasks.registry",
     "DataError": "kgpt.errors",

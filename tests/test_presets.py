@@ -98,7 +98,7 @@ def saved(tmp_path):
 
 
 def test_missing_preset_directory(tmp_path):
-    with pytest.raises(kgpt.CheckpointError, match="No preset directory .*it never downloads"):
+    with pytest.raises(kgpt.CheckpointError, match="No preset directory .*or hf://OWNER/REPO on the Hugging Face Hub"):
         kgpt.GPTBackbone.from_preset(str(tmp_path / "absent"))
 
 
@@ -122,10 +122,17 @@ def test_config_of_another_class_is_refused_before_anything_is_built(saved):
         kgpt.GPTBackbone.from_preset(str(saved))
 
 
-def test_backbone_preset_is_not_a_task_preset(tmp_path):
-    backbone().save_to_preset(str(tmp_path))
-    with pytest.raises(kgpt.CheckpointError, match=r"Missing .*task.json"):
-        kgpt.GPTCausalLM.from_preset(str(tmp_path))
+def test_a_backbone_preset_loads_as_a_causal_lm_with_its_tied_head(tmp_path):
+    # As keras-hub builds a task from a preset without task.json (the Hub's converted openai-gpt files are one).
+    saved = backbone()
+    saved.save_to_preset(str(tmp_path))
+    lm = kgpt.GPTCausalLM.from_preset(str(tmp_path))
+    ids = np.arange(12, dtype="int32")[None] % saved.vocabulary_size
+    x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
+    hidden = keras.ops.convert_to_numpy(saved(x))
+    table = keras.ops.convert_to_numpy(saved.token_embedding.embeddings)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(lm(x)), hidden @ table.T, atol=1e-4, rtol=1e-4)
+    assert lm.preprocessor is None  # no tokenizer in the folder: token ids only
     # A task model can start from it, given the task to fine-tune for.
     with pytest.raises(ValueError, match="is not a fine-tuned task model: pass task=NAME"):
         kgpt.GPTTaskModel.from_preset(str(tmp_path))

@@ -56,8 +56,9 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)
     output_dir = FLAGS.output_dir or "analysis"
     if "://" in output_dir:  # its tables and runs are written to a local folder only
-        raise app.UsageError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).",
-                             exitcode=2)
+        from kgpt.errors import ConfigError
+
+        raise ConfigError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).")
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode])
     seeds = _seeds()
     if seeds is not None and mode != "ablations":
@@ -69,7 +70,9 @@ def main(argv):
     from kgpt.jobs.rundir import RunDirectory
     from kgpt.tasks.registry import TaskRegistry
 
+    from kgpt.io import hub
     from kgpt.jobs import run
+    from kgpt.jobs.finetune_model import with_local_init
     from kgpt.parallel import cluster
 
     logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
@@ -79,6 +82,10 @@ def main(argv):
         raise app.UsageError(f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
                              "run it without --num_processes.", exitcode=2)
     config = _config(mode, tasks)
+    if getattr(config, "init", None) is not None and hub.is_hub(config.init):
+        # A Hub --init: its configs for a dry run, else the whole preset (converted once), as kgpt-train takes it.
+        config = (dataclasses.replace(config, init=hub.check(config.init)[1]) if FLAGS.dry_run
+                  else with_local_init(config))
     if FLAGS.dry_run:
         _dry_run(mode, config, tasks, output_dir, seeds)
         return

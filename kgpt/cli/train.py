@@ -3,7 +3,9 @@
     kgpt-train --task scitail                       # embedded demo: pre-train, then fine-tune
     kgpt-train --task lm --corpus 'books/*.txt' --output_dir lm      # paper settings
     kgpt-train --task scitail --data_dir SciTailV1.1 --init lm --output_dir scitail
+    kgpt-train --task sst2 --data_dir glue/SST-2 --init gpt1_base_en --output_dir sst2   # the released GPT-1
     kgpt-train --list_tasks
+    kgpt-train --list_presets
 
 Every flag is a field of the job's config (`kgpt.jobs.config`), with the
 field's help; defaults are the paper's (section 4.1), and the shared ones
@@ -30,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 CONFIGS = {"lm": config_lib.PretrainConfig, "finetune": config_lib.FinetuneConfig}
 # Flags with no config field: they choose what the command does ("verbose" is kgpt.cli.common's).
-CLI_ONLY = ("task", "list_tasks", "prepare_only", "recipe", "verbose", "dry_run")
+CLI_ONLY = ("task", "list_tasks", "list_presets", "prepare_only", "recipe", "verbose", "dry_run")
 
 
 def _flag_type(field):
@@ -74,6 +76,8 @@ def define_flags():
 
 flags.DEFINE_string("task", "lm", "'lm' to pre-train, or a task name (see --list_tasks).")
 flags.DEFINE_bool("list_tasks", False, "List every task with its plugin, kind, labels and metrics, then exit.")
+flags.DEFINE_bool("list_presets", False, "List the named pre-trained models (--init NAME) and where they come from, "
+                  "then exit.")
 flags.DEFINE_bool("prepare_only", False, "lm: learn or load the tokenizer, build the token shards (on every core), "
                   "print tokens and tokens/s, and exit without training.")
 flags.DEFINE_enum("recipe", None, list(config_lib.RECIPES), "Named settings that fill the flags not given: "
@@ -174,7 +178,7 @@ def finetune_config_from_flags():
 
 
 # Flags every job takes; the others belong to the job whose config has a field of their name.
-_COMMON = {"task", "list_tasks", "recipe", "seed", "output_dir", "verbose"}
+_COMMON = {"task", "list_tasks", "list_presets", "recipe", "seed", "output_dir", "verbose"}
 
 
 def check_stage_flags(config_cls, job):
@@ -197,6 +201,13 @@ def main(argv):
     absl_logging.set_verbosity(absl_logging.WARNING)  # keep JAX/TF start-up chatter out of the run log
     from kgpt.tasks.registry import RegistryError, TaskRegistry
 
+    if FLAGS.list_presets:
+        from kgpt.io import hub
+
+        for name, preset in hub.PRESETS.items():
+            print(f"{name}  {preset['uri']}\n    {preset['description']}")
+        print("\nAny hf://OWNER/REPO[@REVISION] holding a kgpt preset or openai-gpt files works too.")
+        return
     registry = TaskRegistry()
     if FLAGS.list_tasks:
         print("lm  (built in)  pre-training: next-token prediction on --corpus text\n")
@@ -236,7 +247,7 @@ def main(argv):
 _DEVICES = ["distribution", "model_parallel", "dtype", "gradient_accumulation_steps", "coordinator_address",
             "num_processes", "process_id", "startup_timeout"]
 GROUPS = {
-    "Common": ["task", "list_tasks", "recipe",
+    "Common": ["task", "list_tasks", "list_presets", "recipe",
                *(n for n in config_lib.own_fields(config_lib.RunConfig) if n not in _DEVICES),
                "dry_run", "verbose"],
     "Pre-training (--task lm)": [*config_lib.own_fields(config_lib.PretrainConfig), "prepare_only"],
@@ -248,7 +259,7 @@ GROUPS = {
 
 def several_processes():
     """Whether this run joins other processes (checked before the backends start; the job joins them)."""
-    return not FLAGS.list_tasks and common.several_processes(FLAGS.coordinator_address, FLAGS.num_processes,
+    return not FLAGS.list_tasks and not FLAGS.list_presets and common.several_processes(FLAGS.coordinator_address, FLAGS.num_processes,
                                                              FLAGS.process_id)
 
 

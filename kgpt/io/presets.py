@@ -85,8 +85,8 @@ def check_preset_dir(preset, config_file, expected_class):
     """Checks that `preset` is a local directory whose `config_file` builds `expected_class`."""
     if not isinstance(preset, (str, os.PathLike)) or not os.path.isdir(preset):
         raise CheckpointError(
-            f"No preset directory {preset!r}: kgpt loads local presets only (written by save_to_preset or "
-            f"kgpt-train --output_dir); it never downloads."
+            f"No preset directory {preset!r}: a preset is a folder written by save_to_preset or kgpt-train "
+            f"--output_dir, or hf://OWNER/REPO on the Hugging Face Hub."
         )
     path = os.path.join(preset, config_file)
     config = read_json(path, f"the Keras config of a {expected_class.__name__}")
@@ -233,7 +233,7 @@ def check_save_target(preset_dir):
 PARTIAL_DIR = ".preset.partial"
 # What a save replaces: the files of keras-hub's preset layout that belong to one model. The tokenizer
 # stays when the new model has none (a pre-training run writes it first, the model later).
-_MODEL_FILES = {CONFIG_FILE, MODEL_WEIGHTS_FILE, "model.weights.json", TASK_CONFIG_FILE, TASK_WEIGHTS_FILE,
+MODEL_FILES = {CONFIG_FILE, MODEL_WEIGHTS_FILE, "model.weights.json", TASK_CONFIG_FILE, TASK_WEIGHTS_FILE,
                 "preprocessor.json", METADATA_FILE}
 _SHARD_FILE = re.compile(r"model_\d+\.weights\.h5$")
 def replace_preset(directory, write):
@@ -249,7 +249,7 @@ def replace_preset(directory, write):
     write(tmp)
     written = set(os.listdir(tmp))
     for name in os.listdir(directory):
-        if name not in written and (name in _MODEL_FILES or _SHARD_FILE.match(name)):
+        if name not in written and (name in MODEL_FILES or _SHARD_FILE.match(name)):
             os.remove(os.path.join(directory, name))
     # The configs last: until they move, a reader loads the old config with the old weights it checks.
     for name in sorted(written, key=lambda n: (n.endswith(".json") and n != "model.weights.json", n)):
@@ -447,7 +447,7 @@ class PresetMixin:
 
     @classmethod
     def from_preset(cls, preset, load_weights=True, **kwargs):
-        """Loads a local kgpt preset directory; `kwargs` override config entries (e.g. `dropout`).
+        """Loads a kgpt preset: a local folder or `hf://OWNER/REPO[@REVISION]`; `kwargs` override config entries.
 
         `load_weights=False` builds the model the preset describes with fresh
         weights (keras-hub's meaning). An argument the class does not take is

@@ -141,8 +141,10 @@ class FinetuneConfig(RunConfig, ModelConfig):
     task: str = option("scitail", "A registered task (kgpt-train --list_tasks).")
     data_dir: str | None = option(None, "Task data in its distributed format (default: the task's embedded data).")
     init: str | None = option("demo", "Preset dir (a --task lm --output_dir, or a fine-tuned --output_dir of the same "
-                              "task, whose head is kept), the original GPT-1 release's model/ dir (params_*.npy; "
-                              "--num_heads gives its head count), Hugging Face openai-gpt files, 'scratch' for no "
+                              "task, whose head is kept), gpt1_base_en (the released GPT-1, from the Hugging Face "
+                              "Hub; --list_presets), hf://OWNER/REPO[@REVISION], the original GPT-1 release's model/ "
+                              "dir (params_*.npy; --num_heads gives its head count), Hugging Face openai-gpt files, "
+                              "'scratch' for no "
                               "pre-training, or 'demo': pre-train the small demo model on the embedded text first "
                               "(the default without --data_dir).", default=None)
     transfer_layers: int | None = option(None, "Transfer the embeddings and only the first N blocks (default: all; "

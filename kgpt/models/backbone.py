@@ -8,6 +8,8 @@ There is no final layer norm (that is GPT-2).
 """
 
 import numbers
+import os
+import shutil
 
 import keras
 import numpy as np
@@ -16,7 +18,8 @@ from keras_hub.layers import PositionEmbedding
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.models import original_convert
+from kgpt.models import original, original_convert
+from kgpt.io import hub
 from kgpt.io.presets import PresetMixin
 from kgpt.models import inputs as checks
 from kgpt.models.decoder_block import GPTDecoderBlock
@@ -308,6 +311,30 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         return original_convert.load_backbone(
             cls, directory, num_heads=num_heads, num_special_tokens=num_special_tokens, seed=seed, **kwargs
         )
+
+    @classmethod
+    def from_preset(cls, preset, load_weights=True, **kwargs):
+        """Loads a kgpt preset: a local folder, `hf://OWNER/REPO[@REVISION]` or a named preset (`kgpt.io.hub.PRESETS`).
+
+        A Hub repository of Hugging Face's openai-gpt files (e.g.
+        `"gpt1_base_en"`, the released GPT-1) is converted once per commit
+        and cached. `kwargs` override config entries (e.g. `dropout`).
+        """
+        return super().from_preset(hub.local(preset, cls), load_weights=load_weights, **kwargs)
+
+    @classmethod
+    def convert_openai_gpt(cls, source, target):
+        """Writes into `target` the kgpt preset of a folder of Hugging Face openai-gpt files (`hf://` repositories).
+
+        The backbone gets its rows for the start, delimiter and extract
+        tokens (N(0, 0.02), seed 0, so every conversion is the same), as
+        fine-tuning adds them; the BPE files are copied beside it, where
+        `GPTTokenizer.from_preset` reads them.
+        """
+        backbone = cls.from_original(source, num_special_tokens=NUM_SPECIAL_TOKENS, seed=0)
+        backbone.save_to_preset(target)
+        for name in (original.HF_VOCAB_FILE, original.HF_MERGES_FILE):
+            shutil.copyfile(os.path.join(source, name), os.path.join(target, name))
 
     def save_original(self, directory, format="original", tokenizer=None, overwrite=False, num_shards=10):
         """Writes the weights in the original release's or Hugging Face's format; `from_original` reads both.

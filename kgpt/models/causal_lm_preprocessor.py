@@ -7,6 +7,7 @@ import numpy as np
 from keras_hub.models import CausalLMPreprocessor
 
 from kgpt.models.backbone import GPTBackbone
+from kgpt.io import hub
 from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
 from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import check_tokenizer
@@ -113,14 +114,14 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
 
     @classmethod
     def from_preset(cls, preset, config_file=PREPROCESSOR_CONFIG, **kwargs):
-        """The preprocessor of a local preset folder (never downloads).
+        """The preprocessor of a preset: a local folder, `hf://OWNER/REPO[@REVISION]` or a named preset.
 
         Reads `preprocessor.json` when the preset has one; otherwise builds
         one around the preset's tokenizer, with `sequence_length` the
         backbone's `max_sequence_length` when `config.json` is there.
         `kwargs` override the saved config (e.g. `sequence_length`).
         """
-        preset = os.fspath(preset)
+        preset = os.fspath(hub.local(preset, cls.tokenizer_cls.backbone_cls))
         if os.path.isfile(os.path.join(preset, config_file)):
             config = check_preset_dir(preset, config_file, cls)
             config["config"].update(kwargs)

@@ -33,6 +33,7 @@ SHAPES_FILE = "params_shapes.json"
 SHARD_PATTERN = "params_{}.npy"
 HF_CONFIG_FILE = "config.json"
 HF_WEIGHTS_FILE = "model.safetensors"
+HF_TF_WEIGHTS_FILE = "tf_model.h5"  # transformers' TensorFlow weights: read where a repository has no safetensors
 HF_VOCAB_FILE, HF_MERGES_FILE = "vocab.json", "merges.txt"
 HF_ADDED_TOKENS_FILE = "added_tokens.json"
 HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
@@ -165,6 +166,11 @@ def read_original(directory):
     return sizes, read_shards(directory, shapes)
 
 
+def is_huggingface(directory):
+    """Whether `directory` holds transformers' openai-gpt weights, in either format kgpt reads."""
+    return any(os.path.isfile(os.path.join(directory, name)) for name in (HF_WEIGHTS_FILE, HF_TF_WEIGHTS_FILE))
+
+
 def read_huggingface(directory):
     """Reads Hugging Face `openai-gpt` files: `(sizes, arrays)` in the original order."""
     from safetensors.numpy import load_file
@@ -175,12 +181,18 @@ def read_huggingface(directory):
     if not isinstance(config, dict) or any(not isinstance(config.get(k), int) for k in keys):
         raise CheckpointError(f"{config_path}: expected integer {', '.join(keys)} (an openai-gpt config).")
     weights_path = os.path.join(directory, HF_WEIGHTS_FILE)
-    if not os.path.isfile(weights_path):
-        raise CheckpointError(f"Missing {weights_path}: expected the openai-gpt weights.")
-    try:
-        tensors = load_file(weights_path)
-    except Exception as e:  # safetensors raises its own SafetensorError
-        raise CheckpointError(f"{weights_path} is not a readable safetensors file (truncated or corrupt: {e}).") from e
+    if os.path.isfile(weights_path):
+        try:
+            tensors = load_file(weights_path)
+        except Exception as e:  # safetensors raises its own SafetensorError
+            raise CheckpointError(f"{weights_path} is not a readable safetensors file (truncated or corrupt: "
+                                  f"{e}).") from e
+    elif os.path.isfile(os.path.join(directory, HF_TF_WEIGHTS_FILE)):
+        weights_path = os.path.join(directory, HF_TF_WEIGHTS_FILE)
+        tensors = read_tf_weights(weights_path)
+    else:
+        raise CheckpointError(f"Missing {weights_path}: expected the openai-gpt weights ({HF_WEIGHTS_FILE}, or "
+                              f"{HF_TF_WEIGHTS_FILE}).")
     # Checkpoints saved from the LM-head model prefix names with "transformer.".
     tensors = {re.sub(r"^transformer\.", "", k): v for k, v in tensors.items()}
     # Sizes come from the file before anything is built from the config (a config may lie).
@@ -206,6 +218,39 @@ def read_huggingface(directory):
             f"{config['vocab_size']}, n_embd={config['n_embd']}."
         )
     return sizes, arrays, config.get("n_head")
+
+
+# transformers' TF names (TFOpenAIGPTMainLayer) -> its PyTorch names: `h_._3/attn/c_attn/weight:0` -> `h.3.attn.c_attn.weight`.
+_TF_NAMES = ((re.compile(r"(?:^|/)tokens_embed/weight:0$"), lambda m: "tokens_embed.weight"),
+             (re.compile(r"(?:^|/)positions_embed/embeddings:0$"), lambda m: "positions_embed.weight"),
+             (re.compile(r"(?:^|/)h_\._(\d+)/((?:attn|mlp)/c_\w+)/(weight|bias):0$"),
+              lambda m: f"h.{m[1]}.{m[2].replace('/', '.')}.{m[3]}"),
+             (re.compile(r"(?:^|/)h_\._(\d+)/(ln_[12])/(gamma|beta):0$"),
+              lambda m: f"h.{m[1]}.{m[2]}.{'weight' if m[3] == 'gamma' else 'bias'}"))
+
+
+def read_tf_weights(path):
+    """The tensors of transformers' `tf_model.h5` (an HDF5 file of arrays, no pickle) under the PyTorch names."""
+    import h5py
+
+    tensors = {}
+    try:
+        with h5py.File(path, "r") as f:
+            def visit(name, obj):
+                if not isinstance(obj, h5py.Dataset):
+                    return
+                for pattern, rename in _TF_NAMES:
+                    match = pattern.search(name)
+                    if match:
+                        # TFConv1D keeps its bias as [1, n]: the PyTorch layout drops the 1.
+                        value = obj[()]
+                        tensors[rename(match)] = value.reshape(-1) if name.endswith("bias:0") else value
+                        return
+
+            f.visititems(visit)
+    except OSError as e:
+        raise CheckpointError(f"{path} is not a readable HDF5 file (truncated or corrupt: {e}).") from e
+    return tensors
 
 
 def _ranges(numbers):

@@ -17,9 +17,10 @@ import numpy as np
 from kgpt.io.presets import CheckpointError
 from kgpt.models.decoder_block import GPTDecoderBlock
 from kgpt.models.original import (BPE_FILE, ENCODER_FILE, HF_ADDED_TOKENS_FILE, HF_CONFIG_FILE, HF_FILES,
-                                  HF_MERGES_FILE, HF_SPECIAL_TOKENS_FILE, HF_TOKENIZER_CONFIG_FILE, HF_VOCAB_FILE,
-                                  HF_WEIGHTS_FILE, LAYER_ARRAYS, SHAPES_FILE, SHARD_PATTERN, SPECIAL_TOKENS,
-                                  check_vocabulary, huggingface_names, read_huggingface, read_original)
+                                  HF_MERGES_FILE, HF_SPECIAL_TOKENS_FILE, HF_TF_WEIGHTS_FILE,
+                                  HF_TOKENIZER_CONFIG_FILE, HF_VOCAB_FILE, HF_WEIGHTS_FILE, LAYER_ARRAYS, SHAPES_FILE,
+                                  SHARD_PATTERN, SPECIAL_TOKENS, check_vocabulary, huggingface_names, is_huggingface,
+                                  read_huggingface, read_original)
 
 
 # --- mapping onto the Keras layers ------------------------------------------
@@ -85,12 +86,12 @@ def load_backbone(cls, directory, num_heads=None, num_special_tokens=0, seed=Non
     if os.path.isfile(os.path.join(directory, SHAPES_FILE)):
         sizes, arrays = read_original(directory)
         stored_heads = None
-    elif os.path.isfile(os.path.join(directory, HF_WEIGHTS_FILE)):
+    elif is_huggingface(directory):
         sizes, arrays, stored_heads = read_huggingface(directory)
     else:
         raise CheckpointError(
             f"{directory!r} holds neither the original release ({SHAPES_FILE} + params_0..9.npy) nor "
-            f"Hugging Face's openai-gpt files ({HF_CONFIG_FILE} + {HF_WEIGHTS_FILE})."
+            f"Hugging Face's openai-gpt files ({HF_CONFIG_FILE} + {HF_WEIGHTS_FILE} or {HF_TF_WEIGHTS_FILE})."
         )
     check_vocabulary(directory, sizes["vocabulary_size"])
     heads = num_heads or stored_heads or 12

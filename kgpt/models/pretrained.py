@@ -4,6 +4,7 @@ import os
 
 from kgpt.models import original
 from kgpt.models.backbone import NUM_SPECIAL_TOKENS, GPTBackbone
+from kgpt.io import hub
 from kgpt.io.presets import CheckpointError, load_any_backbone
 from kgpt.models.task_preprocessor import GPTTaskPreprocessor
 from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
@@ -25,11 +26,13 @@ def with_special_tokens(backbone, tokenizer, seed=None):
 def load_pretrained(path, num_heads=12, dtype=None):
     """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
     openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it).
-    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`)."""
+    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`). A Hub preset (`hf://OWNER/REPO`, or a
+    named one such as `"gpt1_base_en"`) is downloaded and converted first (`kgpt.io.hub`)."""
+    source, path = path, hub.local(path, GPTBackbone)
     if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
         backbone = GPTBackbone.from_original(path, num_heads=num_heads, dtype=dtype)
         return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
-    if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
+    if original.is_huggingface(path):
         backbone = GPTBackbone.from_original(path, dtype=dtype)
         return backbone, GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
     if not os.path.isfile(os.path.join(path, "config.json")):
@@ -47,7 +50,7 @@ def load_pretrained(path, num_heads=12, dtype=None):
             f"{size:,} ids ({size - NUM_SPECIAL_TOKENS:,} without start/delimiter/extract): the tokenizer files "
             f"belong to another model. Save the model's own tokenizer beside it."
         )
-    return backbone, tokenizer, f"preset {path}"
+    return backbone, tokenizer, f"preset {source}" + (f" ({path})" if source != path else "")
 
 
 def new_task_model(cls, preset, task, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,

@@ -15,7 +15,7 @@ import numpy as np
 
 from kgpt.io.presets import CheckpointError
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS
-from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS
+from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, shared_id
 
 ENCODER_FILE = "encoder_bpe_40000.json"
 MERGES_FILE = "vocab_40000.bpe"
@@ -44,12 +44,22 @@ def read_files(encoder_path, merges_path):
     return encoder, merges, recorded
 
 
+# The original release's names, then Hugging Face's for the same two files (openai-gpt).
+_FILE_PAIRS = ((ENCODER_FILE, MERGES_FILE), ("vocab.json", "merges.txt"))
+
+
+def holds_bpe_files(directory):
+    """Whether the folder holds GPT-1's two BPE files under either pair of names."""
+    return any(os.path.isfile(os.path.join(directory, encoder)) for encoder, _ in _FILE_PAIRS)
+
+
 def find_files(directory):
     if not os.path.isdir(directory):
         raise FileNotFoundError(
-            f"No tokenizer in {directory!r}: no such folder (kgpt reads local files only; it never downloads)."
+            f"No tokenizer in {directory!r}: no such folder (a tokenizer is a local folder of files, or a Hub preset "
+            f"loaded with from_preset)."
         )
-    for encoder, merges in ((ENCODER_FILE, MERGES_FILE), ("vocab.json", "merges.txt")):
+    for encoder, merges in _FILE_PAIRS:
         if os.path.isfile(os.path.join(directory, encoder)):
             return os.path.join(directory, encoder), os.path.join(directory, merges)
     raise FileNotFoundError(
@@ -72,7 +82,9 @@ def read_encoder(path):
     ):
         raise CheckpointError(f"{path}: expected a JSON object mapping BPE symbols to integer ids.")
     if sorted(encoder.values()) != list(range(len(encoder))):
-        raise CheckpointError(f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once.")
+        shared = shared_id(encoder.items())
+        raise CheckpointError(f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once" + (
+            f"; id {shared[0]} is given to two tokens, {shared[1]!r} and {shared[2]!r}." if shared else "."))
     return encoder
 
 

@@ -21,6 +21,7 @@ from importlib import resources
 import keras
 import numpy as np
 
+from kgpt.io import hub
 from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
 from kgpt.tokenizers.gpt1.encoder import TextEncoder
 from kgpt.tokenizers.gpt1.files import ENCODER_FILE, MERGES_FILE, checked_encoder, find_files, read_files, write_files
@@ -165,19 +166,20 @@ class GPT1Tokenizer(PythonTokenizer):
 
     @classmethod
     def from_preset(cls, preset, config_file=PRESET_CONFIG, **kwargs):
-        """Reads the tokenizer of a local preset folder, or a folder of BPE files.
+        """Reads the tokenizer of a preset, or of a folder of BPE files.
 
         A preset holds keras-hub's `tokenizer.json` (written by
         `save_to_preset()`, `GPTCausalLM.save_to_preset()` or
         `kgpt-train --output_dir`; it records the splitter) and
         `assets/tokenizer/`. A folder without `tokenizer.json` is read with
         `from_original()` (the original release's two files, or Hugging Face
-        `vocab.json` + `merges.txt`). Nothing is ever downloaded.
+        `vocab.json` + `merges.txt`). `hf://OWNER/REPO[@REVISION]` and named
+        presets (`"gpt1_base_en"`) are downloaded through `kgpt.io.hub`.
         `keras_hub.tokenizers.Tokenizer.from_preset(dir)` also loads a kgpt
         preset that holds a backbone (`config.json`).
 
         Args:
-            preset: path of the folder.
+            preset: path of the folder, or a Hub preset.
             config_file: the tokenizer's config file in it.
             **kwargs: overrides of the saved config (e.g. `splitter`).
 
@@ -186,7 +188,7 @@ class GPT1Tokenizer(PythonTokenizer):
         tokenizer = kgpt.GPTTokenizer.from_preset("out")  # after kgpt-train --task lm --output_dir out
         ```
         """
-        preset = os.fspath(preset)
+        preset = os.fspath(hub.local(preset, cls.backbone_cls))
         if os.path.isfile(preset):
             folder = os.path.dirname(preset) or "."
             raise CheckpointError(f"{preset} is a file: a preset is the folder that holds it; pass "

@@ -26,7 +26,10 @@ NOISE = re.compile(
     r"All log messages before absl::InitializeLog|oneDNN custom operations|cudart_stub\.cc|cuda_platform\.cc|"
     r"cpu_feature_guard\.cc|To enable the following instructions|Unable to register cu(DNN|FFT|BLAS) factory|"
     r"computation_placer\.cc|TF-TRT Warning|Could not find TensorRT|xla_bridge\.py.*Unable to initialize backend|"
-    r"oneDNN supports DT_\w+ only on platforms with"
+    r"oneDNN supports DT_\w+ only on platforms with|"
+    # The runtime's own report of a process of the run gone, which kgpt's one line naming it replaces.
+    r"ring_alg\.cc.*Aborting Ring|base_collective_executor\.cc.*StartAbort|"
+    r"Additional GRPC error information from remote target|:UNKNOWN:Error received from peer"
 )
 
 

@@ -160,10 +160,9 @@ def test_two_processes_fine_tune_like_one_process(tmp_path):
     assert finish(processes) == [0, 0], (tmp_path / "p0.log").read_text()[-3000:]
     single, double = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert single["splits"]["train"]["examples"]["used"] == 61
-    # Keras averages an epoch's batch losses weighted by rows, the filler rows included, so the one filled
-    # batch of each epoch counts a little more in the reported loss (not in training: the predictions match).
-    np.testing.assert_allclose(double["history"]["loss"], single["history"]["loss"], rtol=1e-3)
-    np.testing.assert_allclose(double["history"]["val_loss"], single["history"]["val_loss"], rtol=1e-3)
+    # The reported losses average over real examples: the filler rows of each epoch's last batch count nothing.
+    np.testing.assert_allclose(double["history"]["loss"], single["history"]["loss"], rtol=2e-5)
+    np.testing.assert_allclose(double["history"]["val_loss"], single["history"]["val_loss"], rtol=2e-5)
     for split in ("dev", "test"):
         assert double["splits"][split]["accuracy"] == single["splits"][split]["accuracy"]
         # Every example scored once, in order, with the same probabilities (the filler rows dropped).
@@ -223,7 +222,8 @@ def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_proce
         processes[1].send_signal(signal.SIGKILL)
         assert processes[0].wait(timeout=60) == 1
         message = lines(logs[0])[-1]
-        assert message.startswith("kgpt-train: error: another process of this run stopped (") and \
+        assert message.startswith("kgpt-train: error: process 1 of 2 stopped (its connection closed); process 0 "
+                                  "stopped too.") and \
             "Rerun every process with the same command" in message, message
         deadline = time.monotonic() + 15
         while any(alive(pid) for pid in family) and time.monotonic() < deadline:
@@ -247,8 +247,19 @@ def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_proce
         assert last.startswith("kgpt-train: stopped by SIGTERM at step ") and "Run the same command" in last, last
     stopped = int(lines(logs[0])[-1].split("at step ")[1].split(";")[0])
     assert stopped >= step and (out / "checkpoint" / f"step-{stopped:09d}").is_dir()
-    # 3. Once more to the end: the run ends as one uninterrupted process's does.
-    assert finish(start_all(args, logs)) == [0, 0], logs[0].read_text()[-3000:]
+    # 3. Once more to the end: the run ends as one uninterrupted process's does, and both processes exit
+    # once process 0 has written its last file (the interpreter's teardown took them 12-60 s more on JAX).
+    processes = start_all(args, logs)
+    ended = {}
+    deadline = time.monotonic() + 300
+    try:
+        while len(ended) < 2 and time.monotonic() < deadline:
+            ended.update({i: time.time() for i, p in enumerate(processes) if i not in ended and p.poll() is not None})
+            time.sleep(0.1)
+    finally:
+        stop(processes)
+    assert [p.returncode for p in processes] == [0, 0], logs[0].read_text()[-3000:]
+    assert max(ended.values()) - (out / "metrics.json").stat().st_mtime < 5
     resumed, whole = metrics(out), metrics(reference)
     assert resumed["resumed_from_step"] == stopped and whole["train_loss"][-1] < whole["train_loss"][0]
     # The epochs cut by the kill and by SIGTERM record the loss of all their steps (the checkpoint keeps the sums).

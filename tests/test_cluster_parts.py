@@ -9,11 +9,14 @@ import threading
 import keras
 import numpy as np
 import pytest
+from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.data import batching, shards
 from kgpt.errors import ConfigError
-from kgpt.jobs.config import PretrainConfig
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
+from kgpt.jobs.finetune import finetune
+from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.pretrain import pretrain
 from kgpt.train import callbacks
 from kgpt.parallel import cluster, distribute, placement
@@ -83,6 +86,44 @@ def test_differing_settings_are_listed_by_flag():
 def test_one_process_exchanges_with_itself():
     assert cluster.allgather(b"abc") == [b"abc"] and cluster.any_process(True) and not cluster.any_process(False)
     cluster.check_agreement({"settings": {}})  # nothing to compare
+
+
+# What the runtimes said when process 1 was killed (kill -9), on process 0; the third names the peer by address.
+LOST = ["UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+        "[127.0.0.1]:19689: Connection reset by peer",
+        "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+        "remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf",
+        "UNAVAILABLE: failed to connect to all addresses; last error: ipv4:10.0.0.3:8478: Connection refused"]
+
+
+@pytest.mark.parametrize("count, text, expected", [
+    (2, LOST[0], "process 1 of 2 stopped (its connection closed)"),
+    (3, LOST[0], "another of the 3 processes stopped (its connection closed)"),  # gloo names a socket only
+    (3, LOST[1], "process 2 of 3 stopped (its connection closed)"),
+    (3, LOST[2], "process 2 of 3 stopped (UNAVAILABLE: failed to connect"),
+])
+def test_a_lost_process_is_named_in_one_line(monkeypatch, capfd, count, text, expected):
+    addresses = tuple(f"10.0.0.{i + 1}:{8476 + i}" for i in range(count))
+    monkeypatch.setattr(cluster, "_current", placement.Cluster(count, 0, addresses[0], addresses, "flags"))
+    monkeypatch.setattr(cluster.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    error = RuntimeError(text)
+    assert cluster.lost_process(error)
+    with pytest.raises(SystemExit):
+        cluster.stop_lost(error)
+    (line,) = capfd.readouterr().err.splitlines()
+    assert line.startswith(f"kgpt: error: {expected}") and "process 0 stopped too. Rerun every process" in line, line
+
+
+def test_the_runtimes_report_of_a_lost_process_is_not_repeated():
+    from kgpt import _quiet
+
+    for line in ("E0000 00:00:1795806503.639976   18776 ring_alg.cc:291] Aborting RingGather with UNAVAILABLE: "
+                 "recvmsg:Connection reset by peer",
+                 "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling",
+                 ':UNKNOWN:Error received from peer  {grpc_message:"recvmsg:Connection reset by peer", grpc_status:14}',
+                 "E0000 00:00:1795806503.647740   18776 base_collective_executor.cc:252] "
+                 "BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer"):
+        assert _quiet.NOISE.search(line), line
 
 
 # --- shards built by a team ---------------------------------------------------------------------------
@@ -179,6 +220,22 @@ def test_tensorflow_replicas_refuse_gradient_accumulation(monkeypatch):
     assert distribute.check_placement("data_parallel", batch_size=4) == 2
 
 
+def test_every_held_out_window_is_scored_however_many_devices_share_a_batch(causal_lm):
+    # 11 windows in batches of 4: the last 3 split over 2 devices only when filled (they were dropped).
+    tokens = np.random.default_rng(0).integers(1, 97, 11 * 8 + 1)
+    causal_lm.compile()
+    scores = {}
+    for devices in (1, 2):
+        data = pretrain_lib._validation(tokens, 8, devices, 4)
+        batches = list(data.as_numpy_iterator())
+        assert [len(y) for _, y, _ in batches] == [4, 4, 3 if devices == 1 else 4]
+        scored = np.concatenate([x["token_ids"][w[:, 0] > 0] for x, _, w in batches])
+        np.testing.assert_array_equal(scored, tokens[:88].reshape(11, 8))
+        scores[devices] = causal_lm.evaluate(data, return_dict=True, verbose=0)
+    for name in scores[1]:
+        np.testing.assert_allclose(scores[2][name], scores[1][name], rtol=1e-6, err_msg=name)
+
+
 # --- gradient accumulation ------------------------------------------------------------------------------
 
 def test_the_schedule_counts_updates_not_micro_batches():
@@ -208,6 +265,33 @@ def test_an_accumulated_run_trains_like_one_without(tmp_path):
     assert accumulated["optimizer_steps"] == whole["optimizer_steps"] == 12
     np.testing.assert_allclose(accumulated["train_loss"], whole["train_loss"], rtol=1e-5)
     np.testing.assert_allclose(accumulated["validation_loss"], whole["validation_loss"], rtol=1e-5)
+
+
+def test_an_accumulated_fine_tuning_reports_the_loss_of_its_examples(tmp_path):
+    # 40 examples in batches of 32 accumulated over 32 micro-batches of 1: the last batch's 8 are filled
+    # to 32 micro-batches with rows that weigh nothing, which Keras' running loss counted (40/64 of it).
+    tokenizer = char_tokenizer()
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "dropout": 0.0,
+                                   "max_sequence_length": 32})
+    backbone.save_to_preset(str(tmp_path / "preset"))
+    tokenizer.save_to_preset(str(tmp_path / "preset"))
+    rng = np.random.default_rng(0)
+    words = "sun moon star ice cold hot".split()
+    rows = [f"{' '.join(rng.choice(words, 3))}\t{' '.join(rng.choice(words, 2))}\t{('entails', 'neutral')[i % 2]}"
+            for i in range(40)]
+    (tmp_path / "data" / "tsv_format").mkdir(parents=True)
+    for split, n in (("train", 40), ("dev", 5), ("test", 2)):
+        (tmp_path / "data" / "tsv_format" / f"scitail_1.0_{split}.tsv").write_text("\n".join(rows[:n]) + "\n")
+    history = {}
+    for steps in (1, 32):  # a learning rate of ~0: both runs score the same weights
+        config = FinetuneConfig(task="scitail", init=str(tmp_path / "preset"), data_dir=str(tmp_path / "data"),
+                                output_dir=str(tmp_path / str(steps)), epochs=1, batch_size=32, learning_rate=1e-9,
+                                max_length=32, classifier_dropout=0.0, gradient_accumulation_steps=steps)
+        history[steps] = finetune(config)[1]["history"]
+    np.testing.assert_allclose(history[32]["task_loss"], history[1]["task_loss"], rtol=1e-5)
+    # The LM term is each micro-batch's mean over its tokens, so the total is close, not equal.
+    np.testing.assert_allclose(history[32]["loss"], history[1]["loss"], rtol=1e-3)
+    np.testing.assert_allclose(history[32]["val_loss"], history[1]["val_loss"], rtol=1e-5)
 
 
 # --- progress lines --------------------------------------------------------------------------------------

@@ -173,5 +173,12 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
 
     try:
         app.run(guarded, flags_parser=parse)
+    except SystemExit as done:
+        if done.code in (None, 0):
+            from kgpt.parallel import cluster
+
+            capture.stop()
+            cluster.end_now()
+        raise
     finally:
         capture.stop()

@@ -23,6 +23,7 @@ from kgpt.data.shards import Team, build_shards
 from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import PRESET_CONFIG
 from kgpt.errors import ConfigError
+from kgpt.io import storage
 from kgpt.jobs import run
 from kgpt.jobs.config import recorded_settings
 from kgpt.models.backbone import GPTBackbone
@@ -137,6 +138,8 @@ def check_config(config):
     if config.shards_dir and "://" in config.shards_dir:
         raise ConfigError(f"shards_dir {config.shards_dir}: shards are memory-mapped from a local folder (a remote "
                           f"--output_dir keeps them, copied there and back).")
+    if config.shards_dir:  # a file in the way, before the corpus is read (and in --dry_run)
+        storage.check_path(config.shards_dir, "--shards_dir")
     run.check_run(config, config.batch_size)
 
 
@@ -304,23 +307,19 @@ def _compiled_lm(config, tokenizer):
 
 
 def _validation(val_ids, sequence_length, shards, batch_size):
-    """A dataset of `(x, y)` batches of the held-out windows (a multiple of `shards` of them); None without any.
+    """A dataset of `(x, y, sample_weight)` batches of every held-out window; None without any.
 
-    Batches of `batch_size` windows (the last one shorter), each process
-    feeding its rows (`kgpt.parallel.distribute.feed`).
+    Batches of `batch_size` windows, each process feeding its rows
+    (`kgpt.parallel.distribute.feed`). The last batch, when shorter, is filled
+    to split evenly over the `shards` devices with rows that weigh 0, so any
+    number of processes scores the same windows; its real rows weigh
+    `filled / real`, so Keras' loss (the mean over all of a batch's positions)
+    is the mean over its windows, and the running loss counts those windows
+    only (`kgpt.models.loss_trackers`).
     """
     if not len(val_ids):
         return None
     val_x, val_y, dropped = validation_windows(val_ids, sequence_length)
-    uneven = len(val_y) % shards
-    if uneven:  # every batch must split evenly over the devices
-        val_x = {k: v[: len(val_y) - uneven] for k, v in val_x.items()}
-        val_y = val_y[: len(val_y) - uneven]
-        dropped += uneven * val_y.shape[1]
-    if not len(val_y):
-        logger.info(f"No validation: the {uneven} held-out window(s) of {sequence_length} tokens are fewer than the "
-                    f"{shards} devices each batch splits over; raise --validation_fraction or --validation_tokens.")
-        return None
     logger.info(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
                 + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
     batch_size = min(batch_size, len(val_y))
@@ -331,13 +330,17 @@ def _validation(val_ids, sequence_length, shards, batch_size):
 
         def batches():
             for begin in starts:
-                size = min(batch_size, len(val_y) - begin)
+                real = min(batch_size, len(val_y) - begin)
+                size = -(-real // shards) * shards
+                rows = np.minimum(np.arange(begin, begin + size), begin + real - 1)  # filler: the last window again
+                weight = np.where(np.arange(size) < real, size / real, 0.0).astype("float32")
                 a, b = distribute.local_rows(size, (first, stop, total))
-                yield {k: v[begin + a : begin + b] for k, v in val_x.items()}, val_y[begin + a : begin + b]
+                yield ({k: v[rows[a:b]] for k, v in val_x.items()}, val_y[rows[a:b]],
+                       np.repeat(weight[a:b, None], val_y.shape[1], axis=1))
 
         spec = tf.TensorSpec((None, val_y.shape[1]), tf.int32)
         data = tf.data.Dataset.from_generator(batches, output_signature=(
-            {"token_ids": spec, "padding_mask": spec}, spec))
+            {"token_ids": spec, "padding_mask": spec}, spec, tf.TensorSpec((None, val_y.shape[1]), tf.float32)))
         return data.apply(tf.data.experimental.assert_cardinality(len(starts)))
 
     return distribute.feed(rows_of)

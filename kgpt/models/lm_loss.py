@@ -37,6 +37,8 @@ import numbers
 import keras
 from keras import ops
 
+from kgpt.models import loss_trackers
+
 # Small enough that a chunk's unfused float32 temporaries (TensorFlow without
 # XLA keeps about six [chunk, vocabulary] arrays) stay far below the full
 # logits, large enough for efficient matrix multiplies: see benchmarks/model.py.
@@ -422,7 +424,8 @@ class LMLossMixin:
     `tied_lm_loss` builds the loss from `lm_loss_chunk_size` with one meaning
     in both (`resolve_chunk_size`); `compute_loss` runs the losses inside
     `gradients_wanted(training)`, so an evaluation step never computes the
-    LM loss's gradients.
+    LM loss's gradients; the running losses count real examples only
+    (`kgpt.models.loss_trackers`).
     """
 
     def tied_lm_loss(self, lm_loss_chunk_size, reduction="mean_with_sample_weight"):
@@ -430,5 +433,28 @@ class LMLossMixin:
         return TiedLMLoss(self.backbone.token_embedding, resolve_chunk_size(lm_loss_chunk_size), reduction=reduction)
 
     def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None, training=True):
-        with gradients_wanted(training):
-            return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        _, outputs = loss_trackers.trackers(self)
+        weight = loss_trackers.real_examples(sample_weight) if outputs else None
+        for tracker in outputs:  # Keras updates them inside this call
+            tracker.weight = weight
+        try:
+            with gradients_wanted(training):
+                return super().compute_loss(x, y, y_pred, sample_weight, training=training)
+        finally:
+            for tracker in outputs:
+                tracker.weight = None
+
+    def compute_metrics(self, x, y, y_pred, sample_weight=None):
+        total, _ = loss_trackers.trackers(self)
+        if total is not None:
+            total.settle(loss_trackers.real_examples(sample_weight))
+        return super().compute_metrics(x, y, y_pred, sample_weight)
+
+    # A step is traced once: its trackers must be ExampleMeans before.
+    def make_train_function(self, force=False):
+        loss_trackers.trackers(self)
+        return super().make_train_function(force)
+
+    def make_test_function(self, force=False):
+        loss_trackers.trackers(self)
+        return super().make_test_function(force)

@@ -36,6 +36,7 @@ import json
 import logging
 import os
 import pathlib
+import re
 import sys
 
 from kgpt.errors import ConfigError
@@ -87,6 +88,28 @@ def fail(message, code=1):
     except (OSError, ValueError):
         pass
     os.write(2, f"{PROG}: error: {message}\n".encode("utf-8", "replace"))
+    os._exit(code)
+
+
+def end_now(code=0):
+    """Ends this process of a run of several at once, its work done; nothing for one process.
+
+    After the exit handlers (JAX's shutdown waits there for every process, so
+    process 0's coordinator outlives the others' last call) the interpreter's
+    own teardown took 10-60 s on JAX with another process's devices attached:
+    each process stays alive that long after its last line. Nothing is left
+    to write by then (kgpt's files are closed as written).
+    """
+    if not (_started and _current.several):
+        return
+    import atexit
+
+    atexit._run_exitfuncs()  # logging's flush, JAX's shutdown, TensorBoard's writers
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
     os._exit(code)
 
 
@@ -352,20 +375,41 @@ def lost_process(error):
 
 
 def stop_lost(error):
-    """Ends this process with a one-line message after another process of the run stopped (`fail`).
+    """Ends this process with one line naming the process that stopped, after another process of the run did.
 
     Exiting normally would wait for the lost process at the runtime's shutdown
     barrier (minutes on JAX, forever on TensorFlow), so this process ends at
-    once; the last checkpoint is what a rerun resumes from.
+    once (`fail`); the last checkpoint is what a rerun resumes from.
     """
-    fail(f"another process of this run stopped ({_cause(error)}); process {_current.process_id} stopped too. "
+    lost, count = lost_process_id(error), _current.num_processes
+    who = f"process {lost} of {count}" if lost is not None else f"another of the {count} processes"
+    fail(f"{who} stopped ({_cause(error)}); process {_current.process_id} stopped too. "
          f"Rerun every process with the same command to resume from the last checkpoint.")
 
 
+def lost_process_id(error):
+    """The process `error` says went away: the task the runtime names, else the other of two; None if unknown.
+
+    TensorFlow's errors name the peer as `/job:worker/replica:0/task:N` or by
+    its address; JAX's heartbeat errors as `task:N`; gloo's name only the
+    peer's socket, which maps to no process.
+    """
+    text, me = str(error), _current.process_id
+    named = {int(n) for n in re.findall(r"/task:(\d+)", text)} | {
+        i for i, address in enumerate(_current.addresses or ()) if address in text}
+    named.discard(me)
+    if len(named) == 1:
+        return named.pop()
+    others = [i for i in range(_current.num_processes or 0) if i != me]
+    return others[0] if len(others) == 1 else None
+
+
 def _cause(error):
-    """The line of a runtime's error that says what happened to the other process."""
+    """What the runtime's error says happened to the other process, in a few words."""
+    text = str(error).lower()
+    if "heartbeat" in text:
+        return "it stopped sending heartbeats"
+    if any(marker in text for marker in ("connection reset", "connection closed", "socket closed")):
+        return "its connection closed"
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    for line in lines:
-        if any(marker in line.lower() for marker in _LOST):
-            return line[:240]
-    return lines[0][:240] if lines else type(error).__name__
+    return lines[0][:160] if lines else type(error).__name__

@@ -6,13 +6,15 @@ Python); docs/your-data.md has the formats and every error.
 
 - `text-classification`: one or two text columns and a label column of any
   label strings; the label set is the training file's (sorted, numerically
-  when every label is an integer). Accuracy, and F1 of the second label when
-  there are two.
+  when every label is an integer). Labels spelled more than one way (`pos`
+  and `Pos`, `1` and `1.0`) stay separate classes, with a counted warning.
+  Accuracy, and F1 of the second label when there are two.
 - `text-regression`: one or two text columns and a numeric column; Pearson,
   Spearman.
 - `multiple-choice`: one or more context columns (an article and a question
   are concatenated), two or more choice columns, and the answer as a choice
-  index from 0 or as the text of the right choice; accuracy.
+  index from 0 or as the text of the right choice (an index that is also
+  another choice's text is read as the index, counted in a warning); accuracy.
 
 Two text columns use the paper's pair transformation (`[start] a [delim] b
 [extract]`, `kgpt.tasks.transforms.Entailment`). Rows with an empty text are
@@ -37,6 +39,7 @@ import logging
 import math
 import os
 import random
+import re
 
 import kgpt
 from kgpt.data import tables
@@ -51,6 +54,8 @@ SPLITS = ("train", "validation", "test")
 # The option (and kgpt-train flag) naming each split's file.
 SPLIT_FLAGS = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
 CLASSIFICATION, REGRESSION, CHOICE = "text-classification", "text-regression", "multiple-choice"
+# A number as a regression value or a label: Python's float() also takes "1_000", "infinity" and other scripts' digits.
+NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,9 +178,11 @@ def _training_labels(files, data_dir):
     """The label set of the training file; a bad or empty label is a `DataError` at its line."""
     table = tables.read_table(files.path("train", data_dir))
     table.require([files.label_column], "--label_column")
-    counts = collections.Counter()
+    spellings, counts = collections.Counter(), collections.Counter()
     for line, row in table.rows:
         counts[_label(table, row, files.label_column, line)] += 1
+        spellings[table.value(row, files.label_column, line)] += 1
+    _warn_spellings(table.path, files.label_column, spellings)
     labels = tuple(_sorted_labels(counts))
     if len(labels) < 2:
         raise DataError(f"{table.path}: every row has label {labels[0]!r} in column {files.label_column!r}: a "
@@ -187,6 +194,25 @@ def _training_labels(files, data_dir):
     logger.info(f"{table.path}: {len(labels)} labels " + ", ".join(f"{name!r} ({counts[name]})" for name in labels)
                 + ".")
     return labels
+
+
+def _spelling(label):
+    """What two spellings of one label share: case and spaces aside, and a number's value (`1`, `1.0`, `1e0`)."""
+    text = label.strip()
+    number = float(text) if NUMBER.fullmatch(text) else math.nan
+    return repr(number) if math.isfinite(number) else text.casefold()
+
+
+def _warn_spellings(path, column, spellings):
+    """A counted warning for labels spelled more than one way; only surrounding spaces are merged (`_label`)."""
+    groups = collections.defaultdict(list)
+    for raw, n in sorted(spellings.items(), key=lambda item: -item[1]):
+        groups[_spelling(raw)].append(f"{raw!r} ({n} row{'s' if n > 1 else ''})")
+    mixed = [", ".join(group) for group in groups.values() if len(group) > 1]
+    if mixed:
+        logger.warning(f"{path}: label(s) in column {column!r} spelled more than one way: {'; '.join(mixed)}. "
+                       f"Surrounding spaces are dropped (one label); a difference in case or number format makes "
+                       f"separate classes: if they are one, spell them one way in your files.")
 
 
 def _label(table, row, column, line):
@@ -209,7 +235,7 @@ class Reader:
         labeled = files.label_column in table.columns
         if not labeled and split != "test":
             table.require([files.label_column], "--label_column")
-        empty = collections.Counter()
+        empty, ambiguous = collections.Counter(), {}
         first_empty = None
         for line, row in table.rows:
             source = f"{table.path}:{line}"
@@ -222,43 +248,52 @@ class Reader:
                 first_empty = first_empty or source
                 yield kgpt.Skipped(source, f"empty text in column {blank!r}")
                 continue
-            label = self._target(table, row, line, choices) if labeled else None
+            label = self._target(table, row, line, choices, ambiguous) if labeled else None
             yield kgpt.Example(segments=tuple(texts), label=label, choices=tuple(choices), source=source,
                                uid=source)
         if empty:
             logger.warning(f"{table.path}: {sum(empty.values())} row(s) with an empty text skipped (first at "
                            f"{first_empty}).")
+        for why, (count, first) in ambiguous.items():
+            logger.warning(f"{table.path}: {count} answer(s) in {files.label_column!r} {why} (first at {first}).")
 
-    def _target(self, table, row, line, choices):
+    def _target(self, table, row, line, choices, ambiguous):
         column, source = self.files.label_column, f"{table.path}:{line}"
         value = _label(table, row, column, line)
         if self.kind == CLASSIFICATION:
             if value not in self.labels:
+                same = [label for label in self.labels if _spelling(label) == _spelling(value)]
                 raise DataError(f"{source}: label {value!r} is not one of the training file's labels "
-                                f"({', '.join(map(repr, self.labels))}).")
+                                f"({', '.join(map(repr, self.labels))})"
+                                f"{f'; it spells {same[0]!r} another way' if same else ''}.")
             return value
         if self.kind == REGRESSION:
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan
-                finite = False
-            else:
-                finite = math.isfinite(number)
-            if not finite:
+            number = float(value) if NUMBER.fullmatch(value) else math.nan
+            if not math.isfinite(number):
                 raise DataError(f"{source}: {column!r} holds {value!r}, not a finite number.")
             return number
-        if value.lstrip("-").isdigit():
+        matches = [i for i, choice in enumerate(choices) if choice.strip() == value]
+        if re.fullmatch(r"-?[0-9]+", value):  # not str.isdigit(): int() refuses "²", which it takes
             index = int(value)
             if not 0 <= index < len(choices):
                 raise DataError(f"{source}: answer {index} in {column!r} is out of range: the {len(choices)} "
                                 f"choices ({', '.join(self.files.choice_columns)}) are 0..{len(choices) - 1}.")
+            if matches and index not in matches:
+                _count(ambiguous, f"are a choice's index and another choice's text: read as indices from 0 "
+                                  f"(0 is {self.files.choice_columns[0]!r}); write them as indices if they were texts",
+                       source)
             return index
-        matches = [i for i, choice in enumerate(choices) if choice.strip() == value]
         if not matches:
             raise DataError(f"{source}: answer {value!r} in {column!r} is neither a choice index (0.."
                             f"{len(choices) - 1}) nor the text of a choice.")
+        if len(matches) > 1:
+            _count(ambiguous, "are the text of two or more choices: the first of them taken as the answer", source)
         return matches[0]
+
+
+def _count(counts, why, source):
+    count, first = counts.get(why, (0, source))
+    counts[why] = (count + 1, first)
 
 
 DEFAULT_METRICS = {REGRESSION: ("pearson", "spearman"), CHOICE: ("accuracy",)}

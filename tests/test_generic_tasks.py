@@ -60,7 +60,8 @@ def test_csv_round_trips_quotes_commas_and_line_breaks(tmp_path):
 
 @pytest.mark.parametrize("name, content, error", [
     ("a.csv", "x,y\n1,2\n3\n", r"a.csv:3: 1 field\(s\), but the header \(line 1\) names 2"),
-    ("a.csv", 'x,y\n"1,2\n', r"a.csv:2: malformed CSV"),
+    ("a.csv", 'x,y\n"1,2\n', r"a.csv:2: a quoted field opens here and is never closed"),
+    ("a.csv", 'x,y\n1,2\n"3"4,5\n', r"a.csv:3: malformed CSV"),
     ("a.tsv", "x\ty\n1\t2\n\n3\t4\n", r"a.tsv:3: blank line inside the data"),
     ("a.csv", "x,x\n1,2\n", r"a.csv:1: the header names column 'x' twice"),
     ("a.jsonl", '{"x": "1"}\n[1, 2]\n', r"a.jsonl:2: expected a JSON object, got list"),

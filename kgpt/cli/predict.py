@@ -89,9 +89,7 @@ def main(argv):
         f"{model.preprocessor.transform.kind} input).")
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
     if FLAGS.input:
-        columns = FLAGS.columns
-        if columns is None and (FLAGS.format or predict.guess_format(FLAGS.input)) != "text":
-            columns = predict.trained_columns(FLAGS.model)
+        columns = predict.columns_for(FLAGS.model, FLAGS.input, FLAGS.format, FLAGS.columns)
         inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, columns)
         if inputs.columns:
             logger.info(f"Segments from column(s) {', '.join(inputs.columns)}.")

@@ -59,16 +59,50 @@ def find_file(data_dir, candidates, what):
 
 def read_lines(path):
     """Yields `(line_number, text)` of a UTF-8 file (BOM dropped, line ends stripped)."""
+    for line_no, line in decoded_lines(path):
+        yield line_no, line.rstrip("\r\n")
+
+
+def decoded_lines(path):
+    """`(line_number, text)` of a UTF-8 file, line ends kept (a quoted CSV field may hold them), BOM dropped.
+
+    Bytes that are not UTF-8 are a `DataError` naming the line; a UTF-16 or
+    UTF-32 file (Excel's "Unicode text") is named as such.
+    """
     record_opened(path)
     with open(path, "rb") as f:
         for line_no, raw in enumerate(f, start=1):
+            kind = next((k for magic, k in _NOT_UTF8 if line_no == 1 and raw.startswith(magic)), None)
+            if kind:
+                raise DataError(f"{path}:1: the file is {kind}.")
             try:
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(
-                    f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid UTF-8."
-                ) from None
-            yield line_no, line.rstrip("\r\n")
+                raise DataError(f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid "
+                                f"UTF-8.") from None
+            if line_no > 1 and line.startswith("\ufeff"):
+                raise DataError(f"{path}:{line_no}: a byte-order mark starts this line, as it starts a file: were "
+                                f"files joined here? Remove it (and a second header row).")
+            if "\0" in line:  # valid UTF-8, but no text holds it: Python's csv would read it into a field
+                raise DataError(f"{path}:{line_no}: byte {raw.index(0)} of the line is a NUL: a binary file, or "
+                                f"UTF-16 without a byte-order mark? Save it as UTF-8 text.")
+            yield line_no, line
+
+
+# First bytes that say what a file is when it is not UTF-8 text.
+_NOT_UTF8 = ((b"\xff\xfe", "UTF-16 or UTF-32 (its byte-order mark says), not UTF-8: save it as UTF-8"),
+             (b"\xfe\xff", "UTF-16 (its byte-order mark says), not UTF-8: save it as UTF-8"),
+             (b"\x1f\x8b", "gzip-compressed, not text: decompress it first"),
+             (b"PK\x03\x04", "a zip archive (or a spreadsheet), not text: extract or export it first"))
+
+
+def check_header(path, line_no, columns):
+    """A column named twice in a header row is a `DataError` naming `path:line_no`."""
+    seen = set()
+    for name in columns:
+        if name in seen:
+            raise DataError(f"{path}:{line_no}: the header names column {name!r} twice.")
+        seen.add(name)
 
 
 def _data_lines(path):
@@ -117,6 +151,7 @@ def read_tsv_columns(path, required, skip_malformed=False):
         fields = line.split("\t")
         if columns is None:
             columns = [f.strip() for f in fields]
+            check_header(path, line_no, columns)
             missing = [c for c in required if c not in columns]
             if missing:
                 raise DataError(f"{path}:{line_no}: the header lacks column(s) {', '.join(missing)}; "
@@ -134,15 +169,34 @@ def read_tsv_columns(path, required, skip_malformed=False):
 
 
 def read_jsonl(path):
-    """Yields `(line_number, object)` of a JSON-lines file (blank lines at the end allowed)."""
+    """Yields `(line_number, object)` of a JSON-lines file (blank lines at the end allowed).
+
+    A key given twice in one object is a `DataError`: `json` would keep the
+    last value without a word.
+    """
     for line_no, line in _data_lines(path):
         try:
-            obj = json.loads(line)
+            obj = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
+        except _RepeatedKey as e:
+            raise DataError(f"{path}:{line_no}: the key {e.args[0]!r} is given twice in one object.") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}.")
         yield line_no, obj
+
+
+class _RepeatedKey(Exception):
+    pass
+
+
+def _unique_keys(pairs):
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _RepeatedKey(key)
+        obj[key] = value
+    return obj
 
 
 def field(obj, key, source):

@@ -8,8 +8,11 @@
 - JSON lines: one JSON object per line; the keys are the columns.
 
 A row whose field count differs from the header's, a blank line inside the
-data, a duplicate column name, or a JSON line that is not an object is a
-`DataError` naming `file:line`. Nothing is skipped here.
+data, a duplicate column name (a key given twice in a JSON object), a quoted
+CSV field never closed, or a JSON line that is not an object is a
+`DataError` naming `file:line`. Nothing is skipped here. A quoted CSV field
+holding whole lines that look like rows (a quote left open, closed rows
+later) is warned of, counted, with the line the quote opened on.
 
 Example:
 ```python
@@ -21,14 +24,21 @@ for line, row in table.rows:
 """
 
 import csv
+import difflib
 import json
+import logging
 import os
 import sys
 
 from kgpt.data import readers
 from kgpt.errors import ConfigError, DataError
 
+logger = logging.getLogger(__name__)
+
 FORMATS = ("csv", "tsv", "jsonl")
+# Python's csv refuses fields over 128 KiB; JSON lines and TSV have no such limit, and a long text is cut to the
+# model's length later, counted. 2**31 - 1: the most a C long holds on every platform.
+FIELD_LIMIT = 2**31 - 1
 EXTENSIONS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 
 
@@ -60,7 +70,9 @@ class Table:
         """
         missing = [c for c in wanted if c not in self.columns]
         if missing:
-            raise DataError(f"{self.path}: no column {', '.join(map(repr, missing))} ({what}); it has "
+            near = [n for c in missing for n in _near(c, self.columns)]
+            raise DataError(f"{self.path}: no column {', '.join(map(repr, missing))} ({what}"
+                            f"{'; did you mean ' + ', '.join(map(repr, near)) + '?' if near else ''}); it has "
                             f"{', '.join(map(repr, self.columns)) or 'none'}.")
 
     def value(self, row, column, line):
@@ -92,13 +104,15 @@ def read_table(path, format=None):
         rows = _chain(header, rows)
     else:
         columns = header[1]
-        seen = set()
-        for name in columns:
-            if name in seen:
-                raise DataError(f"{path}:{header[0]}: the header names column {name!r} twice.")
-            seen.add(name)
+        readers.check_header(path, header[0], columns)
         rows = _named(path, header[0], columns, rows)
     return Table(path, format, columns, rows)
+
+
+def _near(name, columns):
+    """Columns `name` may have meant: the same but for case and spaces, else a close spelling."""
+    same = [c for c in columns if c.strip().casefold() == name.strip().casefold()]
+    return same or difflib.get_close_matches(name, columns, n=1, cutoff=0.75)
 
 
 def _chain(first, rest):
@@ -112,6 +126,9 @@ def _named(path, header_line, columns, rows):
         if len(fields) != len(columns):
             raise DataError(f"{path}:{line_no}: {len(fields)} field(s), but the header (line {header_line}) names "
                             f"{len(columns)}.")
+        if [f.strip() for f in fields] == columns:
+            raise DataError(f"{path}:{line_no}: the header row again (line {header_line} is the first): were files "
+                            f"joined here? Remove it.")
         found = True
         yield line_no, dict(zip(columns, fields))
     if not found:
@@ -125,34 +142,67 @@ def _tsv_rows(path):
 
 def _csv_rows(path):
     """`(first line of the row, fields)`; blank lines are errors except at the end, as in the other formats."""
-    readers.record_opened(path)
-    with open(path, "rb") as f:
-        reader = csv.reader(_decoded(path, f), strict=True)
-        blank = None
-        while True:
-            start = reader.line_num + 1  # a quoted field may span several lines: the row is named by its first
-            try:
-                fields = next(reader)
-            except StopIteration:
-                return
-            except csv.Error as e:
-                raise DataError(f"{path}:{start}: malformed CSV ({e}).") from None
-            if not fields:
-                blank = blank or start
-                continue
-            if blank is not None:
-                raise DataError(f"{path}:{blank}: blank line inside the data.")
-            yield start, [f.strip() for f in fields] if start == 1 else fields
-
-
-def _decoded(path, f):
-    """The lines of a binary file as text, line ends kept (a quoted CSV field may hold them); bad UTF-8 names its line."""
-    for line_no, raw in enumerate(f, start=1):
+    csv.field_size_limit(max(csv.field_size_limit(), FIELD_LIMIT))
+    lines = []  # the row's own lines: the reader takes one at a time and ends a row at a line end
+    reader = csv.reader(_kept(readers.decoded_lines(path), lines), strict=True)
+    blank = width = None
+    rows, swallowed = 0, []
+    while True:
+        start = reader.line_num + 1  # a quoted field may span several lines: the row is named by its first
+        lines.clear()
         try:
-            yield raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
-        except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid "
-                            f"UTF-8.") from None
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as e:
+            opened = _open_quote(start, lines)
+            if opened is not None and "end of data" in str(e):
+                raise DataError(f"{path}:{opened}: a quoted field opens here and is never closed (it runs to the "
+                                f"end of the file, line {reader.line_num}).") from None
+            raise DataError(f"{path}:{reader.line_num}: malformed CSV ({e}).") from None
+        if not fields:
+            blank = blank or start
+            continue
+        if blank is not None:
+            raise DataError(f"{path}:{blank}: blank line inside the data.")
+        width = width or len(fields)
+        rows += 1
+        if _holds_rows(lines, width):
+            swallowed.append(_open_quote(start, lines[:-1]) or start)
+        yield start, [f.strip() for f in fields] if start == 1 else fields
+    if swallowed:
+        _warn_once(path, f"{path}: {len(swallowed)} row(s) hold, inside a quoted field, whole lines with the "
+                         f"header's {width} fields ({reader.line_num} lines read as {rows} rows); the first such "
+                         f"quote opens at {path}:{swallowed[0]}. If a quote was left open there, close it.")
+
+
+def _kept(lines, kept):
+    for _, line in lines:
+        kept.append(line)
+        yield line
+
+
+def _open_quote(start, lines):
+    """The line (from `start`) of the quote still open at the end of `lines`, or None when every quote closes."""
+    opened = None
+    for n, line in enumerate(lines, start=start):
+        if line.count('"') % 2:  # "" inside a quoted field counts twice: the parity is the field's state
+            opened = n if opened is None else None
+    return opened
+
+
+def _holds_rows(lines, width):
+    """Whether a row's inner lines (inside a quoted field throughout) look like rows: a quote left open."""
+    return width > 1 and any('"' not in line and line.count(",") == width - 1 for line in lines[1:-1])
+
+
+_warned = set()  # a table is read more than once in a run (its labels, then its examples): each note is said once
+
+
+def _warn_once(path, message):
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning(message)
 
 
 def write_table(path, format, columns, rows):

@@ -374,7 +374,8 @@ def predict(model, output, overwrite=False, input=None, format=None, columns=Non
     plan.add("model", f"{model}: fine-tuned for {saved.get('task_name')} ({pretrained(model)})")
     preprocessor = GPTTaskPreprocessor.from_preset(model)
     if input:
-        inputs = predict_lib.read_inputs(input, preprocessor.transform, format, columns)
+        inputs = predict_lib.read_inputs(input, preprocessor.transform, format,
+                                         predict_lib.columns_for(model, input, format, columns))
         plan.add("input", f"{input}: {len(inputs.examples):,} example(s)"
                  + (f" from column(s) {', '.join(inputs.columns)}" if inputs.columns else ""))
     else:

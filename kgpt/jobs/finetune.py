@@ -31,7 +31,7 @@ from kgpt.jobs.finetune_outputs import evaluate_splits
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import same_path
 from kgpt.models.task_model import GPTTaskModel, is_task_preset
-from kgpt.models.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor
+from kgpt.models.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns
 from kgpt.parallel import cluster
 from kgpt.tasks.registry import TaskRegistry
 
@@ -235,8 +235,9 @@ def _finetune(config, task, data_dir, initial=None):
     if config.max_length and config.max_length > limit:
         logger.warning(f"Warning: max_length {config.max_length} is longer than the model's context ({limit} tokens, "
                        f"{start.origin}): views are cut to {limit} tokens.")
+    columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
     preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
-                                       max_length=min(config.max_length or default_length, limit))
+                                       max_length=min(config.max_length or default_length, limit), columns=columns)
     splits = read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
     # Every process must read the same examples: each feeds its rows of the same batches.
     cluster.check_agreement({"data": {name: split_fingerprint(split) for name, split in splits.items()}},

@@ -38,6 +38,7 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines
 from kgpt.io.storage import write_text
+from kgpt.models.task_preprocessor import segment_columns
 from kgpt.parallel import distribute
 
 logger = logging.getLogger(__name__)
@@ -57,17 +58,32 @@ def guess_format(path):
 
 
 def trained_columns(model_dir):
-    """The columns a model fine-tuned on your own tables read (text, then choices), from its `metrics.json`; else None."""
-    path = os.path.join(model_dir, "metrics.json")
+    """The columns a model fine-tuned on your own tables read (text, then choices); else None.
+
+    Its preprocessor keeps them (`preprocessor.json`, so a preset saved from
+    Python has them too); a run saved before it did has them in `metrics.json`.
+    """
+    saved = _json(os.path.join(model_dir, "preprocessor.json")).get("config")
+    columns = saved.get("columns") if isinstance(saved, dict) else None
+    if isinstance(columns, list) and columns and all(isinstance(c, str) for c in columns):
+        return columns
+    return segment_columns(_json(os.path.join(model_dir, "metrics.json")).get("inputs"))
+
+
+def _json(path):
     try:
         with open(path, encoding="utf-8") as f:
-            inputs = json.load(f).get("inputs")
-    except (OSError, ValueError, AttributeError):
-        return None
-    if not isinstance(inputs, dict):
-        return None
-    columns = [*inputs.get("text_columns", []), *inputs.get("choice_columns", [])]
-    return columns if columns and all(isinstance(c, str) for c in columns) else None
+            found = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
+def columns_for(model_dir, input, format=None, columns=None):
+    """`columns` when given; else, for a table (not a text file), the columns the model was trained on."""
+    if columns is not None or (format or guess_format(input)) == "text":
+        return columns
+    return trained_columns(model_dir)
 
 
 def read_inputs(path, transform, format=None, columns=None):

@@ -68,6 +68,10 @@ class GPTTaskPreprocessor(Preprocessor):
             longest view, not to this length.
         max_length: the earlier name of `sequence_length`, still accepted
             (presets saved before hold it).
+        columns: the table columns the examples' texts come from, in order
+            (answer choices last), when fine-tuning read tables
+            (`kgpt-train --text_columns`): saved with the preprocessor, so
+            `kgpt-predict` reads the same columns of a new table by default.
 
     Example:
     ```python
@@ -82,7 +86,7 @@ class GPTTaskPreprocessor(Preprocessor):
     backbone_cls = GPTBackbone
     tokenizer_cls = GPTTokenizer
 
-    def __init__(self, tokenizer, transform, sequence_length=None, max_length=None, **kwargs):
+    def __init__(self, tokenizer, transform, sequence_length=None, max_length=None, columns=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(transform, dict):
             transform = keras.saving.deserialize_keras_object(transform)
@@ -96,9 +100,13 @@ class GPTTaskPreprocessor(Preprocessor):
             sequence_length if sequence_length is not None else max_length)
         if isinstance(length, bool) or not isinstance(length, int) or length < MIN_MAX_LENGTH:
             raise ValueError(f"sequence_length must be an integer >= {MIN_MAX_LENGTH}, got {length!r}.")
+        if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
+                                    or not columns):
+            raise ValueError(f"columns must be a list of column names, got {columns!r:.100}.")
         self.tokenizer = tokenizer
         self.transform = transform
         self.sequence_length = length
+        self.columns = list(columns) if columns is not None else None
 
     @property
     def max_length(self):
@@ -254,7 +262,18 @@ class GPTTaskPreprocessor(Preprocessor):
         config = super().get_config()
         config.update({"transform": keras.saving.serialize_keras_object(self.transform),
                        "sequence_length": self.sequence_length})
+        if self.columns is not None:  # absent otherwise: a preset reads as it did before columns were kept
+            config["columns"] = list(self.columns)
         return config
+
+
+def segment_columns(inputs):
+    """The columns, in order, of a task's `inputs()` (`{"text_columns": [...], "choice_columns": [...]}`, as a
+    table task gives them and `metrics.json` records them); None when it names none."""
+    if not isinstance(inputs, dict):
+        return None
+    columns = [*inputs.get("text_columns", []), *inputs.get("choice_columns", [])]
+    return columns if columns and all(isinstance(c, str) for c in columns) else None
 
 
 def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):

@@ -32,6 +32,16 @@ PRESET_ASSETS = os.path.join("assets", "tokenizer")  # ... and its files
 REQUIRED = ("encode", "decode", "vocabulary_size", "start_id", "delimiter_id", "extract_id", "fingerprint",
             "corpus_encoder", "tokenize", "detokenize", "save_to_preset")
 
+def shared_id(pairs):
+    """`(id, first token, second token)` for the first id that `(token, id)` pairs give two tokens, else None."""
+    owner = {}
+    for token, i in pairs:
+        if i in owner and owner[i] != token:
+            return i, owner[i], token
+        owner[i] = token
+    return None
+
+
 # One encoded chunk of a file. `ids`: its token ids; `starts_line` / `ends_line`:
 # whether the whitespace before / after its first / last word holds a newline;
 # `has_newline`: whether it holds one at all; `cut_words`: words cut while

@@ -29,7 +29,7 @@ import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
-from kgpt.tokenizers.interface import PRESET_CONFIG, SPECIAL_TOKENS, Chunk
+from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, Chunk, shared_id
 from kgpt.tokenizers.python_layer import PythonTokenizer
 
 _NAMES = ("start_token", "delimiter_token", "extract_token")
@@ -185,6 +185,7 @@ class KerasHubTokenizer(PythonTokenizer):
         self.inner.save_assets(dir_path)
 
     def load_assets(self, dir_path):
+        check_vocabulary_files(dir_path, self.file_assets)
         self.inner.load_assets(dir_path)
         self._find_added_tokens()
         self._update_special_token_ids()
@@ -208,11 +209,12 @@ class KerasHubTokenizer(PythonTokenizer):
         if not isinstance(tokenizer, Tokenizer) or isinstance(tokenizer, PythonTokenizer) and not isinstance(
                 tokenizer, cls):
             raise CheckpointError(f"{path}: expected a keras-hub tokenizer, got {type(tokenizer).__name__}.")
+        check_vocabulary_files(os.path.join(preset, PRESET_ASSETS), tokenizer.file_assets or ())
         try:
             tokenizer.load_preset_assets(preset)
         except CheckpointError:
             raise
-        except (OSError, ValueError, KeyError, TypeError, IndexError) as e:  # keras-hub's readers' many kinds
+        except Exception as e:  # keras-hub's readers' many kinds, TensorFlow's and tf-text's among them
             raise CheckpointError(f"{preset}: cannot read the files of its {type(tokenizer).__name__} "
                                   f"({type(e).__name__}: {str(e)[:300]}).") from e
         if isinstance(tokenizer, cls):
@@ -220,6 +222,39 @@ class KerasHubTokenizer(PythonTokenizer):
         if not _has_vocabulary(tokenizer):
             raise CheckpointError(f"{preset}: its {type(tokenizer).__name__} has no vocabulary after reading its files.")
         return cls(tokenizer)
+
+
+def check_vocabulary_files(directory, names):
+    """Refuses, by file, a vocabulary giving two tokens one id or one token two ids: keras-hub's lookup tables
+    fail on either deep in TensorFlow, naming neither file nor token."""
+    for name in names:
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            continue  # keras-hub's loader says so
+        if name.endswith(".json"):  # a byte-pair vocabulary, {token: id}
+            try:
+                with open(path, encoding="utf-8") as f:
+                    pairs = json.load(f, object_pairs_hook=lambda pairs: pairs)
+            except (ValueError, OSError):
+                continue  # not a vocabulary this check can read: keras-hub's loader reports it
+            if not isinstance(pairs, list) or not all(isinstance(p, tuple) and isinstance(p[1], int) for p in pairs):
+                continue
+            shared = shared_id(pairs)
+            if shared is not None:
+                raise CheckpointError(f"{path}: id {shared[0]} is given to two tokens, {shared[1]!r} and "
+                                      f"{shared[2]!r}; each token needs an id of its own.")
+            twice = shared_id((i, token) for token, i in pairs)
+            if twice is not None:
+                raise CheckpointError(f"{path}: the token {twice[0]!r} is given two ids, {twice[1]} and {twice[2]}.")
+        elif name.endswith(".txt") and "vocab" in name:  # WordPiece's: a token a line, its id the line's index
+            first = {}
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for n, line in enumerate(f, start=1):
+                    token = line.rstrip("\r\n")
+                    if token in first:
+                        raise CheckpointError(f"{path}:{n}: the token {token!r} again (line {first[token]} has it "
+                                              f"too): its id would be two lines' ids.")
+                    first[token] = n
 
 
 def _has_vocabulary(tokenizer):

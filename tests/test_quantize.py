@@ -58,6 +58,21 @@ def test_quantizing_collects_garbage_once_not_once_per_layer(monkeypatch):
     assert len(calls) == 4  # and gc.collect is the one it replaced again, not the no-op
 
 
+def test_quantizing_twice_is_refused_in_one_line():
+    """Keras' own error was "Layer 'feedforward_output_dense' is already quantized with dtype_policy=..."."""
+    for model in (kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY)), kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), num_classes=2)):
+        x = random_inputs()
+        if isinstance(model, kgpt.GPTTaskModel):
+            x = {k: v[:, None] for k, v in x.items()}
+        model.quantize("int8")
+        before = model.predict(x, verbose=0)
+        with pytest.raises(ValueError, match=rf"^This {type(model).__name__} is already quantized \(int8, \d+ layers "
+                                             rf"such as '\w+'\): quantize\(\) runs once; load the float model again"):
+            model.quantize("int8")
+        np.testing.assert_array_equal(model.predict(x, verbose=0), before)  # left as it was
+        assert int8.quantize(model) is model  # kgpt-predict's helper: an int8 model is left unchanged
+
+
 @pytest.fixture(scope="module")
 def finetuned(tmp_path_factory):
     """A tiny fine-tuned SciTail preset: `(preset, data_dir)`."""

@@ -19,6 +19,7 @@ from kgpt.models.backbone import GPTBackbone
 from kgpt.models.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset,
                                           warn_if_warming_up)
 from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.int8 import QuantizeMixin
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.io.presets import CheckpointError, PresetMixin, tokenizer_fits
@@ -32,7 +33,7 @@ except ImportError:
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTCausalLM(LMLossMixin, PresetMixin, CausalLM):
+class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
     """Next-token prediction with a `GPTBackbone` (paper equation 2).
 
     Outputs logits `[batch, length, vocabulary_size]` from

@@ -57,6 +57,9 @@ def _check_ids(lm, x, y):
     """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep
     in TensorFlow); datasets and tensors go unchecked."""
     vocabulary = lm.backbone.vocabulary_size
+    checks.text_list(x)
+    if not inputs_kind.is_text(x):
+        checks.token_id_dict(x, "[batch, length]")
     checks.model_inputs(x, vocabulary, lm.backbone.max_sequence_length)
     targets = checks.concrete(y)
     if targets is not None and not inputs_kind.is_text(x):
@@ -65,7 +68,6 @@ def _check_ids(lm, x, y):
         if ids is not None and targets.shape != np.shape(ids):
             raise ValueError(f"y must have the shape of x['token_ids'] {np.shape(ids)} (the next token at each "
                              f"position), got {targets.shape}.")
-    checks.text_list(x)
 
 
 def _check_texts(lm, texts, y, method):

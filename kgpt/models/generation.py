@@ -7,6 +7,7 @@ lock, and a sampler that draws random numbers runs one call at a time (see
 `run_compiled`), so one model generates from many threads as it would from one.
 """
 
+import contextlib
 import numbers
 import threading
 
@@ -25,7 +26,9 @@ _SAMPLER_STATE_LOCK = threading.Lock()
 
 
 def one_draw_at_a_time(lm, generate_function):
-    """`generate_function`, run under a lock when `lm`'s sampler has a random state.
+    """`generate_function`, run under a lock when `lm`'s sampler has a random state, and on JAX never
+    beside a Keras loop (`kgpt.models.inputs.one_loop_at_a_time`: the loop detaches the variables'
+    values, which keras-hub reads before each compiled call).
 
     A random sampler (top-k, top-p, random) keeps its seed in a variable that
     each call reads and advances: on JAX keras-hub reads it before the
@@ -33,13 +36,12 @@ def one_draw_at_a_time(lm, generate_function):
     the same numbers and one advance would be lost; on TensorFlow the steps of
     two calls would take turns drawing from it. One call at a time gives each
     call the draws it would get from a single thread. Greedy, beam and
-    contrastive search hold no state and run concurrently.
+    contrastive search hold no state and run concurrently on TensorFlow.
     """
-    if not lm.sampler.variables:
-        return generate_function
+    sampler_lock = _SAMPLER_STATE_LOCK if lm.sampler.variables else contextlib.nullcontext()
 
     def locked(inputs, stop_token_ids=None):
-        with _SAMPLER_STATE_LOCK:
+        with checks.one_loop_at_a_time(), sampler_lock:
             return generate_function(inputs, stop_token_ids=stop_token_ids)
 
     return locked

@@ -9,6 +9,7 @@ backend. Nothing here runs inside a compiled step.
 import contextlib
 import numbers
 import sys
+import threading
 
 import numpy as np
 
@@ -41,27 +42,44 @@ def token_ids(value, name, vocabulary_size, ndim=2):
     lookup would turn into NaN (JAX), an error deep in TensorFlow, or a
     silently wrong row.
     """
+    return _indices(value, name, vocabulary_size, ndim, "token ids", "the model's vocabulary_size")
+
+
+def class_indices(value, name, num_classes):
+    """`value` as an int32 array `[batch]` of class indices in `[0, num_classes)` (`[batch, 1]` is taken too).
+
+    Whole floats pass (Keras' sparse losses take them); fractions, strings
+    and indices out of range are refused: the loss would read one past the
+    logits as NaN or 0 (JAX) or fail deep in TensorFlow's graph.
+    """
+    array = np.asarray(value)
+    if array.dtype.kind == "f" and array.size and np.isfinite(array).all() and (array == np.round(array)).all():
+        array = array.astype("int64")
+    if array.ndim == 2 and array.shape[1:] == (1,):
+        array = array[:, 0]
+    return _indices(array, name, num_classes, 1, "class indices", f"the head's {num_classes} classes")
+
+
+def _indices(value, name, limit, ndim, what, limit_name):
     try:
         array = np.asarray(value)
     except ValueError as e:  # ragged nested lists
-        raise ValueError(f"{name} must be a rectangular array of token ids; rows of different lengths "
+        raise ValueError(f"{name} must be a rectangular array of {what}; rows of different lengths "
                          f"({str(e)[:120]}).") from None
     if array.size == 0:
-        raise ValueError(f"{name} is empty: there are no token ids in it.")
+        raise ValueError(f"{name} is empty: there are no {what} in it.")
     if array.dtype == object or array.dtype.kind not in "iu":
         kind = "strings" if array.dtype.kind in "USO" else f"dtype {array.dtype}"
-        raise TypeError(f"{name} must hold integer token ids, got {kind}"
+        raise TypeError(f"{name} must hold integer {what}, got {kind}"
                         + (" (rows of different lengths?)" if array.dtype == object else "") + ".")
     if array.ndim != ndim:
-        dims = "[batch, length]" if ndim == 2 else "[batch, views, length]" if ndim == 3 else ""
-        raise ValueError(f"{name} must have {ndim} dimensions {dims}, got shape {array.shape}.")
-    if array.size:
-        low, high = int(array.min()), int(array.max())
-        if low < 0 or high >= vocabulary_size:
-            bad = low if low < 0 else high
-            where = tuple(int(i) for i in np.argwhere(array == bad)[0])
-            raise ValueError(f"{name}{list(where)} is {bad}: token ids must be in [0, {vocabulary_size}) "
-                             f"(the model's vocabulary_size).")
+        dims = {1: "[batch]", 2: "[batch, length]", 3: "[batch, views, length]"}.get(ndim, "")
+        raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim > 1)} {dims}, got shape {array.shape}.")
+    low, high = int(array.min()), int(array.max())
+    if low < 0 or high >= limit:
+        bad = low if low < 0 else high
+        where = tuple(int(i) for i in np.argwhere(array == bad)[0])
+        raise ValueError(f"{name}{list(where)} is {bad}: {what} must be in [0, {limit}) ({limit_name}).")
     return array.astype("int32")
 
 
@@ -131,6 +149,41 @@ def model_inputs(x, vocabulary_size, max_sequence_length, ndim=2, name="x"):
     mask = concrete(x.get("padding_mask"))
     if mask is not None:
         padding_mask(mask, f"{name}['padding_mask']", ids.shape)
+
+
+INPUT_KEYS = ("token_ids", "padding_mask")
+
+
+def token_id_dict(x, shape, name="x"):
+    """Refuses token-id inputs that are not the model's `{"token_ids", "padding_mask"}` dict.
+
+    For what is not text: a dict with another key or a missing one (Keras
+    matched keys by position on JAX and predicted from the wrong arrays), or
+    a list, tuple or array (of None, of numbers) that Keras fails on deep
+    inside. `shape` names the arrays' dimensions for the message. Datasets
+    and other objects are left to Keras.
+    """
+    expected = f"a dict {{'token_ids': ..., 'padding_mask': ...}} of integer arrays {shape}"
+    if isinstance(x, dict):
+        missing = [k for k in INPUT_KEYS if k not in x]
+        unknown = sorted(map(str, set(x) - set(INPUT_KEYS)))
+        if missing or unknown:
+            problem = "; ".join(filter(None, [missing and f"missing {missing}", unknown and f"unknown {unknown}"]))
+            raise ValueError(f"{name} has keys {sorted(map(str, x))} ({problem}): token-id inputs are {expected}.")
+        return
+    if isinstance(x, (list, tuple, np.ndarray, numbers.Number)) or concrete(x) is not None:
+        first = x[0] if isinstance(x, (list, tuple)) and x else None
+        what = f"a {type(x).__name__}" + (f" of {type(first).__name__}" if isinstance(x, (list, tuple)) and x else "")
+        hint = " (decode bytes to str)" if isinstance(first, bytes) else ""
+        raise TypeError(f"{name} is {what}{hint}: pass texts, {expected}, or a tf.data.Dataset of either.")
+
+
+def same_batch(batch, arrays):
+    """Refuses an array of `arrays` (`{name: value}`) whose first dimension is not `batch` (x's examples)."""
+    for name, value in arrays.items():
+        value = concrete(value)
+        if value is not None and np.ndim(value) and len(value) != batch:
+            raise ValueError(f"{name} has {len(value)} rows, x['token_ids'] has {batch}: one per example.")
 
 
 def text_list(x, name="x"):
@@ -205,25 +258,41 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
 DATASET_ID_ERROR = "A token id in the dataset is out of range at"
 
 
+# Keras' JAX trainer detaches every variable's value while a fit, evaluate or predict loop runs: a call
+# from another thread (on this model, or another sharing its layers) read None. One loop at a time.
+_JAX_LOOP = threading.RLock()
+
+
+@contextlib.contextmanager
+def one_loop_at_a_time():
+    """Around a Keras loop (`fit`, `evaluate`, `predict`): on JAX, one at a time in the process (reentrant)."""
+    import keras
+
+    with _JAX_LOOP if keras.config.backend() == "jax" else contextlib.nullcontext():
+        yield
+
+
 @contextlib.contextmanager
 def dataset_errors(model):
-    """Turns the error `dataset_ids` raises while Keras reads a dataset into a one-line `ValueError`.
+    """Around a Keras loop on `model`: `one_loop_at_a_time`, and the error `dataset_ids` raises while Keras
+    reads a dataset turned into a one-line `ValueError`.
 
     Whatever fails inside the call, `model` keeps its weights: Keras' JAX
     trainer detaches them from the variables while a loop runs, and a failure
     in the input pipeline before the first step (or anywhere in `evaluate`)
     left the variables empty, so every later call on the model failed.
     """
-    kept = _values(model)
-    try:
-        yield
-    except Exception as e:  # noqa: BLE001 - re-raised, as it was or as a ValueError
-        _restore(model, kept)
-        text = str(e)
-        if DATASET_ID_ERROR not in text:
-            raise
-        line = text[text.index(DATASET_ID_ERROR):].split("]")[0]
-        raise ValueError(f"{line}. Ids inside a tf.data.Dataset are checked as each batch is read.") from None
+    with one_loop_at_a_time():
+        kept = _values(model)
+        try:
+            yield
+        except Exception as e:  # noqa: BLE001 - re-raised, as it was or as a ValueError
+            _restore(model, kept)
+            text = str(e)
+            if DATASET_ID_ERROR not in text:
+                raise
+            line = text[text.index(DATASET_ID_ERROR):].split("]")[0]
+            raise ValueError(f"{line}. Ids inside a tf.data.Dataset are checked as each batch is read.") from None
 
 
 def _variables(model):

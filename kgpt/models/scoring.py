@@ -28,7 +28,8 @@ def score_ids(lm, token_ids, padding_mask, scoring_mode, layer_intercept_fn, tar
     check_length(lm, token_ids.shape[1])
     inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
     if scoring_mode == "log_probs":
-        return log_prob_model(lm).predict(inputs, batch_size=batch_size, verbose=0)
+        with checks.one_loop_at_a_time():
+            return log_prob_model(lm).predict(inputs, batch_size=batch_size, verbose=0)
     return keras_hub_score(lm, inputs, scoring_mode, layer_intercept_fn, target_ids)
 
 

@@ -14,6 +14,7 @@ from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.models import inputs as checks
 from kgpt.models.task_preprocessor import encode_dataset as encode_text_dataset
+from kgpt.tasks import heads as heads_lib
 from kgpt.tasks.task import Example
 
 
@@ -73,13 +74,77 @@ def encode_dataset(model, ds, targets):
     return encode_text_dataset(ds, model.encode, model.num_views, model.head.target_dtype, "lm" in model.output, targets)
 
 
-def check_inputs(model, x, batch_size):
-    """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`."""
-    checks.not_none(x)
-    checks.not_a_generator(x)
-    checks.text_list(x)
-    checks.model_inputs(x, model.backbone.vocabulary_size, model.backbone.max_sequence_length, ndim=3)
+def check_inputs(model, x, batch_size, y=None, sample_weight=None, name="x"):
+    """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`.
+
+    On token ids, `y` and `sample_weight` too (`check_targets`).
+    """
+    checks.not_none(x, name)
+    checks.not_a_generator(x, name)
+    checks.text_list(x, name)
+    if not is_text(x) and not isinstance(x, batching.EncodedSplit):
+        checks.token_id_dict(x, "[batch, num_views, length]", name)
+        checks.model_inputs(x, model.backbone.vocabulary_size, model.backbone.max_sequence_length, ndim=3, name=name)
+        _check_views(model, x, name)
+        check_targets(model, x, y, sample_weight)
     return checks.batch_size(batch_size)
+
+
+def _check_views(model, x, name):
+    """Each example has `num_views` right-padded views with a real token: a view count the model does not take
+    came back as that many rows of outputs, and an empty or left-padded view's extract state is a padding one."""
+    if not isinstance(x, dict):
+        return
+    ids, mask = (checks.concrete(x.get(key)) for key in checks.INPUT_KEYS)
+    if ids is None or mask is None:
+        return
+    ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
+    if ids.shape[1] != model.num_views:
+        raise ValueError(f"{name}['token_ids'] has {ids.shape[1]} views per example (shape {ids.shape}); this model "
+                         f"takes num_views={model.num_views}: [batch, {model.num_views}, length].")
+    empty = np.argwhere(~mask.any(-1))
+    if len(empty):
+        raise ValueError(f"{name}['padding_mask']{empty[0].tolist()} has no real token: every view needs its tokens "
+                         f"(at least the extract token the head reads).")
+    unpadded = np.argwhere((mask[..., 1:] > mask[..., :-1]).any(-1))
+    if len(unpadded):
+        raise ValueError(f"{name}['padding_mask']{unpadded[0].tolist()} is not right-padded: real tokens first, "
+                         f"then padding (the head reads the last real token).")
+
+
+def check_targets(model, x, y, sample_weight):
+    """Targets beside token-id arrays: `{"task": [batch], "lm": token_ids[..., 1:]}` (a bare task array
+    without the LM output), each in range and one per example. Class indices past the head's classes
+    trained silently on JAX and failed deep in TensorFlow's graph; LM targets past the vocabulary gave NaN."""
+    ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
+    if ids is None:
+        return
+    ids = np.asarray(ids)
+    outputs = sorted(model.output)
+    if y is not None:
+        if not isinstance(y, dict) and outputs == ["task"]:
+            y = {"task": y}
+        layout = "{'task': targets [batch]" + (", 'lm': x['token_ids'][..., 1:]}" if "lm" in outputs else "}")
+        if not isinstance(y, dict) or sorted(map(str, y)) != outputs:
+            got = f"has keys {sorted(map(str, y))}" if isinstance(y, dict) else f"is a {type(y).__name__}"
+            raise ValueError(f"y {got}; the model's outputs are {outputs}, so y on token ids is {layout}"
+                             + (" (lm_coef=0 removes the LM output)." if "lm" in outputs else "."))
+        task = checks.concrete(y["task"])
+        if task is not None and isinstance(model.head, heads_lib.Categorical):
+            checks.class_indices(task, "y['task']", int(model.output["task"].shape[-1]))
+        elif task is not None and not np.isfinite(np.asarray(task, "float64")).all():
+            raise ValueError("y['task'] holds a non-finite value: regression targets must be finite numbers.")
+        lm = checks.concrete(y.get("lm"))
+        if lm is not None:
+            lm = checks.token_ids(lm, "y['lm']", model.backbone.vocabulary_size, ndim=3)
+            if lm.shape != ids.shape[:-1] + (ids.shape[-1] - 1,):
+                raise ValueError(f"y['lm'] must have shape {ids.shape[:-1] + (ids.shape[-1] - 1,)} "
+                                 f"(x['token_ids'][..., 1:], each position's next token), got {lm.shape}.")
+        checks.same_batch(len(ids), {f"y[{k!r}]": v for k, v in y.items()})
+    if isinstance(sample_weight, dict):
+        checks.same_batch(len(ids), {f"sample_weight[{k!r}]": v for k, v in sample_weight.items()})
+    elif sample_weight is not None:
+        checks.same_batch(len(ids), {"sample_weight": sample_weight})
 
 
 def is_text(x):

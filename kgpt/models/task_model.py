@@ -23,18 +23,19 @@ from kgpt.models import inputs as checks
 from kgpt.models import compile_cost, task_inputs
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.dropout import Dropout
+from kgpt.models.int8 import QuantizeMixin
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import new_task_model
-from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset,
-                              one_garbage_collection, read_json, tokenizer_fits)
+from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
+                              tokenizer_fits)
 from kgpt.models.task_preprocessor import GPTTaskPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
-class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
+class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
     """A `GPTBackbone` fine-tuned on a task, with the auxiliary LM loss.
 
     Inputs `{"token_ids", "padding_mask"}` of shape `[batch, num_views,
@@ -333,7 +334,9 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         NumPy's global generator is left alone.
         `validation_data=(texts, labels)` is encoded the same way.
         """
-        batch_size = task_inputs.check_inputs(self, x, batch_size)
+        batch_size = task_inputs.check_inputs(self, x, batch_size, y, kwargs.get("sample_weight"))
+        if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
+            task_inputs.check_inputs(self, validation_data[0], None, *validation_data[1:], name="validation_data[0]")
         if inputs_kind.is_text_dataset(x):
             x = task_inputs.encode_dataset(self, x, targets=True)
             if inputs_kind.is_text_dataset(validation_data):
@@ -368,7 +371,7 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
-        batch_size = task_inputs.check_inputs(self, x, batch_size)
+        batch_size = task_inputs.check_inputs(self, x, batch_size, y, kwargs.get("sample_weight"))
         if inputs_kind.is_text_dataset(x):
             x = task_inputs.encode_dataset(self, x, targets=True)
         elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
@@ -428,9 +431,11 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
         return export_task_model(self, filepath, format=format, verbose=verbose, **kwargs)
 
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        task_inputs.check_inputs(self, x, None, y, sample_weight)
         return keras.Model.train_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
+        task_inputs.check_inputs(self, x, None, y, sample_weight)
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
     def save_task_weights(self, filepath):
@@ -457,20 +462,6 @@ class GPTTaskModel(LMLossMixin, PresetMixin, TextClassifier):
     def _check_weights_path(filepath):
         if not str(filepath).endswith(".weights.h5"):  # as keras-hub checks it
             raise ValueError(f"The filename must end in `.weights.h5`. Received: filepath={filepath}")
-
-    def quantize(self, mode=None, config=None, filters=None, **kwargs):
-        """Keras' `quantize` (e.g. `"int8"`), then the prediction sub-model is rebuilt on the quantized layers.
-
-        By default only layers with weights are quantized: a loaded model's
-        preprocessor holds a tokenizer layer Keras would refuse. The cached
-        `task_predictor` is dropped: on TensorFlow it kept running the
-        float32 kernels it was traced with (docs/lora-int8.md).
-        """
-        if filters is None:
-            filters = lambda layer: bool(layer.weights)  # noqa: E731
-        with one_garbage_collection():  # not one gc.collect() per quantized layer
-            super().quantize(mode, config=config, filters=filters, **kwargs)
-        object.__setattr__(self, "_task_predictor", None)
 
     def task_predictor(self):
         """A Keras model of the same layers with the task output only (no LM hidden states)."""

@@ -121,6 +121,15 @@ def events(log_dir):
     return found
 
 
+def test_a_resumed_run_shows_its_own_count_of_epochs(capsys):
+    # The rest of interrupted epoch 3, then epochs 4 and 5: two fit calls, one bar counting 5.
+    model, bar = linear(1), callbacks.EpochBar(5)
+    model.fit(*data(3), batch_size=2, initial_epoch=2, epochs=3, callbacks=[bar], verbose=2)
+    model.fit(*data(3), batch_size=2, initial_epoch=3, epochs=5, callbacks=[bar], verbose=2)
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch ")]
+    assert shown == ["Epoch 3/5", "Epoch 4/5", "Epoch 5/5"]
+
+
 def test_epoch_tensorboard_writes_what_keras_tensorboard_writes_with_no_batch_hook(tmp_path):
     model = linear(1)
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", metrics=["mae"])

@@ -20,7 +20,7 @@ from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.jobs.finetune_outputs import evaluate_split
 from kgpt.models import compile_cost, lora
 from kgpt.models.optimizers import gpt_adamw
-from kgpt.parallel import distribute
+from kgpt.parallel import cluster, distribute
 from kgpt.train import callbacks as callbacks_lib
 from kgpt.train import checkpoint as checkpoint_lib
 
@@ -113,7 +113,8 @@ class Training:
             callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
                                       "or check the data", before=metrics,
                                       total_steps=self.config.epochs * self.steps_per_epoch,
-                                      examples_per_step=self.batch_size)
+                                      examples_per_step=self.batch_size,
+                                      after=[callbacks_lib.EpochBar(self.config.epochs)] if cluster.is_chief() else [])
             run.fit(self.model, self._calls(progress.step), callbacks, self._validation())
         return progress.history, progress.finish()
 

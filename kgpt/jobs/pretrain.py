@@ -31,7 +31,7 @@ from kgpt.models.causal_lm import GPTCausalLM
 from kgpt.models.lstm import LSTMBackbone
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.parallel import cluster, distribute
-from kgpt.train.callbacks import Progress
+from kgpt.train.callbacks import EpochBar, Progress
 from kgpt.models.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
@@ -82,6 +82,11 @@ def load_tokenizer(config, files):
         tokenizer.save_to_preset(config.output_dir)
     logger.info(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special "
                 f"tokens.")
+    return tokenizer
+
+
+def _published(config, tokenizer):
+    run.publish(config)
     return tokenizer
 
 
@@ -227,10 +232,13 @@ def _prepare(config, work):
     else:
         files = [run.for_all(config, lambda: demo_world.write_corpus(work), "writing the demo text")]
         logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
+    tokenizer = None
     if config.tokenizer == "train" and cluster.current().several:
-        run.on_chief(lambda: load_tokenizer(config, files) and run.publish(config), "learning the tokenizer")
-        run.fetch(config, (PRESET_CONFIG, "assets"))  # then read by all
-    tokenizer = load_tokenizer(config, files)
+        # Process 0 keeps the one it learned (reading it back would say so a second time); the others read it.
+        tokenizer = run.on_chief(lambda: _published(config, load_tokenizer(config, files)), "learning the tokenizer")
+        run.fetch(config, (PRESET_CONFIG, "assets"))
+    if not isinstance(tokenizer, GPTTokenizer):
+        tokenizer = load_tokenizer(config, files)
     here = cluster.current()
     # Processes that each have their own copy of a remote output directory build its shards alone.
     alone = run.staged(config) and not config.shards_dir
@@ -378,7 +386,8 @@ def _fit(config, lm, index, train_end, evaluations, validation, progress, zero_s
              for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations))
     callbacks = run.callbacks(config, progress, f"Lower --learning_rate ({config.learning_rate:g})",
                               before=[zero_shot] if zero_shot is not None else [], total_steps=config.max_steps,
-                              tokens_per_step=config.batch_size * config.sequence_length)
+                              tokens_per_step=config.batch_size * config.sequence_length,
+                              after=[EpochBar(evaluations)] if cluster.is_chief() else [])
     run.fit(lm, calls, callbacks, validation)
 
 

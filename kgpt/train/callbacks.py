@@ -417,6 +417,18 @@ class ProgressLog(keras.callbacks.Callback):
         logger.info(", ".join(parts))
 
 
+class EpochBar(keras.callbacks.ProgbarLogger):
+    """Keras' progress bar, counting the run's `epochs`: a resumed run's first `fit` ends with the epoch it
+    finishes, which Keras' own bar would show as the last (`Epoch 3/3` before `Epoch 4/5`)."""
+
+    def __init__(self, epochs):
+        super().__init__()
+        self.run_epochs = epochs
+
+    def set_params(self, params):
+        super().set_params({**params, "epochs": self.run_epochs})
+
+
 class EpochTensorBoard(keras.callbacks.TensorBoard):
     """Keras' `TensorBoard` callback per epoch only: the same event files, and no hook on any batch.
 

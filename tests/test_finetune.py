@@ -250,6 +250,17 @@ def test_scratch_baseline_is_refused_where_there_is_nothing_to_compare(tiny_pres
         finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True, **overrides))
 
 
+def test_the_comparison_table_keeps_every_column_apart():
+    # Your own files name their split "validation", longer than the column was: "validationaccuracy 0.6319".
+    task = kgpt.TaskRegistry().get("scitail")
+    scores = {"validation": {"accuracy": 0.6319, "matthews_corrcoef": 0.25, "examples": {"read": 3}}, "test": {}}
+    table = finetune_lib.comparison(task, {"splits": scores}, {"splits": {"validation": {"accuracy": 0.5,
+                                                                                          "matthews_corrcoef": 0.0}}})
+    rows = [line.split() for line in table.splitlines()[2:]]
+    assert rows == [["validation", "accuracy", "0.6319", "0.5000", "+0.1319"],
+                    ["validation", "matthews_corrcoef", "0.2500", "0.0000", "+0.2500"]]
+
+
 def test_only_the_demo_runs_the_baseline_unless_asked():
     base = FinetuneConfig(init="demo")
     assert finetune_lib.runs_baseline(base)

@@ -193,15 +193,18 @@ def _baseline(config, task, data_dir, start, results):
 
 def comparison(task, pretrained, baseline):
     """A table of each scored split's metrics with and without pre-training (`metrics.json` results)."""
+    rows = [(split, metric, value, baseline["splits"].get(split, {}).get(metric))
+            for split, scores in pretrained["splits"].items() for metric, value in scores.items()]
+    rows = [r for r in rows if r[1] != "examples" and all(isinstance(v, (int, float)) for v in r[2:])]
+    # Columns as wide as their longest name, and a space between: a split called "validation" ran into its metric.
+    split_width = max([len("split"), *(len(r[0]) for r in rows)]) + 2
+    metric_width = max([len("metric"), *(len(r[1]) for r in rows)]) + 2
     lines = [f"Pre-training's effect on {task.name}: the same fine-tuning from the pre-trained model and from "
-             f"fresh weights.", f"  {'split':<8}{'metric':<12}{'pre-trained':>12}{'no pre-training':>17}"
-             f"{'difference':>12}"]
-    for split, scores in pretrained["splits"].items():
-        for metric, value in scores.items():
-            other = baseline["splits"].get(split, {}).get(metric)
-            if metric == "examples" or not isinstance(value, (int, float)) or not isinstance(other, (int, float)):
-                continue
-            lines.append(f"  {split:<8}{metric:<12}{value:>12.4f}{other:>17.4f}{value - other:>+12.4f}")
+             f"fresh weights.", f"  {'split':<{split_width}}{'metric':<{metric_width}}{'pre-trained':>12}"
+             f"{'no pre-training':>17}{'difference':>12}"]
+    for split, metric, value, other in rows:
+        lines.append(f"  {split:<{split_width}}{metric:<{metric_width}}{value:>12.4f}{other:>17.4f}"
+                     f"{value - other:>+12.4f}")
     return "\n".join(lines)
 
 

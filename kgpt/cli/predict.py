@@ -53,10 +53,6 @@ def _check_flags():
         raise app.UsageError("Pass either --input FILE or --data_dir DIR (with --split).", exitcode=2)
     if not FLAGS.output:
         raise app.UsageError("--output is required (a file, or - for standard output).", exitcode=2)
-    from kgpt.io import storage
-
-    if FLAGS.output != "-" and storage.exists(FLAGS.output) and not FLAGS.overwrite:  # gs://... too
-        raise app.UsageError(f"--output {FLAGS.output} exists: pass --overwrite to replace it.", exitcode=2)
 
 
 def main(argv):
@@ -68,6 +64,8 @@ def main(argv):
 
     if FLAGS.output == "-":  # the predictions own standard output
         common.log_to_stderr()
+    written = "text" if FLAGS.data_dir else FLAGS.format or predict.guess_format(FLAGS.input)
+    predict.check_output(FLAGS.output, written, FLAGS.overwrite)  # before the model loads
     if FLAGS.dry_run:
         dry_run.predict(FLAGS.model, FLAGS.output, FLAGS.overwrite, FLAGS.input, FLAGS.format, FLAGS.columns,
                         FLAGS.data_dir, FLAGS.split)

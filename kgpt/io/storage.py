@@ -154,6 +154,50 @@ def check_folder(path, flag="--output_dir", create=True, timeout=None):
         raise StorageError(f"{what} cannot be reached ({type(e).__name__}: {_first_line(e)}).") from None
 
 
+def check_path(path, flag="--output_dir", folder=True):
+    """The checks a run makes of an output path before writing, and its `--dry_run` with it: one `StorageError` line.
+
+    `path` names a folder (`folder=True`) or a file the command writes. A
+    remote path must name something after its scheme (`ram://` alone would
+    turn into a local `ram:` folder once joined) and a `file://` one must be
+    absolute (TensorFlow reads `file://a/b` as host `a`, path `/b`). A local
+    path must not start with a `~` the shell left unexpanded, nor pass
+    through a file, nor be a file where a folder is wanted (or a folder where
+    a file is), and what would be created must be in a writable folder.
+    Whether a remote folder can be reached is `check_folder`'s.
+    """
+    path = os.fspath(path)
+    name = scheme(path)
+    if name is not None:
+        rest = path[len(name) + 3:]
+        if not rest.strip("/"):
+            example = "file:///PATH" if name == "file" else f"{name}://NAME"
+            raise StorageError(f"{flag} {path} names no {'folder' if folder else 'file'}: add one after the scheme "
+                               f"({example}).")
+        if name == "file" and not rest.startswith("/"):
+            raise StorageError(f"{flag} {path}: a file:// path must be absolute, file:///PATH with three slashes "
+                               f"(file://{rest} names host {rest.split('/')[0]!r}); or pass the local path {rest}.")
+        return
+    if path.startswith("~") and os.path.expanduser(path) != path:
+        raise StorageError(f"{flag} {path}: the shell does not expand ~ after '='; pass {os.path.expanduser(path)} "
+                           f"(or {flag} {path}, with a space).")
+    what, local = ("folder" if folder else "file"), os.path.normpath(path)  # `afile/` is no folder either
+    if not folder and path.endswith(os.sep):
+        raise StorageError(f"{flag} {path} ends with {os.sep}, as a folder does: name a file.")
+    parts = local.split(os.sep)
+    for i in range(1, len(parts)):  # each folder on the way, from the top
+        above = os.sep.join(parts[:i]) or os.sep
+        if os.path.exists(above) and not os.path.isdir(above):
+            raise StorageError(f"{flag} {path}: {above} is a file, not a folder.")
+    if os.path.isdir(local) != folder and os.path.exists(local):
+        raise StorageError(f"{flag} {path} is a {'file' if folder else 'folder'}, not a {what}.")
+    nearest = local if folder and os.path.isdir(local) else os.path.dirname(os.path.abspath(local))
+    while not os.path.exists(nearest):
+        nearest = os.path.dirname(nearest)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        raise StorageError(f"{flag} {path}: {nearest} is not writable by this user.")
+
+
 def _call(what, fn, *args):
     """A gfile call whose failure is a one-line `StorageError` naming `what`."""
     try:
@@ -213,6 +257,7 @@ def _write_local(path, text):
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
+        os.fchmod(fd, _mode_of(path))  # mkstemp's 0600 would make every output private
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -220,6 +265,24 @@ def _write_local(path, text):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def _mode_of(path):
+    """The permissions `open(path, "w")` would leave: the file's own if it exists, else 0666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o7777
+    except OSError:
+        return 0o666 & ~_umask()
+
+
+def _umask():
+    try:  # Linux tells it without changing it: setting it to read it races with other threads creating files
+        with open("/proc/self/status", encoding="ascii") as f:
+            return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o22)
+        os.umask(mask)
+        return mask
 
 
 def remove(path):

@@ -20,7 +20,6 @@ that is deleted at once.
 """
 
 import contextlib
-import errno
 import json
 import logging
 import os
@@ -86,12 +85,11 @@ def output_dir(path, job, settings, overwrite=False):
     """What a run claiming `path` for `job` would find there; raises what `RunDirectory` would raise."""
     if not path:
         return "none: nothing is kept (pass --output_dir to keep the model)"
+    storage.check_path(path, "--output_dir")  # the run's own checks (RunDirectory makes them too)
     if storage.is_remote(path):  # reached within a bounded time, read but never written
         there = storage.check_folder(path, create=False)
         return (f"{path} (remote, {'exists' if there else 'new'}: the run works in a local copy of its kgpt outputs "
                 f"and copies them back after every checkpoint and save)")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise FileExistsError(errno.EEXIST, "a file is in the way of the output directory", path)
     if not os.path.isdir(path):
         return f"{path} (new)"
     claim = RunDirectory(path, job, settings, overwrite=overwrite)
@@ -381,10 +379,9 @@ def predict(model, output, overwrite=False, input=None, format=None, columns=Non
     else:
         task = (registry or TaskRegistry()).get(saved.get("task_name"))
         plan.add("input", task_data(task, data_dir, [split], required=split))
-    if output != "-" and os.path.exists(output) and not overwrite:
-        raise ConfigError(f"--output {output} exists: pass --overwrite to replace it.")
+    predict_lib.check_output(output, "text" if not input else format or predict_lib.guess_format(input), overwrite)
     plan.add("output", "standard output" if output == "-" else f"{output}"
-             + (" (replaced: --overwrite)" if os.path.exists(output) else ""))
+             + (" (replaced: --overwrite)" if storage.exists(output) else ""))
     return plan.done()
 
 

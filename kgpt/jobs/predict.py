@@ -37,6 +37,7 @@ from kgpt.data import batching, tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines
+from kgpt.io import storage
 from kgpt.io.storage import write_text
 from kgpt.models.task_preprocessor import segment_columns
 from kgpt.parallel import distribute
@@ -214,6 +215,28 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
             values = [head.prediction_name(value), *map(float, values[1:])]
         merged.append({**record, **dict(zip(added, values))})
     return tables.write_table(output, format, [*inputs.fields, *added], merged)
+
+
+def check_output(output, input_format, overwrite=False):
+    """Refuses an `output` that `write` could not write as asked, in one line naming --output; for the
+    command before its model loads and for --dry_run.
+
+    `input_format` is the input's (`"text"` for a text file or a task's
+    split, whose predictions are a TSV). The extension must be one the
+    output is written in; an existing file needs `overwrite`.
+    """
+    if output == "-":
+        return
+    storage.check_path(output, "--output", folder=False)
+    extension = os.path.splitext(output)[1].lower()
+    if input_format == "text" and tables.EXTENSIONS.get(extension) != "tsv":
+        raise ConfigError(f"--output {output}: the predictions of a text file or a task's split are a TSV; name "
+                          f"the file .tsv (or pass - for standard output).")
+    if input_format != "text" and extension not in tables.EXTENSIONS:
+        raise ConfigError(f"--output {output}: a table's predictions are written as .csv, .tsv or .jsonl, by the "
+                          f"extension; name the file with one of them (or pass - for standard output).")
+    if storage.exists(output) and not overwrite:
+        raise ConfigError(f"--output {output} exists: pass --overwrite to replace it.")
 
 
 def output_format(output, input_format):

@@ -54,6 +54,8 @@ def check_run(config, batch_size):
     if batch_size % steps:
         raise ConfigError(f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
                           f"update is accumulated over {steps} equal micro-batches.")
+    if config.output_dir:  # before a demo model is pre-trained or data is read
+        storage.check_path(config.output_dir, "--output_dir")
     if config.log_every != "auto":
         parse_every(config.log_every)
     if keras.config.backend() == "jax":

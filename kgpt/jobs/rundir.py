@@ -89,6 +89,7 @@ class RunDirectory:
         self.remote_lock = None  # the claim of a remote directory (`kgpt.io.remote_lock.RemoteLock`)
 
     def __enter__(self):
+        storage.check_path(self.path, "--output_dir")
         if storage.is_remote(self.path):
             storage.check_folder(self.path)
             self.remote_lock = remote_lock.RemoteLock(self.path)

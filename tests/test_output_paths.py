@@ -1,0 +1,172 @@
+"""Output paths the commands refuse in one line naming the flag (the run and its --dry_run alike), and the
+permissions of what they write.
+
+kgpt-train runs in-process through its real entry point, kgpt-predict in a process of its own (its flags
+and kgpt-train's cannot both be defined in one); the paths are checked before any model is loaded or built,
+so the model given to kgpt-predict need not exist.
+"""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+from conftest import cli
+
+from kgpt.cli import analyze, train
+from kgpt.errors import ConfigError
+from kgpt.io import storage
+from kgpt.jobs import predict
+from kgpt.jobs.rundir import RunDirectory
+
+# A tiny pre-training, should a path wrongly pass its checks.
+TINY_LM = ("--task=lm", "--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32",
+           "--sequence_length=16", "--batch_size=2", "--max_steps=1", "--warmup_steps=1", "--evaluations=1",
+           "--num_merges=20", "--sample_tokens=0")
+
+
+def one_line(code, err, prog):
+    """The message of a one-line error (exit 1, no traceback, no usage line)."""
+    assert code == 1, err[-3000:]
+    assert "Traceback" not in err and "USAGE" not in err, err[-3000:]
+    lines = [line for line in err.splitlines() if line.startswith(f"{prog}: error: ")]
+    assert len(lines) == 1, err[-3000:]
+    return lines[0][len(f"{prog}: error: "):]
+
+
+OUTPUT_DIRS = [
+    ("afile/sub", "--output_dir afile/sub: afile is a file, not a folder."),
+    ("afile", "--output_dir afile is a file, not a folder."),
+    ("afile/", "--output_dir afile/ is a file, not a folder."),
+    ("file://", "--output_dir file:// names no folder: add one after the scheme (file:///PATH)."),
+    ("ram://", "--output_dir ram:// names no folder: add one after the scheme (ram://NAME)."),
+    ("ram:///", "--output_dir ram:/// names no folder: add one after the scheme (ram://NAME)."),
+    ("file://relative/x", "--output_dir file://relative/x: a file:// path must be absolute, file:///PATH with three "
+                          "slashes (file://relative/x names host 'relative'); or pass the local path relative/x."),
+]
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
+@pytest.mark.parametrize("path,message", OUTPUT_DIRS, ids=[p for p, _ in OUTPUT_DIRS])
+def test_an_output_dir_the_run_cannot_use_is_one_line_and_creates_nothing(path, message, dry, monkeypatch, capsys,
+                                                                         tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    args = (*TINY_LM, f"--output_dir={path}") + (("--dry_run",) if dry else ())
+    code, _, err = cli(monkeypatch, capsys, train, *args)
+    assert one_line(code, err, "kgpt-train") == message
+    assert os.listdir(tmp_path) == ["afile"] and (tmp_path / "afile").read_text() == "mine\n"
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
+def test_a_shards_dir_under_a_file_is_named_before_the_corpus_is_read(dry, monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    code, _, err = cli(monkeypatch, capsys, train, *TINY_LM, "--shards_dir=afile/sub", *(("--dry_run",) if dry else ()))
+    assert one_line(code, err, "kgpt-train") == "--shards_dir afile/sub: afile is a file, not a folder."
+
+
+def test_kgpt_analyze_refuses_a_remote_output_dir_in_one_line(monkeypatch, capsys, tmp_path):
+    code, _, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={tmp_path}", "--output_dir=ram://x")
+    assert one_line(code, err, "kgpt-analyze") == ("--output_dir ram://x: kgpt-analyze writes a local folder (or a "
+                                                   "mounted bucket).")
+
+
+def test_a_tilde_the_shell_left_is_named(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(monkeypatch, capsys, train, *TINY_LM, "--output_dir=~/run", "--dry_run")
+    assert one_line(code, err, "kgpt-train") == (f"--output_dir ~/run: the shell does not expand ~ after '='; pass "
+                                                 f"{os.path.expanduser('~/run')} (or --output_dir ~/run, with a space).")
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into any folder")
+def test_an_output_dir_in_a_folder_that_is_not_writable_is_named(monkeypatch, capsys, tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    code, _, err = cli(monkeypatch, capsys, train, *TINY_LM, f"--output_dir={locked / 'run'}", "--dry_run")
+    assert one_line(code, err, "kgpt-train") == f"--output_dir {locked / 'run'}: {locked} is not writable by this user."
+
+
+def test_a_claim_makes_the_same_checks():
+    with pytest.raises(storage.StorageError, match=r"^--output_dir ram:// names no folder"):
+        RunDirectory("ram://", "pretrain", {}).__enter__()
+
+
+PREDICT_OUTPUTS = [
+    ("afile/x.csv", "csv", False, "--output afile/x.csv: afile is a file, not a folder."),
+    ("adir", "text", True, "--output adir is a folder, not a file."),
+    ("adir/", "text", False, "--output adir/ ends with /, as a folder does: name a file."),
+    ("old.tsv", "text", False, "--output old.tsv exists: pass --overwrite to replace it."),
+    ("p.xyz", "csv", False, "--output p.xyz: a table's predictions are written as .csv, .tsv or .jsonl, by the "
+                            "extension; name the file with one of them (or pass - for standard output)."),
+    ("p.csv", "text", False, "--output p.csv: the predictions of a text file or a task's split are a TSV; name the "
+                             "file .tsv (or pass - for standard output)."),
+    ("ram://", "csv", False, "--output ram:// names no file: add one after the scheme (ram://NAME)."),
+]
+
+
+@pytest.mark.parametrize("output,read,overwrite,message", PREDICT_OUTPUTS, ids=[o for o, *_ in PREDICT_OUTPUTS])
+def test_a_predict_output_it_cannot_write_is_refused_naming_the_flag(output, read, overwrite, message, monkeypatch,
+                                                                     tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "afile").write_text("mine\n")
+    (tmp_path / "old.tsv").write_text("old\n")
+    (tmp_path / "adir").mkdir()
+    with pytest.raises((ConfigError, storage.StorageError)) as refused:
+        predict.check_output(output, read, overwrite)
+    assert str(refused.value) == message
+
+
+def test_predict_outputs_it_writes_pass():
+    for output, read in (("-", "csv"), ("p.TSV", "text"), ("p.tab", "text"), ("p.jsonl", "csv"), ("p.csv", "tsv")):
+        predict.check_output(output, read)
+
+
+def run_predict(folder, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.run([sys.executable, "-m", "kgpt.cli.predict", "--model=no_model", *args], cwd=folder, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
+def test_kgpt_predict_refuses_an_output_in_one_line_with_the_exit_code_of_every_mistake(dry, tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    (tmp_path / "old.tsv").write_text("old\n")
+    done = run_predict(tmp_path, "--input=in.txt", "--output=old.tsv", *(("--dry_run",) if dry else ()))
+    assert one_line(done.returncode, done.stderr, "kgpt-predict") == "--output old.tsv exists: pass --overwrite to " \
+                                                                     "replace it."
+    assert (tmp_path / "old.tsv").read_text() == "old\n"
+
+
+@pytest.fixture
+def umask():
+    """Sets the process's umask for a test, and restores it after."""
+    old = os.umask(0o022)
+    yield os.umask
+    os.umask(old)
+
+
+def mode(path):
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_outputs_are_created_with_the_umask_and_keep_the_mode_of_the_file_they_replace(umask, tmp_path):
+    umask(0o022)
+    storage.write_text(str(tmp_path / "a.txt"), "a")
+    storage.write_json(str(tmp_path / "b.json"), {})
+    umask(0o027)
+    storage.write_text(str(tmp_path / "c.txt"), "c")
+    assert (mode(tmp_path / "a.txt"), mode(tmp_path / "b.json"), mode(tmp_path / "c.txt")) == (0o644, 0o644, 0o640)
+    os.chmod(tmp_path / "a.txt", 0o664)
+    storage.write_text(str(tmp_path / "a.txt"), "again")  # as open(path, "w") would: its mode stays
+    assert mode(tmp_path / "a.txt") == 0o664 and (tmp_path / "a.txt").read_text() == "again"
+    assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
+
+
+def test_a_claimed_directorys_run_file_is_readable_by_the_group_and_others_under_umask_022(umask, tmp_path):
+    umask(0o022)
+    with RunDirectory(str(tmp_path / "run"), "pretrain", {"seed": 0}):
+        pass
+    assert mode(tmp_path / "run" / "run.json") == 0o644

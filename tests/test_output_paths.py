@@ -89,9 +89,11 @@ def test_an_output_dir_in_a_folder_that_is_not_writable_is_named(monkeypatch, ca
     assert one_line(code, err, "kgpt-train") == f"--output_dir {locked / 'run'}: {locked} is not writable by this user."
 
 
-def test_a_claim_makes_the_same_checks():
+def test_a_claim_makes_the_same_checks(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)  # where a claim that wrongly went on would write its local `ram:` folder
     with pytest.raises(storage.StorageError, match=r"^--output_dir ram:// names no folder"):
         RunDirectory("ram://", "pretrain", {}).__enter__()
+    assert os.listdir(tmp_path) == []
 
 
 PREDICT_OUTPUTS = [

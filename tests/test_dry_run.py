@@ -187,3 +187,33 @@ def test_the_starting_point_and_task_errors_are_the_jobs(case, preset, cola_mode
     with pytest.raises(type(job.value)) as dry:
         dry_run.finetune(config, REGISTRY) if whole_job else dry_run.init(config, REGISTRY.get(task))
     assert str(dry.value) == str(job.value)
+
+
+def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_counts_them(preset, tmp_path, monkeypatch):
+    def write(name, rows):
+        path = tmp_path / name
+        path.write_text("text,label\n" + "".join(f"{text},{label}\n" for text, label in rows))
+        return str(path)
+
+    # The preset's context is 16 tokens: a start, an extract and 14 of text; the longer rows are cut.
+    train = write("train.csv", [("short", "neg"), ("a row far longer than sixteen tokens", "neg"), ("tiny", "pos"),
+                                ("another row longer than the context", "neg"), ("ok", "pos")])
+    dev = write("dev.csv", [("this one is cut as well by the run", "neg"), ("fits", "pos")])
+    config = FinetuneConfig(task="text-classification", init=preset, train_file=train, validation_file=dev,
+                            text_columns=["text"], label_column="label", epochs=1, batch_size=4)
+    found = dict(dry_run.finetune(config, REGISTRY))
+    _, results = finetune.finetune(config, REGISTRY)
+    cut = {name: results["splits"][name]["examples"] for name in ("train", "validation")}
+    assert cut["train"]["truncated"] == 2 and cut["validation"]["truncated"] == 1
+    assert found["tokens"] == (
+        f"views of up to 16 tokens (the model's context: 16): train: {cut['train']['truncated']} of 5 rows cut "
+        f"({cut['train']['tokens_cut']} tokens); validation: {cut['validation']['truncated']} of 2 rows cut "
+        f"({cut['validation']['tokens_cut']} tokens)")
+    assert found["labels"] == ("train: neg 3, pos 2 (majority neg 60.0%, chance 50.0%); validation: neg 1, pos 1 "
+                               "(majority neg 50.0%, chance 50.0%)")
+    # A split longer than the dry run tokenizes says how many rows it read.
+    monkeypatch.setattr(dry_run, "TOKENIZED_ROWS", 3)
+    found = dict(dry_run.finetune(config, REGISTRY))
+    assert found["data"].endswith("train: 3+ rows read, 3 used; validation: 2 rows read, 2 used; test: not found "
+                                  "(no --test_file given) (the first 3 rows of each split tokenized)"), found["data"]
+    assert found["tokens"].startswith("views of up to 16 tokens (the model's context: 16): train: 1 of 3 rows cut")

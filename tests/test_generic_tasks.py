@@ -208,6 +208,73 @@ def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path
         predict_lib.read_inputs(path, kgpt.tasks.transforms.Classification(), columns=["q"])
 
 
+# --- a fine-tuning that learned nothing says so ---------------------------------------------------------------------
+
+
+def test_a_run_predicting_one_label_ends_with_the_warning_and_its_baselines(tiny_preset, tmp_path, monkeypatch,
+                                                                             capsys):
+    from conftest import cli
+    from kgpt.cli import train
+
+    # The same text under every label: no model can tell them apart, so it gives one label to all of dev.
+    train_file = write_csv(tmp_path / "train.csv", [["text", "label"]] + [["same words", "neg"]] * 6
+                           + [["same words", "pos"]] * 4)
+    dev = write_csv(tmp_path / "dev.csv", [["text", "label"]] + [["same words", "neg"]] * 3
+                    + [["same words", "pos"]] * 2)
+    code, out, err = cli(monkeypatch, capsys, train, "--task", "text-classification", "--init", tiny_preset,
+                         "--train_file", train_file, "--validation_file", dev, "--text_columns", "text",
+                         "--label_column", "label", "--output_dir", str(tmp_path / "out"), "--epochs", "1",
+                         "--batch_size", "4")
+    assert not code, err  # absl exits with None on success
+    warning, tries = out.rstrip("\n").splitlines()[-2:]
+    assert re.fullmatch(r"Warning: this fine-tuning learned nothing measurable\. On validation: accuracy 0\.[46]000, "
+                        r"the majority-class baseline 0\.6000 \(always predicting 'neg', 60\.0% of validation\), "
+                        r"chance 0\.5000; the model predicts '(neg|pos)' for every example\.", warning), warning
+    assert tries.startswith("  To try: another --learning_rate (this run 6.25e-05") and "more --epochs (this run 1)" \
+        in tries and f"a larger pre-trained model than --init {tiny_preset}" in tries
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    validation = metrics["splits"]["validation"]
+    assert validation["baselines"] == {"label_counts": {"neg": 3, "pos": 2}, "majority_label": "neg",
+                                       "majority_share": 0.6, "majority_scores": {"accuracy": 0.6, "f1": 0.0},
+                                       "chance": 0.5}
+    assert len(validation["prediction_counts"]) == 1 and sum(validation["prediction_counts"].values()) == 5
+    assert metrics["splits"]["train"]["baselines"]["majority_share"] == 0.6
+    assert metrics["baseline_check"]["learned"] is False and metrics["baseline_check"]["majority"] == 0.6
+
+
+def test_a_run_that_learns_ends_without_the_warning(tiny_preset, tmp_path, capsys, progress):
+    rows = [["text", "label"]] + [["aaaa aaa", "neg"] if i % 2 else ["bbb bbbb", "pos"] for i in range(32)]
+    dev = [["text", "label"], ["aa aaaa", "neg"], ["bbbb bb", "pos"], ["aaa aa", "neg"], ["bbb", "pos"],
+           ["a aaa", "neg"]]
+    config = FinetuneConfig(task="text-classification", init=tiny_preset, train_file=write_csv(tmp_path / "t.csv", rows),
+                            validation_file=write_csv(tmp_path / "d.csv", dev), text_columns=["text"],
+                            label_column="label", epochs=6, batch_size=8, learning_rate=1e-2, lm_coef=0.0)
+    _, results = finetune_lib.finetune(config, REGISTRY)
+    check = results["baseline_check"]
+    assert check["learned"] and check["score"] > check["majority"] == 0.6, check
+    assert "learned nothing" not in capsys.readouterr().out
+
+
+def test_multiple_choice_baselines_and_warning_name_the_choice():
+    from kgpt.jobs import finetune_outputs
+
+    task = REGISTRY.get("multiple-choice")
+    assert task.head.kind == "multiple_choice"
+    found = finetune_outputs.baselines(task, np.array([1, 1, 0, 1]))
+    chance = 1 / task.head.num_choices
+    assert found == {"label_counts": {"0": 1, "1": 3}, "majority_label": 1, "majority_share": 0.75,
+                     "majority_scores": {"accuracy": 0.75}, "chance": chance}
+    results = {task.splits[1]: {"accuracy": 0.75, "baselines": found, "prediction_counts": {"1": 4}}}
+    check = finetune_outputs.baseline_check(task, results)
+    assert not check["learned"] and check["one_label_predicted"] == "1"
+    config = FinetuneConfig(task=task.name, init="scratch", learning_rate=0.0)
+    text = finetune_outputs.learned_nothing(config, task, check)
+    assert f"the majority-class baseline 0.7500 (always predicting choice 1, 75.0% of {task.splits[1]}), chance " \
+           f"{chance:.4f}; the model predicts choice 1 for every example" in text
+    assert "--learning_rate is 0" in text and "--init PRESET" in text
+    assert finetune_outputs.baselines(REGISTRY.get("text-regression"), np.array([0.5, 2.0], "float32")) is None
+
+
 # --- the guide's commands, for real on a tiny model -----------------------------------------------------------------
 
 

@@ -7,7 +7,10 @@ then reads what the job would read only as far as it takes to know it can:
 - the flags and settings (`check_config` of the job),
 - the data: every corpus file found and the start of each (UTF-8), the
   first `ROWS` rows of each task split through the task's plugin (rows read,
-  used, skipped by reason, labels in the task's label set),
+  used, skipped by reason, labels in the task's label set); a fine-tuning
+  run's first `TOKENIZED_ROWS` rows of each split go through its own
+  tokenizer and truncation (`encode_split`): the rows it would cut, each
+  split's label counts and majority share,
 - the starting model (`--init`, `--model`, `--lstm_init`): its config read
   and its weights file's header compared with it, never the model built,
 - the tokenizer, the output directory (new, resumed, or refused as the run
@@ -36,7 +39,9 @@ from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
-from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, untrained_head
+from kgpt.jobs.finetune_data import encode_split
+from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, starting_tokenizer, untrained_head
+from kgpt.jobs.finetune_outputs import baselines
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.task_model import is_task_preset
@@ -47,6 +52,7 @@ from kgpt.parallel import placement
 logger = logging.getLogger(__name__)
 
 ROWS = 1000  # rows read from each split: enough to meet a format's mistakes, few enough to take a second
+TOKENIZED_ROWS = 10_000  # rows tokenized from each fine-tuning split: all of most tasks' splits, in seconds
 
 
 class Plan:
@@ -210,7 +216,17 @@ def finetune(config, registry=None):
     plan.add("init", init(config, task))
     splits = task.splits if config.epochs > 0 else task.splits[1:]
     data_dir = config.data_dir or finetune_lib.files_dir(config)
-    plan.add("data", task_data(task, data_dir, splits, required=task.splits[0] if config.epochs else None))
+    start = starting_tokenizer(config)  # the run's tokenizer and view length, so the rows it cuts are counted
+    preprocessor = finetune_lib.task_preprocessor(config, task, *start) if start else None
+    encoded = {}
+    plan.add("data", task_data(task, data_dir, splits, required=task.splits[0] if config.epochs else None,
+                               rows=TOKENIZED_ROWS if start else ROWS, preprocessor=preprocessor, encoded=encoded))
+    if preprocessor is None:
+        plan.add("tokens", "not counted: --init demo learns its tokenizer when it pre-trains the demo model (kept "
+                           "in OUTPUT_DIR/pretrained, where a later dry run finds it)")
+    else:
+        plan.add("tokens", tokens(encoded, preprocessor.max_length, start[1]))
+        plan.add("labels", labels(task, encoded))
     batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
     training = f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef " \
                f"{config.lm_coef:g}, keep {config.keep}" if config.epochs else "none (--epochs 0 evaluates --init)"
@@ -322,23 +338,30 @@ def _data_dir(task, data_dir):
         yield task.default_data(os.path.join(scratch, "data"))
 
 
-def task_data(task, data_dir, splits=None, required=None, rows=ROWS):
+def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocessor=None, encoded=None):
     """The first `rows` examples of each split read through the task's plugin, counted; labels checked.
 
     A split other than `required` that is missing is reported, as the job
-    reports it; a malformed row is the job's `DataError`.
+    reports it; a malformed row is the job's `DataError`. With `preprocessor`
+    (the run's), each split is read and tokenized by the run's own
+    `encode_split`, and `encoded` receives each split's `EncodedSplit`.
     """
     found = []
     with _data_dir(task, data_dir) as folder:
         for split in splits or task.splits:
             tally, used = {}, 0
             try:
-                for item in task.iter_examples(split, folder, tally):
-                    if item.label is not None:
-                        task.label_value(item)  # a label outside the label set names its file and line
-                    used += 1
-                    if tally["read"] >= rows:
-                        break
+                if preprocessor is not None:
+                    encoded[split] = encode_split(task, split, folder, preprocessor, rows=rows)
+                    counts = encoded[split].counts
+                    tally, used = {"read": counts["read"], "skipped": counts["skipped_reasons"]}, counts["used"]
+                else:
+                    for item in task.iter_examples(split, folder, tally):
+                        if item.label is not None:
+                            task.label_value(item)  # a label outside the label set names its file and line
+                        used += 1
+                        if tally["read"] >= rows:
+                            break
             except FileNotFoundError as e:
                 if split == required:
                     raise
@@ -352,8 +375,34 @@ def task_data(task, data_dir, splits=None, required=None, rows=ROWS):
                          + (f", {skipped} skipped ({', '.join(f'{r}: {n}' for r, n in tally['skipped'].items())})"
                             if skipped else ""))
     where = data_dir or "embedded data"
-    return f"{where}: " + "; ".join(found) + (f" (the first {rows:,} rows of each split checked)"
+    checked = "tokenized" if preprocessor is not None else "checked"
+    return f"{where}: " + "; ".join(found) + (f" (the first {rows:,} rows of each split {checked})"
                                               if any("+" in f for f in found) else "")
+
+
+def tokens(encoded, max_length, context):
+    """The rows of each encoded split the run cuts to `max_length` tokens a view, as its log counts them."""
+    cut = [f"{name}: {split.counts['truncated']:,} of {split.counts['used']:,} rows cut"
+           + (f" ({split.counts['tokens_cut']:,} tokens)" if split.counts["truncated"] else "")
+           for name, split in encoded.items()]
+    return f"views of up to {max_length:,} tokens (the model's context: {context:,}): " + "; ".join(cut)
+
+
+def labels(task, encoded):
+    """Each labeled split's label counts and majority share (or its values' range, for a regression)."""
+    found = []
+    for name, split in encoded.items():
+        if split.targets is None:
+            continue
+        counts = baselines(task, split.targets)
+        if counts is None:
+            values = np.asarray(split.targets, "float64")
+            found.append(f"{name}: values {values.min():g} to {values.max():g}, mean {values.mean():g}")
+            continue
+        found.append(f"{name}: " + ", ".join(f"{k} {v:,}" for k, v in counts["label_counts"].items())
+                     + f" (majority {counts['majority_label']} {counts['majority_share']:.1%}, chance "
+                       f"{counts['chance']:.1%})")
+    return "; ".join(found) or "none labeled"
 
 
 # Prediction.

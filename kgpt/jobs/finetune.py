@@ -8,7 +8,9 @@ tokens (`kgpt.jobs.finetune_data`) -> length-bucketed batches ->
 dev after every epoch (a checkpoint after each: `kgpt.jobs.finetune_training`)
 -> the task's metrics on every other split, a predictions file per split
 (`kgpt.jobs.finetune_outputs`), `metrics.json` and a preset that predicts on
-text (`GPTTaskModel.from_preset`).
+text (`GPTTaskModel.from_preset`). A run that scores no better on dev than
+always predicting its majority label, or predicts one label for all of it,
+ends with a warning that says so (`finetune_outputs.learned_nothing`).
 
 `--init` may also be a fine-tuned preset of the same task: its head is kept,
 and `epochs=0` evaluates it without training; `"demo"` pre-trains the small
@@ -27,7 +29,7 @@ from kgpt.jobs import run
 from kgpt.jobs.config import recorded_settings
 from kgpt.jobs.finetune_data import read_splits, split_fingerprint
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point
-from kgpt.jobs.finetune_outputs import evaluate_splits
+from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import same_path
 from kgpt.models.task_model import GPTTaskModel, is_task_preset
@@ -131,7 +133,10 @@ def finetune(config, registry=None):
             model, results, start = _finetune(config, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, task, data_dir, start, results)
-        return model, results
+    warning = learned_nothing(config, task, results.get("baseline_check"))
+    if warning:  # last, so that it is what the run's log ends with
+        logger.warning(warning)
+    return model, results
 
 
 def resolve_task(config, registry=None):
@@ -228,19 +233,26 @@ def _batch_size(config, start):
     return DEFAULT_BATCH_SIZE
 
 
+def task_preprocessor(config, task, tokenizer, context, saved_length=None, origin="the model"):
+    """The `GPTTaskPreprocessor` a run encodes with: views of `config.max_length` tokens, else a fine-tuned
+    `--init`'s `saved_length`, else the model's `context`, and never more than `context` (`--dry_run` counts the
+    rows it cuts with it too)."""
+    if config.max_length and config.max_length > context:
+        logger.warning(f"Warning: max_length {config.max_length} is longer than the model's context ({context} "
+                       f"tokens, {origin}): views are cut to {context} tokens.")
+    columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
+    return GPTTaskPreprocessor(tokenizer, task.transform, max_length=min(config.max_length or saved_length or context,
+                                                                         context), columns=columns)
+
+
 def _finetune(config, task, data_dir, initial=None):
     """Fine-tunes from `config.init` (or `initial`, a `Start.initial`); returns `(model, results, start)`."""
     run.seed_keras(config.seed)  # as run.scope did: the embedded data above drew no random numbers
     start = starting_point(config, task, initial)
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
-    limit = start.backbone.max_sequence_length
-    default_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else limit
-    if config.max_length and config.max_length > limit:
-        logger.warning(f"Warning: max_length {config.max_length} is longer than the model's context ({limit} tokens, "
-                       f"{start.origin}): views are cut to {limit} tokens.")
-    columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
-    preprocessor = GPTTaskPreprocessor(start.tokenizer, task.transform,
-                                       max_length=min(config.max_length or default_length, limit), columns=columns)
+    saved_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else None
+    preprocessor = task_preprocessor(config, task, start.tokenizer, start.backbone.max_sequence_length, saved_length,
+                                     start.origin)
     splits = read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
     # Every process must read the same examples: each feeds its rows of the same batches.
     cluster.check_agreement({"data": {name: split_fingerprint(split) for name, split in splits.items()}},
@@ -257,6 +269,9 @@ def _finetune(config, task, data_dir, initial=None):
     else:
         model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)
     results["splits"] = evaluate_splits(config, task, model, splits, batch_size)
+    check = baseline_check(task, results["splits"])
+    if check is not None:
+        results["baseline_check"] = check
     # GPTTaskModel.from_preset(output_dir) predicts on text again.
     run.save_outputs(model, config, results, "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
                      "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv")

@@ -18,13 +18,15 @@ from kgpt.errors import DataError
 logger = logging.getLogger(__name__)
 
 
-def encode_split(task, split, data_dir, preprocessor):
+def encode_split(task, split, data_dir, preprocessor, rows=None):
     """Reads and encodes a split through `preprocessor` into a `kgpt.data.batching.EncodedSplit` (real tokens only).
 
     Streams the task's reader; every row is counted (read, used, skipped by
     reason, truncated and tokens cut); a malformed row raises `DataError`
     naming its file and line. Example ids are made relative to `data_dir`
     (`dev.tsv:12`), so predictions files do not depend on where the data is.
+    `rows` stops after that many rows are read (`--dry_run` counts the start
+    of a large split); None reads them all.
 
     Example:
     ```python
@@ -42,6 +44,8 @@ def encode_split(task, split, data_dir, preprocessor):
         used += 1
         target = None if item.label is None else task.label_value(item)
         builder.add(views, target, uid=relative_id(item.uid or item.source, data_dir))
+        if rows is not None and tally["read"] >= rows:
+            break
     if not used:
         raise task.no_examples(split, data_dir, tally)
     counts = {

@@ -17,11 +17,12 @@ from kgpt.errors import ConfigError
 from kgpt.io.presets import read_json
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
-from kgpt.models import lora
+from kgpt.models import lora, original
 from kgpt.models.backbone import GPTBackbone
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
 from kgpt.models.task_model import GPTTaskModel, is_task_preset
-from kgpt.models.tokenizer import GPTTokenizer
+from kgpt.models.task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,42 @@ def initial_model(config):
     """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init`."""
     if config.init == "scratch":
         tokenizer = GPTTokenizer.gpt1()
-        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), config.max_length or 512)
+        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), scratch_context(config))
         return backbone, tokenizer, "random initialisation (no pre-training)"
     if config.init == "demo":
         return _demo_model(config)
     return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
+
+
+def scratch_context(config):
+    """The context of a model `init="scratch"` builds: `max_length`, else 512 (the paper's)."""
+    return config.max_length or 512
+
+
+def starting_tokenizer(config):
+    """`(tokenizer, context, saved_length)` fine-tuning from `config.init` encodes with, read without building a
+    model (`--dry_run`): the tokenizer, the model's context and a fine-tuned `--init`'s view length (else None).
+
+    None for `init="demo"` until the demo model is pre-trained: its tokenizer is learned then.
+    """
+    path = config.init
+    if path == "scratch":
+        return GPTTokenizer.gpt1(), scratch_context(config), None
+    if path == "demo":
+        path = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+        if path is None or not os.path.exists(os.path.join(path, "metrics.json")):
+            return None
+    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):  # positions [n_ctx, H] come first
+        shapes = read_json(os.path.join(path, original.SHAPES_FILE), "the release's list of array shapes")
+        return GPTTokenizer.from_original(path), shapes[0][0], None
+    saved = read_json(os.path.join(path, "config.json"), "a model config")
+    if "n_positions" in saved:  # Hugging Face's openai-gpt config
+        return GPTTokenizer.from_original(path), saved["n_positions"], None
+    context = saved["config"]["max_sequence_length"]
+    if is_task_preset(path):
+        preprocessor = GPTTaskPreprocessor.from_preset(path)
+        return preprocessor.tokenizer, context, preprocessor.max_length
+    return read_tokenizer(path), context, None
 
 
 def _demo_model(config):

@@ -80,14 +80,24 @@ def write_submission(path, task, split, predictions):
 
 
 def evaluate_splits(config, task, model, splits, batch_size):
-    """Scores every split but the training one; writes predictions (and submissions) with an output dir."""
+    """Scores every split but the training one; writes predictions (and submissions) with an output dir.
+
+    A labeled split of a task that picks a label or a choice also gets its
+    `baselines`, and a scored one its `prediction_counts`.
+    """
     results = {}
     for name, split in splits.items():
+        found = baselines(task, split.targets)
         if name == task.splits[0]:
-            results[name] = {"examples": split.counts}
+            results[name] = {"examples": split.counts, **({"baselines": found} if found else {})}
             continue
         evaluation = evaluate_split(task, model, split, batch_size)
         results[name] = {**evaluation.metrics, "examples": split.counts}
+        if found:
+            results[name]["baselines"] = found
+        predicted = np.asarray(evaluation.predictions)
+        if task.head.output_names() and predicted.ndim == 1 and np.issubdtype(predicted.dtype, np.integer):
+            results[name]["prediction_counts"] = label_counts(task, predicted)
         if evaluation.metrics:
             logger.info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
         if config.output_dir and cluster.is_chief():
@@ -101,3 +111,100 @@ def evaluate_splits(config, task, model, splits, batch_size):
     return results
 
 
+
+
+# What a run that learned nothing scores, and the warning it ends with when it did no better.
+
+def label_counts(task, values):
+    """`{label name: count}` of class or choice indices, in index order."""
+    found, counts = np.unique(np.asarray(values), return_counts=True)
+    return {str(task.prediction_name(v.item())): int(c) for v, c in zip(found, counts)}
+
+
+def baselines(task, targets):
+    """What a model that learned nothing scores on `targets` (class or choice indices); None for values.
+
+    `{"label_counts", "majority_label", "majority_share", "majority_scores",
+    "chance"}`: the majority label is the split's most frequent one,
+    `majority_scores` the task's metrics when it is predicted for every
+    example, `chance` one over the number of classes (or choices).
+    """
+    names = task.head.output_names()
+    targets = None if targets is None else np.asarray(targets)
+    if not names or targets is None or targets.ndim != 1 or not targets.size or \
+            not np.issubdtype(targets.dtype, np.integer):
+        return None
+    values, counts = np.unique(targets, return_counts=True)
+    majority = values[np.argmax(counts)]
+    scores = {}
+    for metric in task.metrics:
+        name, fn = metrics_lib.resolve(metric)
+        try:
+            scores[name] = fn(targets, np.full_like(targets, majority))
+        except Exception:  # noqa: BLE001 - a plugin's metric may refuse one class; the run's own scores stand
+            scores[name] = None
+    return {"label_counts": label_counts(task, targets), "majority_label": task.prediction_name(majority.item()),
+            "majority_share": float(counts.max() / targets.size), "majority_scores": scores,
+            "chance": 1.0 / len(names)}
+
+
+def baseline_check(task, results):
+    """How the first scored labeled split's score compares with its majority baseline (`metrics.json`), or None.
+
+    The score is accuracy when the task has it (the majority share is its
+    baseline), else the task's first metric beside that metric of always
+    predicting the majority label. `learned` is False when the score is at or
+    below that baseline or one label was predicted for every example.
+    """
+    split = next((n for n in task.splits[1:] if "baselines" in results.get(n, {}) and
+                  "prediction_counts" in results[n]), None)
+    if split is None:
+        return None
+    scores, found = results[split], results[split]["baselines"]
+    metric = "accuracy" if "accuracy" in scores else task.metric_names[0]
+    majority = found["majority_scores"].get(metric)
+    score = scores.get(metric)
+    predicted = scores["prediction_counts"]
+    one_label = next(iter(predicted)) if len(predicted) == 1 and sum(predicted.values()) > 1 else None
+    below = isinstance(score, float) and isinstance(majority, float) and score <= majority + 1e-9
+    return {"split": split, "metric": metric, "score": score, "majority": majority,
+            "majority_label": found["majority_label"], "majority_share": found["majority_share"],
+            "chance": found["chance"], "one_label_predicted": one_label, "learned": not (below or one_label)}
+
+
+def _label(task, name):
+    return f"choice {name}" if task.head.kind == "multiple_choice" else repr(str(name))
+
+
+def _number(value):
+    return f"{value:.4f}" if isinstance(value, float) else "none"
+
+
+def learned_nothing(config, task, check):
+    """The lines a run ends with when `check` (`baseline_check`) says it learned nothing measurable; else None.
+
+    They give the score beside its majority-class and chance baselines, and
+    what to try: the learning rate, the epochs, a pre-trained start.
+    """
+    if check is None or check["learned"]:
+        return None
+    split = check["split"]
+    text = (f"Warning: this fine-tuning learned nothing measurable. On {split}: {check['metric']} "
+            f"{_number(check['score'])}, the majority-class baseline {_number(check['majority'])} (always predicting "
+            f"{_label(task, check['majority_label'])}, {check['majority_share']:.1%} of {split}), chance "
+            f"{check['chance']:.4f}")
+    if check["one_label_predicted"] is not None:
+        text += f"; the model predicts {_label(task, check['one_label_predicted'])} for every example"
+    if check["majority_share"] == 1.0:
+        text += f"; {split} holds one label only, so its score cannot show learning"
+    rate = config.learning_rate
+    if config.epochs == 0:
+        tries = [f"--init {config.init} was evaluated without training (--epochs 0): fine-tune it (--epochs N)"]
+    else:
+        tries = ["--learning_rate is 0, so no weight changed: give one, such as 6.25e-05" if rate == 0 else
+                 f"another --learning_rate (this run {rate:g}: try {rate * 3:.3g} or {rate / 3:.3g})",
+                 f"more --epochs (this run {config.epochs})",
+                 "a pre-trained start instead of fresh weights: --init PRESET (the --output_dir of kgpt-train --task "
+                 "lm)" if config.init == "scratch" or not config.pretrained_weights else
+                 f"a larger pre-trained model than --init {config.init} (the --output_dir of kgpt-train --task lm)"]
+    return f"{text}.\n  To try: {'; '.join(tries)}; and check that the labels follow from the texts."

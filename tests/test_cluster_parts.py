@@ -105,6 +105,7 @@ LOST = ["UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.
 def test_a_lost_process_is_named_in_one_line(monkeypatch, capfd, count, text, expected):
     addresses = tuple(f"10.0.0.{i + 1}:{8476 + i}" for i in range(count))
     monkeypatch.setattr(cluster, "_current", placement.Cluster(count, 0, addresses[0], addresses, "flags"))
+    monkeypatch.setattr(cluster, "PROG", "kgpt")
     monkeypatch.setattr(cluster.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
     error = RuntimeError(text)
     assert cluster.lost_process(error)
@@ -268,8 +269,9 @@ def test_an_accumulated_run_trains_like_one_without(tmp_path):
 
 
 def test_an_accumulated_fine_tuning_reports_the_loss_of_its_examples(tmp_path):
-    # 40 examples in batches of 32 accumulated over 32 micro-batches of 1: the last batch's 8 are filled
-    # to 32 micro-batches with rows that weigh nothing, which Keras' running loss counted (40/64 of it).
+    # 10 examples in batches of 4 accumulated over 4 micro-batches of 1: the last batch's 2 are filled to 4
+    # micro-batches with rows that weigh nothing, which Keras' running loss counted (10/12 of it; an issue
+    # reported 40 rows in batches of 32 over 32 micro-batches: 40/64).
     tokenizer = char_tokenizer()
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "dropout": 0.0,
                                    "max_sequence_length": 32})
@@ -278,20 +280,20 @@ def test_an_accumulated_fine_tuning_reports_the_loss_of_its_examples(tmp_path):
     rng = np.random.default_rng(0)
     words = "sun moon star ice cold hot".split()
     rows = [f"{' '.join(rng.choice(words, 3))}\t{' '.join(rng.choice(words, 2))}\t{('entails', 'neutral')[i % 2]}"
-            for i in range(40)]
+            for i in range(10)]
     (tmp_path / "data" / "tsv_format").mkdir(parents=True)
-    for split, n in (("train", 40), ("dev", 5), ("test", 2)):
+    for split, n in (("train", 10), ("dev", 3), ("test", 2)):
         (tmp_path / "data" / "tsv_format" / f"scitail_1.0_{split}.tsv").write_text("\n".join(rows[:n]) + "\n")
     history = {}
-    for steps in (1, 32):  # a learning rate of ~0: both runs score the same weights
+    for steps in (1, 4):  # a learning rate of ~0: both runs score the same weights
         config = FinetuneConfig(task="scitail", init=str(tmp_path / "preset"), data_dir=str(tmp_path / "data"),
-                                output_dir=str(tmp_path / str(steps)), epochs=1, batch_size=32, learning_rate=1e-9,
+                                output_dir=str(tmp_path / str(steps)), epochs=1, batch_size=4, learning_rate=1e-9,
                                 max_length=32, classifier_dropout=0.0, gradient_accumulation_steps=steps)
         history[steps] = finetune(config)[1]["history"]
-    np.testing.assert_allclose(history[32]["task_loss"], history[1]["task_loss"], rtol=1e-5)
+    np.testing.assert_allclose(history[4]["task_loss"], history[1]["task_loss"], rtol=1e-5)
     # The LM term is each micro-batch's mean over its tokens, so the total is close, not equal.
-    np.testing.assert_allclose(history[32]["loss"], history[1]["loss"], rtol=1e-3)
-    np.testing.assert_allclose(history[32]["val_loss"], history[1]["val_loss"], rtol=1e-5)
+    np.testing.assert_allclose(history[4]["loss"], history[1]["loss"], rtol=1e-3)
+    np.testing.assert_allclose(history[4]["val_loss"], history[1]["val_loss"], rtol=1e-5)
 
 
 # --- progress lines --------------------------------------------------------------------------------------

@@ -83,9 +83,8 @@ def main(argv):
                              "run it without --num_processes.", exitcode=2)
     config = _config(mode, tasks)
     if getattr(config, "init", None) is not None and hub.is_hub(config.init):
-        # A Hub --init: its configs for a dry run, else the whole preset (converted once), as kgpt-train takes it.
-        config = (dataclasses.replace(config, init=hub.check(config.init)[1]) if FLAGS.dry_run
-                  else with_local_init(config))
+        # A Hub --init: the whole preset (converted once); its dry run checks the files as for a folder.
+        config = with_local_init(config)
     if FLAGS.dry_run:
         _dry_run(mode, config, tasks, output_dir, seeds)
         return

@@ -23,7 +23,8 @@ from absl import app, flags
 
 logger = logging.getLogger(__name__)
 
-flags.DEFINE_string("model", None, "A fine-tuned preset (the --output_dir of kgpt-train --task NAME).")
+flags.DEFINE_string("model", None, "A fine-tuned preset: the --output_dir of kgpt-train --task NAME, or "
+                    "hf://OWNER/REPO[@REVISION] where one was uploaded (kgpt.upload_preset).")
 flags.DEFINE_string("input", None, "Examples to predict: a text file (one per line, tabs between segments), "
                     "or a table: a .csv or .tsv with a header row, or a .jsonl.")
 flags.DEFINE_enum("format", None, ["text", "csv", "tsv", "jsonl"], "Input format (default: from the extension).")
@@ -66,16 +67,19 @@ def main(argv):
         common.log_to_stderr()
     written = "text" if FLAGS.data_dir else FLAGS.format or predict.guess_format(FLAGS.input)
     predict.check_output(FLAGS.output, written, FLAGS.overwrite)  # before the model loads
+    from kgpt.io import hub
+
+    model_dir = hub.local(FLAGS.model, kgpt.GPTBackbone)  # a Hub preset's local folder, downloaded once
     if FLAGS.dry_run:
-        dry_run.predict(FLAGS.model, FLAGS.output, FLAGS.overwrite, FLAGS.input, FLAGS.format, FLAGS.columns,
+        dry_run.predict(model_dir, FLAGS.output, FLAGS.overwrite, FLAGS.input, FLAGS.format, FLAGS.columns,
                         FLAGS.data_dir, FLAGS.split)
         return
     from kgpt.models.task_model import is_task_preset
 
-    if not os.path.isdir(FLAGS.model) or not is_task_preset(FLAGS.model):
+    if not os.path.isdir(model_dir) or not is_task_preset(model_dir):
         raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
                                f"pass the --output_dir of a kgpt-train --task NAME run.")
-    model = kgpt.GPTTaskModel.from_preset(FLAGS.model, max_length=FLAGS.max_length)
+    model = kgpt.GPTTaskModel.from_preset(model_dir, max_length=FLAGS.max_length)
     if FLAGS.quantize:
         from kgpt.models import int8
 
@@ -87,7 +91,7 @@ def main(argv):
         f"{model.preprocessor.transform.kind} input).")
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
     if FLAGS.input:
-        columns = predict.columns_for(FLAGS.model, FLAGS.input, FLAGS.format, FLAGS.columns)
+        columns = predict.columns_for(model_dir, FLAGS.input, FLAGS.format, FLAGS.columns)
         inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, columns)
         if inputs.columns:
             logger.info(f"Segments from column(s) {', '.join(inputs.columns)}.")

@@ -66,6 +66,12 @@ def parse(preset):
             _ and not revision):
         raise CheckpointError(f"{preset!r} is not a Hub preset: write hf://OWNER/REPO, or hf://OWNER/REPO@REVISION "
                               f"for a branch, tag or commit.")
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise CheckpointError(f"{preset!r} is not a Hub repository name ({e}).") from None
     return repo_id, revision or None
 
 
@@ -193,8 +199,8 @@ def _layout(preset, config_path, files):
 
 def _kgpt_files(files):
     """The files of a kgpt preset repository that loading reads (keras-hub's layout)."""
-    return {name: sha for name, sha in files.items()
-            if name.endswith((".json", ".h5")) or name.startswith("assets/")}
+    return {name: sha for name, sha in files.items()  # top level only: never a pushed run's checkpoints
+            if ("/" not in name and name.endswith((".json", ".h5"))) or name.startswith("assets/")}
 
 
 def _openai_files(preset, files):
@@ -378,5 +384,7 @@ def upload_preset(uri, preset_dir):
         repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
         commit = api.upload_folder(repo_id=repo_id, folder_path=os.fspath(preset_dir), revision=revision,
                                    allow_patterns=UPLOADED, ignore_patterns=[f"{PARTIAL_DIR}/*"],
+                                   # an earlier upload's model files go, as save_to_preset removes them locally
+                                   delete_patterns=[p for p in UPLOADED if p != "README.md"],
                                    commit_message="Upload kgpt preset")
     return commit.oid

@@ -23,6 +23,7 @@ that is deleted at once.
 """
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -34,7 +35,7 @@ import numpy as np
 from kgpt.data.text import text_chunks
 from kgpt.errors import ConfigError
 from kgpt.models import original
-from kgpt.io import storage
+from kgpt.io import hub, storage
 from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
@@ -213,7 +214,12 @@ def finetune(config, registry=None):
     plan.add("settings", settings(config))
     plan.add("processes", processes(config))
     plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
-    plan.add("init", init(config, task))
+    if hub.is_hub(config.init):  # the configs and tokenizer files only: no weights are downloaded
+        described, folder = hub.check(config.init)
+        plan.add("init", described)
+        config = dataclasses.replace(config, init=folder)
+    else:
+        plan.add("init", init(config, task))
     splits = task.splits if config.epochs > 0 else task.splits[1:]
     data_dir = config.data_dir or finetune_lib.files_dir(config)
     start = starting_tokenizer(config)  # the run's tokenizer and view length, so the rows it cuts are counted

@@ -25,10 +25,11 @@ import math
 import os
 
 from kgpt.errors import ConfigError
+from kgpt.io import hub
 from kgpt.jobs import run
 from kgpt.jobs.config import recorded_settings
 from kgpt.jobs.finetune_data import read_splits, split_fingerprint
-from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point
+from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import same_path
@@ -102,7 +103,7 @@ def check_config(config):
         raise ConfigError("init is required: a pre-trained preset directory, the original release or Hugging Face "
                           "files, a fine-tuned preset of the task, 'scratch' (no pre-training), or 'demo' (pre-train "
                           "the small demo model on the embedded text first).")
-    if config.init not in SPECIAL_INITS and not os.path.exists(config.init):
+    if config.init not in SPECIAL_INITS and not hub.is_hub(config.init) and not os.path.exists(config.init):
         raise ConfigError(f"--init {config.init}: no such preset, release folder or file.")
     if config.scratch_baseline:
         why = ("--init scratch has no pre-training to compare" if config.init == "scratch" else
@@ -125,6 +126,7 @@ def finetune(config, registry=None):
     """
     check_config(config)
     task = resolve_task(config, registry)
+    config = with_local_init(config)
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):

@@ -8,12 +8,14 @@ task's head on it (and LoRA factors with `lora_rank`).
 """
 
 import collections
+import dataclasses
 import logging
 import os
 
 import keras
 
 from kgpt.errors import ConfigError
+from kgpt.io import hub
 from kgpt.io.presets import read_json
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
@@ -51,6 +53,17 @@ def check_transfer_layers(num_layers, depth):
 
 # `initial`: what `initial_model` gave (before special tokens and `pretrained_weights`), for a baseline to reuse.
 Start = collections.namedtuple("Start", "backbone tokenizer origin finetuned initial")
+
+
+def with_local_init(config):
+    """`config` with a Hub `--init` (`hf://OWNER/REPO`, `gpt1_base_en`) replaced by its local folder: downloaded,
+    and converted from openai-gpt files, once per commit (`kgpt.io.hub`)."""
+    if not hub.is_hub(config.init):
+        return config
+    folder = hub.local(config.init, GPTBackbone)
+    named = hub.PRESETS[config.init]["uri"] if config.init in hub.PRESETS else None
+    logger.info(f"--init {config.init}{f' ({named})' if named else ''}: the kgpt preset in {folder}")
+    return dataclasses.replace(config, init=folder)
 
 
 def initial_model(config):

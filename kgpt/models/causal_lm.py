@@ -22,7 +22,10 @@ from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.int8 import QuantizeMixin
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.models.optimizers import gpt_adamw
-from kgpt.io.presets import CheckpointError, PresetMixin, tokenizer_fits
+from kgpt.io import hub
+from kgpt.io.presets import (CONFIG_FILE, TASK_CONFIG_FILE, CheckpointError, PresetMixin, check_overrides,
+                             tokenizer_fits)
+from kgpt.tokenizers.gpt1.files import holds_bpe_files
 from kgpt.tokenizers.interface import PRESET_CONFIG
 
 try:
@@ -217,18 +220,29 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
 
     @classmethod
     def from_preset(cls, preset, **kwargs):
-        """Loads a local kgpt preset, with a text preprocessor when it holds a tokenizer.
+        """Loads a kgpt preset (a local folder, `hf://OWNER/REPO[@REVISION]` or a named preset such as
+        `"gpt1_base_en"`), with a text preprocessor when it holds a tokenizer.
 
         The preprocessor is the one saved with the model (`preprocessor.json`,
         as `save_to_preset` writes when one is attached), or else one built
-        around the preset's `tokenizer.json` with the model's context as
+        around the preset's tokenizer with the model's context as
         `sequence_length`. A preset without a tokenizer loads without one
-        (token ids only); so does `preprocessor=None`. `kwargs` override
-        config entries (e.g. `dropout`).
+        (token ids only); so does `preprocessor=None`. A preset that holds a
+        backbone only (as converted from the Hub's openai-gpt files) gets
+        the tied LM head, as keras-hub builds a task without `task.json`.
+        `kwargs` override config entries (e.g. `dropout`).
         """
-        lm = super().from_preset(preset, **kwargs)
+        preset = hub.local(preset, cls.backbone_cls)
+        if isinstance(preset, (str, os.PathLike)) and not os.path.isfile(os.path.join(preset, TASK_CONFIG_FILE)) \
+                and os.path.isfile(os.path.join(preset, CONFIG_FILE)):
+            load_weights = kwargs.pop("load_weights", True)
+            check_overrides(cls, kwargs)
+            backbone = cls.backbone_cls.from_preset(preset, load_weights=load_weights)
+            lm = cls(backbone, **{"preprocessor": None, **kwargs})
+        else:
+            lm = super().from_preset(preset, **kwargs)
         if lm.preprocessor is None and "preprocessor" not in kwargs:
-            if os.path.isfile(os.path.join(preset, PRESET_CONFIG)):
+            if os.path.isfile(os.path.join(preset, PRESET_CONFIG)) or holds_bpe_files(preset):
                 preprocessor = cls.preprocessor_cls.from_preset(preset)
                 limit = lm.backbone.max_sequence_length
                 preprocessor.sequence_length = min(preprocessor.sequence_length, limit)

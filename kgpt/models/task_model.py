@@ -29,6 +29,7 @@ from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import new_task_model
+from kgpt.io import hub
 from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
                               tokenizer_fits)
 from kgpt.models.task_preprocessor import GPTTaskPreprocessor
@@ -201,12 +202,12 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
 
         Args:
             preset: a fine-tuned preset (`kgpt-train --task NAME --output_dir`,
-                or `save_to_preset`): loaded with its head, label names and
+                or `save_to_preset`; a folder or `hf://OWNER/REPO`): loaded with its head, label names and
                 input transformation, so it predicts on text without the
                 task's plugin. Or a starting point to fine-tune: a kgpt
                 preset (`kgpt-train --task lm --output_dir`), the original
-                GPT-1 release's `model/` folder or Hugging Face openai-gpt
-                files; the start, delimiter and extract tokens are added
+                GPT-1 release's `model/` folder, Hugging Face openai-gpt
+                files, or the released GPT-1 from the Hub (`"gpt1_base_en"`); the start, delimiter and extract tokens are added
                 when the vocabulary lacks them.
             task: with a starting point, the task: a registered name
                 (`"sst2"`) or a `kgpt.Task`. With a fine-tuned preset, None
@@ -232,6 +233,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         max_length = sequence_length if sequence_length is not None else max_length
         if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):
             raise TypeError(f"task must be a registered task's name or a kgpt.Task, got {task!r}.")
+        preset = hub.local(preset, cls.backbone_cls)
         if is_task_preset(preset, cls):
             if lm_coef is not None or classifier_dropout is not None:
                 raise ValueError(f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "

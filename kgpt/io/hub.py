@@ -384,7 +384,5 @@ def upload_preset(uri, preset_dir):
         repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
         commit = api.upload_folder(repo_id=repo_id, folder_path=os.fspath(preset_dir), revision=revision,
                                    allow_patterns=UPLOADED, ignore_patterns=[f"{PARTIAL_DIR}/*"],
-                                   # an earlier upload's model files go, as save_to_preset removes them locally
-                                   delete_patterns=[p for p in UPLOADED if p != "README.md"],
                                    commit_message="Upload kgpt preset")
     return commit.oid

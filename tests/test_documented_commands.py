@@ -302,7 +302,8 @@ def write_input(path, task_name, columns):
     names = columns.split(",") if columns else [f"text{i}" for i in range(count)]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
-        for _ in range(3):
+        for row in range(3):
+            segments = [SENTENCES[(i + row) % 4] for i in range(count)]  # rows differ: a repeat reads as a header
             if path.endswith(".jsonl"):
                 f.write(json.dumps(dict(zip(names, segments))) + "\n")
             elif path.endswith(".tsv"):

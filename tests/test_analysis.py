@@ -112,7 +112,7 @@ def test_zero_shot_curve_for_both_architectures(tmp_path, monkeypatch):
     lstm = json.loads((tmp_path / "out" / "runs" / "curve_lstm" / "config.json").read_text())["config"]
     assert (lstm["lstm_units"], lstm["num_layers"]) == (12, 1)  # the LSTM's settings replace the base's
     assert fitted == [["StopOnNonFiniteLoss", "ZeroShotCallback", "PretrainProgress", "ProgressLog",
-                       "EpochTensorBoard"]] * 2
+                       "EpochTensorBoard", "EpochBar"]] * 2
     run_dir = tmp_path / "out" / "runs" / "curve_transformer"
     written = events(str(run_dir / "logs"))
     assert [(tag, step) for tag, step, _ in written["train"]] == [

@@ -421,6 +421,10 @@ class EpochBar(keras.callbacks.ProgbarLogger):
     """Keras' progress bar, counting the run's `epochs`: a resumed run's first `fit` ends with the epoch it
     finishes, which Keras' own bar would show as the last (`Epoch 3/3` before `Epoch 4/5`)."""
 
+    # Keras adds its own bar after choosing whether batch ends go to its callback thread, so its bar never
+    # forces a host sync per step; this one, passed in by kgpt, says so to keep that.
+    async_safe = True
+
     def __init__(self, epochs):
         super().__init__()
         self.run_epochs = epochs

@@ -66,7 +66,7 @@ def child(spec):
     from kgpt import log
     from kgpt.jobs import finetune, run
     from kgpt.jobs.config import FinetuneConfig
-    from kgpt.models import lora
+    from kgpt.layers import lora
 
     log.to_stdout()  # the run's progress lines, as kgpt-train prints them
 
@@ -170,7 +170,7 @@ def int8_rows():
 
     import kgpt
     from kgpt.jobs import finetune, finetune_data, finetune_outputs
-    from kgpt.models import int8
+    from kgpt.layers import int8
 
     rows = []
     for name in sorted(os.listdir(FLAGS.output_dir)):

@@ -14,7 +14,7 @@ run: `--plan_only` prints just that, e.g. for the paper shape on a CPU) and
 model FLOP utilisation: the training FLOPs per second over the
 matrix-multiply rate measured on the same device in the same process.
 On JAX on a GPU or TPU `kgpt` now runs attention dropout in the fused
-kernel (`kgpt.models.flash_attention`); `kgpt_explicit` is kgpt with the
+kernel (`kgpt.layers.flash_attention`); `kgpt_explicit` is kgpt with the
 explicit `[batch, heads, T, T]` probabilities (the default before, and the
 CPU's), `kgpt_kernel` kgpt with the kernel on any device (a CPU interprets
 it: slow). `kgpt` and `kgpt_fused` train with kgpt's default memory-lean LM loss

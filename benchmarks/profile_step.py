@@ -24,14 +24,14 @@ Python, Keras' loop, dispatch) and the dearest single ops.
 
 `--dropout` sets the model's dropout (0.1 is GPT-1's). kgpt's dropout
 layers draw Keras' masks through an unrolled hash on JAX
-(`kgpt.models.dropout`); `--ab` builds a second model, the same but drawing
+(`kgpt.layers.dropout`); `--ab` builds a second model, the same but drawing
 them with `keras.random.dropout` (JAX's rolled loop), and times the two in
 one process, their fits taking turns (`--rounds` each); on JAX each is then
 traced in turn (a table each, in `--trace_dir`/kgpt and /keras).
 `--dropout_masks keras` makes the second way the first.
 
 `--attention` picks how attention dropout runs: `default` (on JAX on a GPU
-or TPU the fused kernel of `kgpt.models.flash_attention`, elsewhere the
+or TPU the fused kernel of `kgpt.layers.flash_attention`, elsewhere the
 explicit probabilities), `explicit`, `kernel` (on any device; a CPU
 interprets it, slowly) or `none` (attention dropout 0: attention through
 `keras.ops.dot_product_attention`). `--summary_json` ends with one line of JSON
@@ -55,8 +55,8 @@ from absl import app, flags, logging
 import finetune  # the split's and the model's flags and builders (the script's folder is on sys.path)
 import step_profile
 from kgpt.jobs import run
-from kgpt.models.decoder_block import GPTDecoderBlock
-from kgpt.models import dropout as kgpt_dropout
+from kgpt.layers.decoder_block import GPTDecoderBlock
+from kgpt.layers import dropout as kgpt_dropout
 from kgpt.parallel.distribute import DTYPES
 
 flags.DEFINE_integer("length", None, "Padded tokens per example (default: --sequence_length).")
@@ -67,7 +67,7 @@ flags.DEFINE_integer("rounds", 3, "Timed fits of --steps steps (the median step 
 flags.DEFINE_string("trace_dir", None, "Where the profiler writes its trace (default: a temporary folder, removed).")
 flags.DEFINE_integer("top", 12, "JAX: how many of the dearest single ops to list.")
 flags.DEFINE_enum("dropout_masks", "kgpt", ["kgpt", "keras"], "Draw dropout masks with kgpt's unrolled hash "
-                  "(`kgpt.models.dropout.Dropout.unrolled`) or with keras.random.dropout (the same masks).")
+                  "(`kgpt.layers.dropout.Dropout.unrolled`) or with keras.random.dropout (the same masks).")
 flags.DEFINE_bool("ab", False, "Also time the model with the other --dropout_masks, the two taking turns.")
 flags.DEFINE_multi_string("xla_options", [], "JAX: a set of XLA compiler options to compare, 'name=value,...' "
                           "(e.g. xla_cpu_multi_thread_eigen=false); repeat the flag for several sets. The train step "

@@ -21,12 +21,12 @@ import tempfile
 import numpy as np
 
 from kgpt.tasks import metrics as metrics_lib
-from kgpt.models.backbone import GPTBackbone
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.tasks.task import Example, Skipped, Task
-from kgpt.models.task_model import GPTTaskModel
-from kgpt.models.task_preprocessor import GPTTaskPreprocessor
-from kgpt.models.tokenizer import GPTTokenizer
+from kgpt.models.gpt.gpt_task_model import GPTTaskModel
+from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
 
 _TEXT = ["the cat sat on the mat", "a dog ran", "rain falls in spring", "why is the sky blue"]
 

@@ -143,7 +143,7 @@ def newline_tokenizer():
 
 
 def text_lm(tokenizer, sequence_length=16):
-    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     return kgpt.GPTCausalLM(backbone, preprocessor=GPTCausalLMPreprocessor(tokenizer, sequence_length))

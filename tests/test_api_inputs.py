@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 import kgpt
 from conftest import TINY, newline_tokenizer, text_lm, to_numpy
-from kgpt.models import inputs as checks
-from kgpt.models.generation import pack_prompts
+from kgpt import checks
+from kgpt.models.gpt.generation import pack_prompts
 
 
 @pytest.fixture(scope="module")
@@ -359,7 +359,7 @@ def test_backbone_call_checks_host_arrays():
 
 
 def test_models_refuse_a_tokenizer_larger_than_the_vocabulary():
-    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     small = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": 20})
     with pytest.raises(ValueError, match="tokenizer has 99 ids, more than the backbone's vocabulary_size=20"):
@@ -380,7 +380,7 @@ def test_task_model_refuses_bad_settings():
 
 
 def test_causal_lm_preprocessor_refuses_bad_arguments():
-    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     tokenizer = newline_tokenizer()
     for args, error, match in [

@@ -21,7 +21,7 @@ def keras_hub_reversible():
 
 def test_architecture_matches_gpt1(backbone):
     layer = backbone.transformer_layers[0]
-    assert isinstance(layer, kgpt.models.decoder_block.GPTDecoderBlock)
+    assert isinstance(layer, kgpt.layers.decoder_block.GPTDecoderBlock)
     assert layer.layer_norm_epsilon == 1e-5
     assert layer.dropout == 0.1
     x = np.linspace(-3, 3, 7).astype("float32")
@@ -51,7 +51,7 @@ def test_no_keras_hub_private_attributes_are_used():
 @pytest.mark.parametrize("attention_dropout", [None, 0.0])
 def test_block_cache_equals_the_full_pass(attention_dropout):
     """Feeding a block one position at a time through its key/value cache gives the full pass's states."""
-    block = kgpt.models.decoder_block.GPTDecoderBlock(num_heads=2, intermediate_dim=32, dropout=0.1,
+    block = kgpt.layers.decoder_block.GPTDecoderBlock(num_heads=2, intermediate_dim=32, dropout=0.1,
                                                       attention_dropout=attention_dropout)
     x = np.random.default_rng(0).normal(size=(2, 6, 16)).astype("float32")
     full = to_numpy(block(x))

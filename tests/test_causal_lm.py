@@ -5,7 +5,7 @@ import pytest
 
 import kgpt
 from conftest import TINY, newline_tokenizer, random_inputs, text_lm, to_numpy
-from kgpt.models.generation import pack_prompts
+from kgpt.models.gpt.generation import pack_prompts
 
 
 def log_softmax(x):
@@ -193,7 +193,7 @@ def test_generate_text_errors():
 
 def test_score_text_matches_score_ids():
     from conftest import char_tokenizer
-    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     lm = text_lm(newline_tokenizer())
     texts = ["a cab", "the dog ran"]

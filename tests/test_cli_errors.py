@@ -159,7 +159,7 @@ def test_preset_naming_a_function_as_its_class(presets, tmp_path):
         if os.path.isfile(presets / "good" / name):
             (preset / name).write_bytes((presets / "good" / name).read_bytes())
     config = json.loads((preset / "config.json").read_text())
-    config.update(module="kgpt.models.decoder_block", class_name="gelu_tanh", registered_name="kgpt>gelu_tanh")
+    config.update(module="kgpt.layers.decoder_block", class_name="gelu_tanh", registered_name="kgpt>gelu_tanh")
     (preset / "config.json").write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match=r"config.json describes 'kgpt>gelu_tanh', expected 'kgpt>GPTBackbone'"):
         kgpt.GPTBackbone.from_preset(str(preset))
@@ -168,7 +168,7 @@ def test_preset_naming_a_function_as_its_class(presets, tmp_path):
 
 
 def test_npy_header_claiming_terabytes_is_named_not_allocated(tmp_path):
-    from kgpt.models import original
+    from kgpt.models.converters import original
 
     path = tmp_path / "params_0.npy"
     with open(path, "wb") as f:

@@ -47,7 +47,7 @@ def test_compile_batches_converts_to_average_batches_rounded_to_a_power_of_two()
 
 def test_attention_length_follows_the_models_shape():
     """Where attention's cost per row catches up with the rest: later with a larger LM head, never without attention."""
-    from kgpt.models.lstm import LSTMBackbone
+    from kgpt.models.lstm.lstm_backbone import LSTMBackbone
 
     backbone = kgpt.GPTBackbone(**TINY)
     tiny = compile_cost.attention_length(backbone)

@@ -6,7 +6,7 @@ import tensorflow as tf
 from conftest import TINY
 
 import kgpt
-from kgpt.models import inputs as checks
+from kgpt import checks
 
 V, T = TINY["vocabulary_size"], 8
 

@@ -204,7 +204,7 @@ def make_pretrained(path):
 
 
 def make_causal_lm(path):
-    from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+    from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     tokenizer = char_tokenizer()
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64})

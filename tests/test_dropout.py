@@ -4,7 +4,7 @@ import keras
 import numpy as np
 import pytest
 
-from kgpt.models import dropout
+from kgpt.layers import dropout
 
 SHAPES = [(3, 5), (2, 2, 7, 7)]
 

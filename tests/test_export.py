@@ -36,7 +36,7 @@ def random_backbone(vocab, seed=0):
     _, arrays = gpt1_reference.random_checkpoint(vocab=vocab, seed=seed, **SIZES)
     backbone = kgpt.GPTBackbone(vocabulary_size=vocab, num_layers=2, num_heads=HEADS, hidden_dim=16,
                                 intermediate_dim=64, max_sequence_length=16)
-    kgpt.models.original_convert.assign(backbone, arrays)
+    kgpt.models.converters.original_convert.assign(backbone, arrays)
     return backbone, arrays
 
 
@@ -151,7 +151,7 @@ def test_bad_exports_fail_clearly(tmp_path, tokenizer):
             str(tmp_path / "x"), format="huggingface", tokenizer=tokenizer)
     lstm = kgpt.LSTMBackbone(vocabulary_size=98, hidden_dim=16, lstm_units=8)
     with pytest.raises(TypeError, match="LSTMBackbone has no Hugging Face openai-gpt format"):
-        kgpt.models.original_convert.save_huggingface(lstm, str(tmp_path / "x"))
+        kgpt.models.converters.original_convert.save_huggingface(lstm, str(tmp_path / "x"))
     assert not os.path.exists(tmp_path / "x")  # nothing written by a refused export
 
 

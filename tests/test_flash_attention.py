@@ -58,7 +58,7 @@ def output_and_grads(attend, q, k, v):
 
 
 def kernel(rate, seed=(11, 22), **tiles):
-    from kgpt.models.flash_attention import flash_attention
+    from kgpt.layers.flash_attention import flash_attention
 
     tiles = tiles or dict(block=16, block_backward=16)
     return lambda q, k, v, valid: flash_attention(q, k, v, np.asarray(seed, "uint32"), rate=rate, scale=D**-0.5,
@@ -82,7 +82,7 @@ def test_without_dropout_it_is_plain_attention_forward_and_backward():
 
 
 def test_with_dropout_it_is_plain_attention_with_the_hash_mask_forward_and_backward():
-    from kgpt.models.flash_attention import dropout_keep_mask
+    from kgpt.layers.flash_attention import dropout_keep_mask
 
     q, k, v, valid = inputs()
     rate, seed = 0.25, np.asarray([11, 22], "uint32")
@@ -100,7 +100,7 @@ def test_with_dropout_it_is_plain_attention_with_the_hash_mask_forward_and_backw
 def test_the_kernel_applies_exactly_the_hash_mask():
     import jax.numpy as jnp
 
-    from kgpt.models.flash_attention import dropout_keep_mask
+    from kgpt.layers.flash_attention import dropout_keep_mask
 
     # Equal scores make each probability 1 / (row + 1), and one-hot values read them out one by one.
     length, rate = 32, 0.3
@@ -116,7 +116,7 @@ def test_the_kernel_applies_exactly_the_hash_mask():
 
 @pytest.mark.parametrize("rate", [0.1, 0.5])
 def test_the_masks_drop_at_the_rate_independently_per_head_row_and_seed(rate):
-    from kgpt.models.flash_attention import dropout_keep_mask
+    from kgpt.layers.flash_attention import dropout_keep_mask
 
     length = 512
     masks = {s: np.asarray(dropout_keep_mask(np.asarray(s, "uint32"), 2, 2, length, rate)).astype("float64")
@@ -143,7 +143,7 @@ def test_it_lowers_for_gpus_and_tpus():
     import jax.numpy as jnp
     from jax import export
 
-    from kgpt.models.flash_attention import flash_attention
+    from kgpt.layers.flash_attention import flash_attention
 
     x = jax.ShapeDtypeStruct((2, 200, 4, 64), jnp.bfloat16)
 
@@ -180,7 +180,7 @@ def block_and_input(length=T):
 
 def test_the_block_trains_through_the_kernel_with_its_own_seed_stream(monkeypatch):
     import kgpt
-    from kgpt.models.flash_attention import dropout_keep_mask
+    from kgpt.layers.flash_attention import dropout_keep_mask
 
     monkeypatch.setattr(kgpt.GPTDecoderBlock, "fused_dropout_attention", True)
     layer, x = block_and_input()
@@ -228,7 +228,7 @@ def test_the_kernel_is_chosen_on_one_gpu_or_tpu_only_and_can_be_turned_off(monke
 
 
 def test_on_a_cpu_training_keeps_the_explicit_path(monkeypatch):
-    from kgpt.models import flash_attention
+    from kgpt.layers import flash_attention
 
     def refuse(*args, **kwargs):
         raise AssertionError("the kernel was called")

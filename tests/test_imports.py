@@ -96,7 +96,7 @@ def path_within(graph, group):
 # Bottom to top; a module may import its own layer and the layers below. The modules at the package's
 # root are the base (errors, logging, child processes) except `testing`, the plugin authors' helpers,
 # which sits on top with the facade. The order and what each layer holds is CONTRIBUTING.md's layer map.
-LAYERS = ["base", "io", "data", "tokenizers", "tasks", "parallel", "models", "train", "analysis", "jobs", "cli", "testing"]
+LAYERS = ["base", "io", "data", "tokenizers", "tasks", "parallel", "layers", "models", "train", "analysis", "jobs", "cli", "testing"]
 
 
 def layer(module):

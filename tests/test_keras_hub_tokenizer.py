@@ -18,7 +18,7 @@ from conftest import cli
 import kgpt
 from kgpt.cli import train
 from kgpt.data import shards
-from kgpt.models.tokenizer import read_tokenizer
+from kgpt.models.gpt.gpt_tokenizer import read_tokenizer
 from kgpt.tokenizers.keras_hub_adapter import KerasHubTokenizer
 
 MERGES = ["Ġ t", "h e", "Ġt he", "i n", "e r", "a n", "o n", "Ġ a", "r e", "e n", "Ġ s", "Ġ w", "Ġ b", "i s"]

@@ -18,7 +18,7 @@ from kgpt.io.presets import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import finetune_model
 from kgpt.jobs.config import FinetuneConfig
-from kgpt.models import lora
+from kgpt.layers import lora
 from kgpt.tasks import transforms
 from kgpt.train import checkpoint
 

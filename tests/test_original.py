@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kgpt
-from kgpt.models.original import array_names
+from kgpt.models.converters.original import array_names
 import gpt1_reference
 from conftest import TINY, char_tokenizer, to_numpy
 
@@ -242,7 +242,7 @@ def test_mismatched_tokenizer_files_fail_clearly(tmp_path):
 def test_the_real_release_shapes_give_the_paper_model():
     shipped = os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe", "params_shapes.json")
     shapes = json.load(open(shipped))  # the release's own file (MIT), shipped with kgpt
-    sizes = kgpt.models.original.sizes_from_shapes(shapes, shipped)
+    sizes = kgpt.models.converters.original.sizes_from_shapes(shapes, shipped)
     paper = {k: kgpt.GPT1_CONFIG[k] for k in sizes}
     assert sizes == paper
     names = array_names(12)

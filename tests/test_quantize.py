@@ -15,7 +15,7 @@ from kgpt.io import presets
 from kgpt.io.presets import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs.config import FinetuneConfig
-from kgpt.models import int8
+from kgpt.layers import int8
 
 
 def int8_arrays(model):

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import kgpt
 from conftest import TINY, char_tokenizer, to_numpy
-from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
 TEXTS = ["a cab", "the dog ran to the cab!"]
 

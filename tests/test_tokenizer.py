@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 import kgpt
-from kgpt.models.tokenizer import GPTTokenizer
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
 
 ASSETS = os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe")
 

@@ -8,7 +8,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from kgpt.models import inputs
+from kgpt import checks as inputs
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
 

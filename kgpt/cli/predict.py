@@ -74,14 +74,14 @@ def main(argv):
         dry_run.predict(model_dir, FLAGS.output, FLAGS.overwrite, FLAGS.input, FLAGS.format, FLAGS.columns,
                         FLAGS.data_dir, FLAGS.split)
         return
-    from kgpt.models.task_model import is_task_preset
+    from kgpt.models.gpt.gpt_task_model import is_task_preset
 
     if not os.path.isdir(model_dir) or not is_task_preset(model_dir):
         raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
                                f"pass the --output_dir of a kgpt-train --task NAME run.")
     model = kgpt.GPTTaskModel.from_preset(model_dir, max_length=FLAGS.max_length)
     if FLAGS.quantize:
-        from kgpt.models import int8
+        from kgpt.layers import int8
 
         already = int8.is_quantized(model)
         int8.quantize(model, FLAGS.quantize)

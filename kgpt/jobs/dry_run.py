@@ -34,7 +34,7 @@ import numpy as np
 
 from kgpt.data.text import text_chunks
 from kgpt.errors import ConfigError
-from kgpt.models import original
+from kgpt.models.converters import original
 from kgpt.io import hub, storage
 from kgpt.io.presets import CheckpointError, check_sizes, read_json
 from kgpt.jobs import finetune as finetune_lib
@@ -44,8 +44,8 @@ from kgpt.jobs.finetune_data import encode_split
 from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, starting_tokenizer, untrained_head
 from kgpt.jobs.finetune_outputs import baselines
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
-from kgpt.models.backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
-from kgpt.models.task_model import is_task_preset
+from kgpt.models.gpt.gpt_backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
+from kgpt.models.gpt.gpt_task_model import is_task_preset
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.parallel import placement
@@ -174,7 +174,7 @@ def corpus(pattern):
 
 def tokenizer(config, plan):
     """Describes the run's tokenizer; returns its vocabulary size with special tokens, None before it is learned."""
-    from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+    from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
     from kgpt.tokenizers.interface import PRESET_CONFIG
 
     if config.tokenizer is None:
@@ -416,7 +416,7 @@ def labels(task, encoded):
 def predict(model, output, overwrite=False, input=None, format=None, columns=None, data_dir=None, split="test",
             registry=None):
     """Checks what `kgpt-predict` would read and write; returns the findings."""
-    from kgpt.models.task_preprocessor import GPTTaskPreprocessor
+    from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
     from kgpt.jobs import predict as predict_lib
 
     plan = Plan("kgpt-predict")

@@ -208,7 +208,7 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
 
 def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
     """Evaluates a pre-trained preset zero-shot on `tasks` (`{name: data_dir or None}`); returns results."""
-    from kgpt.models.causal_lm import GPTCausalLM
+    from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
 
     registry = registry or TaskRegistry()
     zero_shot_lib.check_tasks(tasks, registry)  # before the model is loaded

@@ -33,8 +33,8 @@ from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, start
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import same_path
-from kgpt.models.task_model import GPTTaskModel, is_task_preset
-from kgpt.models.task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns
+from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
+from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns
 from kgpt.parallel import cluster
 from kgpt.tasks.registry import TaskRegistry
 

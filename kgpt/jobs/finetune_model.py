@@ -19,12 +19,13 @@ from kgpt.io import hub
 from kgpt.io.presets import read_json
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
-from kgpt.models import lora, original
-from kgpt.models.backbone import GPTBackbone
+from kgpt.layers import lora
+from kgpt.models.converters import original
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
-from kgpt.models.task_model import GPTTaskModel, is_task_preset
-from kgpt.models.task_preprocessor import GPTTaskPreprocessor
-from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
+from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines
 from kgpt.io import storage
 from kgpt.io.storage import write_text
-from kgpt.models.task_preprocessor import segment_columns
+from kgpt.models.gpt.gpt_task_preprocessor import segment_columns
 from kgpt.parallel import distribute
 
 logger = logging.getLogger(__name__)

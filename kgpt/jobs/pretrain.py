@@ -18,17 +18,17 @@ import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.data import demo_world
-from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.data.shards import Team, build_shards
-from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import PRESET_CONFIG
 from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.jobs import run
 from kgpt.jobs.config import recorded_settings
-from kgpt.models.backbone import GPTBackbone
-from kgpt.models.causal_lm import GPTCausalLM
-from kgpt.models.lstm import LSTMBackbone
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
+from kgpt.models.lstm.lstm_backbone import LSTMBackbone
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.parallel import cluster, distribute
 from kgpt.train.callbacks import EpochBar, Progress

@@ -38,7 +38,7 @@ import numpy as np
 from kgpt.io import storage
 from kgpt.io.presets import CheckpointError, check_weights_file, read_json
 from kgpt.io.storage import write_json
-from kgpt.models import lora
+from kgpt.layers import lora
 from kgpt.parallel import cluster
 from kgpt.parallel.distribute import spread_over_processes, writing
 

@@ -11,7 +11,7 @@ import numpy as np
 from keras import ops
 
 from kgpt.data import inputs_kind
-from kgpt.models import inputs as checks
+from kgpt import checks
 from kgpt.models.optimizers import WarmupSchedule
 
 try:

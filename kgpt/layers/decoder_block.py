@@ -5,7 +5,7 @@
 
 This is the file to touch to change the attention. Its sublayers are public
 and named after the arrays they hold, so the original/Hugging Face formats
-(`kgpt.models.original`) and the model-parallel layout (`kgpt.parallel.distribute`)
+(`kgpt.models.converters.original`) and the model-parallel layout (`kgpt.parallel.distribute`)
 map onto them by name: `query_dense`, `key_dense`, `value_dense`
 (kernels `[hidden, heads, head_dim]`), `attention_output_dense`
 (`[heads, head_dim, hidden]`), `attention_layer_norm`,
@@ -20,7 +20,7 @@ import math
 import keras
 from keras import ops
 
-from kgpt.models.dropout import Dropout
+from kgpt.layers.dropout import Dropout
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -48,7 +48,7 @@ class GPTDecoderBlock(keras.layers.Layer):
             probabilities (`None`: `dropout`). At 0 attention runs through
             `keras.ops.dot_product_attention` (flash attention where the
             device has it). Otherwise, in training on JAX on a GPU or TPU,
-            through `kgpt.models.flash_attention`'s kernel, which draws the
+            through `kgpt.layers.flash_attention`'s kernel, which draws the
             mask inside (see `fused_dropout_attention`); elsewhere the
             probabilities are computed explicitly, in float32 under mixed
             precision.
@@ -162,7 +162,7 @@ class GPTDecoderBlock(keras.layers.Layer):
             y = ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
                                           flash_attention=keras.config.is_flash_attention_enabled())
         elif training and cache is None and self._fused_dropout():
-            from kgpt.models.flash_attention import flash_attention
+            from kgpt.layers.flash_attention import flash_attention
 
             # The seed the explicit path's dropout would draw: the layer's seed stream (and so a
             # checkpoint's random state) advances the same way whichever path runs.

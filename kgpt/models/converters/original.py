@@ -16,7 +16,7 @@ Hugging Face's `model.safetensors` holds the same arrays under names such as
 `h.0.attn.c_attn.weight` (Conv1D weights, i.e. `w[0]`). Both load into a
 `GPTBackbone` whose forward pass equals the original's equations (checked
 against a NumPy implementation of them in the tests), and both are written
-back: `kgpt.models.original_convert` maps the arrays read here onto the
+back: `kgpt.models.converters.original_convert` maps the arrays read here onto the
 Keras layers and writes a backbone's weights in either format.
 """
 

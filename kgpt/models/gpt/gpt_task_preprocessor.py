@@ -16,8 +16,8 @@ from keras_hub.models import Preprocessor
 from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.tasks import transforms
-from kgpt.models.backbone import GPTBackbone
-from kgpt.models.tokenizer import GPTTokenizer
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
 
 
 MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text

@@ -4,9 +4,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from kgpt.models import inputs as checks
-from kgpt.models.causal_lm_inputs import NO_PREPROCESSOR, check_length
-from kgpt.models.keras_hub_scoring import keras_hub_score
+from kgpt import checks
+from kgpt.models.gpt.causal_lm_inputs import NO_PREPROCESSOR, check_length
+from kgpt.models.gpt.keras_hub_scoring import keras_hub_score
 
 try:
     import tensorflow as tf

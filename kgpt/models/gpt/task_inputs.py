@@ -3,7 +3,7 @@
 keras-hub's `PipelineModel` maps a preprocessor over `tf.data` batches; task
 examples are tokenized in Python and batched by length
 (`kgpt.data.batching`) instead, and a `tf.data.Dataset` of strings goes
-through `kgpt.models.task_preprocessor.encode_dataset`.
+through `kgpt.models.gpt.gpt_task_preprocessor.encode_dataset`.
 """
 
 import warnings
@@ -12,8 +12,8 @@ import numpy as np
 
 from kgpt.data import inputs_kind
 from kgpt.data import batching
-from kgpt.models import inputs as checks
-from kgpt.models.task_preprocessor import encode_dataset as encode_text_dataset
+from kgpt import checks
+from kgpt.models.gpt.gpt_task_preprocessor import encode_dataset as encode_text_dataset
 from kgpt.tasks import heads as heads_lib
 from kgpt.tasks.task import Example
 
@@ -67,7 +67,7 @@ def text_dataset(model, x, y, batch_size, seed=None, name="inputs", epochs=1,
 
 
 def encode_dataset(model, ds, targets):
-    """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.models.task_preprocessor.encode_dataset`)."""
+    """A batched `tf.data.Dataset` of raw text -> model batches (`kgpt.models.gpt.gpt_task_preprocessor.encode_dataset`)."""
     if model.preprocessor is None:
         raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
                          "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")

@@ -22,7 +22,7 @@ import keras
 from keras.src.quantizers.utils import should_quantize_layer
 
 from kgpt.io import presets
-from kgpt.models import lora
+from kgpt.layers import lora
 
 INT8 = "int8"
 # Modes whose saved kernels Keras re-quantizes with the LoRA update merged in.

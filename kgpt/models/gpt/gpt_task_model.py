@@ -4,8 +4,8 @@ Paper section 3.2: the head is a linear layer on the last layer's hidden
 state at each view's extract token (its last real token), after classifier
 dropout; training minimises `task loss + lm_coef * LM loss`, the LM loss
 being next-token cross-entropy over the real tokens of the same views.
-Its parts: `kgpt.models.views` (the layers that fold views into the batch),
-`kgpt.models.task_inputs` (raw text in) and `kgpt.models.lm_loss`.
+Its parts: `kgpt.layers.views` (the layers that fold views into the batch),
+`kgpt.models.gpt.task_inputs` (raw text in) and `kgpt.models.lm_loss`.
 """
 
 import os
@@ -19,20 +19,21 @@ from keras_hub.models import TextClassifier
 from kgpt.data import inputs_kind
 from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
-from kgpt.models import inputs as checks
-from kgpt.models import compile_cost, task_inputs
-from kgpt.models.backbone import GPTBackbone
-from kgpt.models.dropout import Dropout
-from kgpt.models.int8 import QuantizeMixin
+from kgpt import checks
+from kgpt.models import compile_cost
+from kgpt.models.gpt import task_inputs
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.layers.dropout import Dropout
+from kgpt.layers.int8 import QuantizeMixin
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
-from kgpt.models.views import ExtractStates, FoldViews, UnfoldViews
+from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import new_task_model
 from kgpt.io import hub
 from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
                               tokenizer_fits)
-from kgpt.models.task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -311,7 +312,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    # --- raw text in (kgpt.models.task_inputs) ---------------------------------
+    # --- raw text in (kgpt.models.gpt.task_inputs) ---------------------------------
 
     def encode(self, x, y=None, name="inputs"):
         """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""

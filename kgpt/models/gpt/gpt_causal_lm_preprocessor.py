@@ -6,12 +6,12 @@ import keras
 import numpy as np
 from keras_hub.models import CausalLMPreprocessor
 
-from kgpt.models.backbone import GPTBackbone
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.io import hub
 from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
-from kgpt.models.tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import check_tokenizer
-from kgpt.models.inputs import positive_int
+from kgpt.checks import positive_int
 
 PREPROCESSOR_CONFIG = "preprocessor.json"  # keras-hub's preset layout
 

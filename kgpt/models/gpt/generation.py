@@ -15,8 +15,8 @@ import keras
 import numpy as np
 from keras import ops
 
-from kgpt.models import inputs as checks
-from kgpt.models.causal_lm_inputs import check_length
+from kgpt import checks
+from kgpt.models.gpt.causal_lm_inputs import check_length
 
 # keras-hub's make_generate_function sets `generate_function` to the plain step before it compiles it:
 # a second thread must not pick up that half-made state.
@@ -27,7 +27,7 @@ _SAMPLER_STATE_LOCK = threading.Lock()
 
 def one_draw_at_a_time(lm, generate_function):
     """`generate_function`, run under a lock when `lm`'s sampler has a random state, and on JAX never
-    beside a Keras loop (`kgpt.models.inputs.one_loop_at_a_time`: the loop detaches the variables'
+    beside a Keras loop (`kgpt.checks.one_loop_at_a_time`: the loop detaches the variables'
     values, which keras-hub reads before each compiled call).
 
     A random sampler (top-k, top-p, random) keeps its seed in a variable that

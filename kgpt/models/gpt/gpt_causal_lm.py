@@ -1,7 +1,7 @@
 """The GPT-1 language model: backbone + LM head tied to the token embedding.
 
-Its parts by concern: `kgpt.models.causal_lm_inputs` (what `fit`, `evaluate`
-and `predict` check), `kgpt.models.scoring` (`score`), `kgpt.models.generation`
+Its parts by concern: `kgpt.models.gpt.causal_lm_inputs` (what `fit`, `evaluate`
+and `predict` check), `kgpt.models.gpt.scoring` (`score`), `kgpt.models.gpt.generation`
 (`generate`) and `kgpt.models.lm_loss` (the memory-lean training loss).
 """
 
@@ -13,13 +13,14 @@ from keras import ops
 from keras_hub.models import CausalLM
 
 from kgpt.data import inputs_kind
-from kgpt.models import generation, scoring
-from kgpt.models import inputs as checks
-from kgpt.models.backbone import GPTBackbone
-from kgpt.models.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset,
+from kgpt.models.gpt import generation
+from kgpt.models.gpt import scoring
+from kgpt import checks
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset,
                                           warn_if_warming_up)
-from kgpt.models.causal_lm_preprocessor import GPTCausalLMPreprocessor
-from kgpt.models.int8 import QuantizeMixin
+from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.layers.int8 import QuantizeMixin
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.io import hub
@@ -409,7 +410,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
 
     def make_generate_function(self):
         """keras-hub's compiled generate function, made once; safe to call from several threads at once
-        (`kgpt.models.generation.one_draw_at_a_time`)."""
+        (`kgpt.models.gpt.generation.one_draw_at_a_time`)."""
         with generation.MAKE_FUNCTION_LOCK:
             compiled = super().make_generate_function()
         return generation.one_draw_at_a_time(self, compiled)
@@ -425,9 +426,9 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         return export_causal_lm(self, filepath, format=format, verbose=verbose, **kwargs)
 
     def get_quantization_layer_structure(self, mode):
-        """keras-hub's layout for GPTQ/AWQ calibration (`kgpt.models.keras_hub_scoring.quantization_layer_structure`):
+        """keras-hub's layout for GPTQ/AWQ calibration (`kgpt.models.gpt.keras_hub_scoring.quantization_layer_structure`):
         token plus position embeddings as one pre-block model, then the transformer blocks."""
-        from kgpt.models.keras_hub_scoring import quantization_layer_structure
+        from kgpt.models.gpt.keras_hub_scoring import quantization_layer_structure
 
         return quantization_layer_structure(self, mode)
 

@@ -1,6 +1,6 @@
 """A `GPTBackbone` from and to the original GPT-1 release's and Hugging Face's `openai-gpt` files.
 
-`kgpt.models.original` reads and checks the files' arrays; here they are
+`kgpt.models.converters.original` reads and checks the files' arrays; here they are
 mapped onto the Keras layers (`assign`, `arrays_of`), loaded as a backbone
 (`load_backbone`) and written back (`save_original`, `save_huggingface`),
 each file under a temporary name first.
@@ -15,8 +15,8 @@ import keras
 import numpy as np
 
 from kgpt.io.presets import CheckpointError
-from kgpt.models.decoder_block import GPTDecoderBlock
-from kgpt.models.original import (BPE_FILE, ENCODER_FILE, HF_ADDED_TOKENS_FILE, HF_CONFIG_FILE, HF_FILES,
+from kgpt.layers.decoder_block import GPTDecoderBlock
+from kgpt.models.converters.original import (BPE_FILE, ENCODER_FILE, HF_ADDED_TOKENS_FILE, HF_CONFIG_FILE, HF_FILES,
                                   HF_MERGES_FILE, HF_SPECIAL_TOKENS_FILE, HF_TF_WEIGHTS_FILE,
                                   HF_TOKENIZER_CONFIG_FILE, HF_VOCAB_FILE, HF_WEIGHTS_FILE, LAYER_ARRAYS, SHAPES_FILE,
                                   SHARD_PATTERN, SPECIAL_TOKENS, check_vocabulary, huggingface_names, is_huggingface,
@@ -242,7 +242,7 @@ def save_huggingface(backbone, directory, tokenizer=None, overwrite=False):
 
     Example:
     ```python
-    kgpt.models.original_convert.save_huggingface(backbone, "hf_out", tokenizer=kgpt.GPTTokenizer.gpt1())
+    kgpt.models.converters.original_convert.save_huggingface(backbone, "hf_out", tokenizer=kgpt.GPTTokenizer.gpt1())
     ```
     """
     from safetensors.numpy import save as safetensors_bytes

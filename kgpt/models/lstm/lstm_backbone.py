@@ -10,7 +10,7 @@ import keras
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.models.backbone import AddedTokensMixin, _normal
+from kgpt.models.gpt.gpt_backbone import AddedTokensMixin, _normal
 from kgpt.io.presets import PresetMixin
 
 

@@ -10,7 +10,7 @@ import keras
 
 from kgpt.errors import ConfigError
 from kgpt.io.presets import CheckpointError
-from kgpt.models.backbone import GPTBackbone
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.tokenizers.gpt1.tokenizer import GPT1Tokenizer
 from kgpt.tokenizers.loading import load_tokenizer
 

@@ -9,7 +9,7 @@ patching, GPTQ/AWQ calibration) runs on GPT-1.
 import keras
 from keras import ops
 
-from kgpt.models import inputs as checks
+from kgpt import checks
 
 
 def keras_hub_score(lm, inputs, scoring_mode, layer_intercept_fn, target_ids):

@@ -18,13 +18,14 @@ from keras_hub.layers import PositionEmbedding
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.models import original, original_convert
+from kgpt.models.converters import original
+from kgpt.models.converters import original_convert
 from kgpt.io import hub
 from kgpt.io.presets import PresetMixin
-from kgpt.models import inputs as checks
-from kgpt.models.decoder_block import GPTDecoderBlock
-from kgpt.models.dropout import Dropout
-from kgpt.models.lora import LoraMixin
+from kgpt import checks
+from kgpt.layers.decoder_block import GPTDecoderBlock
+from kgpt.layers.dropout import Dropout
+from kgpt.layers.lora import LoraMixin
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
 GPT1_CONFIG = {

@@ -1,0 +1,1 @@
+"""The LSTM of the paper's Table 5 ablation."""

@@ -135,10 +135,34 @@ def test_the_layer_check_finds_an_upward_import():
     assert upward_imports(graph) == ["kgpt.io.storage (io) -> kgpt.jobs.rundir (jobs)"]
 
 
-def test_no_module_of_kgpt_is_over_500_lines():
-    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
-            if (n := len(p.read_text().splitlines())) > 500}
+def code_lines(source):
+    """The lines of `source` that hold code: not blank, not a comment, not a docstring."""
+    tree = ast.parse(source)
+    docstrings = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for number, line in enumerate(source.splitlines(), 1)
+               if line.strip() and not line.strip().startswith("#") and number not in docstrings)
+
+
+def test_no_module_of_kgpt_holds_over_500_lines_of_code():
+    # Docstrings and comments do not count, and a module holding one class may hold all of it: the limit
+    # splits concerns, never a class.
+    long = {}
+    for path in ROOT.rglob("*.py"):
+        source = path.read_text()
+        classes = [node for node in ast.parse(source).body if isinstance(node, ast.ClassDef)]
+        if (n := code_lines(source)) > 500 and len(classes) != 1:
+            long[str(path.relative_to(ROOT.parent))] = n
     assert not long, f"split these by concern: {long}"
+
+
+def test_code_lines_leave_out_docstrings_comments_and_blank_lines():
+    source = 'def f():\n    """Doc\n    string."""\n\n    # why\n    return """not a docstring"""\n'
+    assert code_lines(source) == 2
 
 
 def test_the_checker_finds_a_cycle_hidden_in_a_function():

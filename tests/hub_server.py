@@ -75,6 +75,10 @@ def tf_h5_bytes(tensors):
 
 
 
+class _Failing(Exception):
+    pass
+
+
 class FakeHub:
     """Repositories in memory, served over HTTP on 127.0.0.1 while the `with` block runs."""
 
@@ -84,6 +88,7 @@ class FakeHub:
         self.listed = {}  # (repo_id, path, bytes' sha1) -> what the listing says of the file, fixed when committed
         self.requests = []  # (method, path) of every request answered
         self.delay = 0.0  # seconds every answer waits (an unresponsive Hub)
+        self.failing = None  # an HTTP status every request is answered with (a Hub failing on its side)
         self._server = None
 
     # --- content ---------------------------------------------------------------------------------------------------
@@ -161,7 +166,11 @@ class FakeHub:
         body = handler.rfile.read(int(handler.headers.get("Content-Length") or 0)) if method == "POST" else b""
         authorized = handler.headers.get("Authorization") == f"Bearer {self.token}"
         try:
+            if self.failing:
+                raise _Failing()
             status, headers, payload = self._route(method, path, body, authorized, handler.headers.get("Range"))
+        except _Failing:
+            status, headers, payload = self.failing, {}, {"error": "the Hub failed"}
         except KeyError as e:
             status, headers, payload = 404, {"X-Error-Code": str(e.args[0])}, {"error": str(e.args[0])}
         if not isinstance(payload, bytes):

@@ -247,7 +247,7 @@ def test_an_unreachable_hub_falls_back_to_the_cached_commit(served, arrays, monk
     kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
     point_at(monkeypatch, "http://127.0.0.1:9")
     assert kgpt.GPTBackbone.from_preset(f"hf://{REPO}").num_layers == 2
-    assert "cannot be reached; using the cached commit" in caplog.text
+    assert "cannot be reached (ConnectError" in caplog.text and "using the cached commit" in caplog.text
 
 
 def test_a_corrupt_download_is_fetched_again_or_refused(served, arrays, monkeypatch, tmp_path):
@@ -330,3 +330,49 @@ def test_an_unwritable_cache_is_named(served, arrays, tmp_path, monkeypatch):
     monkeypatch.setenv("KGPT_CACHE", str(tmp_path / "file"))
     with pytest.raises(CheckpointError, match=r"Cannot write the converted preset .* set KGPT_CACHE"):
         kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
+
+
+def test_a_hub_failing_on_its_side_falls_back_to_the_cached_commit(served, arrays, caplog):
+    served.commit(REPO, openai_gpt_files(arrays))
+    kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
+    served.failing = 503
+    assert kgpt.GPTBackbone.from_preset(f"hf://{REPO}").num_layers == 2
+    assert "cannot be reached (" in caplog.text and "using the cached commit" in caplog.text
+    served.failing = None
+    served.commit("someone/else", openai_gpt_files(arrays))
+    served.failing = 500
+    with pytest.raises(CheckpointError, match=r"hf://someone/else .*failed on its side \(HTTP 500\) and nothing"):
+        kgpt.GPTBackbone.from_preset("hf://someone/else")
+
+
+def test_offline_after_a_dry_run_names_the_weights_as_not_cached(served, arrays, monkeypatch):
+    from huggingface_hub import constants
+
+    served.commit(REPO, openai_gpt_files(arrays))
+    description, _ = hub.check(f"hf://{REPO}")  # the dry run: configs and tokenizer files, no weights
+    assert "model.safetensors" in description
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    assert "openai-gpt files" in hub.check(f"hf://{REPO}")[0]  # a dry run offline still checks it
+    with pytest.raises(CheckpointError, match=r"not in the local cache and HF_HUB_OFFLINE is set"):
+        kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
+
+
+def test_a_converted_folder_missing_its_marker_is_converted_again(served, arrays, caplog):
+    served.commit(REPO, openai_gpt_files(arrays))
+    first = kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
+    folder = hub.fetch(f"hf://{REPO}", kgpt.GPTBackbone.convert_openai_gpt)
+    os.remove(os.path.join(folder, "kgpt-converted.json"))
+    again = kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
+    assert "lacks its kgpt-converted.json" in caplog.text
+    assert os.path.isfile(os.path.join(folder, "kgpt-converted.json"))
+    np.testing.assert_array_equal(to_numpy(first.token_embedding.embeddings),
+                                  to_numpy(again.token_embedding.embeddings))
+
+
+def test_the_cache_folder_expands_a_tilde(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("KGPT_CACHE", "~/kgpt-cache")
+    assert hub.cache_dir() == str(tmp_path / "kgpt-cache" / "hub")
+    monkeypatch.delenv("KGPT_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "~/xdg")
+    assert hub.cache_dir() == str(tmp_path / "xdg" / "kgpt" / "hub")

@@ -77,9 +77,8 @@ def parse(preset):
 
 def cache_dir():
     """Where converted presets are kept: `$KGPT_CACHE`, else `$XDG_CACHE_HOME/kgpt`, else `~/.cache/kgpt`."""
-    root = os.environ.get("KGPT_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "kgpt")
-    return os.path.join(root, "hub")
+    root = os.environ.get("KGPT_CACHE") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "kgpt")
+    return os.path.join(os.path.expanduser(root), "hub")
 
 
 @contextlib.contextmanager
@@ -106,6 +105,9 @@ def _hub_errors(preset, repo_id, revision):
         elif _unreachable(error):
             message = (f"{where}: cannot reach the Hub ({type(error).__name__}: {str(error)[:120]}). Check the "
                        f"network or HF_ENDPOINT; HF_HUB_OFFLINE=1 uses presets already downloaded.")
+        elif _server_error(error):
+            message = (f"{where}: the Hub failed on its side (HTTP {error.response.status_code}) and nothing of it is "
+                       f"cached: try again later.")
         elif isinstance(error, errors.HfHubHTTPError):
             message = f"{where}: the Hub answered {str(error).splitlines()[0][:200]}"
         else:
@@ -203,9 +205,16 @@ def _kgpt_files(files):
             if ("/" not in name and name.endswith((".json", ".h5"))) or name.startswith("assets/")}
 
 
-def _openai_files(preset, files):
-    """The files of an openai-gpt repository to convert: config, the first weights format held, the BPE files."""
+def _openai_files(preset, files, cached_only=False):
+    """The files of an openai-gpt repository to convert: config, the first weights format held, the BPE files.
+
+    With `cached_only` (offline), `files` lists what the cache holds, not the
+    repository: a file missing there is wanted anyway, so that reading it
+    fails as not cached rather than as not in the repository.
+    """
     weights = next((name for name in OPENAI_WEIGHTS if name in files), None)
+    if cached_only:
+        return {name: None for name in (CONFIG_FILE, weights or OPENAI_WEIGHTS[0], *OPENAI_TOKENIZER)}
     if weights is None:
         pickled = sorted(name for name in files if PICKLED.match(name))
         if pickled:
@@ -278,13 +287,14 @@ def _plan(preset):
         try:
             commit, files = _commit_and_files(preset, repo_id, revision, offline)
         except Exception as e:  # a Hub that cannot be reached falls back to the cache, as huggingface_hub's own does
-            if offline or not _unreachable(e):
+            if offline or not (_unreachable(e) or _server_error(e)):
                 raise
             try:
                 commit, files = _commit_and_files(preset, repo_id, revision, offline=True)
             except CheckpointError:
                 raise e from None
-            log.warning(f"{preset}: the Hub cannot be reached; using the cached commit {commit[:12]}.")
+            log.warning(f"{preset}: the Hub cannot be reached ({type(e).__name__}: {str(e).splitlines()[0][:80]}); "
+                        f"using the cached commit {commit[:12]}.")
         plan = {"repo_id": repo_id, "revision": revision, "commit": commit,
                 "converted": os.path.join(_repo_cache(repo_id), commit)}
         plan["ready"] = os.path.isfile(os.path.join(plan["converted"], _READY))
@@ -294,13 +304,20 @@ def _plan(preset):
             raise CheckpointError(f"{preset} (commit {commit[:12]}) has no {CONFIG_FILE}: it holds no model kgpt "
                                   f"can load ({', '.join(sorted(files)[:8]) or 'no files'}).")
         config = _download(repo_id, commit, CONFIG_FILE)
-        if files is None:  # offline: the snapshot's cached files are all there is to read
+        cached_only = files is None
+        if cached_only:  # offline: the snapshot's cached files are all there is to read
             snapshot = os.path.dirname(config)
             files = {os.path.relpath(os.path.join(d, f), snapshot).replace(os.sep, "/"): None
                      for d, _, names in os.walk(snapshot) for f in names}
         plan["layout"] = _layout(preset, config, files)
-        plan["wanted"] = _kgpt_files(files) if plan["layout"] == "kgpt" else _openai_files(preset, files)
+        plan["wanted"] = _kgpt_files(files) if plan["layout"] == "kgpt" else _openai_files(preset, files, cached_only)
     return plan
+
+
+def _server_error(error):
+    """An answer of the Hub's own failure (HTTP 5xx): like no answer, the cached commit stands in."""
+    status = getattr(getattr(error, "response", None), "status_code", None)
+    return isinstance(status, int) and status >= 500
 
 
 def _unreachable(error):
@@ -327,6 +344,9 @@ def _convert_once(preset, snapshot, converted, convert, commit):
         convert(snapshot, partial)
         with open(os.path.join(partial, _READY), "w", encoding="utf-8") as f:
             json.dump({"source": preset, "commit": commit}, f)
+        if os.path.isdir(converted) and not os.path.isfile(os.path.join(converted, _READY)):
+            log.warning(f"{converted} lacks its {_READY} (not whole, or edited): replacing it with this conversion.")
+            shutil.rmtree(converted, ignore_errors=True)
         try:
             os.rename(partial, converted)
         except OSError:

@@ -93,11 +93,12 @@ class FakeHub:
 
     # --- content ---------------------------------------------------------------------------------------------------
 
-    def commit(self, repo_id, files, branch="main", private=False, tag=None):
-        """Adds a commit holding `files` ({path: bytes}) on top of `branch`; returns its 40-hex hash."""
+    def commit(self, repo_id, files, branch="main", private=False, tag=None, deleted=()):
+        """Adds a commit holding `files` ({path: bytes}) on top of `branch`, without the paths `deleted`; returns
+        its 40-hex hash."""
         repo = self.repos.setdefault(repo_id, {"private": private, "refs": {}, "commits": {}})
         parent = repo["commits"].get(repo["refs"].get(branch), {})
-        content = {**parent, **files}
+        content = {name: data for name, data in {**parent, **files}.items() if name not in deleted}
         digest = hashlib.sha1(repr((repo_id, branch, len(repo["commits"]), sorted(content.items()))).encode())
         sha = digest.hexdigest()
         repo["commits"][sha] = content
@@ -244,12 +245,14 @@ class FakeHub:
             if not authorized:
                 return 401, {"X-Error-Code": "Unauthorized"}, {"error": "Invalid credentials"}
             self._repo(match[1], authorized)
-            files = {}
+            files, deleted = {}, set()
             for line in body.decode().splitlines():
                 item = json.loads(line)
                 if item["key"] == "file":
                     files[item["value"]["path"]] = base64.b64decode(item["value"]["content"])
-            sha = self.commit(match[1], files, branch=urllib.parse.unquote(match[2]))
+                elif item["key"] == "deletedFile":
+                    deleted.add(item["value"]["path"])
+            sha = self.commit(match[1], files, branch=urllib.parse.unquote(match[2]), deleted=deleted)
             return 200, {}, {"commitUrl": f"{self.url}/{match[1]}/commit/{sha}", "commitOid": sha,
                              "pullRequestUrl": None}
         return 404, {}, {"error": f"not served: {method} {path}"}

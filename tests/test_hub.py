@@ -6,7 +6,9 @@ original equations (`gpt1_reference`). Nothing touches the network.
 """
 
 import json
+import logging
 import os
+import re
 import socket
 
 import numpy as np
@@ -121,7 +123,7 @@ def test_the_named_preset_is_the_released_repository(served, arrays):
     assert kgpt.GPTBackbone.from_preset("gpt1_base_en").num_layers == SIZES["n_layer"]
 
 
-def test_a_kgpt_preset_uploads_and_loads_back(served, tmp_path, monkeypatch):
+def test_a_kgpt_preset_uploads_and_loads_back(served, tmp_path, monkeypatch, caplog):
     from conftest import text_lm
 
     lm = text_lm(char_tokenizer())
@@ -138,6 +140,16 @@ def test_a_kgpt_preset_uploads_and_loads_back(served, tmp_path, monkeypatch):
     assert served.count("POST /api/models/me/tiny-lm/commit/main") == 1
     with pytest.raises(CheckpointError, match="not a kgpt preset folder"):
         kgpt.upload_preset("hf://me/other", str(tmp_path))
+    kgpt.upload_preset("hf://me/hidden", str(tmp_path / "mine"), private=True)
+    caplog.set_level(logging.INFO, logger="kgpt")
+    lm.backbone.save_to_preset(str(tmp_path / "backbone"))  # over the causal LM: its task.json must go
+    kgpt.upload_preset("hf://me/tiny-lm", str(tmp_path / "backbone"))
+    assert "task.json" not in served.repos["me/tiny-lm"]["commits"][served.repos["me/tiny-lm"]["refs"]["main"]]
+    assert re.search(r"removed \d+ file\(s\) of an earlier upload that this preset lacks: .*task\.json", caplog.text)
+    assert served.repos["me/hidden"]["private"] and not served.repos["me/tiny-lm"]["private"]
+    os.remove(tmp_path / "mine" / "model.weights.h5")
+    with pytest.raises(CheckpointError, match=r"mine has no model.weights.h5"):
+        kgpt.upload_preset("hf://me/tiny-lm", str(tmp_path / "mine"))
 
 
 def test_fine_tuning_starts_from_a_hub_preset_on_the_command_line(served, arrays, tmp_path, monkeypatch, capsys):

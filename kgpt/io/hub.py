@@ -25,7 +25,7 @@ import socket
 import tempfile
 import urllib.parse
 
-from kgpt.io.presets import CONFIG_FILE, MODEL_FILES, PARTIAL_DIR, CheckpointError, read_json
+from kgpt.io.presets import CONFIG_FILE, MODEL_FILES, MODEL_WEIGHTS_FILE, PARTIAL_DIR, CheckpointError, read_json
 
 PREFIX = "hf://"
 # The released GPT-1, as keras-hub names its presets: Hugging Face's copy of the original weights.
@@ -372,14 +372,15 @@ def _abandoned(owner):
     return False
 
 
-def upload_preset(uri, preset_dir):
+def upload_preset(uri, preset_dir, private=None):
     """Uploads a local kgpt preset folder to `hf://OWNER/REPO` (created if needed), as keras-hub's `upload_preset`.
 
     The folder must hold a kgpt preset (its `config.json` names a kgpt
     class); its preset files (`UPLOADED`: configs, weights, tokenizer, and a
     run's `metrics.json`) go up as one commit, never a run's checkpoints,
     predictions or logs. Needs a token with write access
-    (`hf auth login` or `HF_TOKEN`). Returns the new commit's hash.
+    (`hf auth login` or `HF_TOKEN`). `private=True` creates a new repository
+    private (an existing one keeps its visibility). Returns the new commit's hash.
 
     Example:
     ```python
@@ -387,7 +388,8 @@ def upload_preset(uri, preset_dir):
     model = kgpt.GPTTaskModel.from_preset("hf://me/my-sst2")
     ```
     """
-    from huggingface_hub import HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub.utils import filter_repo_objects
 
     if not isinstance(uri, str) or not uri.startswith(PREFIX):
         raise CheckpointError(f"{uri!r}: upload to hf://OWNER/REPO.")
@@ -399,10 +401,34 @@ def upload_preset(uri, preset_dir):
     name = read_json(config, "a kgpt preset's config").get("registered_name", "")
     if not str(name).startswith("kgpt>"):
         raise CheckpointError(f"{config} describes {name!r}, not a kgpt model: upload_preset uploads kgpt presets.")
+    if not os.path.isfile(os.path.join(os.fspath(preset_dir), MODEL_WEIGHTS_FILE)):
+        raise CheckpointError(f"{preset_dir} has no {MODEL_WEIGHTS_FILE}: a preset without its weights would load "
+                              f"as nothing; save it again with save_to_preset.")
     api = HfApi()
+    folder = os.fspath(preset_dir)
+    local = [os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/") for d, _, names in os.walk(folder)
+             for f in names]
+    local = sorted(filter_repo_objects(local, allow_patterns=UPLOADED, ignore_patterns=[f"{PARTIAL_DIR}/*"]))
     with _hub_errors(uri, repo_id, revision):
-        repo_id = api.create_repo(repo_id, exist_ok=True).repo_id
-        commit = api.upload_folder(repo_id=repo_id, folder_path=os.fspath(preset_dir), revision=revision,
-                                   allow_patterns=UPLOADED, ignore_patterns=[f"{PARTIAL_DIR}/*"],
-                                   commit_message="Upload kgpt preset")
+        repo_id = api.create_repo(repo_id, exist_ok=True, private=private).repo_id
+        # An earlier upload's preset files that this preset lacks (a task.json over a backbone) go in the same
+        # commit: the repository then holds one preset, never one preset's head on another's backbone.
+        stale = sorted(set(filter_repo_objects(_repo_files(api, repo_id, revision), allow_patterns=UPLOADED))
+                       - set(local))
+        operations = [CommitOperationAdd(name, os.path.join(folder, name)) for name in local]
+        operations += [CommitOperationDelete(name) for name in stale]
+        commit = api.create_commit(repo_id, operations, revision=revision, commit_message="Upload kgpt preset")
+    if stale:
+        log.info(f"{uri}: removed {len(stale)} file(s) of an earlier upload that this preset lacks: "
+                 f"{', '.join(stale)}")
     return commit.oid
+
+
+def _repo_files(api, repo_id, revision):
+    """The files of the revision; none for a repository without commits, or a branch not made yet."""
+    from huggingface_hub import errors
+
+    try:
+        return [s.rfilename for s in api.model_info(repo_id, revision=revision).siblings or []]
+    except errors.RevisionNotFoundError:
+        return []

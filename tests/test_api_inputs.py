@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 import kgpt
 from conftest import TINY, newline_tokenizer, text_lm, to_numpy
 from kgpt import checks
-from kgpt.models.gpt.generation import pack_prompts
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +90,7 @@ def test_a_random_sampler_from_threads_draws_as_sequential_calls_do():
 
 
 def test_generate_on_ids_leaves_the_inputs_and_model_alone(lm):
-    packed = pack_prompts(lm, [[5, 6, 7]], 10)
+    packed = lm._pack_prompts([[5, 6, 7]], 10)
     before = {k: v.copy() for k, v in packed.items()}
     preprocessor = lm.preprocessor
     stripped = lm.generate(packed, strip_prompt=True)
@@ -142,7 +141,7 @@ def test_generate_refuses_bad_prompts(lm, inputs, error, match):
 
 
 def test_generate_refuses_max_length_a_packed_dict_ignores(lm):
-    packed = pack_prompts(lm, [[5, 6]], 8)
+    packed = lm._pack_prompts([[5, 6]], 8)
     with pytest.raises(ValueError, match="max_length=12, but the token_ids are padded to 8"):
         lm.generate(packed, max_length=12)
 

@@ -5,7 +5,6 @@ import pytest
 
 import kgpt
 from conftest import TINY, newline_tokenizer, random_inputs, text_lm, to_numpy
-from kgpt.models.gpt.generation import pack_prompts
 
 
 def log_softmax(x):
@@ -173,7 +172,7 @@ def test_generate_text_equals_generate_ids():
     expected = [tokenizer.decode([i for i in row if i not in tokenizer.special_token_ids]) for row in ids]
     assert lm.generate(prompts, max_length=12) == expected
     # Token ids, listed or packed, bypass the preprocessor (which would try to tokenize them).
-    packed = pack_prompts(lm, [tokenizer.encode(p) for p in prompts], 12)
+    packed = lm._pack_prompts([tokenizer.encode(p) for p in prompts], 12)
     np.testing.assert_array_equal(lm.generate(packed)["token_ids"], ids)
 
 

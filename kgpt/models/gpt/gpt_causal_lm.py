@@ -1,31 +1,31 @@
 """The GPT-1 language model: backbone + LM head tied to the token embedding.
 
-Its parts by concern: `kgpt.models.gpt.causal_lm_inputs` (what `fit`, `evaluate`
-and `predict` check), `kgpt.models.gpt.scoring` (`score`), `kgpt.models.gpt.generation`
-(`generate`) and `kgpt.models.lm_loss` (the memory-lean training loss).
+One class, as keras-hub keeps `GPT2CausalLM`: what `fit`, `evaluate` and
+`predict` check, `score`, `generate` and keras-hub's interpretability and
+quantization hooks; the memory-lean training loss is `kgpt.models.lm_loss`.
 """
 
+import contextlib
+import numbers
 import os
+import threading
+import warnings
 
 import keras
 import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
 
-from kgpt.data import inputs_kind
-from kgpt.models.gpt import generation
-from kgpt.models.gpt import scoring
 from kgpt import checks
-from kgpt.models.gpt.gpt_backbone import GPTBackbone
-from kgpt.models.gpt.causal_lm_inputs import (NO_PREPROCESSOR, check_call, check_length, is_distributed_dataset,
-                                          warn_if_warming_up)
-from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
-from kgpt.layers.int8 import QuantizeMixin
-from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
-from kgpt.models.optimizers import gpt_adamw
+from kgpt.data import inputs_kind
 from kgpt.io import hub
 from kgpt.io.presets import (CONFIG_FILE, TASK_CONFIG_FILE, CheckpointError, PresetMixin, check_overrides,
                              tokenizer_fits)
+from kgpt.layers.int8 import QuantizeMixin
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
+from kgpt.models.optimizers import WarmupSchedule, gpt_adamw
 from kgpt.tokenizers.gpt1.files import holds_bpe_files
 from kgpt.tokenizers.interface import PRESET_CONFIG
 
@@ -34,6 +34,16 @@ try:
 except ImportError:
     tf = None
 
+NO_PREPROCESSOR = (
+    "This GPTCausalLM has no preprocessor, so it takes token ids only. Load it with "
+    "kgpt.GPTCausalLM.from_preset(dir) from a preset that holds a tokenizer, or attach one: "
+    "lm.preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=lm.backbone.max_sequence_length)."
+)
+# keras-hub's make_generate_function sets `generate_function` to the plain step before it compiles it:
+# a second thread must not pick up that half-made state.
+_MAKE_FUNCTION_LOCK = threading.Lock()
+# Held while a sampler that draws random numbers generates (see `make_generate_function`).
+_SAMPLER_STATE_LOCK = threading.Lock()
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -261,22 +271,22 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         `kgpt.parallel.distribute.feed`) holds model inputs already, and
         keras-hub's `fit` cannot map a preprocessor over one.
         """
-        if is_distributed_dataset(x):
+        if tf is not None and isinstance(x, tf.distribute.DistributedDataset):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
-        x, batch_size = check_call(self, "fit", x, y, batch_size)
-        warn_if_warming_up(self, x, batch_size, kwargs)
+        x, batch_size = self._check_call("fit", x, y, batch_size)
+        self._warn_if_warming_up(x, batch_size, kwargs)
         with checks.dataset_errors(self):
             return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """keras-hub's `evaluate`; text is checked as `fit` checks it."""
-        x, batch_size = check_call(self, "evaluate", x, y, batch_size)
+        x, batch_size = self._check_call("evaluate", x, y, batch_size)
         with checks.dataset_errors(self):
             return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
     def predict(self, x=None, batch_size=None, **kwargs):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
-        x, batch_size = check_call(self, "predict", x, None, batch_size)
+        x, batch_size = self._check_call("predict", x, None, batch_size)
         with checks.dataset_errors(self):
             return super().predict(x, batch_size=batch_size, **kwargs)
 
@@ -285,6 +295,114 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if self.preprocessor is None or not inputs_kind.is_text(x):
             return keras.utils.pack_x_y_sample_weight(x, y, sample_weight)
         return super().preprocess_samples(x, y, sample_weight)
+
+    # --- what fit, evaluate, predict, score and generate check -------------
+    # Token ids in the vocabulary, texts only with a preprocessor and without
+    # `y`, nothing empty, nothing past the context; each check names the
+    # argument it refuses.
+
+    def _check_length(self, length):
+        """Refuses a sequence length past the model's context."""
+        limit = self.backbone.max_sequence_length
+        if length > limit:
+            raise ValueError(f"Sequence length {length} exceeds the model's context max_sequence_length={limit}.")
+
+    def _check_preprocessor(self):
+        """Refuses text when no preprocessor is attached."""
+        if self.preprocessor is None:
+            raise ValueError(NO_PREPROCESSOR)
+
+    def _check_call(self, method, x, y, batch_size):
+        """The checks `fit`, `evaluate` and `predict` share; returns `x` (a tuple of texts as a list, since
+        keras-hub reads a tuple as `(x, y, sample_weight)`) and `batch_size`."""
+        batch_size = checks.batch_size(batch_size)
+        checks.not_none(x)
+        checks.not_a_generator(x)
+        _check_not_empty(x, method, "x")
+        if isinstance(x, tuple) and inputs_kind.is_text(x):
+            x = list(x)
+        if isinstance(x, (str, bytes)):
+            raise TypeError(f"{method}() takes a list of texts, got one string: pass [{x!r:.40}].")
+        self._check_ids(x, y)
+        if inputs_kind.is_text(x):
+            self._check_texts(x, y, method)
+        return checks.dataset_ids(x, self.backbone.vocabulary_size, targets=True), batch_size
+
+    def _check_ids(self, x, y):
+        """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep
+        in TensorFlow); datasets and tensors go unchecked."""
+        vocabulary = self.backbone.vocabulary_size
+        checks.text_list(x)
+        if not inputs_kind.is_text(x):
+            checks.token_id_dict(x, "[batch, length]")
+        checks.model_inputs(x, vocabulary, self.backbone.max_sequence_length)
+        targets = checks.concrete(y)
+        if targets is not None and not inputs_kind.is_text(x):
+            targets = checks.token_ids(targets, "y", vocabulary)
+            ids = _concrete_ids(x)
+            if ids is not None and targets.shape != np.shape(ids):
+                raise ValueError(f"y must have the shape of x['token_ids'] {np.shape(ids)} (the next token at "
+                                 f"each position), got {targets.shape}.")
+
+    def _check_texts(self, texts, y, method):
+        """Refuses `y` beside text (the targets are the text's own next tokens) and text with nothing to
+        predict; warns, with counts, of texts with none and of texts longer than the packed length."""
+        self._check_preprocessor()
+        if y is not None:
+            raise ValueError(f"{method}() on text uses each text's own next tokens as targets, so it takes no y: "
+                             f"leave y out (for labels, fine-tune a kgpt.GPTTaskModel).")
+        texts = texts.numpy() if tf is not None and isinstance(texts, tf.Tensor) else texts
+        texts = [texts] if isinstance(texts, (str, bytes)) else np.asarray(texts, dtype=object).reshape(-1).tolist()
+        start = int(bool(self.preprocessor.add_start_token))
+        length = self.preprocessor.sequence_length
+        sizes = []
+        for i, text in enumerate(texts):
+            try:  # TensorFlow's string tensors take UTF-8 only
+                if isinstance(text, bytes):
+                    text = text.decode("utf-8")
+                else:
+                    text.encode("utf-8")
+            except UnicodeError as e:
+                raise ValueError(f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): "
+                                 f"{text!r:.60}") from None
+            sizes.append(start + len(self.preprocessor.tokenizer.encode(text)))
+        sizes = np.array(sizes)
+        empty, cut = int((sizes < 2).sum()), int((sizes > length + 1).sum())
+        used = {"fit": "trained on", "evaluate": "evaluated", "predict": "predicted"}[method]
+        if empty == len(texts) and method != "predict":
+            raise ValueError(f"{method}() got {len(texts)} text(s) with nothing to predict: each needs at least 2 "
+                             f"tokens (a token and the one after it).")
+        if empty:
+            warnings.warn(f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}"
+                          + (" (their logits predict no token of theirs)." if method == "predict" else "."),
+                          stacklevel=3)
+        if cut:
+            warnings.warn(f"{cut} of {len(texts)} texts are longer than sequence_length={length} tokens (+1 "
+                          f"target): {int(np.maximum(sizes - length - 1, 0).sum())} tokens past it are not "
+                          f"{used}. Split long texts into windows to use all of them.", stacklevel=3)
+
+    def _warn_if_warming_up(self, x, batch_size, kwargs):
+        """Says so when the whole `fit` stays inside the learning-rate warm-up (`compile()`'s default is
+        the paper's 2,000 updates of pre-training: a short fit barely moves the weights)."""
+        schedule = getattr(getattr(self, "optimizer", None), "_learning_rate", None)
+        if not isinstance(schedule, WarmupSchedule) or schedule.warmup_steps <= 0:
+            return
+        ids = _concrete_ids(x)
+        rows = len(x) if isinstance(x, (list, np.ndarray)) else len(ids) if ids is not None else None
+        steps = kwargs.get("steps_per_epoch") or (-(-rows // (batch_size or 32)) if rows else None)
+        if not steps:
+            return
+        accumulation = schedule.gradient_accumulation_steps
+        done = int(ops.convert_to_numpy(self.optimizer.iterations)) // accumulation
+        end = done + steps * kwargs.get("epochs", 1) // accumulation
+        if end < schedule.warmup_steps:
+            reached = schedule.peak_learning_rate * end / schedule.warmup_steps
+            warnings.warn(
+                f"fit() runs {end - done} update(s), ending at update {end} of the optimizer's "
+                f"{schedule.warmup_steps}-update warm-up: the learning rate reaches only {reached:.3g} of its peak "
+                f"{schedule.peak_learning_rate:g}, so the model will barely change. For a short run, compile with "
+                f"a shorter warm-up: lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=..., total_steps=...)).",
+                stacklevel=3)
 
     # --- scoring -----------------------------------------------------------
 
@@ -341,12 +459,107 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                     raise ValueError(f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
                                      f"scoring_mode='log_probs' scores each next token of token_ids.")
             if inputs_kind.is_text(token_ids):
-                return scoring.score_text(self, token_ids, batch_size)
+                return self._score_text(token_ids, batch_size)
         elif inputs_kind.is_text(token_ids):
             raise ValueError(f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
                              f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first.")
-        return scoring.score_ids(self, token_ids, padding_mask, scoring_mode, layer_intercept_fn, target_ids,
-                                 batch_size)
+        token_ids = checks.token_ids(token_ids, "token_ids", self.backbone.vocabulary_size)
+        if token_ids.shape[0] == 0 or token_ids.shape[1] < 2:
+            raise ValueError(f"score() needs token_ids of shape [batch >= 1, length >= 2], got {token_ids.shape}.")
+        if padding_mask is None:
+            padding_mask = np.ones_like(token_ids)
+        padding_mask = checks.padding_mask(padding_mask, "padding_mask", token_ids.shape)
+        self._check_length(token_ids.shape[1])
+        inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
+        if scoring_mode == "log_probs":
+            with checks.one_loop_at_a_time():
+                return self._log_prob_model().predict(inputs, batch_size=batch_size, verbose=0)
+        return self._keras_hub_score(inputs, scoring_mode, layer_intercept_fn, target_ids)
+
+    def _score_text(self, texts, batch_size):
+        """`score` on a text (an array) or a list of texts (a list of arrays), as `Scorer` scores them."""
+        from kgpt.tasks.heuristics import Scorer
+
+        self._check_preprocessor()
+        texts, batched = inputs_kind.texts(texts, "score()")
+        tokenizer = self.preprocessor.tokenizer
+        scorer = Scorer(self, tokenizer, batch_size=batch_size)
+        limit = self.backbone.max_sequence_length
+        pairs = []
+        for text in texts:
+            context, tokens = list(scorer.prefix), tokenizer.encode(text)
+            if not context:  # no newline token: the first token only conditions
+                context, tokens = tokens[:1], tokens[1:]
+            if not tokens:
+                raise ValueError(f"Nothing to score in {text!r:.80}: it has too few tokens.")
+            if len(context) + len(tokens) > limit:
+                newline = " with the newline before it" if scorer.prefix else ""
+                raise ValueError(
+                    f"The text {text!r:.40} is {len(context) + len(tokens)} tokens long{newline}, more than the "
+                    f"model's context max_sequence_length={limit}; split it."
+                )
+            pairs.append((context, tokens))
+        scores = [s.astype("float32") for s in scorer.log_probs_of_ids(pairs)]
+        return scores if batched else scores[0]
+
+    def _log_prob_model(self):
+        """The Keras model of `log P(token t+1 | tokens <= t)` `[batch, length - 1]`, made once."""
+        scorer = getattr(self, "_score_model", None)
+        if scorer is None:
+            ids, mask = self.input["token_ids"], self.input["padding_mask"]
+            logits = ops.cast(self.output[:, :-1, :], "float32")
+            log_probs = ops.log_softmax(logits, axis=-1)
+            targets = ops.expand_dims(ids[:, 1:], -1)
+            picked = ops.take_along_axis(log_probs, targets, axis=-1)[..., 0]
+            picked = picked * ops.cast(mask[:, 1:], "float32")
+            scorer = keras.Model(self.input, picked, name="scorer")
+            # Plain attribute: the scorer shares our layers and must not be
+            # tracked (it would be saved twice).
+            object.__setattr__(self, "_score_model", scorer)
+        return scorer
+
+    def _keras_hub_score(self, inputs, scoring_mode, layer_intercept_fn, target_ids):
+        """keras-hub's `score` modes on checked `inputs`: logits `[batch, length, vocabulary]` or per-token
+        losses `[batch, length]`, as keras-hub's GPT-2 gives them (per-token losses, activation patching).
+
+        One eager forward pass (a `tf.GradientTape` or `jax.grad` can follow it): the
+        summed token and position embeddings go through `layer_intercept_fn(x, -1)`
+        before the embedding dropout, each block's output through
+        `layer_intercept_fn(x, i)`; what it returns goes on. `"loss"` is the
+        cross-entropy of `target_ids` at every position (padding included, as
+        keras-hub computes it).
+        """
+        if layer_intercept_fn is not None and not callable(layer_intercept_fn):
+            raise TypeError(f"layer_intercept_fn must be a function fn(x, i) -> x, got {layer_intercept_fn!r:.80}.")
+        token_ids = inputs["token_ids"]
+        if scoring_mode == "loss":
+            if target_ids is None:
+                raise ValueError("scoring_mode='loss' needs target_ids: the token to score at each position, e.g. "
+                                 "keras.ops.roll(token_ids, -1, axis=1).")
+            target_ids = checks.token_ids(target_ids, "target_ids", self.backbone.vocabulary_size)
+            if target_ids.shape != token_ids.shape:
+                raise ValueError(f"target_ids must have the shape of token_ids {token_ids.shape}, got "
+                                 f"{target_ids.shape}.")
+        elif target_ids is not None:
+            raise ValueError("target_ids is for scoring_mode='loss'; 'logits' scores every vocabulary entry.")
+        backbone = self.backbone
+        if not hasattr(backbone, "transformer_layers"):  # the LSTM ablation: no blocks to intercept
+            if layer_intercept_fn is not None:
+                raise ValueError(f"layer_intercept_fn needs a backbone of transformer blocks, not a "
+                                 f"{type(backbone).__name__}.")
+            logits = self(inputs, training=False)
+        else:
+            intercept = layer_intercept_fn or (lambda x, i: x)
+            tokens = backbone.token_embedding(token_ids)
+            x = intercept(backbone.embeddings_add((tokens, backbone.position_embedding(tokens))), -1)
+            x = backbone.embeddings_dropout(x, training=False)
+            for i, block in enumerate(backbone.transformer_layers):
+                x = intercept(block(x, padding_mask=inputs["padding_mask"], training=False), i)
+            logits = backbone.token_embedding(x, reverse=True)
+        if scoring_mode == "logits":
+            return logits
+        loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)
+        return loss(target_ids, ops.cast(logits, "float32"))
 
     # --- generation --------------------------------------------------------
 
@@ -384,36 +597,134 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         """
         if isinstance(stop_token_ids, str) and stop_token_ids == "auto":
             stop_token_ids = None  # keras-hub's "auto" is the end token, which GPT-1 lacks
-        stop_token_ids = generation.check_stop_token_ids(self, stop_token_ids)
+        stop_token_ids = self._check_stop_token_ids(stop_token_ids)
         max_length = checks.positive_int(max_length, "max_length", minimum=2, allow_none=True)
         if max_length is not None:
-            check_length(self, max_length)
+            self._check_length(max_length)
         if isinstance(inputs, np.ndarray) and inputs.ndim == 0:
             inputs = inputs.item()  # a 0-d array of one prompt: the prompt
         checks.not_a_generator(inputs, "inputs")
-        if inputs_kind.is_text(inputs):
-            if self.preprocessor is None:
-                raise ValueError(NO_PREPROCESSOR)
-            check_length(self, max_length or self.preprocessor.sequence_length)
-            return super().generate(
-                inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
-            )
-        if tf is not None and isinstance(inputs, tf.data.Dataset):
+        text = inputs_kind.is_text(inputs)
+        if text:
+            self._check_preprocessor()
+            self._check_length(max_length or self.preprocessor.sequence_length)
+        if text or (tf is not None and isinstance(inputs, tf.data.Dataset)):
             return super().generate(
                 inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
             )
         if isinstance(inputs, dict):
-            inputs = generation.check_packed_prompts(self, inputs, max_length)
+            inputs = self._check_packed_prompts(inputs, max_length)
         else:
-            inputs = generation.pack_prompts(self, inputs, max_length)
-        return generation.generate_ids(self, inputs, stop_token_ids, strip_prompt)
+            inputs = self._pack_prompts(inputs, max_length)
+        return self._generate_ids(inputs, stop_token_ids, strip_prompt)
+
+    def _check_stop_token_ids(self, stop_token_ids):
+        """`stop_token_ids` as a tuple of ids in the vocabulary (or None); one id is a list of one."""
+        if stop_token_ids is None:
+            return None
+        if isinstance(stop_token_ids, numbers.Integral) and not isinstance(stop_token_ids, bool):
+            stop_token_ids = [stop_token_ids]
+        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, np.ndarray)):
+            raise TypeError(f"stop_token_ids must be None or a list of token ids, got {stop_token_ids!r}.")
+        vocabulary = self.backbone.vocabulary_size
+        return tuple(checks.positive_int(t, "each of stop_token_ids", minimum=0, maximum=vocabulary - 1)
+                     for t in stop_token_ids)
+
+    def _check_packed_prompts(self, inputs, max_length):
+        """keras-hub's dict of right-padded prompts, checked: ids in the vocabulary, room to generate."""
+        missing = {"token_ids", "padding_mask"} - set(inputs)
+        if missing:
+            raise ValueError(f"generate() on a dict needs the keys 'token_ids' and 'padding_mask' "
+                             f"(right-padded prompts); missing {sorted(missing)}.")
+        ids = checks.token_ids(inputs["token_ids"], "token_ids", self.backbone.vocabulary_size)
+        mask = checks.padding_mask(inputs["padding_mask"], "padding_mask", ids.shape)
+        if max_length is not None and max_length != ids.shape[1]:
+            raise ValueError(f"max_length={max_length}, but the token_ids are padded to {ids.shape[1]}: the "
+                             f"padded width is the generated length. Pad them to {max_length}, or leave out "
+                             f"max_length.")
+        self._check_length(ids.shape[1])
+        _check_room(mask.sum(axis=-1), ids.shape[1])
+        return {"token_ids": ids, "padding_mask": mask}
+
+    def _pack_prompts(self, prompts, max_length):
+        """A list of token-id prompts, checked and right-padded to `max_length` (checked by `generate`;
+        default: the model's context)."""
+        if isinstance(prompts, np.ndarray):
+            prompts = list(prompts)
+        if not isinstance(prompts, (list, tuple)):
+            raise TypeError(f"generate() takes a prompt string, a list of them, a list of token-id lists or a "
+                            f"dict of padded arrays; got {type(prompts).__name__}.")
+        if not prompts:
+            raise ValueError("generate() got no prompts.")
+        if any(isinstance(p, (str, bytes)) for p in prompts):
+            raise TypeError("generate() got a list that mixes strings with token ids: pass all prompts as text, "
+                            "or all as lists of token ids.")
+        if not all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
+            raise TypeError("generate() takes token ids as a list of prompts, each a list of ids (e.g. "
+                            "[[5, 6, 7]]), not a flat list of numbers.")
+        prompts = [checks.token_ids([list(p)], f"prompt {i}", self.backbone.vocabulary_size)[0]
+                   for i, p in enumerate(prompts)]
+        max_length = max_length or self.backbone.max_sequence_length
+        _check_room(np.array([len(p) for p in prompts]), max_length)
+        token_ids = np.zeros((len(prompts), max_length), "int32")
+        # Boolean, as the text preprocessor gives it: text and id prompts of
+        # one shape then share one compiled generate function.
+        padding_mask = np.zeros((len(prompts), max_length), "bool")
+        for row, prompt in enumerate(prompts):
+            token_ids[row, : len(prompt)] = prompt
+            padding_mask[row, : len(prompt)] = 1
+        return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+    def _generate_ids(self, inputs, stop_token_ids, strip_prompt):
+        """keras-hub's generate() passes for packed token ids, without the preprocessor: compiled
+        generation, then the prompt rolled to the end of each row when `strip_prompt`.
+
+        keras-hub's `generate` would run the preprocessor on them, and detaching
+        it for a call would race with other threads' calls on text.
+        """
+        generate_function = self.make_generate_function()
+        distribution = keras.distribution.distribution()
+        feed = dict(inputs)
+        if distribution is not None:
+            for key, value in feed.items():
+                value = ops.convert_to_tensor(value)
+                layout = distribution.get_data_layout(value.shape)
+                feed[key] = keras.distribution.distribute_tensor(value, layout) if layout else value
+        outputs = generate_function(feed, stop_token_ids=stop_token_ids)
+        token_ids = np.asarray(ops.convert_to_numpy(outputs["token_ids"]))
+        mask = np.asarray(ops.convert_to_numpy(outputs["padding_mask"])).astype(bool)
+        if strip_prompt:
+            prompt = np.asarray(inputs["padding_mask"]).astype(bool)
+            shifts = -prompt.sum(axis=-1)
+            token_ids = np.stack([np.roll(row, n) for row, n in zip(token_ids, shifts)])
+            mask = np.stack([np.roll(m, n) ^ np.roll(p, n) for m, p, n in zip(mask, prompt, shifts)])
+        return {"token_ids": token_ids, "padding_mask": mask}
 
     def make_generate_function(self):
-        """keras-hub's compiled generate function, made once; safe to call from several threads at once
-        (`kgpt.models.gpt.generation.one_draw_at_a_time`)."""
-        with generation.MAKE_FUNCTION_LOCK:
+        """keras-hub's compiled generate function, made once under a lock, run so that one model generates
+        from many threads as it would from one.
+
+        A call runs under a lock when the sampler has a random state, and on
+        JAX never beside a Keras loop (`kgpt.checks.one_loop_at_a_time`: the
+        loop detaches the variables' values, which keras-hub reads before each
+        compiled call). A random sampler (top-k, top-p, random) keeps its seed
+        in a variable that each call reads and advances: on JAX keras-hub
+        reads it before the compiled call and writes it back after, so two
+        threads at once would draw the same numbers and one advance would be
+        lost; on TensorFlow the steps of two calls would take turns drawing
+        from it. One call at a time gives each call the draws it would get
+        from a single thread. Greedy, beam and contrastive search hold no
+        state and run concurrently on TensorFlow.
+        """
+        with _MAKE_FUNCTION_LOCK:
             compiled = super().make_generate_function()
-        return generation.one_draw_at_a_time(self, compiled)
+        sampler_lock = _SAMPLER_STATE_LOCK if self.sampler.variables else contextlib.nullcontext()
+
+        def locked(inputs, stop_token_ids=None):
+            with checks.one_loop_at_a_time(), sampler_lock:
+                return compiled(inputs, stop_token_ids=stop_token_ids)
+
+        return locked
 
     def export(self, filepath, format="tf_saved_model", verbose=True, **kwargs):
         """A TensorFlow SavedModel whose `serve` maps token ids `[batch, length]` to logits; on both backends.
@@ -426,11 +737,22 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         return export_causal_lm(self, filepath, format=format, verbose=verbose, **kwargs)
 
     def get_quantization_layer_structure(self, mode):
-        """keras-hub's layout for GPTQ/AWQ calibration (`kgpt.models.gpt.keras_hub_scoring.quantization_layer_structure`):
-        token plus position embeddings as one pre-block model, then the transformer blocks."""
-        from kgpt.models.gpt.keras_hub_scoring import quantization_layer_structure
+        """keras-hub's layout for GPTQ/AWQ calibration: what runs before the blocks, then the blocks.
 
-        return quantization_layer_structure(self, mode)
+        `pre_block_layers` is one Keras model from token ids `[batch, length]` to the
+        first block's input: token plus position embeddings and the embedding
+        dropout (the token embedding alone would feed the blocks inputs without
+        positions). `sequential_blocks` are the backbone's transformer blocks.
+        `None` for other modes, and for a backbone without blocks (the LSTM ablation).
+        """
+        backbone = self.backbone
+        if mode not in ("gptq", "awq") or not hasattr(backbone, "transformer_layers"):
+            return None
+        token_ids = keras.Input(shape=(None,), dtype="int32", name="token_ids")
+        tokens = backbone.token_embedding(token_ids)
+        x = backbone.embeddings_add((tokens, backbone.position_embedding(tokens)))
+        embeddings = keras.Model(token_ids, backbone.embeddings_dropout(x), name="embeddings")
+        return {"pre_block_layers": [embeddings], "sequential_blocks": backbone.transformer_layers}
 
     def call_with_cache(self, token_ids, cache, cache_update_index):
         """Forward pass over `token_ids` reusing cached keys/values.
@@ -455,4 +777,75 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
 
     def generate_step(self, inputs, stop_token_ids=None):
         """One compiled generation pass over a batch (see keras-hub CausalLM)."""
-        return generation.generate_step(self, inputs, stop_token_ids)
+        token_ids, padding_mask = inputs["token_ids"], inputs["padding_mask"]
+        # Generation starts where the shortest prompt ends; longer prompts keep
+        # their own tokens (the sampler only writes where the mask is 0).
+        index = ops.min(ops.sum(ops.cast(padding_mask, "int32"), axis=-1))
+
+        if self.backbone.supports_cache:
+            hidden_states, cache = self._build_cache(token_ids)
+
+            def step(prompt, cache, index):
+                batch_size = ops.shape(prompt)[0]
+                current = ops.slice(prompt, [0, index - 1], [batch_size, 1])
+                logits, hidden, cache = self.call_with_cache(current, cache, index - 1)
+                return ops.squeeze(logits, 1), ops.squeeze(hidden, 1), cache
+        else:
+            # Backbones without a key/value cache (the LSTM ablation) rerun the
+            # whole sequence each step: quadratic, fine for samples.
+            mask = ops.ones_like(token_ids)
+            hidden_states = self.backbone({"token_ids": token_ids, "padding_mask": mask})
+            cache = ops.zeros((1,), dtype=self.compute_dtype)
+
+            def step(prompt, cache, index):
+                hidden = self.backbone({"token_ids": prompt, "padding_mask": mask})
+                hidden = ops.take(hidden, index - 1, axis=1)  # [B, H]
+                logits = self.backbone.token_embedding(hidden, reverse=True)
+                return logits, hidden, cache
+
+        token_ids = self.sampler(
+            next=step,
+            prompt=token_ids,
+            cache=cache,
+            index=index,
+            mask=padding_mask,
+            stop_token_ids=stop_token_ids,
+            hidden_states=hidden_states,
+            model=self,
+        )
+        if stop_token_ids is None:
+            padding_mask = ops.ones_like(token_ids, dtype="bool")
+        else:
+            # Keep every generated token up to and including the first stop.
+            generated = ops.logical_not(ops.cast(padding_mask, "bool"))
+            is_stop = ops.zeros_like(generated)
+            for stop in stop_token_ids:
+                is_stop = ops.logical_or(is_stop, ops.equal(token_ids, stop))
+            is_stop = ops.cast(ops.logical_and(is_stop, generated), "int32")
+            stops_before = ops.cumsum(is_stop, axis=-1) - is_stop
+            padding_mask = ops.equal(stops_before, 0)
+        return {"token_ids": token_ids, "padding_mask": padding_mask}
+
+
+def _concrete_ids(x):
+    """`x["token_ids"]` as NumPy when `x` is a dict holding concrete ids, else None."""
+    return checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
+
+
+def _check_not_empty(x, method, name):
+    """Refuses an empty list or array (Keras would fail inside its first traced step)."""
+    if isinstance(x, dict):
+        for key, value in x.items():
+            _check_not_empty(value, method, f"{name}[{key!r}]")
+    elif isinstance(x, (list, tuple, np.ndarray)) and len(x) == 0:
+        raise ValueError(f"{method}() got no examples: {name} is empty.")
+
+
+def _check_room(lengths, max_length):
+    """Every prompt has a token, and leaves room for one generated token within `max_length`."""
+    if (lengths == 0).any():
+        raise ValueError(f"generate() needs at least one token in every prompt; prompt {int(np.argmin(lengths))} "
+                         f"has none.")
+    if lengths.max() >= max_length:
+        raise ValueError(f"Prompt {int(np.argmax(lengths))} has {int(lengths.max())} tokens, leaving no room to "
+                         f"generate within max_length={max_length}.")

@@ -119,13 +119,23 @@ def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, progress, argv, ex
     assert ("The LSTM:" in capsys.readouterr().out) == bool(overrides)
 
 
-def test_runs_record_a_later_field_only_when_it_is_not_its_old_value():
+def test_runs_record_what_decides_their_outputs_not_where_they_go():
     from kgpt.jobs import finetune, pretrain
 
-    assert "initializer_range" not in pretrain.run_settings(config_lib.PretrainConfig())  # as runs before it
+    assert pretrain.run_settings(config_lib.PretrainConfig())["initializer_range"] == 0.02
     assert pretrain.run_settings(config_lib.PretrainConfig(initializer_range=0.06))["initializer_range"] == 0.06
-    assert "initializer_range" not in finetune.run_settings(config_lib.FinetuneConfig())
+    assert finetune.run_settings(config_lib.FinetuneConfig())["gradient_accumulation_steps"] == 1
     assert "output_dir" not in finetune.run_settings(config_lib.FinetuneConfig(output_dir="x"))
+    assert "num_processes" not in pretrain.run_settings(config_lib.PretrainConfig(num_processes=2))
+
+
+@pytest.mark.parametrize("cls", [config_lib.PretrainConfig, config_lib.FinetuneConfig])
+def test_configs_are_frozen(cls):
+    config = cls(output_dir="out")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.output_dir = "elsewhere"
+    assert dataclasses.replace(config, output_dir="elsewhere").output_dir == "elsewhere"
+    assert config.output_dir == "out"
 
 
 def test_jobs_share_their_common_fields_once():
@@ -239,3 +249,22 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
     """)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["GPTBackbone"]
+
+
+@pytest.mark.parametrize("job, field, value, message", [
+    ("pretrain", "batch_size", 0, "batch_size must be an integer >= 1, got 0."),
+    ("pretrain", "num_merges", -1, "num_merges must be an integer >= 0, got -1."),
+    ("pretrain", "max_steps", 2.5, "max_steps must be an integer, got 2.5 (float)."),
+    ("pretrain", "gradient_accumulation_steps", True, "gradient_accumulation_steps must be an integer, got True"),
+    ("finetune", "max_length", 0, "max_length must be an integer >= 1, got 0."),
+    ("finetune", "epochs", -1, "epochs must be an integer >= 0, got -1."),
+    ("finetune", "startup_timeout", 0, "startup_timeout must be an integer >= 1, got 0."),
+])
+def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, value, message):
+    from kgpt.errors import ConfigError
+    from kgpt.jobs import finetune, pretrain
+
+    lib, cls = (pretrain, config_lib.PretrainConfig) if job == "pretrain" else (finetune, config_lib.FinetuneConfig)
+    with pytest.raises(ConfigError) as raised:
+        lib.check_config(cls(**{field: value}))
+    assert str(raised.value).startswith(message)

@@ -76,7 +76,7 @@ def test_evaluation_count():
     from kgpt.jobs.pretrain import evaluation_count
 
     assert [evaluation_count(200, 5), evaluation_count(10, 3), evaluation_count(7, 3), evaluation_count(3, 10)] == [5, 2, 1, 3]
-    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+    with pytest.raises(ValueError, match="max_steps must be an integer >= 1, got 0"):
         evaluation_count(0, 3)
 
 

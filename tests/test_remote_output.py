@@ -140,10 +140,11 @@ def test_a_mirror_copies_changes_pointers_last_and_leaves_other_files_alone(monk
         import shutil
 
         shutil.rmtree(os.path.join(local, "checkpoint", "step-1"))
-        storage.publish(os.path.join(local, "checkpoint"))
+        mirror.push()
         assert renamed == ["checkpoint/step-2/w", "checkpoint/latest.json", "metrics.json"]
-        assert storage.remote_of(os.path.join(local, "metrics.json")) == remote + "/metrics.json"
-        storage.publish(local)  # nothing changed: nothing copied
+        assert mirror.remote_path(os.path.join(local, "metrics.json")) == remote + "/metrics.json"
+        assert mirror.remote_path(local) == remote
+        mirror.push()  # nothing changed: nothing copied
         assert len(renamed) == 3
     assert not os.path.exists(local)
     assert storage.read_text(remote + "/notes.txt") == "theirs"

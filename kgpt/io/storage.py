@@ -10,8 +10,9 @@ everywhere, `s3://` and `hdfs://` where a TensorFlow plugin adds them,
 A run never writes a remote output directory file by file while it trains:
 it works in a local mirror (`Mirror`) that starts as a copy of the remote
 folder's kgpt outputs (so a rerun resumes from the remote checkpoint and
-memory-maps its shards from local disk), and `publish` copies what changed
-back after every checkpoint, saved preset and `metrics.json`, and at the end.
+memory-maps its shards from local disk), and `Mirror.push` copies what
+changed back after every checkpoint, saved preset and `metrics.json`, and at
+the end (the run that owns the mirror calls it: `kgpt.jobs.run.Run.publish`).
 Pointer files (a checkpoint's `latest.json`, a preset's `metrics.json`) are
 copied after the files they name, and each file arrives whole (an object
 store's uploads do; elsewhere it is written under a temporary name and
@@ -22,7 +23,8 @@ store lacks.
 Example:
 ```python
 with kgpt.io.storage.Mirror("gs://bucket/run") as mirror:   # pulls the remote folder
-    kgpt.io.storage.publish(mirror.local)                      # pushes what changed (also done at exit)
+    kgpt.io.storage.write_text(os.path.join(mirror.local, "notes.txt"), "written locally")
+    mirror.push()                                               # pushes what changed (also done at exit)
 ```
 """
 
@@ -337,40 +339,6 @@ def local_copy(path, prefix="kgpt-remote-"):
         yield local
 
 
-# The mirrors of the remote folders this process writes: {local root: Mirror}.
-_mirrors = {}
-_mirrors_guard = threading.Lock()
-
-
-def publish(path):
-    """Copies what changed in the mirror holding local `path` to its remote folder; nothing for other paths.
-
-    Called after each checkpoint, saved preset and metrics write; cheap when
-    `path` is an ordinary local output (no mirror holds it).
-    """
-    mirror = mirror_of(path)
-    if mirror is not None:
-        mirror.push()
-
-
-def mirror_of(path):
-    """The `Mirror` whose local folder holds `path`, or None (an ordinary local path)."""
-    if not _mirrors or path is None or is_remote(path):
-        return None
-    path = os.path.abspath(os.fspath(path))
-    with _mirrors_guard:
-        return next((m for root, m in _mirrors.items() if path == root or path.startswith(root + os.sep)), None)
-
-
-def remote_of(path):
-    """The remote location a mirrored local `path` stands for (for messages), or `path` itself."""
-    path = os.path.abspath(os.fspath(path)) if path is not None and not is_remote(path) else path
-    for root, mirror in list(_mirrors.items()):
-        if path == root or (isinstance(path, str) and path.startswith(root + os.sep)):
-            return join(mirror.remote, *os.path.relpath(path, root).split(os.sep)) if path != root else mirror.remote
-    return path
-
-
 def _signature(path):
     stat = os.stat(path)
     return stat.st_size, stat.st_mtime_ns
@@ -405,8 +373,6 @@ class Mirror:
         except BaseException:
             shutil.rmtree(self.local, ignore_errors=True)
             raise
-        with _mirrors_guard:
-            _mirrors[self.local] = self
         if self.writer:
             logger.info(f"Writing {self.remote} through the local folder {self.local} (copied there after each "
                         f"checkpoint and save).")
@@ -420,9 +386,12 @@ class Mirror:
                 raise
             logger.warning(f"Could not copy the last outputs to {self.remote}: {e}")  # the run's own error goes on
         finally:
-            with _mirrors_guard:
-                _mirrors.pop(self.local, None)
             shutil.rmtree(self.local, ignore_errors=True)
+
+    def remote_path(self, path):
+        """The remote location the local `path` (in `self.local`) stands for, for messages."""
+        rel = os.path.relpath(os.path.abspath(path), self.local)
+        return self.remote if rel == "." else join(self.remote, *rel.split(os.sep))
 
     def _files(self):
         found = []

@@ -6,6 +6,8 @@ configs add their own fields: `PretrainConfig` (`kgpt-train --task lm`) and
 `FinetuneConfig` (`kgpt-train --task NAME`). Defaults are the paper's
 (section 4.1). Each field's `help` is also its `kgpt-train` flag's help
 (`kgpt.cli.train` defines one flag per field), so a field cannot lack a flag.
+Configs are frozen: a command builds one from its flags, and a value decided
+later is a new config (`dataclasses.replace`), never a change under a run.
 
 This module imports no Keras: `kgpt-train --help` reads it.
 """
@@ -28,7 +30,7 @@ def default(cls, name, value):
     return dataclasses.field(default=value, metadata=cls.__dataclass_fields__[name].metadata)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The size of a new model (pre-training, or fine-tuning `init="scratch"`)."""
 
@@ -47,7 +49,7 @@ class ModelConfig:
                                              "GPUs) in training.")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """What every training run takes: where it writes, its devices, and its optimisation."""
 
@@ -102,7 +104,7 @@ class RunConfig:
                             "shows Keras' progress bar); '0': none.")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class PretrainConfig(RunConfig, ModelConfig):
     """Language-model pre-training (`kgpt.jobs.pretrain`)."""
 
@@ -134,7 +136,7 @@ class PretrainConfig(RunConfig, ModelConfig):
     zero_shot_examples: int | None = option(None, "Examples per split in those evaluations (default: all).")
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class FinetuneConfig(RunConfig, ModelConfig):
     """Discriminative fine-tuning of a registered task (`kgpt.jobs.finetune`)."""
 
@@ -226,11 +228,6 @@ def demo_pretrain_config(**overrides):
     return PretrainConfig(**{**DEMO_PRETRAIN, **overrides})
 
 
-# Fields added after runs were already being recorded, with the value those runs used: a run records
-# them only when set otherwise, so a run started before a field existed still resumes.
-LATER_FIELDS = {"initializer_range": 0.02, "gradient_accumulation_steps": 1, "train_file": None,
-                "validation_file": None, "test_file": None, "text_columns": None, "label_column": None,
-                "choice_columns": None, "metrics": None}
 # Where and how a run executes, not what it computes: never recorded, so a run resumes on another number of
 # processes or devices (its batches are the same global batches).
 PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "startup_timeout", "model_parallel",
@@ -239,13 +236,10 @@ PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "start
 
 def recorded_settings(config, drop):
     """`config` as a run records it (`run.json`, checkpoints): without the fields in `drop` (where it writes,
-    not what it computes), nor a `LATER_FIELDS` field at its old value."""
+    not what it computes)."""
     settings = dataclasses.asdict(config)
     for key in (*drop, *PLACEMENT_FIELDS):
         settings.pop(key, None)
-    for key, value in LATER_FIELDS.items():
-        if key in settings and settings[key] == value:
-            settings.pop(key)
     return settings
 
 

@@ -83,15 +83,11 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
-    positive = {"batch_size": config.batch_size, "max_length": config.max_length}
-    for name, value in positive.items():
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be positive, got {value}.")
+    run.check_integers(config, optional=("batch_size", "max_length"), batch_size=1, max_length=1, epochs=0,
+                       checkpoint_every=0)
     if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
         raise ConfigError(f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
                           f"of text), got {config.max_length}.")
-    if config.epochs < 0 or config.checkpoint_every < 0:
-        raise ConfigError(f"epochs and checkpoint_every must be >= 0, got {config.epochs} and {config.checkpoint_every}.")
     run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
     if config.keep not in KEEP:
         raise ConfigError(f"keep must be one of {', '.join(KEEP)}, got {config.keep!r}.")
@@ -130,11 +126,12 @@ def finetune(config, registry=None):
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or files_dir(config) or run.for_all(
-                config, lambda: _embedded_data(task, os.path.join(work, "data")), f"writing {task.name}'s embedded data")
-            model, results, start = _finetune(config, task, data_dir)
+            data_dir = config.data_dir or files_dir(config) or work.for_all(
+                lambda: _embedded_data(task, os.path.join(work.directory, "data")),
+                f"writing {task.name}'s embedded data")
+            model, results, start = _finetune(config, work, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
-            _baseline(config, task, data_dir, start, results)
+            _baseline(config, work, task, data_dir, start, results)
     warning = learned_nothing(config, task, results.get("baseline_check"))
     if warning:  # last, so that it is what the run's log ends with
         logger.warning(warning)
@@ -184,17 +181,17 @@ def runs_baseline(config):
     return config.init == "demo" and config.pretrained_weights and config.epochs > 0
 
 
-def _baseline(config, task, data_dir, start, results):
-    """Fine-tunes the same model from fresh weights (in OUTPUT_DIR/no_pretraining) and logs both results."""
-    output_dir = os.path.join(config.output_dir, "no_pretraining") if config.output_dir else None
+def _baseline(config, work, task, data_dir, start, results):
+    """Fine-tunes the same model from fresh weights (in the `Run`'s no_pretraining/) and logs both results."""
+    output_dir = os.path.join(work.directory, "no_pretraining") if work.kept else None
     # With your own files, data_dir stays as given: their relative paths are under it.
     base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, output_dir=output_dir,
                                data_dir=config.data_dir if config.train_file else data_dir)
-    logger.info(f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
-                f"{f', in {output_dir}' if output_dir else ''}:")
-    with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-"):
+    with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-", work) as inner:
+        logger.info(f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
+                    f"{f', in {inner.location}' if inner.kept else ''}:")
         with run.scope(base, base.batch_size or DEFAULT_BATCH_SIZE):
-            _, baseline, _ = _finetune(base, task, data_dir, initial=start.initial)
+            _, baseline, _ = _finetune(base, inner, task, data_dir, initial=start.initial)
     logger.info(comparison(task, results, baseline))
 
 
@@ -247,10 +244,11 @@ def task_preprocessor(config, task, tokenizer, context, saved_length=None, origi
                                                                          context), columns=columns)
 
 
-def _finetune(config, task, data_dir, initial=None):
-    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`); returns `(model, results, start)`."""
+def _finetune(config, work, task, data_dir, initial=None):
+    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`) in the `Run` `work`; returns
+    `(model, results, start)`."""
     run.seed_keras(config.seed)  # as run.scope did: the embedded data above drew no random numbers
-    start = starting_point(config, task, initial)
+    start = starting_point(config, task, initial, work)
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
     saved_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else None
     preprocessor = task_preprocessor(config, task, start.tokenizer, start.backbone.max_sequence_length, saved_length,
@@ -267,14 +265,15 @@ def _finetune(config, task, data_dir, initial=None):
     if hasattr(task, "inputs"):  # the columns kgpt-predict reads by default
         results["inputs"] = task.inputs()
     if config.epochs > 0:
-        results.update(train(config, task, model, splits, batch_size, start.origin, settings))
+        results.update(train(config, work, task, model, splits, batch_size, start.origin, settings))
     else:
         model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)
-    results["splits"] = evaluate_splits(config, task, model, splits, batch_size)
+    results["splits"] = evaluate_splits(task, model, splits, batch_size, work.directory if work.kept else None,
+                                        config.predict_test)
     check = baseline_check(task, results["splits"])
     if check is not None:
         results["baseline_check"] = check
     # GPTTaskModel.from_preset(output_dir) predicts on text again.
-    run.save_outputs(model, config, results, "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
+    work.save_outputs(model, results, "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
                      "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv")
     return model, results, start

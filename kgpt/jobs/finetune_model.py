@@ -18,6 +18,7 @@ from kgpt.errors import ConfigError
 from kgpt.io import hub
 from kgpt.io.presets import read_json
 from kgpt.jobs import pretrain as pretrain_lib
+from kgpt.jobs import run
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.layers import lora
 from kgpt.models.converters import original
@@ -67,14 +68,14 @@ def with_local_init(config):
     return dataclasses.replace(config, init=folder)
 
 
-def initial_model(config):
-    """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init`."""
+def initial_model(config, work):
+    """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init` (`work`: the `Run`)."""
     if config.init == "scratch":
         tokenizer = GPTTokenizer.gpt1()
         backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), scratch_context(config))
         return backbone, tokenizer, "random initialisation (no pre-training)"
     if config.init == "demo":
-        return _demo_model(config)
+        return _demo_model(config, work)
     return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
 
 
@@ -109,27 +110,28 @@ def starting_tokenizer(config):
     return read_tokenizer(path), context, None
 
 
-def _demo_model(config):
-    """`init="demo"`: the demo model pre-trained on the embedded text (kept in output_dir/pretrained, and reused)."""
-    out = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+def _demo_model(config, work):
+    """`init="demo"`: the demo model pre-trained on the embedded text (kept in the `Run`'s pretrained/, and reused)."""
+    out = os.path.join(work.directory, "pretrained") if work.kept else None
     origin = "the demo model pre-trained on the embedded text"
     if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete
-        logger.info(f"--init demo: using the demo model pre-trained in {out} by an earlier run of this command.")
+        logger.info(f"--init demo: using the demo model pre-trained in {work.location}/pretrained by an earlier run "
+                    f"of this command.")
         backbone, tokenizer, _ = load_pretrained(out, dtype=config.dtype)
         return backbone, tokenizer, origin
     logger.info("--init demo: pre-training the small demo model on the embedded text first "
                 f"({', '.join(f'{k}={v}' for k, v in DEMO_PRETRAIN.items())}).")
-    lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=config.seed))
+    lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=config.seed), within=work)
     return lm.backbone, tokenizer, origin
 
 
-def starting_point(config, task, initial=None):
+def starting_point(config, task, initial=None, work=None):
     """What fine-tuning starts from: a `Start(backbone, tokenizer, origin, finetuned, initial)`.
 
     `finetuned` is the loaded `GPTTaskModel` when `config.init` is a
     fine-tuned preset of `task` (its head is kept), else None. `initial`, an
     earlier `Start.initial`, is used instead of loading (or, for `demo`,
-    pre-training) `config.init` again.
+    pre-training in the `Run` `work`) `config.init` again.
     """
     if config.init not in SPECIAL_INITS and is_task_preset(config.init):
         model = _finetuned_init(config, task)
@@ -140,7 +142,7 @@ def starting_point(config, task, initial=None):
                      None)
     if config.epochs == 0:
         raise untrained_head(config, task)
-    initial = initial or initial_model(config)
+    initial = initial or initial_model(config, work)
     backbone, tokenizer, origin = initial
     if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
         backbone = type(backbone).from_config(backbone.get_config())
@@ -205,8 +207,7 @@ def build_model(config, task, start, preprocessor):
 
 def enable_lora(model, rank):
     """`--lora_rank`: only the LoRA factors and the task head train."""
-    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-        raise ConfigError(f"lora_rank must be an integer >= 1 (or None: every weight trains), got {rank!r}.")
+    run.setting_int(rank, "lora_rank")
     if not isinstance(model.backbone, lora.LoraMixin):
         raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
     model.backbone.enable_lora(rank)

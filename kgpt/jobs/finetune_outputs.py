@@ -79,8 +79,9 @@ def write_submission(path, task, split, predictions):
     write_text(path, "\n".join(lines) + "\n")
 
 
-def evaluate_splits(config, task, model, splits, batch_size):
-    """Scores every split but the training one; writes predictions (and submissions) with an output dir.
+def evaluate_splits(task, model, splits, batch_size, directory=None, predict_test=False):
+    """Scores every split but the training one; writes predictions (and, with `predict_test`, submissions) into
+    `directory` (process 0), when there is one.
 
     A labeled split of a task that picks a label or a choice also gets its
     `baselines`, and a scored one its `prediction_counts`.
@@ -100,13 +101,13 @@ def evaluate_splits(config, task, model, splits, batch_size):
             results[name]["prediction_counts"] = label_counts(task, predicted)
         if evaluation.metrics:
             logger.info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
-        if config.output_dir and cluster.is_chief():
-            write_predictions(os.path.join(config.output_dir, "predictions", f"{name}.tsv"), task, split, evaluation)
-            if config.predict_test and name in (task.submissions or {}):
-                path = os.path.join(config.output_dir, "submission", task.submissions[name])
+        if directory and cluster.is_chief():
+            write_predictions(os.path.join(directory, "predictions", f"{name}.tsv"), task, split, evaluation)
+            if predict_test and name in (task.submissions or {}):
+                path = os.path.join(directory, "submission", task.submissions[name])
                 write_submission(path, task, split, evaluation.predictions)
                 logger.info(f"{name}: submission file {path}")
-    if config.predict_test and not task.submissions:
+    if predict_test and not task.submissions:
         logger.info(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
     return results
 

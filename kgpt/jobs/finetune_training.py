@@ -46,8 +46,9 @@ class TaskMetrics(keras.callbacks.Callback):
             logs.update({f"val_{name}": value for name, value in scores.items()})
 
 
-def train(config, task, model, splits, batch_size, origin, settings):
-    """Compiles and fits `model` (resuming a checkpoint); returns the results it adds to metrics.json.
+def train(config, work, task, model, splits, batch_size, origin, settings):
+    """Compiles and fits `model` in the `Run` `work` (resuming its checkpoint); returns the results it adds to
+    metrics.json.
 
     `settings` are what the run's outputs depend on (`kgpt.jobs.finetune.run_settings`): a checkpoint made with
     others is refused.
@@ -73,7 +74,7 @@ def train(config, task, model, splits, batch_size, origin, settings):
                 f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
                 f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
                 f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}.")
-    training = Training(config, task, model, splits, train_name, dev_name, batch_size, settings)
+    training = Training(config, work, task, model, splits, train_name, dev_name, batch_size, settings)
     history, kept = training.fit()
     return {"kept_epoch": kept, "history": history, "real_token_share": training.real_token_share}
 
@@ -93,12 +94,12 @@ class Training:
     masks, so it ends with the weights of an uninterrupted run.
     """
 
-    def __init__(self, config, task, model, splits, train_name, dev_name, batch_size, settings):
-        self.config, self.task, self.model = config, task, model
+    def __init__(self, config, work, task, model, splits, train_name, dev_name, batch_size, settings):
+        self.config, self.work, self.task, self.model = config, work, task, model
         self.train, self.dev = splits[train_name], splits.get(dev_name)
         self.batch_size = batch_size
         self.settings = settings | {"batch_size": batch_size, "train_data": split_fingerprint(self.train)}
-        self.directory = run.checkpoint_dir(config)
+        self.directory = work.checkpoint_dir
         self.steps_per_epoch = math.ceil(len(self.train) / batch_size)
         self.metric = task.metric_names[0]
 
@@ -111,16 +112,17 @@ class Training:
         progress = FinetuneProgress(self, state)
         if progress.step < self.config.epochs * self.steps_per_epoch:
             metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
-            callbacks = run.callbacks(self.config, progress, f"Lower --learning_rate ({self.config.learning_rate:g}) "
-                                      "or check the data", before=metrics,
-                                      total_steps=self.config.epochs * self.steps_per_epoch,
-                                      examples_per_step=self.batch_size,
-                                      after=[callbacks_lib.EpochBar(self.config.epochs)] if cluster.is_chief() else [])
+            callbacks = self.work.callbacks(progress, f"Lower --learning_rate ({self.config.learning_rate:g}) or "
+                                            "check the data", before=metrics,
+                                            total_steps=self.config.epochs * self.steps_per_epoch,
+                                            examples_per_step=self.batch_size,
+                                            after=[callbacks_lib.EpochBar(self.config.epochs)] if cluster.is_chief()
+                                            else [])
             run.fit(self.model, self._calls(progress.step), callbacks, self._validation())
         return progress.history, progress.finish()
 
     def _restore(self):
-        state = run.restore(self.model, self.config, self.settings)
+        state = self.work.restore(self.model, self.settings)
         total = self.config.epochs * self.steps_per_epoch
         if state is not None and state["step"] >= total:
             logger.info(f"The checkpoint in {self.directory} is at the last step ({total:,}): this run finished "
@@ -204,16 +206,16 @@ class Training:
         return distribute.feed(make)
 
 
-class FinetuneProgress(callbacks_lib.Progress):
-    """`kgpt.train.callbacks.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
+class FinetuneProgress(run.Progress):
+    """`kgpt.jobs.run.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
 
     keep = ("best",)
 
     def __init__(self, training, state=None):
         config = training.config
         super().__init__(training.directory, training.settings, training.steps_per_epoch, config.checkpoint_every,
-                         os.path.join(config.output_dir, "history.csv") if config.output_dir else None, state,
-                         accumulation=config.gradient_accumulation_steps)
+                         training.work.history_path, state, accumulation=config.gradient_accumulation_steps,
+                         publish=training.work.publish)
         self.training = training
         self.best = (state or {}).get("best")  # {"epoch": from 1, "score": value} or None
         self._best_weights = None
@@ -232,7 +234,7 @@ class FinetuneProgress(callbacks_lib.Progress):
             self.best = {"epoch": epoch, "score": score}
             self._best_weights = [np.array(v) for v in self.model.get_weights()]
             if self.directory:
-                checkpoint_lib.save_weights(self.model, self.directory, "best")
+                checkpoint_lib.save_weights(self.model, self.directory, "best")  # copied out with the checkpoint
 
     def finish(self):
         """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""

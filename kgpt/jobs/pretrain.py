@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
+from kgpt.checks import positive_int
 from kgpt.data import demo_world
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.data.shards import Team, build_shards
@@ -31,7 +32,7 @@ from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
 from kgpt.models.lstm.lstm_backbone import LSTMBackbone
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.parallel import cluster, distribute
-from kgpt.train.callbacks import EpochBar, Progress
+from kgpt.train.callbacks import EpochBar
 from kgpt.models.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
@@ -66,27 +67,23 @@ def corpus_files(pattern):
     return files
 
 
-def load_tokenizer(config, files):
-    """The run's tokenizer: GPT-1's, one learned from `files` (kept in the output), or one from a folder."""
+def load_tokenizer(config, files, work):
+    """The run's tokenizer: GPT-1's, one learned from `files` (kept in the `Run`'s output), or one from a folder."""
     if config.tokenizer is None:
         return GPTTokenizer.gpt1()
     if config.tokenizer != "train":
         return read_tokenizer(config.tokenizer, flag="--tokenizer")
-    saved = config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG))
-    if saved:  # a resumed run keeps the vocabulary it started with
-        logger.info(f"Using the tokenizer learned earlier in {config.output_dir}.")
-        return GPTTokenizer.from_preset(config.output_dir)
+    if work.kept and os.path.isfile(os.path.join(work.directory, PRESET_CONFIG)):
+        # A resumed run keeps the vocabulary it started with.
+        logger.info(f"Using the tokenizer learned earlier in {work.location}.")
+        return GPTTokenizer.from_preset(work.directory)
     logger.info(f"Learning a BPE vocabulary of {config.num_merges:,} merges from the corpus ...")
     tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges)
-    if config.output_dir:
-        tokenizer.save_to_preset(config.output_dir)
+    if work.kept:
+        tokenizer.save_to_preset(work.directory)
+        work.publish()
     logger.info(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special "
                 f"tokens.")
-    return tokenizer
-
-
-def _published(config, tokenizer):
-    run.publish(config)
     return tokenizer
 
 
@@ -118,13 +115,9 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is read or built."""
-    at_least = {"batch_size": 1, "sequence_length": 1, "max_steps": 1, "evaluations": 1, "num_layers": 1,
-                "num_heads": 1, "hidden_dim": 1, "intermediate_dim": 1, "num_merges": 0, "warmup_steps": 0,
-                "checkpoint_every": 0, "validation_tokens": 0, "sample_tokens": 0, "lm_loss_chunk_size": 0}
-    for name, low in at_least.items():
-        value = getattr(config, name, low)
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ConfigError(f"{name} must be an integer >= {low}, got {value!r}.")
+    run.check_integers(config, batch_size=1, sequence_length=1, max_steps=1, evaluations=1, num_layers=1,
+                       num_heads=1, hidden_dim=1, intermediate_dim=1, num_merges=0, warmup_steps=0,
+                       checkpoint_every=0, validation_tokens=0, sample_tokens=0, lm_loss_chunk_size=0)
     for name in ("learning_rate", "weight_decay"):
         value = getattr(config, name)
         if not math.isfinite(value) or value < 0:
@@ -148,8 +141,8 @@ def check_config(config):
     run.check_run(config, config.batch_size)
 
 
-class PretrainProgress(Progress):
-    """`kgpt.train.callbacks.Progress` that also keeps the zero-shot evaluations in the checkpoint."""
+class PretrainProgress(run.Progress):
+    """`kgpt.jobs.run.Progress` that also keeps the zero-shot evaluations in the checkpoint."""
 
     def __init__(self, *args, zero_shot=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -170,8 +163,7 @@ def validation_windows(val, sequence_length):
 
 def evaluation_count(max_steps, wanted):
     """The largest count <= `wanted` that divides `max_steps` (Keras epochs are equal)."""
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1, got {max_steps}.")
+    positive_int(max_steps, "max_steps")
     return max(d for d in range(1, max(1, min(wanted, max_steps)) + 1) if max_steps % d == 0)
 
 
@@ -186,14 +178,15 @@ def build_backbone(config, vocabulary_size):
     raise ValueError(f"architecture must be 'transformer' or 'lstm', got {config.architecture!r}.")
 
 
-def zero_shot_callback(config, tokenizer, steps_per_eval, scratch_dir, registry=None):
-    """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given."""
+def zero_shot_callback(config, tokenizer, steps_per_eval, work, registry=None):
+    """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given (in the
+    `Run`'s folder)."""
     if not config.zero_shot:
         return None
-    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, config.output_dir or scratch_dir, registry or TaskRegistry())
+    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, work.directory, registry or TaskRegistry())
     every = config.zero_shot_every or steps_per_eval
     logger.info(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
-    out = config.output_dir
+    out = work.directory if work.kept else None
     return zero_shot_lib.ZeroShotCallback(
         tasks, tokenizer, every,
         csv_path=os.path.join(out, "zero_shot.csv") if out else None,
@@ -221,7 +214,7 @@ def prepare(config):
 
 
 def _prepare(config, work):
-    """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or `work/shards`.
+    """`(ShardIndex, tokenizer)` of the run's corpus, its shards in `config.shards_dir` or the `Run`'s `shards/`.
 
     With several processes, process 0 writes the demo text and learns the
     tokenizer, and every process tokenizes its share of the corpus
@@ -230,30 +223,32 @@ def _prepare(config, work):
     if config.corpus:
         files = corpus_files(config.corpus)
     else:
-        files = [run.for_all(config, lambda: demo_world.write_corpus(work), "writing the demo text")]
-        logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}.")
+        files = [work.for_all(lambda: demo_world.write_corpus(work.directory), "writing the demo text")]
+        logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to "
+                    f"{files[0]}.")
     tokenizer = None
     if config.tokenizer == "train" and cluster.current().several:
         # Process 0 keeps the one it learned (reading it back would say so a second time); the others read it.
-        tokenizer = run.on_chief(lambda: _published(config, load_tokenizer(config, files)), "learning the tokenizer")
-        run.fetch(config, (PRESET_CONFIG, "assets"))
+        tokenizer = run.on_chief(lambda: load_tokenizer(config, files, work), "learning the tokenizer")
+        work.fetch((PRESET_CONFIG, "assets"))
     if not isinstance(tokenizer, GPTTokenizer):
-        tokenizer = load_tokenizer(config, files)
+        tokenizer = load_tokenizer(config, files, work)
     here = cluster.current()
     # Processes that each have their own copy of a remote output directory build its shards alone.
-    alone = run.staged(config) and not config.shards_dir
+    alone = work.mirror is not None and not config.shards_dir
     team = Team() if alone else Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
-    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work, "shards"), team=team)
+    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work.directory, "shards"), team=team)
     logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
                 f"(vocabulary {tokenizer.vocabulary_size():,}).")
     return index, tokenizer
 
 
-def pretrain(config, registry=None):
+def pretrain(config, registry=None, within=None):
     """Trains a GPT language model; returns `(causal_lm, tokenizer, metrics)`.
 
     `registry` (a `kgpt.TaskRegistry`) finds the `config.zero_shot` tasks;
-    default: every installed plugin.
+    default: every installed plugin. `within`: the `kgpt.jobs.run.Run` whose
+    folder holds `config.output_dir` (fine-tuning's demo model).
     """
     check_config(config)
     several = run.join(config, "pretrain", run_settings(config), config.batch_size).several
@@ -263,7 +258,7 @@ def pretrain(config, registry=None):
     if config.zero_shot:  # before the corpus is tokenized and the model built
         registry = registry or TaskRegistry()
         zero_shot_lib.check_tasks(config.zero_shot, registry)
-    with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
+    with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-", within) as work:
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
@@ -279,8 +274,8 @@ def pretrain(config, registry=None):
             micro = config.batch_size // config.gradient_accumulation_steps
             validation = _validation(val_ids, config.sequence_length, shards, micro)
             zero_shot = zero_shot_callback(config, tokenizer, config.max_steps // evaluations, work, registry)
-            progress = _progress(config, lm, evaluations, index.total_tokens, tokenizer, zero_shot)
-            _fit(config, lm, index, train_end, evaluations, validation, progress, zero_shot)
+            progress = _progress(config, work, lm, evaluations, index.total_tokens, tokenizer, zero_shot)
+            _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot)
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
             if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
                 logger.info("No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) "
@@ -292,7 +287,7 @@ def pretrain(config, registry=None):
             lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
             # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir) load it (the
             # preprocessor saves the tokenizer); fine-tuning takes --init dir.
-            run.save_outputs(lm, config, metrics, "the preset (config.json, model.weights.h5, task.json, "
+            work.save_outputs(lm, metrics, "the preset (config.json, model.weights.h5, task.json, "
                              "preprocessor.json, tokenizer.json, assets/), history.csv, logs/")
     return lm, tokenizer, metrics
 
@@ -354,22 +349,23 @@ def _validation(val_ids, sequence_length, shards, batch_size):
     return distribute.feed(rows_of)
 
 
-def _progress(config, lm, evaluations, total, tokenizer, zero_shot):
-    """The progress callback, from the run's checkpoint when there is one."""
+def _progress(config, work, lm, evaluations, total, tokenizer, zero_shot):
+    """The progress callback, from the `Run`'s checkpoint when there is one."""
     settings = run_settings(config) | {"corpus_tokens": int(total), "tokenizer": tokenizer.fingerprint()}
-    state = run.restore(lm, config, settings)
+    state = work.restore(lm, settings)
     if state is not None:
         logger.info(f"Resuming from the checkpoint at step {state['step']:,} of {config.max_steps:,} "
-                    f"({run.checkpoint_dir(config)}).")
+                    f"({work.checkpoint_dir}).")
         if zero_shot is not None:
             zero_shot.restore([row for row in state.get("zero_shot", []) if row[0] <= state["step"]])
-    every = config.checkpoint_every if config.output_dir else 0
-    return PretrainProgress(run.checkpoint_dir(config) if config.checkpoint_every else None, settings,
-                            config.max_steps // evaluations, every, run.history_path(config), state,
-                            accumulation=config.gradient_accumulation_steps, zero_shot=zero_shot)
+    every = config.checkpoint_every if work.kept else 0
+    return PretrainProgress(work.checkpoint_dir if config.checkpoint_every else None, settings,
+                            config.max_steps // evaluations, every, work.history_path, state,
+                            accumulation=config.gradient_accumulation_steps, zero_shot=zero_shot,
+                            publish=work.publish)
 
 
-def _fit(config, lm, index, train_end, evaluations, validation, progress, zero_shot):
+def _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot):
     """Trains from the progress' step to `max_steps`, in `evaluations` Keras epochs."""
     steps_per_eval = config.max_steps // evaluations
     micro = config.gradient_accumulation_steps  # batches fit sees per optimizer step
@@ -384,7 +380,7 @@ def _fit(config, lm, index, train_end, evaluations, validation, progress, zero_s
 
     calls = ((windows(first * steps_per_eval + skip), first, last, (steps_per_eval - skip) * micro)
              for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations))
-    callbacks = run.callbacks(config, progress, f"Lower --learning_rate ({config.learning_rate:g})",
+    callbacks = work.callbacks(progress, f"Lower --learning_rate ({config.learning_rate:g})",
                               before=[zero_shot] if zero_shot is not None else [], total_steps=config.max_steps,
                               tokens_per_step=config.batch_size * config.sequence_length,
                               after=[EpochBar(evaluations)] if cluster.is_chief() else [])

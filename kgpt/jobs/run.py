@@ -1,23 +1,26 @@
-"""The skeleton both training jobs share: set-up, callbacks, resuming, and outputs.
+"""The skeleton both training jobs share: a run's place (`Run`), set-up, callbacks, resuming, and outputs.
 
 A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
 
-    with run.workspace(config, "finetune", settings, "kgpt-rte-") as work:   # claim output_dir, or a temp dir
+    with run.workspace(config, "finetune", settings, "kgpt-rte-") as work:   # a Run: output_dir claimed, or a temp dir
         with run.scope(config, batch_size):                                   # seed, dtype policy, devices
             ...build and compile the model...
-            state = run.restore(model, config, settings)                      # the checkpoint, if any
-            progress = Progress(run.checkpoint_dir(config), settings, ..., run.history_path(config), state)
-            run.fit(model, datasets, run.callbacks(config, progress, hint))   # resumes mid-epoch
-            run.save_outputs(model, config, metrics)                          # preset + metrics.json
+            state = work.restore(model, settings)                             # the checkpoint, if any
+            progress = run.Progress(work.checkpoint_dir, settings, ..., work.history_path, state,
+                                    publish=work.publish)
+            run.fit(model, datasets, work.callbacks(progress, hint))          # resumes mid-epoch
+            work.save_outputs(model, metrics, files)                          # preset + metrics.json
 
-With an `output_dir` everything above is kept, and the same command again
-resumes from the last checkpoint; without one, nothing is.
+The config is read once, here and in the job; what lies below gets plain
+values or the `Run`. With an `output_dir` everything above is kept, and the
+same command again resumes from the last checkpoint; without one, nothing is.
 
-On several processes (`kgpt.parallel.cluster`) every process runs the same job
-on its rows of each batch (`join` first); process 0 alone claims and writes
-the output directory, which every process must see (a shared file system),
-or which is remote (`gs://...`): each process then works in its own local
-copy and process 0 copies its outputs back (`kgpt.io.storage.Mirror`).
+On several processes (`kgpt.parallel.cluster`) every process runs the same
+job on its rows of each batch (`join` first); process 0 alone claims and
+writes the output directory, which every process must see (a shared file
+system), or which is remote (`gs://...`): each process then works in its own
+local copy (`Run.mirror`, a `kgpt.io.storage.Mirror`) and process 0 copies
+its outputs back (`Run.publish`).
 """
 
 import contextlib
@@ -30,12 +33,14 @@ import tempfile
 import keras
 import numpy as np
 
+from kgpt.checks import positive_int
 from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.io.storage import write_json
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.parallel import cluster, placement
+from kgpt.train import callbacks as callbacks_lib
 from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteLoss, catching_sigterm
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
 
@@ -44,20 +49,15 @@ logger = logging.getLogger(__name__)
 
 def check_run(config, batch_size):
     """Raises `ConfigError` for run settings (`RunConfig`) that cannot work together, before anything starts."""
-    from kgpt.train.callbacks import parse_every
-
+    check_integers(config, gradient_accumulation_steps=1, model_parallel=1, startup_timeout=1)
     steps = config.gradient_accumulation_steps
-    for name in ("gradient_accumulation_steps", "model_parallel", "startup_timeout"):
-        value = getattr(config, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{name} must be an integer >= 1, got {value!r}.")
     if batch_size % steps:
         raise ConfigError(f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
                           f"update is accumulated over {steps} equal micro-batches.")
     if config.output_dir:  # before a demo model is pre-trained or data is read
         storage.check_path(config.output_dir, "--output_dir")
     if config.log_every != "auto":
-        parse_every(config.log_every)
+        callbacks_lib.parse_every(config.log_every)
     if keras.config.backend() == "jax":
         compilation_cache_dir(config.compilation_cache)  # a folder that cannot be made, before anything starts
     if config.distribution == "model_parallel" and keras.config.backend() != "jax":
@@ -67,6 +67,21 @@ def check_run(config, batch_size):
     if count > 1 and (batch_size // steps) % count:
         raise ConfigError(f"batch_size {batch_size}{f' / gradient_accumulation_steps {steps}' if steps > 1 else ''} "
                           f"must split evenly over the {count} processes (and their devices).")
+
+
+def setting_int(value, name, minimum=1, allow_none=False):
+    """`kgpt.checks.positive_int` for a setting: its error (naming the setting and what was given) a `ConfigError`."""
+    try:
+        return positive_int(value, name, minimum, allow_none=allow_none)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def check_integers(config, optional=(), **minimums):
+    """Raises `ConfigError` unless each setting named in `minimums` is an integer >= its minimum; those in
+    `optional` may be None."""
+    for name, minimum in minimums.items():
+        setting_int(getattr(config, name), name, minimum, allow_none=name in optional)
 
 
 CACHE_ENV = "KGPT_COMPILATION_CACHE"
@@ -181,75 +196,151 @@ def join(config, job, settings, batch_size=None):
     return here
 
 
+class Run:
+    """Where one run writes, and what it does there around `fit`: `workspace` makes it.
+
+    `output_dir` is the output directory as given (None: nothing is kept),
+    `directory` the local folder the run writes: `output_dir` itself, the
+    local folder of its `mirror` (a `kgpt.io.storage.Mirror`, when it is
+    remote), or a temporary folder. Write there with the usual local calls,
+    and `publish()` after a write that must survive a kill.
+    """
+
+    def __init__(self, output_dir, directory, mirror=None, log_every="auto", accumulation=1):
+        self.output_dir, self.directory, self.mirror = output_dir, directory, mirror
+        self.log_every, self.accumulation = log_every, accumulation
+
+    @property
+    def kept(self):
+        """Whether the run keeps its outputs (it has an output directory)."""
+        return self.output_dir is not None
+
+    @property
+    def checkpoint_dir(self):
+        """The folder of the run's checkpoints (`kgpt.train.checkpoint`); None when nothing is kept."""
+        return os.path.join(self.directory, "checkpoint") if self.kept else None
+
+    @property
+    def history_path(self):
+        """The run's `history.csv` (a line per epoch); None when nothing is kept."""
+        return os.path.join(self.directory, "history.csv") if self.kept else None
+
+    @property
+    def location(self):
+        """Where the outputs end up, for messages: the remote folder a mirror stands for, else `directory`."""
+        return self.mirror.remote_path(self.directory) if self.mirror is not None else self.directory
+
+    def publish(self):
+        """Copies what process 0 wrote so far to a remote output directory (nothing for a local one)."""
+        if self.mirror is not None:
+            self.mirror.push()
+
+    def fetch(self, names):
+        """On processes other than 0 with a remote output directory: copies `names` that process 0 wrote there."""
+        if self.mirror is not None and not self.mirror.writer:
+            folder = os.path.relpath(self.directory, self.mirror.local).replace(os.sep, "/")
+            self.mirror.pull([name if folder == "." else f"{folder}/{name}" for name in names])
+
+    def for_all(self, fn, what):
+        """`on_chief(fn, what)`, or `fn()` on every process when each has its own copy of the output directory.
+
+        For files a job derives and reads back (the demo text, a task's
+        embedded data): on a shared folder process 0 writes them once for all.
+        """
+        return fn() if self.mirror is not None else on_chief(fn, what)
+
+    def restore(self, model, settings):
+        """The state of the run's last checkpoint, loaded into the compiled `model`; None without one."""
+        return checkpoint_lib.restore(model, self.checkpoint_dir, settings) if self.kept else None
+
+    def callbacks(self, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None,
+                  examples_per_step=None):
+        """The run's callbacks: stop on a NaN loss, `before`, `progress`, progress lines, TensorBoard, `after`.
+
+        `before` are callbacks that add to an epoch's logs or to a checkpoint's
+        state (progress records and saves them after theirs have run); `after`
+        see the checkpoint already written. Progress lines (`log_every`) need
+        `total_steps`; TensorBoard (per epoch, `EpochTensorBoard`) needs an
+        output directory and process 0.
+        """
+        directory = self.checkpoint_dir
+        hint = f"{hint}; the last checkpoint{f' ({directory})' if directory else ''} is kept."
+        lines = []
+        every = log_every(self.log_every)
+        if total_steps and every != "0":
+            lines = [ProgressLog(every, total_steps, progress.step, tokens_per_step, examples_per_step,
+                                 self.accumulation)]
+        tensorboard = [EpochTensorBoard(os.path.join(self.directory, "logs"))] \
+            if self.kept and cluster.is_chief() else []
+        return [StopOnNonFiniteLoss(hint, progress.step, self.accumulation), *before, progress, *lines, *tensorboard,
+                *after]
+
+    def save_outputs(self, model, metrics, files):
+        """Saves `model` as a preset and `metrics.json` (last: the preset is then complete) in the run's folder.
+
+        `files` describes what the output directory then holds, for the
+        closing message. Process 0 writes; the others wait until it has, so
+        none exits while the run's files are incomplete.
+        """
+        if not self.kept:
+            return
+        model = gathered_copy(model)  # a model split across processes, whole (every process takes part)
+        try:
+            with writing(self.directory) as directory:
+                if directory is not None:
+                    model.save_to_preset(directory)  # whole, or the old preset
+                    write_json(os.path.join(directory, "metrics.json"), metrics)
+                    self.publish()
+        finally:
+            if cluster.current().several:
+                cluster.barrier()  # no process ends while the run's files are incomplete
+        logger.info(f"Saved {files} and metrics.json in {self.location}")
+
+
+class Progress(callbacks_lib.Progress):
+    """`kgpt.train.callbacks.Progress` that copies each checkpoint out of a remote run's mirror (`publish`)."""
+
+    def __init__(self, *args, publish=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.publish = publish or (lambda: None)
+
+    def save(self, epoch_sums=False):
+        super().save(epoch_sums)
+        self.publish()
+
+
 @contextlib.contextmanager
-def workspace(config, job, settings, prefix):
-    """Yields the folder a run writes to: `config.output_dir` claimed for `job` (`RunDirectory`), or a temporary one.
+def workspace(config, job, settings, prefix, within=None):
+    """Yields the `Run` of `config`: its `output_dir` claimed for `job` (`RunDirectory`), or a temporary folder.
 
     The temporary folder (for data a run derives, e.g. token shards or a
     task's embedded data) is deleted at exit: without an output directory
-    nothing is kept. With several processes, process 0 claims the directory
-    and the others go on only if it could.
+    nothing is kept. A remote `output_dir` is written through a local mirror
+    (`kgpt.io.storage.Mirror`): every process reads its own copy (taken after
+    process 0's claim), and process 0 alone writes it back. A run inside
+    another (`within`: the demo model a fine-tuning pre-trains, its
+    baseline) has its `output_dir` in that run's folder and publishes
+    through its mirror. With several processes, process 0 claims the
+    directory and the others go on only if it could.
     """
+    options = dict(log_every=config.log_every, accumulation=config.gradient_accumulation_steps)
     with catching_sigterm():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
         if not config.output_dir:
             with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
-                yield scratch
+                yield Run(None, scratch, **options)
             return
         claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
         on_chief(claim.__enter__, f"claiming {config.output_dir}")
         try:
             if storage.is_remote(config.output_dir):
-                with _staged(config, claim) as local:
-                    yield local
+                with storage.Mirror(config.output_dir, names=OUTPUTS, lock=claim.remote_lock,
+                                    writer=cluster.is_chief()) as mirror:
+                    yield Run(config.output_dir, mirror.local, mirror, **options)
             else:
-                yield config.output_dir
+                yield Run(config.output_dir, config.output_dir, within.mirror if within else None, **options)
         finally:
             if cluster.is_chief():
                 claim.__exit__(None, None, None)
-
-
-@contextlib.contextmanager
-def _staged(config, claim):
-    """Runs the job in a local mirror of the remote `config.output_dir` (`kgpt.io.storage.Mirror`).
-
-    `config.output_dir` names the mirror until the job ends: every path the
-    job derives from it (checkpoints, shards, the preset) is then local, and
-    `kgpt.io.storage.publish` copies them out after each checkpoint and save.
-    """
-    remote = config.output_dir
-    # Every process reads its own copy (taken after process 0's claim); process 0 alone writes it back.
-    with storage.Mirror(remote, names=OUTPUTS, lock=claim.remote_lock, writer=cluster.is_chief()) as mirror:
-        config.output_dir = mirror.local
-        try:
-            yield mirror.local
-        finally:
-            config.output_dir = remote
-
-
-def staged(config):
-    """Whether the run's `output_dir` is the local mirror of a remote folder (each process has its own)."""
-    return storage.mirror_of(config.output_dir) is not None
-
-
-def for_all(config, fn, what):
-    """`on_chief(fn, what)`, or `fn()` on every process when each has its own copy of the output directory.
-
-    For files a job derives and reads back (the demo text, a task's embedded
-    data): on a shared folder process 0 writes them once for all.
-    """
-    return fn() if staged(config) else on_chief(fn, what)
-
-
-def publish(config):
-    """Copies what process 0 wrote so far to a remote output directory (nothing for a local one); returns None."""
-    storage.publish(config.output_dir)
-
-
-def fetch(config, names):
-    """On processes other than 0 with a remote output directory: copies `names` that process 0 wrote there."""
-    mirror = storage.mirror_of(config.output_dir)
-    if mirror is not None and not mirror.writer:
-        mirror.pull(names)
 
 
 def on_chief(fn, what):
@@ -309,20 +400,6 @@ def seed_keras(seed):
     np.random.set_state(state)
 
 
-def checkpoint_dir(config):
-    return os.path.join(config.output_dir, "checkpoint") if config.output_dir else None
-
-
-def history_path(config):
-    return os.path.join(config.output_dir, "history.csv") if config.output_dir else None
-
-
-def restore(model, config, settings):
-    """The state of the run's last checkpoint, loaded into the compiled `model`; None without one."""
-    directory = checkpoint_dir(config)
-    return checkpoint_lib.restore(model, directory, settings) if directory else None
-
-
 def segments(step, steps_per_epoch, epochs):
     """`(first_epoch, last_epoch, skip)` fit calls from optimizer step `step` to the end of `epochs`.
 
@@ -337,32 +414,10 @@ def segments(step, steps_per_epoch, epochs):
         yield epoch, epochs, 0
 
 
-def callbacks(config, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None,
-              examples_per_step=None):
-    """The run's callbacks: stop on a NaN loss, `before`, `progress`, progress lines, TensorBoard, `after`.
-
-    `before` are callbacks that add to an epoch's logs or to a checkpoint's
-    state (progress records and saves them after theirs have run); `after`
-    see the checkpoint already written. Progress lines (`config.log_every`)
-    need `total_steps`; TensorBoard (per epoch, `EpochTensorBoard`) needs an
-    output directory and process 0.
-    """
-    directory = checkpoint_dir(config)
-    hint = f"{hint}; the last checkpoint{f' ({directory})' if directory else ''} is kept."
-    steps = config.gradient_accumulation_steps
-    lines = []
-    every = log_every(config)
-    if total_steps and every != "0":
-        lines = [ProgressLog(every, total_steps, progress.step, tokens_per_step, examples_per_step, steps)]
-    tensorboard = [EpochTensorBoard(os.path.join(config.output_dir, "logs"))] \
-        if config.output_dir and cluster.is_chief() else []
-    return [StopOnNonFiniteLoss(hint, progress.step, steps), *before, progress, *lines, *tensorboard, *after]
-
-
-def log_every(config):
-    """`config.log_every` with "auto" decided: every 60 s without a terminal (a log file), else none."""
-    if config.log_every != "auto":
-        return config.log_every
+def log_every(value):
+    """`--log_every` with "auto" decided: every 60 s without a terminal (a log file), else none."""
+    if value != "auto":
+        return value
     return "0" if sys.stdout.isatty() else "60s"
 
 
@@ -377,25 +432,3 @@ def fit(model, calls, callbacks, validation=None):
         model.fit(dataset, initial_epoch=first, epochs=last, steps_per_epoch=steps, validation_data=validation,
                   callbacks=callbacks, shuffle=False,  # batches are already drawn in the run's own order
                   verbose=verbose)
-
-
-def save_outputs(model, config, metrics, files):
-    """Saves `model` as a preset and `metrics.json` (last: the preset is then complete) in `config.output_dir`.
-
-    `files` describes what the output directory then holds, for the closing
-    message. Process 0 writes; the others wait until it has, so none exits
-    while the run's files are incomplete.
-    """
-    if not config.output_dir:
-        return
-    model = gathered_copy(model)  # a model split across processes, whole (every process takes part)
-    try:
-        with writing(config.output_dir) as directory:
-            if directory is not None:
-                model.save_to_preset(directory)  # whole, or the old preset
-                write_json(os.path.join(directory, "metrics.json"), metrics)
-                storage.publish(directory)
-    finally:
-        if cluster.current().several:
-            cluster.barrier()  # no process ends while the run's files are incomplete
-    logger.info(f"Saved {files} and metrics.json in {storage.remote_of(config.output_dir)}")

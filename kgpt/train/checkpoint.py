@@ -16,10 +16,10 @@ parts of every array through Orbax (`sharded/`, JAX's checkpointing library,
 `pip install orbax-checkpoint`) and reads them back onto the same layout.
 
 A checkpoint in the local mirror of a remote output directory
-(`kgpt.io.storage`) is copied out as soon as it is complete, `latest.json`
-last. Orbax checkpoints need one folder every process writes, so a remote
-output directory is refused for a model split across processes
-(`kgpt.jobs.run.join`).
+(`kgpt.io.storage.Mirror`) is copied out by the run that owns the mirror as
+soon as it is complete (`kgpt.jobs.run.Progress`), `latest.json` last.
+Orbax checkpoints need one folder every process writes, so a remote output
+directory is refused for a model split across processes (`kgpt.jobs.run.join`).
 
 Example:
 ```python
@@ -35,7 +35,6 @@ import shutil
 import keras
 import numpy as np
 
-from kgpt.io import storage
 from kgpt.io.presets import CheckpointError, check_weights_file, read_json
 from kgpt.io.storage import write_json
 from kgpt.layers import lora
@@ -84,7 +83,6 @@ def save(model, directory, state, keep=()):
                 partial = _begin(target, name)
                 lora.save_weights(model, os.path.join(partial, WEIGHTS))  # LoRA factors unmerged
                 _finish(model, target, name, state, keep)
-                storage.publish(target)  # a remote output directory gets the checkpoint now
         return
     here = cluster.current()
     if here.chief:
@@ -169,9 +167,7 @@ def save_weights(model, directory, name):
                           "across processes has not: use keep='last'.")
     with writing(directory) as target_directory:
         if target_directory is not None:
-            path = _save_weights(model, target_directory, name)
-            storage.publish(target_directory)
-            return path
+            return _save_weights(model, target_directory, name)
 
 
 def _save_weights(model, directory, name):

@@ -40,9 +40,9 @@ _NAMES = {
     "WarmupSchedule": "kgpt.models.optimizers",
     "gpt_adamw": "kgpt.models.optimizers",
     "ConfigError": "kgpt.errors",
-    "CheckpointError": "kgpt.io.presets",
+    "CheckpointError": "kgpt.errors",
     "upload_preset": "kgpt.io.hub",
-    "RegistryError": "kgpt.tasks.registry",
+    "RegistryError": "kgpt.errors",
     "TaskRegistry": "kgpt.tasks.registry",
     "DataError": "kgpt.errors",
     "Example": "kgpt.tasks.task",
@@ -72,19 +72,9 @@ def _load_all():
 
 def __getattr__(name):
     if name not in _NAMES:
-        raise AttributeError(f"module 'kgpt' has no attribute {name!r}{_module_hint(name)}")
+        raise AttributeError(f"module 'kgpt' has no attribute {name!r}")
     _load_all()
     return globals()[name]
-
-
-def _module_hint(name):
-    """Where a module that the facade once offered lives now (`kgpt.transforms` -> `kgpt.tasks.transforms`)."""
-    import importlib.util
-
-    for package in ("data", "tasks", "io", "models", "train", "analysis", "jobs", "parallel"):
-        if importlib.util.find_spec(f"kgpt.{package}") and importlib.util.find_spec(f"kgpt.{package}.{name}"):
-            return f" (a module is used by its own path: `from kgpt.{package} import {name}`)"
-    return ""
 
 
 def __dir__():

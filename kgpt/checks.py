@@ -1,4 +1,4 @@
-"""Host-side checks of what users pass to the models' public methods.
+"""Host-side checks of what users pass to kgpt's public classes, methods and functions.
 
 Each runs once per call, on NumPy arrays, before anything is traced, so a
 bad argument fails with a message naming it (what was given, what is
@@ -14,8 +14,11 @@ import threading
 import numpy as np
 
 
-def positive_int(value, name, minimum=1, maximum=None, allow_none=False):
+def positive_int(value, name, minimum=1, maximum=None, allow_none=False, or_else=None):
     """`value` as an int in `[minimum, maximum]`; bools, floats and strings are refused.
+
+    `or_else` names what else the caller takes, for the message (it has
+    handled those values before).
 
     Example:
     ```python
@@ -25,12 +28,27 @@ def positive_int(value, name, minimum=1, maximum=None, allow_none=False):
     """
     if value is None and allow_none:
         return None
+    other = f", or {or_else}" if or_else else ""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
+        raise TypeError(f"{name} must be an integer{other}, got {value!r} ({type(value).__name__}).")
     value = int(value)
     if value < minimum or (maximum is not None and value > maximum):
         allowed = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
-        raise ValueError(f"{name} must be an integer {allowed}, got {value}.")
+        raise ValueError(f"{name} must be an integer {allowed}{other}, got {value}.")
+    return value
+
+
+def one_of(value, name, allowed):
+    """`value` when it is one of the names `allowed`.
+
+    Example:
+    ```python
+    one_of("linear", "decay", ("cosine", "linear"))  # 'linear'
+    one_of("step", "decay", ("cosine", "linear"))  # ValueError: decay must be one of 'cosine', 'linear', got 'step'.
+    ```
+    """
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}.")
     return value
 
 

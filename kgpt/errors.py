@@ -1,9 +1,48 @@
-"""Errors about a user's data, shared by readers, heads and tasks."""
+"""kgpt's error classes, one place for all: each says when it is raised.
+
+The commands turn each into a one-line message (kgpt.cli.common); the
+facade offers the public ones (`kgpt.ConfigError`, ...).
+"""
 
 
 class DataError(ValueError):
     """A malformed input row or file; the message starts with `file:line`."""
 
 
+class ReaderTypeError(DataError, TypeError):
+    """A task's reader returned or yielded something else than `kgpt.Example`/`Skipped`.
+
+    A `TypeError` too: kgpt raised one for this before naming the plugin.
+    """
+
+
 class ConfigError(ValueError):
     """Settings (flags, config fields, arguments) that cannot run; the message names the setting."""
+
+
+class RegistryError(LookupError):
+    """An unknown, conflicting or broken task: raised when a task is asked for by name."""
+
+
+class CheckpointError(ValueError):
+    """A preset or checkpoint file is missing, corrupt, or does not fit the model."""
+
+
+class StorageError(OSError):
+    """A remote output location that cannot be used: an unknown scheme, unreachable, refused, or failing."""
+
+
+class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors
+    """An output directory is in use, or holds outputs this run would destroy."""
+
+
+class ClusterError(RuntimeError):
+    """The processes of a run could not join, disagree, or lost one of them; the message names which."""
+
+
+class NonFiniteLossError(ArithmeticError):
+    """Training produced a NaN or infinite loss; the run stopped before saving anything from it."""
+
+
+class Preempted(Exception):  # noqa: N818 - an outcome, not an error: the command exits 0 with it
+    """Training stopped on SIGTERM after writing a checkpoint at the step it reached; the same command resumes."""

@@ -69,12 +69,12 @@ def test_padding_the_vocabulary_changes_neither_value_nor_gradients(multiple):
                                  pad_vocabulary_to=multiple)
     np.testing.assert_allclose(to_numpy(evaluation), expected[0], rtol=1e-5)
     assert lm_loss.vocabulary_multiple() == 1  # on a CPU the loss pads nothing by default
-    with pytest.raises(ValueError, match="pad_vocabulary_to must be a positive number of rows, got 0"):
+    with pytest.raises(ValueError, match="pad_vocabulary_to must be an integer >= 1, got 0"):
         chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, pad_vocabulary_to=0)
 
 
 def test_chunked_loss_rejects_bad_arguments():
-    with pytest.raises(ValueError, match="positive number of tokens, got 0"):
+    with pytest.raises(ValueError, match="chunk_size must be an integer >= 1, got 0"):
         chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=0)
     with pytest.raises(ValueError, match="differ in the last axis"):
         chunked_lm_loss(HIDDEN, TABLE[:, :4], TARGETS, WEIGHTS)
@@ -137,9 +137,11 @@ def test_chunk_size_means_the_same_in_both_models():
         lm.compile(lm_loss_chunk_size=size)
         model.compile(lm_loss_chunk_size=size)
         assert lm._chunked_loss.chunk_size == model.loss["lm"].chunk_size == expected
-    for bad in (0, -3, 1.5):
+    for bad, error, message in ((0, ValueError, " >= 1, or None or 'auto', got 0"),
+                                (-3, ValueError, " >= 1, or None or 'auto', got -3"),
+                                (1.5, TypeError, ", or None or 'auto', got 1.5")):
         for compiled in (lm, model):
-            with pytest.raises(ValueError, match="must be a positive number of tokens"):
+            with pytest.raises(error, match=f"lm_loss_chunk_size must be an integer{message}"):
                 compiled.compile(lm_loss_chunk_size=bad)
 
 

@@ -14,7 +14,7 @@ from test_task_model import packed, targets
 from test_use_trained import make_preset, write_data
 
 import kgpt
-from kgpt.io.presets import CheckpointError
+from kgpt.errors import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import finetune_model
 from kgpt.jobs.config import FinetuneConfig
@@ -114,6 +114,14 @@ def test_a_bad_lora_file_is_a_checkpoint_error_naming_it(trained, tmp_path):
         del f[f"lora/{group}/vars/lora_kernel_b"]
     with pytest.raises(CheckpointError, match=rf"tampered.lora.h5: lora/{group} lacks"):
         kgpt.GPTBackbone(**TINY).load_lora_weights(str(tampered))
+    zero = tmp_path / "zero.lora.h5"
+    zero.write_bytes(open(good, "rb").read())
+    with h5py.File(zero, "r+") as f:
+        key = "lora/rank" if "rank" in f["lora"] else "lora/vars/rank"
+        del f[key]
+        f[key] = 0
+    with pytest.raises(CheckpointError, match=r"zero.lora.h5: its LoRA rank must be an integer >= 1, got 0\."):
+        kgpt.GPTBackbone(**TINY).load_lora_weights(str(zero))
 
 
 @pytest.mark.parametrize("kind", ["task", "lm"])
@@ -144,8 +152,11 @@ def test_quantizing_a_lora_model_merges_first_so_its_preset_predicts_what_it_doe
 
 def test_enable_lora_refuses_bad_ranks_targets_and_a_second_call():
     backbone = kgpt.GPTBackbone(**TINY)
-    for rank in (0, -1, 1.5, True, "8"):
-        with pytest.raises(ValueError, match="rank must be an integer >= 1"):
+    for rank in (0, -1):
+        with pytest.raises(ValueError, match=f"rank must be an integer >= 1, got {rank}"):
+            backbone.enable_lora(rank)
+    for rank in (1.5, True, "8"):
+        with pytest.raises(TypeError, match=f"rank must be an integer, got {rank!r}"):
             backbone.enable_lora(rank)
     with pytest.raises(ValueError, match=r"\['querry'\] name no layer LoRA can adapt"):
         backbone.enable_lora(2, target_layer_names=["querry"])

@@ -2,9 +2,9 @@ import math
 
 import numpy as np
 import pytest
+from conftest import to_numpy
 
 import kgpt
-from conftest import to_numpy
 
 
 def test_warmup_then_cosine_to_zero():
@@ -30,8 +30,10 @@ def test_no_horizon_holds_peak():
 
 
 def test_schedule_errors():
-    with pytest.raises(ValueError, match="decay"):
+    with pytest.raises(ValueError, match="decay must be one of 'cosine', 'linear', got 'step'"):
         kgpt.WarmupSchedule(1e-3, 10, 100, decay="step")
+    with pytest.raises(ValueError, match="gradient_accumulation_steps must be an integer >= 1, got 0"):
+        kgpt.WarmupSchedule(1e-3, 10, 100, gradient_accumulation_steps=0)
     with pytest.raises(ValueError, match="total_steps"):
         kgpt.WarmupSchedule(1e-3, 100, 10)
 

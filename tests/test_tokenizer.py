@@ -136,7 +136,7 @@ def test_gpt1_is_the_original_algorithm_and_regex_a_choice(gpt1):
 
 
 def test_unknown_splitter():
-    with pytest.raises(ValueError, match="splitter must be 'spacy' or 'regex'"):
+    with pytest.raises(ValueError, match="splitter must be one of 'spacy', 'regex'"):
         kgpt.GPTTokenizer({"a": 0}, [], splitter="nltk")
 
 

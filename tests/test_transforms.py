@@ -2,7 +2,7 @@
 
 import pytest
 
-from kgpt.tasks import transforms
+from kgpt.tasks import heads, transforms
 
 S, D, E = 100, 101, 102  # start, delimiter, extract
 LAYOUT = transforms.Layout(S, D, E)
@@ -54,4 +54,12 @@ def test_no_room_for_text_is_an_error():
 def test_check_reports_wrong_arity():
     assert "needs 2 text segments, got 1" in transforms.Entailment().check(["a"])
     assert "needs 4 answer choices, got 2" in transforms.MultipleChoice(4).check(["ctx"], ["a", "b"])
+
+
+def test_multiple_choice_needs_two_choices_or_more():
+    for make in (transforms.MultipleChoice, heads.MultipleChoiceHead):
+        with pytest.raises(ValueError, match="num_choices must be an integer >= 2, got 1"):
+            make(1)
+        with pytest.raises(TypeError, match="num_choices must be an integer, got 2.0"):
+            make(2.0)
     assert transforms.Similarity().check(["a", "b"]) is None

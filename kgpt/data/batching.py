@@ -39,6 +39,7 @@ import math
 
 import numpy as np
 
+from kgpt import checks
 from kgpt.errors import DataError
 
 POOL_BATCHES = 100  # batches per length-sorted pool: larger packs tighter, smaller shuffles more
@@ -219,8 +220,7 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
     ```
     """
     lengths = np.asarray(lengths)
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}.")
+    batch_size = checks.batch_size(batch_size, allow_none=False)
     if seed is None:
         order = np.argsort(lengths, kind="stable")
         return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]

@@ -27,15 +27,13 @@ import warnings
 import h5py
 import keras
 
+from kgpt.errors import CheckpointError
+
 CONFIG_FILE = "config.json"
 MODEL_WEIGHTS_FILE = "model.weights.h5"
 TASK_CONFIG_FILE = "task.json"
 TASK_WEIGHTS_FILE = "task.weights.h5"
 METADATA_FILE = "metadata.json"
-
-
-class CheckpointError(ValueError):
-    """A preset or checkpoint file is missing, corrupt, or does not fit the model."""
 
 
 def read_json(path, what):

@@ -38,6 +38,8 @@ import tempfile
 import threading
 import uuid
 
+from kgpt.errors import StorageError
+
 logger = logging.getLogger(__name__)
 
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
@@ -49,10 +51,6 @@ POINTERS = ("latest.json", "metrics.json")
 _UPLOADING = ".kgpt-upload"
 # Object stores whose uploads appear whole or not at all: written in place (a rename there is a second copy).
 WHOLE_OBJECTS = ("gs", "s3")
-
-
-class StorageError(OSError):
-    """A remote output location that cannot be used: an unknown scheme, unreachable, refused, or failing."""
 
 
 def scheme(path):

@@ -21,6 +21,7 @@ import json
 import os
 import threading
 
+from kgpt.errors import OutputDirError
 from kgpt.io import remote_lock, storage
 
 RUN_FILE = "run.json"
@@ -40,10 +41,6 @@ OUTPUTS = ("config.json", "model.weights.h5", "task.json", "task.weights.h5", "p
 # a file drops the process's record locks on it.
 _held = {}
 _held_guard = threading.Lock()
-
-
-class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors
-    """An output directory is in use, or holds outputs this run would destroy."""
 
 
 def same_path(a, b):

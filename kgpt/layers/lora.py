@@ -39,14 +39,14 @@ backbone.save_lora_weights("tuned.lora.h5")        # or the factors alone (with 
 """
 
 import contextlib
-import numbers
 import os
 
 import h5py
 import keras
 import numpy as np
 
-from kgpt.io.presets import CheckpointError
+from kgpt.checks import positive_int
+from kgpt.errors import CheckpointError
 
 LORA_SUFFIX = ".lora.h5"
 # Beside a checkpoint's `model.weights.h5`: the factors the weights file leaves out.
@@ -86,8 +86,7 @@ class LoraMixin:
                 e.g. add `key`, `attention_output`,
                 `feedforward_intermediate_dense`, `feedforward_output_dense`).
         """
-        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 1:
-            raise ValueError(f"rank must be an integer >= 1, got {rank!r}.")
+        rank = positive_int(rank, "rank")
         if lora_layers(self):
             raise ValueError(f"LoRA is already enabled on this backbone (rank {self._lora_rank}).")
         names = self.default_lora_layer_names() if target_layer_names is None else list(target_layer_names)
@@ -96,7 +95,7 @@ class LoraMixin:
         if unknown or not names:
             raise ValueError(f"target_layer_names {unknown or names} name no layer LoRA can adapt; the backbone's are "
                              f"{', '.join(sorted(adaptable)) or 'none'}.")
-        super().enable_lora(int(rank), target_layer_names=names)
+        super().enable_lora(rank, target_layer_names=names)
         # keras-hub leaves these layers' biases trainable; frozen here, the factors are the backbone's whole
         # change, so the base preset and a `.lora.h5` file rebuild the adapted backbone exactly.
         for layer in lora_layers(self):
@@ -163,9 +162,10 @@ def _read_lora_file(path):
                 rank = lora.get("vars/rank") if isinstance(lora, h5py.Group) else None
             if not isinstance(rank, h5py.Dataset) or rank.shape != ():
                 raise CheckpointError(f"{path} holds no LoRA rank: it was not written by save_lora_weights.")
-            rank = rank[()]
-            if not isinstance(rank, (numbers.Integral, np.integer)) or rank < 1:
-                raise CheckpointError(f"{path}: the LoRA rank {rank!r} is not an integer >= 1.")
+            try:
+                rank = positive_int(rank[()], "its LoRA rank")
+            except (TypeError, ValueError) as e:
+                raise CheckpointError(f"{path}: {e}") from None
             factors = {}
             for name, group in lora.items():
                 if name in ("rank", "vars"):
@@ -178,7 +178,7 @@ def _read_lora_file(path):
                 factors[name] = (tuple(a.shape), tuple(b.shape))
     except OSError as e:
         raise CheckpointError(f"{path} is not a readable LoRA file (truncated or corrupt: {e}).") from e
-    return int(rank), factors
+    return rank, factors
 
 
 # --- training checkpoints: unmerged kernels in the weights file, factors beside it ----------------

@@ -32,11 +32,11 @@ loss. A loss called outside any model's `compute_loss` computes gradients.
 
 import contextlib
 import contextvars
-import numbers
 
 import keras
 from keras import ops
 
+from kgpt.checks import one_of, positive_int
 from kgpt.models import loss_trackers
 
 # Small enough that a chunk's unfused float32 temporaries (TensorFlow without
@@ -73,9 +73,7 @@ def resolve_chunk_size(lm_loss_chunk_size, default_loss=True):
         return DEFAULT_CHUNK_SIZE if default_loss else "logits"
     if lm_loss_chunk_size is None:
         return None if default_loss else "logits"
-    if isinstance(lm_loss_chunk_size, bool) or not isinstance(lm_loss_chunk_size, int) or lm_loss_chunk_size < 1:
-        raise ValueError(f"lm_loss_chunk_size must be a positive number of tokens, None or 'auto', got "
-                         f"{lm_loss_chunk_size!r}.")
+    lm_loss_chunk_size = positive_int(lm_loss_chunk_size, "lm_loss_chunk_size", or_else="None or 'auto'")
     if not default_loss:
         raise ValueError(
             "lm_loss_chunk_size trains without logits, so it computes the loss and next-token accuracy "
@@ -226,12 +224,9 @@ def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHU
     loss_sum, correct = chunked_lm_loss(hidden, embeddings, targets, np.ones((2, 5)), chunk_size=4)
     ```
     """
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"chunk_size must be a positive number of tokens, got {chunk_size}.")
+    chunk_size = positive_int(chunk_size, "chunk_size", allow_none=True)
     multiple = vocabulary_multiple() if pad_vocabulary_to is None else pad_vocabulary_to
-    if isinstance(multiple, bool) or not isinstance(multiple, numbers.Integral) or multiple < 1:
-        raise ValueError(f"pad_vocabulary_to must be a positive number of rows, got {multiple!r}.")
-    multiple = int(multiple)  # a NumPy integer too (from a config or an array's shape)
+    multiple = positive_int(multiple, "pad_vocabulary_to")  # a NumPy integer too (from a config or an array's shape)
     hidden = ops.convert_to_tensor(hidden)
     embeddings = ops.convert_to_tensor(embeddings)
     if keras.config.backend() == "tensorflow":
@@ -376,9 +371,7 @@ class TiedLMLoss(keras.losses.Loss):
 
     def __init__(self, embedding=None, chunk_size=DEFAULT_CHUNK_SIZE, reduction="mean_with_sample_weight",
                  name="tied_lm_loss", dtype=None):
-        if reduction not in REDUCTIONS:
-            raise ValueError(f"reduction must be one of {', '.join(REDUCTIONS)}, got {reduction!r}.")
-        super().__init__(name=name, reduction=reduction, dtype=dtype)
+        super().__init__(name=name, reduction=one_of(reduction, "reduction", REDUCTIONS), dtype=dtype)
         self.embedding = None if embedding is None else check_tied(embedding)
         self.chunk_size = chunk_size
 

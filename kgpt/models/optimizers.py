@@ -12,6 +12,8 @@ import math
 import keras
 from keras import ops
 
+from kgpt.checks import one_of, positive_int
+
 # Variable names never decayed: biases of every Dense/EinsumDense and the
 # layer-norm gain/offset. On TensorFlow Keras matches against the raw
 # tf.Variable name ("layer/bias:0"), on JAX against "bias": accept both.
@@ -41,10 +43,8 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
 
     def __init__(self, peak_learning_rate, warmup_steps, total_steps=None, decay="cosine",
                  gradient_accumulation_steps=1):
-        if decay not in ("cosine", "linear"):
-            raise ValueError(f"decay must be 'cosine' or 'linear', got {decay!r}.")
-        if int(gradient_accumulation_steps) < 1:
-            raise ValueError(f"gradient_accumulation_steps must be >= 1, got {gradient_accumulation_steps}.")
+        self.decay = one_of(decay, "decay", ("cosine", "linear"))
+        self.gradient_accumulation_steps = positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
         if total_steps is not None and total_steps < warmup_steps:
             raise ValueError(
                 f"total_steps ({total_steps}) must be >= warmup_steps "
@@ -54,8 +54,6 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
         self.peak_learning_rate = peak_learning_rate
         self.warmup_steps = warmup_steps
         self.total_steps = total_steps
-        self.decay = decay
-        self.gradient_accumulation_steps = int(gradient_accumulation_steps)
 
     def __call__(self, step):
         if self.gradient_accumulation_steps > 1:  # micro-batches -> updates

@@ -2,10 +2,11 @@
 
 import os
 
+from kgpt.errors import CheckpointError
+from kgpt.io import hub
+from kgpt.io.presets import load_any_backbone
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import NUM_SPECIAL_TOKENS, GPTBackbone
-from kgpt.io import hub
-from kgpt.io.presets import CheckpointError, load_any_backbone
 from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tasks.registry import TaskRegistry

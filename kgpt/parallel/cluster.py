@@ -39,17 +39,13 @@ import pathlib
 import re
 import sys
 
-from kgpt.errors import ConfigError
+from kgpt.errors import ClusterError, ConfigError
 from kgpt.parallel import multi_worker, placement
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 300  # seconds every process waits for the others to join (JAX's own default)
 PROG = "kgpt"  # how messages name the command; kgpt.cli.common sets it (kgpt-train, ...)
-
-
-class ClusterError(RuntimeError):
-    """The processes of a run could not join, disagree, or lost one of them; the message names which."""
 
 
 _current = placement.Cluster()

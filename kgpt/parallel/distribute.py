@@ -23,6 +23,7 @@ import logging
 
 import keras
 
+from kgpt.checks import one_of
 from kgpt.errors import ConfigError
 from kgpt.parallel import cluster
 
@@ -412,8 +413,7 @@ def dtype_policy(name):
     if name is None:
         yield
         return
-    if name not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {name!r}.")
+    one_of(name, "dtype", DTYPES)
     previous = keras.config.dtype_policy()
     keras.config.set_dtype_policy(name)
     try:
@@ -429,9 +429,7 @@ def training_scope(distribution="none", dtype=None, batch_size=None, model_devic
     With several processes, `"none"` means data parallel over all of them:
     a process alone on its own slice of the data would train a model of its own.
     """
-    if distribution not in DISTRIBUTIONS:
-        raise ValueError(f"distribution must be one of {', '.join(DISTRIBUTIONS)}, got {distribution!r}.")
-    if distribution == "none" and cluster.current().several:
+    if one_of(distribution, "distribution", DISTRIBUTIONS) == "none" and cluster.current().several:
         distribution = "data_parallel"
     with dtype_policy(dtype):
         if dtype:

@@ -38,8 +38,9 @@ import keras
 import numpy as np
 from keras import ops
 
-from kgpt.tasks.configurable import Configurable
+from kgpt.checks import positive_int
 from kgpt.errors import DataError
+from kgpt.tasks.configurable import Configurable
 
 
 def _softmax(logits):
@@ -239,9 +240,7 @@ class MultipleChoiceHead(Categorical):
     pooling = "each"
 
     def __init__(self, num_choices):
-        if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 2:
-            raise ValueError(f"A multiple-choice head needs num_choices >= 2, got {num_choices!r}.")
-        self.num_choices = num_choices
+        self.num_choices = positive_int(num_choices, "num_choices", minimum=2)
 
     def units(self, num_views):
         return 1

@@ -35,13 +35,11 @@ import traceback
 
 import pluggy
 
+from kgpt.errors import RegistryError
 from kgpt.tasks import hookspecs
 from kgpt.tasks.task import Task, describe_error
 
 logger = logging.getLogger(__name__)
-
-class RegistryError(LookupError):
-    """An unknown, conflicting or broken task."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,23 +24,16 @@ import os
 import re
 from typing import Callable, Iterable
 
-from kgpt.tasks.heuristics import Heuristic
 from kgpt.data import readers
-from kgpt.errors import DataError
+from kgpt.errors import DataError, ReaderTypeError
 from kgpt.tasks import heads as heads_lib
 from kgpt.tasks import metrics as metrics_lib
 from kgpt.tasks import transforms
+from kgpt.tasks.heuristics import Heuristic
 
 _NAME = re.compile(r"^[a-z][a-z0-9_.\-]*$")
 RESERVED_NAMES = ("lm",)  # pre-training, built into kgpt-train
 _END = object()
-
-
-class ReaderTypeError(DataError, TypeError):
-    """A task's reader returned or yielded something else than `kgpt.Example`/`Skipped`.
-
-    A `TypeError` too: kgpt raised one for this before naming the plugin.
-    """
 
 
 def describe_error(error):

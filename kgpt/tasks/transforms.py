@@ -21,6 +21,7 @@ import dataclasses
 
 import keras
 
+from kgpt.checks import positive_int
 from kgpt.tasks.configurable import Configurable
 
 
@@ -120,9 +121,7 @@ class MultipleChoice(Transform):
     takes_choices = True
 
     def __init__(self, num_choices):
-        if isinstance(num_choices, bool) or not isinstance(num_choices, int) or num_choices < 2:
-            raise ValueError(f"MultipleChoice needs num_choices >= 2, got {num_choices}.")
-        self.num_views = num_choices
+        self.num_views = positive_int(num_choices, "num_choices", minimum=2)
 
     def check(self, segments, choices=()):
         if not segments:

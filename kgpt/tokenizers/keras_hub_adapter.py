@@ -28,7 +28,8 @@ import keras
 import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
-from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
+from kgpt.errors import CheckpointError
+from kgpt.io.presets import check_save_target, deserialize, read_json
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, Chunk, shared_id
 from kgpt.tokenizers.python_layer import PythonTokenizer
 

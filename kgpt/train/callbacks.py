@@ -28,13 +28,10 @@ import weakref
 import keras
 import numpy as np
 
+from kgpt.errors import NonFiniteLossError, Preempted
 from kgpt.parallel import cluster
 
 logger = logging.getLogger(__name__)
-
-
-class Preempted(Exception):  # noqa: N818 - an outcome, not an error: the command exits 0 with it
-    """Training stopped on SIGTERM after writing a checkpoint at the step it reached; the same command resumes."""
 
 
 _SIGTERM = {"received": False, "depth": 0, "previous": None}
@@ -74,10 +71,6 @@ def _note_sigterm(signum, frame):
 def sigterm_received():
     """Whether SIGTERM came inside `catching_sigterm` (on this process)."""
     return _SIGTERM["received"]
-
-
-class NonFiniteLossError(ArithmeticError):
-    """Training produced a NaN or infinite loss; the run stopped before saving anything from it."""
 
 
 class BatchCount:

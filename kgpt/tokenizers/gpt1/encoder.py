@@ -10,10 +10,11 @@ that share what each one learns (`record` / `learn`).
 
 import itertools
 
-from kgpt.tokenizers.interface import Chunk
+from kgpt.checks import one_of
 from kgpt.tokenizers.gpt1.bpe import bpe_long, bpe_short
 from kgpt.tokenizers.gpt1.normalize import LONG_WORD, MAX_WORD_CHARS, fix_text, pieces
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS, WORDS, SpacyRules, starts_with_token
+from kgpt.tokenizers.interface import Chunk
 
 _CACHE_WORDS = 1 << 18  # distinct words kept per TextEncoder before its caches start over
 _HEAP_BPE_CHARS = 48  # longer words go through the O(n log n) BPE
@@ -37,9 +38,7 @@ class TextEncoder:
     """
 
     def __init__(self, encoder, merges, splitter):
-        if splitter not in SPLITTERS:
-            raise ValueError(f"splitter must be 'spacy' or 'regex', got {splitter!r}.")
-        self.encoder, self.merges, self.splitter = encoder, merges, splitter
+        self.encoder, self.merges, self.splitter = encoder, merges, one_of(splitter, "splitter", SPLITTERS)
         self.bpe_ranks = {pair: rank for rank, pair in enumerate(merges)}
         self.newline_id = encoder.get("\n</w>", 0)
         self.cut_words = 0

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 
-from kgpt.io.presets import CheckpointError
+from kgpt.errors import CheckpointError
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, shared_id
 

@@ -21,8 +21,10 @@ from importlib import resources
 import keras
 import numpy as np
 
+from kgpt.checks import one_of
+from kgpt.errors import CheckpointError
 from kgpt.io import hub
-from kgpt.io.presets import CheckpointError, check_save_target, deserialize, read_json
+from kgpt.io.presets import check_save_target, deserialize, read_json
 from kgpt.tokenizers.gpt1.encoder import TextEncoder
 from kgpt.tokenizers.gpt1.files import ENCODER_FILE, MERGES_FILE, checked_encoder, find_files, read_files, write_files
 from kgpt.tokenizers.gpt1.normalize import MAX_WORD_CHARS
@@ -38,9 +40,7 @@ class GPT1Tokenizer(PythonTokenizer):
     names the GPT backbone, as keras-hub's model tokenizers do)."""
 
     def __init__(self, encoder=None, merges=None, splitter="regex", **kwargs):
-        if splitter not in SPLITTERS:
-            raise ValueError(f"splitter must be 'spacy' or 'regex', got {splitter!r}.")
-        if splitter == "spacy":
+        if one_of(splitter, "splitter", SPLITTERS) == "spacy":
             import_spacy()  # fail now, with the install hint, not at the first encode()
         if (encoder is None) != (merges is None):
             raise ValueError("Give both encoder and merges, or neither (then load them with load_assets()).")

@@ -9,9 +9,9 @@ symbol per merge in rank order, then `\\n</w>`.
 
 import json
 import logging
-import numbers
 import os
 
+from kgpt.checks import positive_int
 from kgpt.data.text import text_chunks
 from kgpt.tokenizers.gpt1.encoder import TextEncoder
 from kgpt.tokenizers.gpt1.normalize import MAX_WORD_CHARS
@@ -28,8 +28,8 @@ def learn_vocabulary(files, num_merges=40000, min_frequency=2, splitter="regex")
     files = [os.fspath(f) for f in files]
     if not files:
         raise ValueError("GPTTokenizer.train() got no files: pass the paths of the text to learn from.")
-    num_merges = _count(num_merges, "num_merges", minimum=0)
-    min_frequency = _count(min_frequency, "min_frequency", minimum=1)
+    num_merges = positive_int(num_merges, "num_merges", minimum=0)
+    min_frequency = positive_int(min_frequency, "min_frequency")
     words = TextEncoder({}, [], splitter)
 
     def texts():
@@ -68,11 +68,3 @@ def learn_vocabulary(files, num_merges=40000, min_frequency=2, splitter="regex")
     if len(merges) < num_merges:
         logger.info(f"Learned {len(merges):,} of {num_merges:,} merges: no pair occurs {min_frequency} times any more.")
     return encoder, merges
-
-
-def _count(value, name, minimum):
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__}).")
-    if value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value}.")
-    return int(value)

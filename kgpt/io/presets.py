@@ -21,7 +21,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 import warnings
 
 import h5py
@@ -73,7 +72,7 @@ def check_sizes(config, path, weights_path):
         needed = cls.min_weight_count(config["config"])
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{path}: {e}") from None
-    held = sum(math.prod(shape) for shape in _file_shapes(weights_path))
+    held = sum(math.prod(shape) for shape in file_shapes(weights_path))
     if needed > held:
         raise CheckpointError(f"{path} describes a model of at least {needed:,} weights, but {weights_path} holds "
                               f"{held:,}: the config and the weights do not belong together.")
@@ -98,8 +97,11 @@ def check_preset_dir(preset, config_file, expected_class):
     return config
 
 
-def _file_shapes(path):
-    """Shapes of the model arrays stored in a Keras `.weights.h5` file."""
+def file_shapes(path):
+    """Shapes of the model arrays (not the optimizer's) in a Keras `.weights.h5` file, read from its header.
+
+    Raises `CheckpointError` naming the file when it is missing or not HDF5.
+    """
     if not os.path.isfile(path):
         raise CheckpointError(f"Missing {path}: expected the weights written by save_to_preset.")
     shapes = []
@@ -121,7 +123,7 @@ def _describe(counter):
 
 def check_weights_file(path, variables):
     """Raises `CheckpointError` unless `path` holds exactly one array per variable, of its shape."""
-    found = collections.Counter(_file_shapes(path))
+    found = collections.Counter(file_shapes(path))
     expected = collections.Counter(tuple(v.shape) for v in variables)
     if found != expected:
         raise CheckpointError(
@@ -140,70 +142,6 @@ def _load_weights(load, path):
             load(path)
     except (ValueError, OSError, KeyError) as e:
         raise CheckpointError(f"Could not load {path}: {e}") from e
-
-
-# Keras saves weights under attribute paths, and the items of a list under their class's name. Until the
-# decoder block moved into kgpt, each block was a keras-hub TransformerDecoder: these are its arrays' names.
-_LEGACY_BLOCK = re.compile(r"(.*/)?transformer_decoder(_\d+)?")
-_LEGACY_SUBLAYERS = {
-    "_self_attention_layer/query_dense": "query_dense",
-    "_self_attention_layer/key_dense": "key_dense",
-    "_self_attention_layer/value_dense": "value_dense",
-    "_self_attention_layer/output_dense": "attention_output_dense",
-    "_self_attention_layer_norm": "attention_layer_norm",
-    "_feedforward_intermediate_dense": "feedforward_intermediate_dense",
-    "_feedforward_output_dense": "feedforward_output_dense",
-    "_feedforward_layer_norm": "feedforward_layer_norm",
-}
-
-
-def _legacy_blocks(f):
-    """The groups of an open weights file that hold a keras-hub TransformerDecoder's arrays."""
-    blocks = []
-    f.visititems(lambda name, obj: blocks.append(name) if isinstance(obj, h5py.Group) and _LEGACY_BLOCK.fullmatch(
-        name) and "_self_attention_layer" in obj else None)
-    return blocks
-
-
-def upgrade_weights(source, destination):
-    """Copies a `.weights.h5` file, renaming the arrays of kgpt's earlier (keras-hub) decoder blocks.
-
-    kgpt models' `load_weights` read such files transparently (`PresetMixin`);
-    this is for other tools. The arrays are
-    unchanged, only their paths move to `GPTDecoderBlock`'s. Returns whether
-    anything was renamed (else `destination` is a plain copy).
-
-    Example:
-    ```python
-    kgpt.io.presets.upgrade_weights("old/model.weights.h5", "new/model.weights.h5")
-    ```
-    """
-    shutil.copyfile(source, destination)
-    with h5py.File(destination, "r+") as f:
-        blocks = _legacy_blocks(f)
-        for block in blocks:
-            for old, new in _LEGACY_SUBLAYERS.items():
-                if old in f[block]:
-                    f[block].move(old, new)
-            f.move(block, re.sub(r"transformer_decoder(_\d+)?$", r"gpt_decoder_block\1", block))
-    return bool(blocks)
-
-
-@contextlib.contextmanager
-def upgraded_weights_file(path):
-    """Yields `path`, or a renamed copy of it (`upgrade_weights`) when it was saved with the old blocks."""
-    try:
-        with h5py.File(path, "r") as f:
-            legacy = bool(_legacy_blocks(f))
-    except (OSError, TypeError):  # not an HDF5 file (or a sharded preset's index): Keras reports it
-        legacy = False
-    if not legacy:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix="kgpt-weights-") as folder:
-        upgraded = os.path.join(folder, os.path.basename(os.fspath(path)))
-        upgrade_weights(path, upgraded)
-        yield upgraded
 
 
 def check_overrides(cls, overrides):
@@ -234,6 +172,8 @@ PARTIAL_DIR = ".preset.partial"
 MODEL_FILES = {CONFIG_FILE, MODEL_WEIGHTS_FILE, "model.weights.json", TASK_CONFIG_FILE, TASK_WEIGHTS_FILE,
                 "preprocessor.json", METADATA_FILE}
 _SHARD_FILE = re.compile(r"model_\d+\.weights\.h5$")
+
+
 def replace_preset(directory, write):
     """Calls `write(folder)` on a hidden folder in `directory`, then moves what it wrote into `directory`.
 
@@ -412,13 +352,8 @@ class PresetMixin:
     """`save_to_preset` that records the kgpt version, `from_preset` that checks before loading.
 
     Mixed into `GPTBackbone`, `GPTCausalLM` and `GPTTaskModel` ahead of their
-    keras-hub base class. Their `load_weights` also reads `.weights.h5` files
-    (presets, training checkpoints) saved before kgpt had its own decoder block.
+    keras-hub base class.
     """
-
-    def load_weights(self, filepath, *args, **kwargs):
-        with upgraded_weights_file(filepath) as path:
-            super().load_weights(path, *args, **kwargs)
 
     def save_to_preset(self, preset_dir, max_shard_size=10):
         """Writes the keras-hub preset layout to `preset_dir` (created if needed), replacing any preset there.

@@ -142,6 +142,20 @@ def test_a_truncated_weights_file_is_named(preset, tmp_path):
         kgpt.GPTBackbone.from_preset(str(broken))
 
 
+@pytest.mark.parametrize("format", ["original", "huggingface"])
+def test_release_files_are_checked_and_counted_by_the_loaders_readers(tmp_path, format):
+    backbone = kgpt.GPTBackbone(**{**TINY, "intermediate_dim": 4 * TINY["hidden_dim"]})
+    backbone.save_original(str(tmp_path / "release"), format=format)
+    sizes = {}
+    found = dry_run.pretrained(str(tmp_path / "release"), sizes)
+    assert f"{backbone.count_params():,} weights" in found
+    assert (sizes["num_layers"], sizes["hidden_dim"]) == (TINY["num_layers"], TINY["hidden_dim"])
+    if format == "original":
+        os.remove(tmp_path / "release" / "params_9.npy")  # the loader's own error, before any number is read
+        with pytest.raises(kgpt.CheckpointError, match=r"the 9 shard\(s\) params_0..8.npy hold"):
+            dry_run.pretrained(str(tmp_path / "release"))
+
+
 def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path):
     data = write_glue(tmp_path / "RTE", "rte")
     os.remove(os.path.join(data, "train.tsv"))

@@ -1,6 +1,5 @@
 """Presets of every kind round-trip exactly; damaged or mismatched files fail with the file named."""
 
-import functools
 import json
 import os
 import shutil
@@ -222,88 +221,3 @@ def test_tampered_tokenizer_config_is_a_checkpoint_error(tmp_path, edit):
     _edit_json(tmp_path / "tokenizer.json", edit)
     with pytest.raises(kgpt.CheckpointError, match=r"tokenizer.json: cannot build a GPTTokenizer from it"):
         kgpt.GPTTokenizer.from_preset(str(tmp_path))
-
-
-LEGACY = os.path.join(os.path.dirname(__file__), "data", "preset_v0")
-
-
-def legacy_expected():
-    """What kgpt computed, on this backend, before the decoder block moved into kgpt (preset_v0/make.py)."""
-    return np.load(os.path.join(LEGACY, f"expected_{keras.config.backend()}.npz"))
-
-
-def test_presets_saved_before_the_decoder_block_load_with_the_same_outputs():
-    """Presets written when the blocks were keras-hub TransformerDecoders (tests/data/preset_v0/make.py)."""
-    expected = legacy_expected()
-    # Not bit for bit: XLA compiles for the CPU it runs on, and another CPU's vector width changes the
-    # last bits (3e-8 seen); a weight loaded wrongly changes outputs by far more than this tolerance.
-    same = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-6)
-    x = {"token_ids": expected["token_ids"], "padding_mask": expected["padding_mask"]}
-    lm = kgpt.GPTCausalLM.from_preset(os.path.join(LEGACY, "causal_lm"))
-    same(lm.predict(x, verbose=0), expected["logits"])
-    backbone = kgpt.GPTBackbone.from_preset(os.path.join(LEGACY, "causal_lm"))
-    same(keras.ops.convert_to_numpy(backbone(x)), expected["hidden"])
-    import h5py
-
-    with h5py.File(os.path.join(LEGACY, "task_model", "task.weights.h5")) as f:
-        assert "optimizer" in f  # written with the optimizer's state, as kgpt saved presets then
-    model = kgpt.GPTTaskModel.from_preset(os.path.join(LEGACY, "task_model"))
-    # Saved when the head's registered name was "kgpt.tasks.heads>Classification", the transformation's name too.
-    assert model.head == kgpt.tasks.heads.ClassificationHead(["neg", "pos"])
-    views = {k: v[:, None] for k, v in x.items()}
-    same(model.predict(views, verbose=0), expected["task"])  # predict gives the task output only
-    same(keras.ops.convert_to_numpy(model(views)["lm"]), expected["lm"])
-
-
-def test_seeded_initialisation_is_unchanged_by_the_decoder_block():
-    expected = legacy_expected()
-    keras.utils.set_random_seed(1234)
-    fresh = kgpt.GPTBackbone(vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                             max_sequence_length=8)
-    assert len(fresh.weights) == len([k for k in expected if k.startswith("init_")])
-    for i, weight in enumerate(fresh.weights):
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(weight), expected[f"init_{i}"], err_msg=weight.path)
-
-
-def test_upgrade_weights_renames_old_block_arrays(tmp_path):
-    old = os.path.join(LEGACY, "causal_lm", "model.weights.h5")
-    assert kgpt.io.presets.upgrade_weights(old, tmp_path / "new.weights.h5")
-    backbone = kgpt.GPTBackbone(vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                                max_sequence_length=8)
-    keras.Model.load_weights(backbone, str(tmp_path / "new.weights.h5"))  # Keras' own loader, no upgrade
-    reference = kgpt.GPTBackbone.from_preset(os.path.join(LEGACY, "causal_lm"))
-    for a, b in zip(backbone.weights, reference.weights):
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b))
-    # A current file has nothing to rename.
-    backbone.save_weights(str(tmp_path / "current.weights.h5"))
-    assert not kgpt.io.presets.upgrade_weights(tmp_path / "current.weights.h5", tmp_path / "copy.weights.h5")
-    # Keras alone refuses the old layout rather than loading it half.
-    with pytest.raises(ValueError):
-        keras.Model.load_weights(backbone, old)
-
-
-def test_checkpoints_saved_before_the_decoder_block_load(tmp_path):
-    """A whole model's weights in the old layout (a training checkpoint) load through the model's load_weights."""
-    import re
-
-    import h5py
-
-    sizes = dict(vocabulary_size=24, num_layers=2, num_heads=2, hidden_dim=8, intermediate_dim=16,
-                 max_sequence_length=8)
-    lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**sizes))
-    lm.save_weights(str(tmp_path / "new.weights.h5"))
-    old = str(tmp_path / "old.weights.h5")
-    shutil.copy(tmp_path / "new.weights.h5", old)
-    with h5py.File(old, "r+") as f:  # the paths keras-hub's TransformerDecoder gave the same arrays
-        blocks = []
-        f.visit(lambda name: blocks.append(name) if re.fullmatch(r"(.*/)?gpt_decoder_block(_\d+)?", name) else None)
-        assert len(blocks) == 2 and all(b.startswith("layers/gpt_backbone/") for b in blocks)
-        for block in blocks:
-            f[block].create_group("_self_attention_layer")
-            for before, now in kgpt.io.presets._LEGACY_SUBLAYERS.items():
-                f[block].move(now, before)
-            f.move(block, block.replace("gpt_decoder_block", "transformer_decoder"))
-    fresh = kgpt.GPTCausalLM(kgpt.GPTBackbone(**sizes))
-    fresh.load_weights(old)
-    for a, b in zip(lm.weights, fresh.weights):
-        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)

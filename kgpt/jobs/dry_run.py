@@ -11,8 +11,9 @@ then reads what the job would read only as far as it takes to know it can:
   run's first `TOKENIZED_ROWS` rows of each split go through its own
   tokenizer and truncation (`encode_split`): the rows it would cut, each
   split's label counts and majority share,
-- the starting model (`--init`, `--model`, `--lstm_init`): its config read
-  and its weights file's header compared with it, never the model built,
+- the starting model (`--init`, `--model`, `--lstm_init`): its files checked
+  by the loader's own readers (a preset's and the original release's
+  weights by their headers), never the model built,
 - the tokenizer, the output directory (new, resumed, or refused as the run
   would refuse it), the model's size and the steps the run would take.
 
@@ -24,19 +25,17 @@ that is deleted at once.
 
 import contextlib
 import dataclasses
-import json
 import logging
 import os
-import struct
 import tempfile
 
 import numpy as np
 
 from kgpt.data.text import text_chunks
-from kgpt.errors import ConfigError
+from kgpt.errors import CheckpointError, ConfigError
 from kgpt.models.converters import original
 from kgpt.io import hub, storage
-from kgpt.io.presets import CheckpointError, check_sizes, read_json
+from kgpt.io.presets import check_sizes, file_shapes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
@@ -74,18 +73,9 @@ class Plan:
 
 def settings(config):
     """The config's settings that are not the paper's defaults (`name=value, ...`)."""
-    import dataclasses
-
     changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
                if getattr(config, f.name) != f.default and f.name not in ("output_dir", "corpus", "data_dir", "init")]
     return ", ".join(changed) or "the paper's defaults"
-
-
-def weight_count(vocabulary_size, num_layers, hidden_dim, intermediate_dim, max_sequence_length, **_):
-    """The weights of a `GPTBackbone` of these sizes (embeddings, then per block attention, MLP and two layer norms)."""
-    h, i = hidden_dim, intermediate_dim
-    block = 4 * (h * h + h) + (h * i + i) + (i * h + h) + 2 * 2 * h
-    return (vocabulary_size + max_sequence_length) * h + num_layers * block
 
 
 def output_dir(path, job, settings, overwrite=False):
@@ -142,9 +132,9 @@ def pretrain(config):
         plan.add("model", f"LSTM, {config.num_layers} layer(s) of {config.lstm_units} units, context "
                           f"{config.sequence_length}")
     else:
-        count = weight_count(vocabulary or 0, config.num_layers, config.hidden_dim, config.intermediate_dim,
-                             config.sequence_length)
-        size = f"{count:,} weights" if vocabulary else "its weights counted once the vocabulary is learned"
+        count = vocabulary and original.weight_count(vocabulary, config.sequence_length, config.hidden_dim,
+                                                     config.intermediate_dim, config.num_layers)
+        size = f"{count:,} weights" if count else "its weights counted once the vocabulary is learned"
         plan.add("model", f"{config.num_layers} x {config.hidden_dim}, {config.num_heads} heads, inner "
                           f"{config.intermediate_dim}, context {config.sequence_length}: {size}")
     tokens = config.max_steps * config.batch_size * config.sequence_length
@@ -282,9 +272,7 @@ def pretrained(path, sizes=None):
         raise CheckpointError(f"{config_path}: not a Keras object config (no 'config' mapping).")
     weights = os.path.join(path, "model.weights.h5")
     check_sizes(config, config_path, weights)  # reads the weights file's header: its arrays and their shapes
-    from kgpt.io.presets import _file_shapes
-
-    count = sum(int(np.prod(s)) for s in _file_shapes(weights))
+    count = sum(int(np.prod(s)) for s in file_shapes(weights))
     for name in ("tokenizer.json", os.path.join("assets", "tokenizer")):
         if not os.path.exists(os.path.join(path, name)):
             raise CheckpointError(f"Missing {os.path.join(path, name)}: a preset holds its tokenizer (saved with "
@@ -297,39 +285,17 @@ def pretrained(path, sizes=None):
 
 
 def _original_release(path, sizes):
-    shapes = read_json(os.path.join(path, original.SHAPES_FILE), "the release's list of array shapes")
-    if not isinstance(shapes, list) or not shapes:
-        raise CheckpointError(f"{os.path.join(path, original.SHAPES_FILE)}: expected a list of array shapes.")
-    needed = sum(int(np.prod(s)) for s in shapes)
-    held, index = 0, 0
-    while os.path.isfile(shard := os.path.join(path, f"params_{index}.npy")):
-        try:
-            with open(shard, "rb") as f:
-                read = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-                shape, _, _ = read[np.lib.format.read_magic(f)](f)
-        except (ValueError, OSError, KeyError) as e:
-            raise CheckpointError(f"{shard} is not a NumPy array file ({e}).") from None
-        held += int(np.prod(shape))
-        index += 1
-    if held != needed:
-        raise CheckpointError(f"{path}: the params_*.npy files hold {held:,} numbers, {original.SHAPES_FILE} describes "
-                              f"{needed:,}.")
-    sizes.update(num_layers=(len(shapes) - 2) // 12, hidden_dim=shapes[0][-1])
-    return f"the original GPT-1 release format, {index} shard(s), {needed:,} weights"
+    found, shapes = original.read_shapes(path)
+    shards = original.open_shards(path, shapes)  # headers only: the numbers are not read
+    sizes.update(found)
+    return f"the original GPT-1 release format, {len(shards)} shard(s), {original.weight_count(**found):,} weights"
 
 
 def _huggingface(path, sizes):
-    config = read_json(os.path.join(path, original.HF_CONFIG_FILE), "Hugging Face's openai-gpt config")
-    weights = os.path.join(path, original.HF_WEIGHTS_FILE)
-    try:
-        with open(weights, "rb") as f:
-            (length,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(length))
-    except (OSError, ValueError, struct.error) as e:
-        raise CheckpointError(f"{weights} is not a readable safetensors file ({e}).") from None
-    count = sum(int(np.prod(v["shape"])) for k, v in header.items() if k != "__metadata__")
-    sizes.update(num_layers=config.get("n_layer"), hidden_dim=config.get("n_embd"))
-    return f"Hugging Face openai-gpt files, {config.get('n_layer')} x {config.get('n_embd')}, {count:,} weights"
+    found, _, _ = original.read_huggingface(path)
+    sizes.update(found)
+    return (f"Hugging Face openai-gpt files, {found['num_layers']} x {found['hidden_dim']}, "
+            f"{original.weight_count(**found):,} weights")
 
 
 @contextlib.contextmanager

@@ -11,8 +11,7 @@ map onto them by name: `query_dense`, `key_dense`, `value_dense`
 (`[heads, head_dim, hidden]`), `attention_layer_norm`,
 `feedforward_intermediate_dense`, `feedforward_output_dense`,
 `feedforward_layer_norm`. The arithmetic is that of keras-hub's
-`TransformerDecoder` (post-LN) with Keras' `MultiHeadAttention`, which kgpt
-used before: weights saved from it load unchanged (`kgpt.io.presets`).
+`TransformerDecoder` (post-LN) with Keras' `MultiHeadAttention`.
 """
 
 import math
@@ -91,10 +90,6 @@ class GPTDecoderBlock(keras.layers.Layer):
         if hidden % self.num_heads:
             raise ValueError(f"The input width {hidden} is not a multiple of num_heads={self.num_heads}.")
         head_dim = hidden // self.num_heads
-        # Sublayers are made here, in this order, so that a seeded model draws
-        # the same initial weights and dropout seeds as the keras-hub block it
-        # replaces (whose attention wrapper drew one seed it never used).
-        _clone(self.kernel_initializer)
 
         def dense(name, equation, shape, bias_axes):
             return keras.layers.EinsumDense(equation, output_shape=shape, bias_axes=bias_axes, name=name,
@@ -107,11 +102,8 @@ class GPTDecoderBlock(keras.layers.Layer):
         self.value_dense = dense("value", "abc,cde->abde", heads, "de")
         # Probabilities in float32 even when the block computes in 16 bits.
         self.attention_softmax = keras.layers.Softmax(axis=-1, dtype="float32", name="attention_softmax")
-        # Made at the residual rate, then set: a Dropout draws its seed only at a rate > 0, and the
-        # keras-hub block's drew one here whenever `dropout` was (the same seeds, the same masks).
         self.attention_probs_dropout = Dropout(
-            self.dropout or self._attention_rate(), dtype=self.dtype_policy, name="attention_probs_dropout")
-        self.attention_probs_dropout.rate = self._attention_rate()
+            self._attention_rate(), dtype=self.dtype_policy, name="attention_probs_dropout")
         self.attention_output_dense = dense("attention_output", "abcd,cde->abe", (None, hidden), "e")
         self.attention_layer_norm = self._layer_norm("self_attention_layer_norm")
         self.attention_residual_dropout = Dropout(

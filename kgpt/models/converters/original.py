@@ -27,7 +27,8 @@ import re
 
 import numpy as np
 
-from kgpt.io.presets import CheckpointError, read_json
+from kgpt.errors import CheckpointError
+from kgpt.io.presets import read_json
 
 SHAPES_FILE = "params_shapes.json"
 SHARD_PATTERN = "params_{}.npy"
@@ -73,6 +74,17 @@ def expected_shapes(vocabulary_size, max_sequence_length, hidden_dim, intermedia
     return [[max_sequence_length, h], [vocabulary_size, h]] + layer * num_layers
 
 
+def weight_count(vocabulary_size, max_sequence_length, hidden_dim, intermediate_dim, num_layers, **_):
+    """The weights of a `GPTBackbone` of these sizes: the elements of its arrays (`expected_shapes`).
+
+    Computed from one layer's shapes, so an absurd `num_layers` (a tampered
+    config) costs nothing. Other config entries (`num_heads`, ...) are ignored.
+    """
+    shapes = [math.prod(s) for s in expected_shapes(vocabulary_size, max_sequence_length, hidden_dim,
+                                                    intermediate_dim, num_layers=1)]
+    return sum(shapes[:2]) + num_layers * sum(shapes[2:])
+
+
 def sizes_from_shapes(shapes, source):
     """Infers the model sizes from the arrays' shapes, checking every one of them."""
     if not isinstance(shapes, list) or not all(
@@ -103,26 +115,8 @@ def sizes_from_shapes(shapes, source):
     return sizes
 
 
-def _check_npy_size(path):
-    """Raises `ValueError` when the `.npy` header describes more bytes than the file holds.
-
-    `np.load` allocates what the header says before reading: a corrupt header
-    claiming terabytes would be a `MemoryError` rather than a named file.
-    """
-    with open(path, "rb") as f:
-        version = np.lib.format.read_magic(f)
-        read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
-        if version not in read_header:
-            return  # version 3 (UTF-8 field names) has no public reader; np.load checks it
-        shape, _, dtype = read_header[version](f)
-        needed = math.prod(shape) * dtype.itemsize
-        held = os.fstat(f.fileno()).st_size - f.tell()
-    if needed > held:
-        raise ValueError(f"its header describes {dtype} of shape {shape} ({needed:,} bytes), the file holds {held:,}")
-
-
-def read_shards(directory, shapes):
-    """Reads `params_*.npy` (no pickle), concatenates and splits them into `shapes`."""
+def shard_paths(directory):
+    """The checkpoint's `params_0.npy`, `params_1.npy`, ..., refused when none exist or the numbering has a gap."""
     paths = []
     while os.path.exists(os.path.join(directory, SHARD_PATTERN.format(len(paths)))):
         paths.append(os.path.join(directory, SHARD_PATTERN.format(len(paths))))
@@ -134,35 +128,66 @@ def read_shards(directory, shapes):
             f"{directory}: shards must be numbered params_0.npy .. params_{len(paths) - 1}.npy without gaps; "
             f"{SHARD_PATTERN.format(len(paths))} is missing but {sorted(os.path.basename(p) for p in strays)} exist."
         )
-    pieces = []
-    for path in paths:
-        try:
-            _check_npy_size(path)
-            piece = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise CheckpointError(f"{path} is not a readable .npy array (truncated or corrupt: {e}).") from e
-        if piece.ndim != 1 or not np.issubdtype(piece.dtype, np.floating):
-            raise CheckpointError(f"{path}: expected a flat float vector, got {piece.dtype} of shape {piece.shape}.")
-        pieces.append(piece.astype("float32", copy=False))
-    flat = np.concatenate(pieces)
-    needed = sum(int(np.prod(s)) for s in shapes)
-    if flat.size != needed:
+    return paths
+
+
+def open_shard(path):
+    """One `.npy` shard, memory-mapped (only its header is read now; no pickle), checked to be a flat float vector.
+
+    A header that describes more bytes than the file holds fails here, naming
+    them, rather than as a `MemoryError` or a short read later.
+    """
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            read_header = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+            if version in read_header:  # version 3 (UTF-8 field names) has no public reader: np.load checks it
+                shape, _, dtype = read_header[version](f)
+                needed, held = math.prod(shape) * dtype.itemsize, os.fstat(f.fileno()).st_size - f.tell()
+                if needed > held:
+                    raise ValueError(f"its header describes {dtype} of shape {shape} ({needed:,} bytes), the file "
+                                     f"holds {held:,}")
+        piece = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise CheckpointError(f"{path} is not a readable .npy array (truncated or corrupt: {e}).") from e
+    if piece.ndim != 1 or not np.issubdtype(piece.dtype, np.floating):
+        raise CheckpointError(f"{path}: expected a flat float vector, got {piece.dtype} of shape {piece.shape}.")
+    return piece
+
+
+def open_shards(directory, shapes):
+    """The memory-mapped `params_*.npy` vectors (`open_shard`), checked to hold the numbers of `shapes`' arrays."""
+    paths = shard_paths(directory)
+    shards = [open_shard(path) for path in paths]
+    held, needed = sum(shard.size for shard in shards), sum(math.prod(s) for s in shapes)
+    if held != needed:
         raise CheckpointError(
-            f"{directory}: the {len(paths)} shard(s) params_0..{len(paths) - 1}.npy hold {flat.size:,} values, "
+            f"{directory}: the {len(paths)} shard(s) params_0..{len(paths) - 1}.npy hold {held:,} values, "
             f"{SHAPES_FILE} needs {needed:,}. A shard is missing or from another checkpoint "
             f"(the original release has params_0..params_9)."
         )
-    ends = np.cumsum([int(np.prod(s)) for s in shapes])[:-1]
+    return shards
+
+
+def read_shards(directory, shapes):
+    """Reads `params_*.npy` (no pickle), concatenates and splits them into float32 arrays of `shapes`."""
+    flat = np.concatenate([shard.astype("float32", copy=False) for shard in open_shards(directory, shapes)])
+    ends = np.cumsum([math.prod(s) for s in shapes])[:-1]
     return [part.reshape(shape) for part, shape in zip(np.split(flat, ends), shapes)]
 
 
-def read_original(directory):
-    """Reads an original-format checkpoint: `(sizes, arrays)` in file order."""
+def read_shapes(directory):
+    """An original-format checkpoint's `(sizes, shapes)` from `params_shapes.json`, every shape checked."""
     shapes_path = os.path.join(directory, SHAPES_FILE)
     if not os.path.isdir(directory):
         raise CheckpointError(f"No checkpoint directory {directory!r}.")
     shapes = read_json(shapes_path, "the list of array shapes of the original release")
-    sizes = sizes_from_shapes(shapes, shapes_path)
+    return sizes_from_shapes(shapes, shapes_path), shapes
+
+
+def read_original(directory):
+    """Reads an original-format checkpoint: `(sizes, arrays)` in file order."""
+    sizes, shapes = read_shapes(directory)
     return sizes, read_shards(directory, shapes)
 
 

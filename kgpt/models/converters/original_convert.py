@@ -9,12 +9,11 @@ each file under a temporary name first.
 import glob
 import json
 import os
-import random
 
 import keras
 import numpy as np
 
-from kgpt.io.presets import CheckpointError
+from kgpt.errors import CheckpointError
 from kgpt.layers.decoder_block import GPTDecoderBlock
 from kgpt.models.converters.original import (BPE_FILE, ENCODER_FILE, HF_ADDED_TOKENS_FILE, HF_CONFIG_FILE, HF_FILES,
                                   HF_MERGES_FILE, HF_SPECIAL_TOKENS_FILE, HF_TF_WEIGHTS_FILE,
@@ -107,22 +106,20 @@ def load_backbone(cls, directory, num_heads=None, num_special_tokens=0, seed=Non
     backbone = cls(**config)
     if seed is not None and num_special_tokens:
         table = keras.ops.convert_to_numpy(backbone.token_embedding.embeddings)
-        table[sizes["vocabulary_size"]:] = special_token_rows(seed, table.shape)[sizes["vocabulary_size"]:]
+        table[sizes["vocabulary_size"]:] = new_token_rows(num_special_tokens, sizes["hidden_dim"],
+                                                          backbone.initializer_range, seed)
         backbone.token_embedding.embeddings.assign(table)
     assign(backbone, arrays)
     return backbone
 
 
-def special_token_rows(seed, shape):
-    """The N(0, 0.02) token table `[rows, hidden]` from which `load_backbone(seed=)` takes the new rows.
+def new_token_rows(num_rows, hidden_dim, stddev, seed):
+    """`[num_rows, hidden_dim]` float32 embedding rows for added tokens, drawn from N(0, `stddev`).
 
-    They are those kgpt drew when it seeded every global generator with `seed`
-    and then built the backbone, whose token embedding took the first seed
-    Keras drew from Python's `random` (`randint(1, 1e9)`); now nothing global
-    is touched.
+    NumPy's generator seeded with `seed` (None: fresh entropy) draws them:
+    no global random state is touched.
     """
-    initializer = keras.initializers.RandomNormal(stddev=0.02, seed=random.Random(seed).randint(1, int(1e9)))
-    return keras.ops.convert_to_numpy(initializer(shape, dtype="float32"))
+    return np.random.default_rng(seed).normal(0.0, stddev, (num_rows, hidden_dim)).astype("float32")
 
 
 # --- writing -------------------------------------------------------------------

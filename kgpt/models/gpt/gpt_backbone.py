@@ -69,8 +69,8 @@ class AddedTokensMixin:
         config["vocabulary_size"] = self.vocabulary_size + num_tokens
         grown = type(self).from_config(config)
         old = keras.ops.convert_to_numpy(self.token_embedding.embeddings)
-        rng = np.random.default_rng(seed)
-        new_rows = rng.normal(0.0, getattr(self, "initializer_range", 0.02), (num_tokens, self.hidden_dim))
+        new_rows = original_convert.new_token_rows(num_tokens, self.hidden_dim,
+                                                   getattr(self, "initializer_range", 0.02), seed)
         table = np.concatenate([old, new_rows.astype(old.dtype)], axis=0)
         for src, dst in zip(self.layers, grown.layers):
             if src is self.token_embedding:
@@ -225,20 +225,17 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
 
     @staticmethod
     def min_weight_count(config):
-        """A lower bound on the weights a config needs (embeddings, attention and MLP kernels).
+        """The weights a config needs (`kgpt.models.converters.original.weight_count`); a weights file holds
+        at least these (LoRA and int8 scales add more).
 
         Checked against a preset's weight file before building (`kgpt.io.presets.check_sizes`).
         Raises `ValueError` when a size is not a positive integer.
         """
-        sizes = {}
         for key in ("vocabulary_size", "num_layers", "hidden_dim", "intermediate_dim", "max_sequence_length"):
             value = config.get(key)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{key} must be a positive integer, got {value!r}.")
-            sizes[key] = value
-        hidden, inner = sizes["hidden_dim"], sizes["intermediate_dim"]
-        return ((sizes["vocabulary_size"] + sizes["max_sequence_length"]) * hidden
-                + sizes["num_layers"] * (4 * hidden * hidden + 2 * hidden * inner))
+        return original.weight_count(**config)
 
     def get_config(self):
         config = super().get_config()

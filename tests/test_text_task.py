@@ -184,6 +184,20 @@ def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_pa
         kgpt.GPTTaskModel.from_preset(str(tmp_path / "tuned"), task="sst2")
 
 
+def test_a_table_task_built_in_python_saves_its_columns(tiny_preset, tmp_path):
+    # As a kgpt-train --train_file run's preset does: kgpt-predict reads the same columns of a new table by default.
+    from kgpt.jobs.predict import trained_columns
+
+    train = tmp_path / "train.csv"
+    train.write_text("review,title,stars\ngood film,a,1\nbad film,b,0\n")
+    task = kgpt.TaskRegistry().get("text-classification").with_files(
+        train_file=str(train), text_columns=["review", "title"], label_column="stars")
+    model = kgpt.GPTTaskModel.from_preset(tiny_preset, task=task)
+    model.save_to_preset(str(tmp_path / "tuned"))
+    assert trained_columns(str(tmp_path / "tuned")) == ["review", "title"]
+    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "tuned")).preprocessor.columns == ["review", "title"]
+
+
 def test_text_needs_a_preprocessor_that_fits(backbone):
     model = kgpt.GPTTaskModel(backbone, head=heads.ClassificationHead(["a", "b"]))
     with pytest.raises(ValueError, match="Text inputs need a preprocessor"):

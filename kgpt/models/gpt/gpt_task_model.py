@@ -5,13 +5,15 @@ state at each view's extract token (its last real token), after classifier
 dropout; training minimises `task loss + lm_coef * LM loss`, the LM loss
 being next-token cross-entropy over the real tokens of the same views.
 Its parts: `kgpt.layers.views` (the layers that fold views into the batch),
-`kgpt.models.gpt.task_inputs` (raw text in) and `kgpt.models.lm_loss`.
+`kgpt.models.gpt.gpt_task_preprocessor` (raw text in) and `kgpt.models.lm_loss`.
 """
 
 import os
 import random
+import warnings
 
 import keras
+import numpy as np
 from keras import ops
 from keras_hub.models import Task as KerasHubTask
 from keras_hub.models import TextClassifier
@@ -21,7 +23,6 @@ from kgpt.data import batching
 from kgpt.tasks import heads as heads_lib
 from kgpt import checks
 from kgpt.models import compile_cost
-from kgpt.models.gpt import task_inputs
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.layers.dropout import Dropout
 from kgpt.layers.int8 import QuantizeMixin
@@ -29,11 +30,13 @@ from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.parallel import distribute
 from kgpt.models.optimizers import gpt_adamw
-from kgpt.models.pretrained import new_task_model
+from kgpt.models.pretrained import load_pretrained, with_special_tokens
 from kgpt.io import hub
 from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
                               tokenizer_fits)
-from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor, encode_dataset, packed_length, segment_columns
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.tasks.task import Example
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -54,8 +57,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
     returns the head's raw outputs on every kind of input, as keras-hub's
     classifiers do: logits (classification, multiple choice) or values
     (regression); `head.probabilities` turns them into probabilities. Arrays
-    and `tf.data` datasets of token ids work as for any Keras model, with targets `y = {"task": ..., "lm": token_ids[..., 1:]}`
-    and `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`.
+    and `tf.data` datasets of token ids work as for any Keras model, with targets
+    `y = {"task": ..., "lm": token_ids[..., 1:]}` and `sample_weight = {"task": ..., "lm": padding_mask[..., 1:]}`.
 
     It is a `keras_hub.models.TextClassifier`: keras-hub's
     `TextClassifier.from_preset(dir)` on a kgpt task preset gives this class
@@ -104,43 +107,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         num_classes=None,
         **kwargs,
     ):
-        if num_classes is not None:  # keras-hub's classifiers' argument: classes named by their index
-            num_classes = checks.positive_int(num_classes, "num_classes", minimum=2)
-            if head is not None:
-                raise ValueError("Pass head= or num_classes=, not both (num_classes=N is "
-                                 "head=kgpt.tasks.heads.ClassificationHead(['0', ..., 'N-1'])).")
-            head = heads_lib.ClassificationHead([str(i) for i in range(num_classes)])
-        elif head is None:
-            raise ValueError("GPTTaskModel needs head= (a kgpt.tasks.heads.Head) or num_classes= (a classifier "
-                             "whose labels are 0..num_classes-1).")
-        if isinstance(head, dict):
-            head = keras.saving.deserialize_keras_object(head)
-        if isinstance(head, str):
-            raise ValueError(
-                f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.ClassificationHead(labels), "
-                f"RegressionHead(), MultipleChoiceHead(k)). A preset fine-tuned by an earlier kgpt names its head this "
-                f"way in task.json: fine-tune it again (its backbone loads with kgpt-train --init DIR)."
-            )
-        if not isinstance(head, heads_lib.Head):
-            raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), got {head!r}.")
-        if head.pooling not in ("sum", "each"):
-            raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
         num_views = checks.positive_int(num_views, "num_views")
-        if isinstance(head, heads_lib.MultipleChoiceHead) and head.num_choices != num_views:
-            raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
-        checks.nonnegative(lm_coef, "lm_coef")
-        checks.rate(classifier_dropout, "classifier_dropout")
+        head = _head(head, num_classes, num_views)
         if preprocessor is not None:
-            tokenizer_fits(preprocessor, backbone)
-            transform = preprocessor.transform
-            problem = head.check(transform) or (
-                f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
-                f"{num_views}" if transform.num_views != num_views else None)
-            if not problem and preprocessor.sequence_length > backbone.max_sequence_length:
-                problem = (f"the preprocessor's sequence_length={preprocessor.sequence_length} exceeds the model's context "
-                           f"max_sequence_length={backbone.max_sequence_length}")
-            if problem:
-                raise ValueError(f"The preprocessor does not fit the model: {problem}.")
+            _check_fits(preprocessor, backbone, head, num_views)
 
         # === Layers ===
         self.backbone = backbone
@@ -148,7 +118,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         self.fold_ids = FoldViews(name="fold_token_ids")
         self.fold_mask = FoldViews(name="fold_padding_mask")
         self.extract_states = ExtractStates(num_views, name="extract_states")
-        self.classifier_dropout_layer = Dropout(classifier_dropout, name="classifier_dropout")
+        self.classifier_dropout_layer = Dropout(checks.rate(classifier_dropout, "classifier_dropout"),
+                                                name="classifier_dropout")
         self.classifier = keras.layers.Dense(
             head.units(num_views),
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
@@ -166,7 +137,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             states = ops.sum(states, axis=1)  # [B, H]
         scores = self.classifier(self.classifier_dropout_layer(states))  # [B, units] or [B, K, units]
         outputs = {"task": head.outputs(scores)}
-        if lm_coef > 0:
+        if checks.nonnegative(lm_coef, "lm_coef") > 0:
             outputs["lm"] = self.unfold_lm(hidden[:, :-1])  # [B, K, L-1, H]
         compile_now = kwargs.pop("compile", True)  # after the config below, which compile() reads
         super().__init__(
@@ -197,6 +168,12 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         return config
 
     @classmethod
+    def from_config(cls, config):
+        if isinstance(config.get("head"), dict):
+            config["head"] = keras.saving.deserialize_keras_object(config["head"])
+        return super().from_config(config)
+
+    @classmethod
     def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,
                     sequence_length=None, **kwargs):
         """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
@@ -208,8 +185,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 task's plugin. Or a starting point to fine-tune: a kgpt
                 preset (`kgpt-train --task lm --output_dir`), the original
                 GPT-1 release's `model/` folder, Hugging Face openai-gpt
-                files, or the released GPT-1 from the Hub (`"gpt1_base_en"`); the start, delimiter and extract tokens are added
-                when the vocabulary lacks them.
+                files, or the released GPT-1 from the Hub (`"gpt1_base_en"`);
+                the start, delimiter and extract tokens are added when the
+                vocabulary lacks them.
             task: with a starting point, the task: a registered name
                 (`"sst2"`) or a `kgpt.Task`. With a fine-tuned preset, None
                 or its own task's name.
@@ -227,11 +205,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             raise TypeError(f"load_weights must be True or False, got {load_weights!r}.")
         check_overrides(cls, kwargs)
         sequence_length = checks.positive_int(sequence_length, "sequence_length", allow_none=True)
-        max_length = checks.positive_int(max_length, "max_length", allow_none=True)
-        if sequence_length is not None and max_length is not None and sequence_length != max_length:
-            raise ValueError(f"sequence_length={sequence_length} and max_length={max_length} name the same packed "
-                             f"length: pass sequence_length only.")
-        max_length = sequence_length if sequence_length is not None else max_length
+        max_length = packed_length(sequence_length, checks.positive_int(max_length, "max_length", allow_none=True))
         if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):
             raise TypeError(f"task must be a registered task's name or a kgpt.Task, got {task!r}.")
         preset = hub.local(preset, cls.backbone_cls)
@@ -253,8 +227,18 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         if not load_weights:
             raise ValueError(f"load_weights=False: {preset} is a pre-trained model to fine-tune from, so its weights "
                              f"are the point. For fresh weights build kgpt.GPTTaskModel(kgpt.GPTBackbone(...), ...).")
-        return new_task_model(cls, preset, task, registry=registry, max_length=max_length, lm_coef=lm_coef,
-                              classifier_dropout=classifier_dropout, **kwargs)
+        if isinstance(task, str):
+            task = (registry or TaskRegistry()).get(task)
+        backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
+        backbone = with_special_tokens(backbone, tokenizer)
+        limit = backbone.max_sequence_length
+        # A table task's columns are saved, as kgpt-train saves them: kgpt-predict reads the same ones by default.
+        columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None
+        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, sequence_length=min(max_length or limit, limit),
+                                           columns=columns)
+        chosen = {"lm_coef": lm_coef, "classifier_dropout": classifier_dropout}
+        return cls(backbone, head=task.head, num_views=task.transform.num_views, task_name=task.name,
+                   preprocessor=preprocessor, **{k: v for k, v in chosen.items() if v is not None}, **kwargs)
 
     def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
                 lm_loss_chunk_size="auto", **kwargs):
@@ -312,11 +296,130 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         if self.built:
             self.optimizer.build(self.trainable_variables)
 
-    # --- raw text in (kgpt.models.gpt.task_inputs) ---------------------------------
+    # --- raw text in ----------------------------------------------------------------
 
     def encode(self, x, y=None, name="inputs"):
         """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""
-        return task_inputs.encode(self, x, y, name=name)
+        if self.preprocessor is None:
+            raise ValueError("Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
+                             "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        targets = None
+        if y is None and isinstance(x, list) and x and all(isinstance(e, Example) for e in x):
+            if all(e.label is not None for e in x):  # labelled examples carry their labels and sources
+                targets = np.asarray([self.head.target(e.label, e.source or f"{name} example {i}")
+                                      for i, e in enumerate(x)], self.head.target_dtype)
+        elif y is not None:
+            if hasattr(y, "numpy") and not isinstance(y, np.ndarray):
+                y = y.numpy()
+            labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
+            targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
+                                 self.head.target_dtype)
+        split = self.preprocessor.encode_batch(x, targets, name=name)
+        if split.counts["truncated"]:
+            warnings.warn(f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
+                          f"sequence_length={self.preprocessor.sequence_length} tokens: {split.counts['tokens_cut']} "
+                          f"tokens were cut from the end of their longest segments.", stacklevel=2)
+        return split
+
+    def _labeled_split(self, x, y, name="inputs"):
+        """Texts and labels (or an `EncodedSplit`) as an `EncodedSplit` with targets."""
+        split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
+        if split.targets is None:
+            raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) "
+                             f"for {name}.")
+        return split
+
+    def _text_dataset(self, x, y, batch_size, seed=None, name="inputs", epochs=1,
+                     compile_batches=batching.COMPILE_BATCHES, attention_length=None):
+        """Texts and labels (or an `EncodedSplit`) as a `tf.data` dataset of length-bucketed model batches.
+
+        Its padded lengths are planned for `epochs` passes, each compilation
+        worth `compile_batches` steps, a row's cost growing with `attention_length`
+        (`kgpt.data.batching.length_plan`).
+        """
+        split = self._labeled_split(x, y, name=name)
+        batch_size = batch_size or 32
+        return batching.dataset(split, batch_size, seed=seed, lm="lm" in self.output, epochs=epochs,
+                                max_lengths=self.max_padded_lengths(split, batch_size, epochs, compile_batches,
+                                                                    attention_length),
+                                compile_batches=compile_batches, attention_length=attention_length)
+
+    def _encode_dataset(self, ds, targets):
+        """A batched `tf.data.Dataset` of raw text -> model batches (`gpt_task_preprocessor.encode_dataset`)."""
+        if self.preprocessor is None:
+            raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
+                             "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+        return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
+
+    def _check_inputs(self, x, batch_size, y=None, sample_weight=None, name="x"):
+        """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`.
+
+        On token ids, `y` and `sample_weight` too (`_check_targets`).
+        """
+        checks.not_none(x, name)
+        checks.not_a_generator(x, name)
+        checks.text_list(x, name)
+        if not _is_text(x) and not isinstance(x, batching.EncodedSplit):
+            checks.token_id_dict(x, "[batch, num_views, length]", name)
+            checks.model_inputs(x, self.backbone.vocabulary_size, self.backbone.max_sequence_length, ndim=3, name=name)
+            self._check_views(x, name)
+            self._check_targets(x, y, sample_weight)
+        return checks.batch_size(batch_size)
+
+    def _check_views(self, x, name):
+        """Each example has `num_views` right-padded views with a real token: a view count the model does not take
+        came back as that many rows of outputs, and an empty or left-padded view's extract state is a padding one."""
+        if not isinstance(x, dict):
+            return
+        ids, mask = (checks.concrete(x.get(key)) for key in checks.INPUT_KEYS)
+        if ids is None or mask is None:
+            return
+        ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
+        if ids.shape[1] != self.num_views:
+            raise ValueError(f"{name}['token_ids'] has {ids.shape[1]} views per example (shape {ids.shape}); this "
+                             f"model takes num_views={self.num_views}: [batch, {self.num_views}, length].")
+        empty = np.argwhere(~mask.any(-1))
+        if len(empty):
+            raise ValueError(f"{name}['padding_mask']{empty[0].tolist()} has no real token: every view needs its "
+                             f"tokens (at least the extract token the head reads).")
+        unpadded = np.argwhere((mask[..., 1:] > mask[..., :-1]).any(-1))
+        if len(unpadded):
+            raise ValueError(f"{name}['padding_mask']{unpadded[0].tolist()} is not right-padded: real tokens first, "
+                             f"then padding (the head reads the last real token).")
+
+    def _check_targets(self, x, y, sample_weight):
+        """Targets beside token-id arrays: `{"task": [batch], "lm": token_ids[..., 1:]}` (a bare task array
+        without the LM output), each in range and one per example. Class indices past the head's classes
+        trained silently on JAX and failed deep in TensorFlow's graph; LM targets past the vocabulary gave NaN."""
+        ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
+        if ids is None:
+            return
+        ids = np.asarray(ids)
+        outputs = sorted(self.output)
+        if y is not None:
+            if not isinstance(y, dict) and outputs == ["task"]:
+                y = {"task": y}
+            layout = "{'task': targets [batch]" + (", 'lm': x['token_ids'][..., 1:]}" if "lm" in outputs else "}")
+            if not isinstance(y, dict) or sorted(map(str, y)) != outputs:
+                got = f"has keys {sorted(map(str, y))}" if isinstance(y, dict) else f"is a {type(y).__name__}"
+                raise ValueError(f"y {got}; the model's outputs are {outputs}, so y on token ids is {layout}"
+                                 + (" (lm_coef=0 removes the LM output)." if "lm" in outputs else "."))
+            task = checks.concrete(y["task"])
+            if task is not None and isinstance(self.head, heads_lib.Categorical):
+                checks.class_indices(task, "y['task']", int(self.output["task"].shape[-1]))
+            elif task is not None and not np.isfinite(np.asarray(task, "float64")).all():
+                raise ValueError("y['task'] holds a non-finite value: regression targets must be finite numbers.")
+            lm = checks.concrete(y.get("lm"))
+            if lm is not None:
+                lm = checks.token_ids(lm, "y['lm']", self.backbone.vocabulary_size, ndim=3)
+                if lm.shape != ids.shape[:-1] + (ids.shape[-1] - 1,):
+                    raise ValueError(f"y['lm'] must have shape {ids.shape[:-1] + (ids.shape[-1] - 1,)} "
+                                     f"(x['token_ids'][..., 1:], each position's next token), got {lm.shape}.")
+            checks.same_batch(len(ids), {f"y[{k!r}]": v for k, v in y.items()})
+        if isinstance(sample_weight, dict):
+            checks.same_batch(len(ids), {f"sample_weight[{k!r}]": v for k, v in sample_weight.items()})
+        elif sample_weight is not None:
+            checks.same_batch(len(ids), {"sample_weight": sample_weight})
 
     def max_padded_lengths(self, split, batch_size, epochs=1, compile_batches=batching.COMPILE_BATCHES,
                            attention_length=None):
@@ -337,33 +440,33 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         NumPy's global generator is left alone.
         `validation_data=(texts, labels)` is encoded the same way.
         """
-        batch_size = task_inputs.check_inputs(self, x, batch_size, y, kwargs.get("sample_weight"))
+        batch_size = self._check_inputs(x, batch_size, y, kwargs.get("sample_weight"))
         if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
-            task_inputs.check_inputs(self, validation_data[0], None, *validation_data[1:], name="validation_data[0]")
+            self._check_inputs(validation_data[0], None, *validation_data[1:], name="validation_data[0]")
         if inputs_kind.is_text_dataset(x):
-            x = task_inputs.encode_dataset(self, x, targets=True)
+            x = self._encode_dataset(x, targets=True)
             if inputs_kind.is_text_dataset(validation_data):
-                validation_data = task_inputs.encode_dataset(self, validation_data, targets=True)
-        elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
+                validation_data = self._encode_dataset(validation_data, targets=True)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             seed = random.getrandbits(31) if shuffle else None
             batch_size = batch_size or 32
-            split = task_inputs.labeled_split(self, x, y)
+            split = self._labeled_split(x, y)
             passes = epochs - kwargs.get("initial_epoch", 0)
             # On JAX each padded length compiles: what that costs is measured before the lengths are planned.
             attention = compile_cost.attention_length(self.backbone, "lm" in self.output)
             cost = compile_cost.compile_batches(self, split, batch_size, "lm" in self.output,
                                                 attention_length=attention) if self.compiled \
                 else batching.COMPILE_BATCHES
-            x = task_inputs.text_dataset(self, split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost,
-                                         attention_length=attention)
+            x = self._text_dataset(split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost,
+                                   attention_length=attention)
             if validation_data is not None:
-                if isinstance(validation_data, batching.EncodedSplit) or task_inputs.is_text(validation_data):
+                if isinstance(validation_data, batching.EncodedSplit) or _is_text(validation_data):
                     validation_data = (validation_data, None)
                 if len(validation_data) > 2 and validation_data[2] is not None:
                     raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
-                validation_data = task_inputs.text_dataset(self, validation_data[0], validation_data[1],
-                                                           batch_size, name="validation_data", epochs=passes,
-                                                           compile_batches=cost, attention_length=attention)
+                validation_data = self._text_dataset(validation_data[0], validation_data[1], batch_size,
+                                                     name="validation_data", epochs=passes, compile_batches=cost,
+                                                     attention_length=attention)
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
         vocabulary = self.backbone.vocabulary_size
@@ -374,11 +477,11 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
-        batch_size = task_inputs.check_inputs(self, x, batch_size, y, kwargs.get("sample_weight"))
+        batch_size = self._check_inputs(x, batch_size, y, kwargs.get("sample_weight"))
         if inputs_kind.is_text_dataset(x):
-            x = task_inputs.encode_dataset(self, x, targets=True)
-        elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
-            x, y, batch_size = task_inputs.text_dataset(self, x, y, batch_size), None, None
+            x = self._encode_dataset(x, targets=True)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
+            x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         with checks.dataset_errors(self):
             return keras.Model.evaluate(self, checks.dataset_ids(x, self.backbone.vocabulary_size), y,
                                         batch_size=batch_size, **kwargs)
@@ -394,10 +497,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         which only the loss needs, is not computed (`model(x)["lm"]` gives it).
         Probabilities: `model.head.probabilities(model.predict(x))`.
         """
-        batch_size = task_inputs.check_inputs(self, x, batch_size)
+        batch_size = self._check_inputs(x, batch_size)
         if inputs_kind.is_text_dataset(x):
-            x = task_inputs.encode_dataset(self, x, targets=False)
-        elif task_inputs.is_text(x) or isinstance(x, batching.EncodedSplit):
+            x = self._encode_dataset(x, targets=False)
+        elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
         with checks.dataset_errors(self):
@@ -434,11 +537,11 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         return export_task_model(self, filepath, format=format, verbose=verbose, **kwargs)
 
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        task_inputs.check_inputs(self, x, None, y, sample_weight)
+        self._check_inputs(x, None, y, sample_weight)
         return keras.Model.train_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        task_inputs.check_inputs(self, x, None, y, sample_weight)
+        self._check_inputs(x, None, y, sample_weight)
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
     def save_task_weights(self, filepath):
@@ -484,3 +587,50 @@ def is_task_preset(preset, cls=None):
     saved = read_json(config, "a kgpt task config")
     return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
         cls or GPTTaskModel)
+
+
+def _head(head, num_classes, num_views):
+    """`head`, or keras-hub's `num_classes` as a classifier over labels `"0"`..`"num_classes-1"`, checked against
+    `num_views`."""
+    if num_classes is not None:
+        if head is not None:
+            raise ValueError("Pass head= or num_classes=, not both (num_classes=N is "
+                             "head=kgpt.tasks.heads.ClassificationHead(['0', ..., 'N-1'])).")
+        num_classes = checks.positive_int(num_classes, "num_classes", minimum=2)
+        return heads_lib.ClassificationHead([str(i) for i in range(num_classes)])
+    if head is None:
+        raise ValueError("GPTTaskModel needs head= (a kgpt.tasks.heads.Head) or num_classes= (a classifier "
+                         "whose labels are 0..num_classes-1).")
+    if isinstance(head, str):
+        raise ValueError(
+            f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.ClassificationHead(labels), "
+            f"RegressionHead(), MultipleChoiceHead(k)). A preset fine-tuned by an earlier kgpt names its head this "
+            f"way in task.json: fine-tune it again (its backbone loads with kgpt-train --init DIR)."
+        )
+    if not isinstance(head, heads_lib.Head):
+        raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), "
+                         f"got {head!r}.")
+    if head.pooling not in ("sum", "each"):
+        raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
+    if isinstance(head, heads_lib.MultipleChoiceHead) and head.num_choices != num_views:
+        raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
+    return head
+
+
+def _check_fits(preprocessor, backbone, head, num_views):
+    """Refuses a preprocessor whose ids, views or length the model cannot take."""
+    tokenizer_fits(preprocessor, backbone)
+    transform = preprocessor.transform
+    problem = head.check(transform) or (
+        f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
+        f"{num_views}" if transform.num_views != num_views else None)
+    if not problem and preprocessor.sequence_length > backbone.max_sequence_length:
+        problem = (f"the preprocessor's sequence_length={preprocessor.sequence_length} exceeds the model's context "
+                   f"max_sequence_length={backbone.max_sequence_length}")
+    if problem:
+        raise ValueError(f"The preprocessor does not fit the model: {problem}.")
+
+
+def _is_text(x):
+    """Whether `x` is raw text for the preprocessor (text columns, or a list of `Example`s), not token ids."""
+    return inputs_kind.is_text_columns(x) or (isinstance(x, list) and bool(x) and isinstance(x[0], Example))

@@ -93,11 +93,8 @@ class GPTTaskPreprocessor(Preprocessor):
         if not isinstance(transform, transforms.Transform):
             raise TypeError(f"transform must be a kgpt.tasks.transforms.Transform, got {transform!r}.")
         # `max_length`, the earlier name, stays accepted: presets saved before hold it in preprocessor.json.
-        if sequence_length is not None and max_length is not None and sequence_length != max_length:
-            raise ValueError(f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
-                             f"packed length: pass sequence_length only.")
-        length = 512 if sequence_length is None and max_length is None else (
-            sequence_length if sequence_length is not None else max_length)
+        length = packed_length(sequence_length, max_length)
+        length = 512 if length is None else length
         if isinstance(length, bool) or not isinstance(length, int) or length < MIN_MAX_LENGTH:
             raise ValueError(f"sequence_length must be an integer >= {MIN_MAX_LENGTH}, got {length!r}.")
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
@@ -265,6 +262,14 @@ class GPTTaskPreprocessor(Preprocessor):
         if self.columns is not None:  # absent otherwise: a preset reads as it did before columns were kept
             config["columns"] = list(self.columns)
         return config
+
+
+def packed_length(sequence_length, max_length):
+    """`sequence_length`, else `max_length`, its earlier name (None when neither is given); both given must agree."""
+    if sequence_length is not None and max_length is not None and sequence_length != max_length:
+        raise ValueError(f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
+                         f"packed length: pass sequence_length only.")
+    return sequence_length if sequence_length is not None else max_length
 
 
 def segment_columns(inputs):

@@ -13,7 +13,7 @@ from conftest import TINY, char_tokenizer
 
 import kgpt
 from kgpt.data import batching, shards
-from kgpt.errors import ConfigError
+from kgpt.errors import ConfigError, Preempted
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs.finetune import finetune
 from kgpt.jobs import pretrain as pretrain_lib
@@ -333,7 +333,7 @@ def test_sigterm_checkpoints_and_the_resumed_epoch_records_all_its_steps(tmp_pat
 
     monkeypatch.setattr(callbacks.Progress, "on_train_batch_begin", terminate_at_step_4)
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(callbacks.Preempted, match="stopped by SIGTERM at step 4; checkpoint written in"):
+    with pytest.raises(Preempted, match="stopped by SIGTERM at step 4; checkpoint written in"):
         tiny_pretrain(tmp_path, "cut", evaluations=1, max_steps=10, checkpoint_every=3)
     assert signal.getsignal(signal.SIGTERM) is before  # the run puts back the handler it replaced
     monkeypatch.setattr(callbacks.Progress, "on_train_batch_begin", original)

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from kgpt.analysis.zero_shot import ZeroShotCallback
+from kgpt.errors import NonFiniteLossError
 from kgpt.train import callbacks
 
 
@@ -64,7 +65,7 @@ def test_a_nan_stops_training_naming_its_step_and_no_checkpoint_after_it_is_writ
     model = linear(steps_per_execution)
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=12, every=1)
     guard = callbacks.StopOnNonFiniteLoss("Lower it.")
-    with pytest.raises(callbacks.NonFiniteLossError, match=f"The training loss is nan {where}.*Lower it."):
+    with pytest.raises(NonFiniteLossError, match=f"The training loss is nan {where}.*Lower it."):
         model.fit(*data(12, bad_batch=5), batch_size=2, epochs=1, verbose=0, shuffle=False,
                   callbacks=[guard, progress])
     latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())["checkpoint"]
@@ -76,7 +77,7 @@ def test_a_nan_stops_training_naming_its_step_and_no_checkpoint_after_it_is_writ
 def test_a_resumed_run_counts_its_steps_from_the_checkpoint_and_over_accumulation():
     model = linear(4)
     guard = callbacks.StopOnNonFiniteLoss(first_step=10, accumulation=2)
-    with pytest.raises(callbacks.NonFiniteLossError, match=r"at step 14 \(steps 13-14 ran as one"):
+    with pytest.raises(NonFiniteLossError, match=r"at step 14 \(steps 13-14 ran as one"):
         model.fit(*data(8, bad_batch=6), batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=[guard])
 
 

@@ -85,8 +85,8 @@ def child(spec):
             self._last, self._step = now, self._step + 1
 
     timer = StepTimer()
-    original = run.callbacks
-    run.callbacks = lambda *args, **kwargs: [*original(*args, **kwargs), timer]
+    original = run.Run.callbacks
+    run.Run.callbacks = lambda self, *args, **kwargs: [*original(self, *args, **kwargs), timer]
     config = FinetuneConfig(**spec["config"])
     model, results = finetune.finetune(config)
     task_metric = next(k for k in results["splits"]["dev"] if k != "examples")

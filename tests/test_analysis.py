@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY, char_tokenizer
+from conftest import char_tokenizer
 from test_train_callbacks import async_dispatch, events
 
 import kgpt
@@ -171,7 +171,8 @@ def test_cli_claims_its_output_directory(tmp_path):
     from absl import flags
 
     from kgpt.cli import analyze
-    from kgpt.jobs.rundir import OutputDirError, RunDirectory
+    from kgpt.errors import OutputDirError
+    from kgpt.jobs.rundir import RunDirectory
 
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("not kgpt's")

@@ -18,7 +18,8 @@ import time
 import pytest
 
 from kgpt.data.shards import default_workers
-from kgpt.jobs.rundir import OutputDirError, RunDirectory
+from kgpt.errors import OutputDirError
+from kgpt.jobs.rundir import RunDirectory
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")
 
@@ -231,7 +232,8 @@ def test_a_forked_child_does_not_hold_the_output_directory(tmp_path, end):
 
 _CLAIM = """
 import sys
-from kgpt.jobs.rundir import OutputDirError, RunDirectory
+from kgpt.jobs.rundir import RunDirectory
+from kgpt.errors import OutputDirError
 try:
     with RunDirectory(sys.argv[1], "pretrain", {"seed": 0}):
         print("claimed")

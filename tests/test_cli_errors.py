@@ -16,11 +16,7 @@ from conftest import TINY, char_tokenizer, cli
 
 import kgpt
 from kgpt.cli import analyze, train
-from kgpt.errors import DataError
-from kgpt.io.presets import CheckpointError
-from kgpt.tasks.registry import RegistryError
-
-
+from kgpt.errors import CheckpointError, DataError, RegistryError
 
 
 def one_line(code, err, prog="kgpt-train"):

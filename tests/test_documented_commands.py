@@ -40,10 +40,10 @@ import textwrap
 
 import keras
 import pytest
-
-import kgpt
 from conftest import TINY, char_tokenizer
 from hub_server import FakeHub, environment, released_gpt1
+
+import kgpt
 from kgpt.io import hub as hub_lib
 
 ROOT = pathlib.Path(__file__).parents[1]
@@ -295,20 +295,25 @@ def write_rows(path, rows):
             writer.writerows([names, *([row[n] for n in names] for row in rows)])
 
 
-def write_input(path, task_name, columns):
+def write_input(path, task_name, columns, model_dir):
+    """kgpt-predict's input: a table with the columns the model was trained on (as a user's would be), else rows."""
+    from kgpt.jobs.predict import trained_columns
+
     task = kgpt.TaskRegistry().get(task_name)
+    trained = trained_columns(model_dir) if model_dir and os.path.isdir(model_dir) else None
     count = task.transform.num_segments if isinstance(getattr(task.transform, "num_segments", None), int) else 2
-    segments = [SENTENCES[i % 4] for i in range(count)]
-    names = columns.split(",") if columns else [f"text{i}" for i in range(count)]
+    count = len(trained) if trained else count
+    names = columns.split(",") if columns else trained or [f"text{i}" for i in range(count)]
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for row in range(3):
             segments = [SENTENCES[(i + row) % 4] for i in range(count)]  # rows differ: a repeat reads as a header
             if path.endswith(".jsonl"):
                 f.write(json.dumps(dict(zip(names, segments))) + "\n")
-            elif path.endswith(".tsv"):
-                f.write("\t".join(names) + "\n" if f.tell() == 0 else "")
-                f.write("\t".join(segments) + "\n")
+            elif path.endswith(".tsv") or (trained and not columns):
+                separator = "\t" if path.endswith(".tsv") else ","
+                f.write(separator.join(names) + "\n" if f.tell() == 0 else "")
+                f.write(separator.join(segments) + "\n")
             else:
                 f.write("\t".join(segments) + "\n")
 
@@ -352,7 +357,8 @@ def prepare(command, earlier, folder, standins):
             if values.get(flag):
                 write_table(values[flag], task, values)
         if values.get("input") and command["prog"] == "kgpt-predict":
-            write_input(values["input"], earlier.get(values.get("model"), (None, "scitail"))[1], values.get("columns"))
+            write_input(values["input"], earlier.get(values.get("model"), (None, "scitail"))[1], values.get("columns"),
+                        values.get("model"))
         if values.get("tokenizer") not in (None, "train"):
             standins.model("pretrained", values["tokenizer"])
     finally:

@@ -12,14 +12,14 @@ import subprocess
 import sys
 
 import pytest
+from conftest import TINY, char_tokenizer
+from test_paper_tasks import write_glue
 
 import kgpt
-from conftest import TINY, char_tokenizer
-from kgpt.errors import DataError
+from kgpt.errors import DataError, OutputDirError
 from kgpt.jobs import dry_run, finetune, finetune_data, finetune_model
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
-from kgpt.jobs.rundir import OutputDirError, RunDirectory
-from test_paper_tasks import write_glue
+from kgpt.jobs.rundir import RunDirectory
 
 REGISTRY = kgpt.TaskRegistry()
 

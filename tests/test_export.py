@@ -3,11 +3,11 @@
 import json
 import os
 
+import gpt1_reference
 import numpy as np
 import pytest
 from conftest import TINY, char_tokenizer, to_numpy
 
-import gpt1_reference
 import kgpt
 from kgpt.io.export import export_task_model
 
@@ -141,7 +141,7 @@ def test_an_earlier_export_is_not_overwritten_by_default(tmp_path, tokenizer):
 
 def test_bad_exports_fail_clearly(tmp_path, tokenizer):
     backbone, _ = random_backbone(98)
-    with pytest.raises(ValueError, match="format must be 'original' or 'huggingface', got 'hf'"):
+    with pytest.raises(ValueError, match="format must be one of 'original', 'huggingface', got 'hf'"):
         backbone.save_original(str(tmp_path / "x"), format="hf")
     narrow = kgpt.GPTBackbone(**TINY)  # intermediate_dim 32 = 2 x hidden
     with pytest.raises(ValueError, match=r"inner size of 4 x hidden \(64\); this backbone's intermediate_dim is 32"):

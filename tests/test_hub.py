@@ -11,15 +11,15 @@ import os
 import re
 import socket
 
+import gpt1_reference
 import numpy as np
 import pytest
-
-import gpt1_reference
-import kgpt
 from conftest import char_tokenizer, cli, to_numpy
 from hub_server import HEADS, FakeHub, openai_gpt_files
+
+import kgpt
+from kgpt.errors import CheckpointError
 from kgpt.io import hub
-from kgpt.io.presets import CheckpointError
 
 SIZES = dict(vocab=95, n_ctx=16, hidden=24, inner=96, n_layer=2)  # 95: the character tokenizer's plain vocabulary
 REPO = "openai-community/openai-gpt"
@@ -253,7 +253,6 @@ def test_no_hub_or_a_silent_one_is_one_line_within_the_timeout(served, arrays, m
 
 
 def test_an_unreachable_hub_falls_back_to_the_cached_commit(served, arrays, monkeypatch, caplog):
-    from huggingface_hub import constants
 
     served.commit(REPO, openai_gpt_files(arrays))
     kgpt.GPTBackbone.from_preset(f"hf://{REPO}")

@@ -7,9 +7,9 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from conftest import TINY, char_tokenizer
 
 import kgpt
-from conftest import TINY, char_tokenizer
 
 
 def backbone(**overrides):
@@ -183,7 +183,7 @@ def _edit_json(path, edit):
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c["config"].update(vocabulary_size=20_000_000), r"at least 320,[\d,]+ weights, but .* holds"),
     (lambda c: c["config"].update(num_layers=10**9), r"at least [\d,]+ weights, but .*model.weights.h5 holds"),
-    (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be a positive integer, got 'abc'"),
+    (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be an integer, got 'abc'"),
     (lambda c: c["config"].update(dropout=[1]), r"config.json: cannot build a GPTBackbone from it"),
 ])
 def test_tampered_config_is_refused_before_anything_is_built(tmp_path, edit, message):

@@ -11,8 +11,8 @@ from conftest import TINY, random_inputs, to_numpy
 from test_use_trained import make_preset, write_data
 
 import kgpt
+from kgpt.errors import CheckpointError
 from kgpt.io import presets
-from kgpt.io.presets import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs.config import FinetuneConfig
 from kgpt.layers import int8

@@ -14,16 +14,17 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import kill_at_step
 import tensorflow as tf
+from conftest import kill_at_step
 
 import kgpt
+from kgpt.errors import OutputDirError
 from kgpt.io import remote_lock, storage
 from kgpt.jobs import finetune as finetune_lib
-from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs import pretrain as pretrain_lib
-from kgpt.jobs.rundir import OutputDirError, RunDirectory
+from kgpt.jobs.config import FinetuneConfig, PretrainConfig
+from kgpt.jobs.rundir import RunDirectory
 from kgpt_tasks import scitail_demo
 
 TEXT = "The keeper climbed the steps of the tower and wrote the date in the notebook.\n" * 30

@@ -13,10 +13,10 @@ import pytest
 from conftest import TINY, char_tokenizer
 
 import kgpt
+from kgpt.errors import OutputDirError
 from kgpt.jobs import finetune as finetune_lib
-from kgpt.jobs.config import FinetuneConfig
 from kgpt.jobs import predict as predict_lib
-from kgpt.jobs.rundir import OutputDirError
+from kgpt.jobs.config import FinetuneConfig
 
 SUBJECTS = ["the sun", "ice", "a dog", "the moon", "salt", "iron", "a cat", "rain", "sand", "a fish", "wood", "gold"]
 FACTS = ["is hot", "is cold", "can swim", "is a star", "melts", "rusts", "is wet", "floats"]

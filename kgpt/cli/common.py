@@ -27,12 +27,15 @@ flags.DEFINE_bool("dry_run", False, "Check the flags, the files, the first rows 
 
 def user_errors():
     """The exception types that are a user's mistake rather than a bug in kgpt."""
-    from kgpt.train.callbacks import NonFiniteLossError
-    from kgpt.errors import ConfigError, DataError
-    from kgpt.io.presets import CheckpointError
-    from kgpt.tasks.registry import RegistryError
-    from kgpt.jobs.rundir import OutputDirError
-    from kgpt.parallel.cluster import ClusterError
+    from kgpt.errors import (
+        CheckpointError,
+        ClusterError,
+        ConfigError,
+        DataError,
+        NonFiniteLossError,
+        OutputDirError,
+        RegistryError,
+    )
 
     # Plain ValueErrors and TypeErrors keep their traceback: they are more often bugs than mistakes.
     return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError,

@@ -21,11 +21,10 @@ import dataclasses
 import logging
 import typing
 
-from kgpt.cli import common  # first: quiet TensorFlow start-up
-
 from absl import app, flags
 from absl import logging as absl_logging
 
+from kgpt.cli import common  # first: quiet TensorFlow start-up
 from kgpt.jobs import config as config_lib
 
 logger = logging.getLogger(__name__)
@@ -199,7 +198,8 @@ def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}", exitcode=2)
     absl_logging.set_verbosity(absl_logging.WARNING)  # keep JAX/TF start-up chatter out of the run log
-    from kgpt.tasks.registry import RegistryError, TaskRegistry
+    from kgpt.errors import RegistryError
+    from kgpt.tasks.registry import TaskRegistry
 
     if FLAGS.list_presets:
         from kgpt.io import hub

@@ -25,7 +25,8 @@ import socket
 import tempfile
 import urllib.parse
 
-from kgpt.io.presets import CONFIG_FILE, MODEL_FILES, MODEL_WEIGHTS_FILE, PARTIAL_DIR, CheckpointError, read_json
+from kgpt.errors import CheckpointError
+from kgpt.io.presets import CONFIG_FILE, MODEL_FILES, MODEL_WEIGHTS_FILE, PARTIAL_DIR, read_json
 
 PREFIX = "hf://"
 # The released GPT-1, as keras-hub names its presets: Hugging Face's copy of the original weights.

@@ -8,7 +8,8 @@ import threading
 import time
 import uuid
 
-from kgpt.io.storage import StorageError, exists, join, read_text, remove, write_text
+from kgpt.errors import StorageError
+from kgpt.io.storage import exists, join, read_text, remove, write_text
 
 logger = logging.getLogger(__name__)
 

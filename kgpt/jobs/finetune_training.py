@@ -18,8 +18,8 @@ from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.jobs.finetune_outputs import evaluate_split
-from kgpt.models import compile_cost
 from kgpt.layers import lora
+from kgpt.models import compile_cost
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import cluster, distribute
 from kgpt.train import callbacks as callbacks_lib
@@ -206,8 +206,8 @@ class Training:
         return distribute.feed(make)
 
 
-class FinetuneProgress(run.Progress):
-    """`kgpt.jobs.run.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
+class FinetuneProgress(callbacks_lib.Progress):
+    """`kgpt.train.callbacks.Progress` for fine-tuning, which also tracks the best dev epoch for `keep="best"`."""
 
     keep = ("best",)
 

@@ -19,21 +19,21 @@ import numpy as np
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.checks import positive_int
 from kgpt.data import demo_world
-from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.data.shards import Team, build_shards
-from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
-from kgpt.tokenizers.interface import PRESET_CONFIG
 from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.jobs import run
 from kgpt.jobs.config import recorded_settings
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
+from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.models.lstm.lstm_backbone import LSTMBackbone
-from kgpt.tasks.registry import TaskRegistry
-from kgpt.parallel import cluster, distribute
-from kgpt.train.callbacks import EpochBar
 from kgpt.models.optimizers import gpt_adamw
+from kgpt.parallel import cluster, distribute
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.tokenizers.interface import PRESET_CONFIG
+from kgpt.train.callbacks import EpochBar, Progress
 
 logger = logging.getLogger(__name__)
 
@@ -141,8 +141,8 @@ def check_config(config):
     run.check_run(config, config.batch_size)
 
 
-class PretrainProgress(run.Progress):
-    """`kgpt.jobs.run.Progress` that also keeps the zero-shot evaluations in the checkpoint."""
+class PretrainProgress(Progress):
+    """`kgpt.train.callbacks.Progress` that also keeps the zero-shot evaluations in the checkpoint."""
 
     def __init__(self, *args, zero_shot=None, **kwargs):
         super().__init__(*args, **kwargs)

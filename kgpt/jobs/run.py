@@ -6,7 +6,7 @@ A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
         with run.scope(config, batch_size):                                   # seed, dtype policy, devices
             ...build and compile the model...
             state = work.restore(model, settings)                             # the checkpoint, if any
-            progress = run.Progress(work.checkpoint_dir, settings, ..., work.history_path, state,
+            progress = Progress(work.checkpoint_dir, settings, ..., work.history_path, state,
                                     publish=work.publish)
             run.fit(model, datasets, work.callbacks(progress, hint))          # resumes mid-epoch
             work.save_outputs(model, metrics, files)                          # preset + metrics.json
@@ -38,11 +38,11 @@ from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.io.storage import write_json
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
-from kgpt.train import checkpoint as checkpoint_lib
 from kgpt.parallel import cluster, placement
-from kgpt.train import callbacks as callbacks_lib
-from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteLoss, catching_sigterm
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
+from kgpt.train import callbacks as callbacks_lib
+from kgpt.train import checkpoint as checkpoint_lib
+from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteLoss, catching_sigterm
 
 logger = logging.getLogger(__name__)
 
@@ -295,18 +295,6 @@ class Run:
             if cluster.current().several:
                 cluster.barrier()  # no process ends while the run's files are incomplete
         logger.info(f"Saved {files} and metrics.json in {self.location}")
-
-
-class Progress(callbacks_lib.Progress):
-    """`kgpt.train.callbacks.Progress` that copies each checkpoint out of a remote run's mirror (`publish`)."""
-
-    def __init__(self, *args, publish=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.publish = publish or (lambda: None)
-
-    def save(self, epoch_sums=False):
-        super().save(epoch_sums)
-        self.publish()
 
 
 @contextlib.contextmanager

@@ -7,9 +7,7 @@ from kgpt.io import hub
 from kgpt.io.presets import load_any_backbone
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import NUM_SPECIAL_TOKENS, GPTBackbone
-from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
-from kgpt.tasks.registry import TaskRegistry
 
 
 def with_special_tokens(backbone, tokenizer, seed=None):
@@ -52,20 +50,3 @@ def load_pretrained(path, num_heads=12, dtype=None):
             f"belong to another model. Save the model's own tokenizer beside it."
         )
     return backbone, tokenizer, f"preset {source}" + (f" ({path})" if source != path else "")
-
-
-def new_task_model(cls, preset, task, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,
-                   **kwargs):
-    """A new `cls` (a `GPTTaskModel`) for `task` on the pre-trained model at `preset` (`cls.from_preset`'s
-    starting point): the special tokens added when missing, `lm_coef` and `classifier_dropout` by default the
-    paper's 0.5 and 0.1, `max_length` tokens per view (default: the model's context)."""
-    if isinstance(task, str):
-        task = (registry or TaskRegistry()).get(task)
-    backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
-    backbone = with_special_tokens(backbone, tokenizer)
-    limit = backbone.max_sequence_length
-    preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, sequence_length=min(max_length or limit, limit))
-    return cls(backbone, head=task.head, num_views=task.transform.num_views,
-               lm_coef=0.5 if lm_coef is None else lm_coef,
-               classifier_dropout=0.1 if classifier_dropout is None else classifier_dropout,
-               task_name=task.name, preprocessor=preprocessor, **kwargs)

@@ -218,12 +218,15 @@ class Progress(keras.callbacks.Callback):
         history_path: the CSV of per-epoch logs, or None.
         state: a restored checkpoint's state (`kgpt.train.checkpoint.restore`), or None.
         accumulation: batches per optimizer step (gradient accumulation).
+        publish: called after each checkpoint is written (a remote run copies it out of its mirror), or None.
     """
 
     keep = ()  # checkpoint folders besides the latest that must survive (see kgpt.train.checkpoint.save)
 
-    def __init__(self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None, accumulation=1):
+    def __init__(self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None, accumulation=1,
+                 publish=None):
         super().__init__()
+        self.publish = publish
         self.directory, self.settings, self.every = directory, settings, every
         self.steps_per_epoch, self.history_path = steps_per_epoch, history_path
         self.accumulation = accumulation
@@ -340,6 +343,8 @@ class Progress(keras.callbacks.Callback):
         if epoch_sums and self.step % self.steps_per_epoch:
             state["metric_state"] = checkpoint.metric_state(model)
         checkpoint.save(model, self.directory, state, keep=self.keep)  # every process: process 0 writes
+        if self.publish is not None:
+            self.publish()
 
 
 class ProgressLog(keras.callbacks.Callback):

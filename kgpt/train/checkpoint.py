@@ -17,7 +17,7 @@ parts of every array through Orbax (`sharded/`, JAX's checkpointing library,
 
 A checkpoint in the local mirror of a remote output directory
 (`kgpt.io.storage.Mirror`) is copied out by the run that owns the mirror as
-soon as it is complete (`kgpt.jobs.run.Progress`), `latest.json` last.
+soon as it is complete (`kgpt.train.callbacks.Progress`), `latest.json` last.
 Orbax checkpoints need one folder every process writes, so a remote output
 directory is refused for a model split across processes (`kgpt.jobs.run.join`).
 
@@ -35,7 +35,8 @@ import shutil
 import keras
 import numpy as np
 
-from kgpt.io.presets import CheckpointError, check_weights_file, read_json
+from kgpt.errors import CheckpointError
+from kgpt.io.presets import check_weights_file, read_json
 from kgpt.io.storage import write_json
 from kgpt.layers import lora
 from kgpt.parallel import cluster

@@ -14,18 +14,16 @@ import shutil
 import keras
 import numpy as np
 from keras import ops
-from keras_hub.layers import PositionEmbedding
-from keras_hub.layers import ReversibleEmbedding
+from keras_hub.layers import PositionEmbedding, ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.models.converters import original
-from kgpt.models.converters import original_convert
+from kgpt import checks
 from kgpt.io import hub
 from kgpt.io.presets import PresetMixin
-from kgpt import checks
 from kgpt.layers.decoder_block import GPTDecoderBlock
 from kgpt.layers.dropout import Dropout
 from kgpt.layers.lora import LoraMixin
+from kgpt.models.converters import original, original_convert
 
 # The paper's model (section 4.1). Vocabulary: 40,000 merges + 478 base symbols.
 GPT1_CONFIG = {
@@ -229,12 +227,10 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         at least these (LoRA and int8 scales add more).
 
         Checked against a preset's weight file before building (`kgpt.io.presets.check_sizes`).
-        Raises `ValueError` when a size is not a positive integer.
+        Raises `ValueError` or `TypeError` when a size is not a positive integer.
         """
         for key in ("vocabulary_size", "num_layers", "hidden_dim", "intermediate_dim", "max_sequence_length"):
-            value = config.get(key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{key} must be a positive integer, got {value!r}.")
+            checks.positive_int(config.get(key), key)
         return original.weight_count(**config)
 
     def get_config(self):
@@ -367,12 +363,10 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         kgpt.GPTBackbone.from_original("hf")                   # the same weights back
         ```
         """
-        if format == "original":
+        if checks.one_of(format, "format", ("original", "huggingface")) == "original":
             original_convert.save_original(self, directory, num_shards=num_shards, tokenizer=tokenizer)
-        elif format == "huggingface":
-            original_convert.save_huggingface(self, directory, tokenizer=tokenizer, overwrite=overwrite)
         else:
-            raise ValueError(f"format must be 'original' or 'huggingface', got {format!r}.")
+            original_convert.save_huggingface(self, directory, tokenizer=tokenizer, overwrite=overwrite)
 
     def transferred_layers(self, num_layers):
         """The layers copied when transferring the embeddings and the first `num_layers` blocks."""

@@ -18,9 +18,9 @@ from keras_hub.models import CausalLM
 
 from kgpt import checks
 from kgpt.data import inputs_kind
+from kgpt.errors import CheckpointError
 from kgpt.io import hub
-from kgpt.io.presets import (CONFIG_FILE, TASK_CONFIG_FILE, CheckpointError, PresetMixin, check_overrides,
-                             tokenizer_fits)
+from kgpt.io.presets import CONFIG_FILE, TASK_CONFIG_FILE, PresetMixin, check_overrides, tokenizer_fits
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor

@@ -18,23 +18,21 @@ from keras import ops
 from keras_hub.models import Task as KerasHubTask
 from keras_hub.models import TextClassifier
 
-from kgpt.data import inputs_kind
-from kgpt.data import batching
-from kgpt.tasks import heads as heads_lib
 from kgpt import checks
-from kgpt.models import compile_cost
-from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.data import batching, inputs_kind
+from kgpt.io import hub
+from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json, tokenizer_fits
 from kgpt.layers.dropout import Dropout
 from kgpt.layers.int8 import QuantizeMixin
-from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
-from kgpt.parallel import distribute
+from kgpt.models import compile_cost
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor, encode_dataset, packed_length, segment_columns
+from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
-from kgpt.io import hub
-from kgpt.io.presets import (TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json,
-                              tokenizer_fits)
-from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor, encode_dataset, packed_length, segment_columns
+from kgpt.parallel import distribute
+from kgpt.tasks import heads as heads_lib
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.tasks.task import Example
 
@@ -610,8 +608,7 @@ def _head(head, num_classes, num_views):
     if not isinstance(head, heads_lib.Head):
         raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), "
                          f"got {head!r}.")
-    if head.pooling not in ("sum", "each"):
-        raise ValueError(f"{head!r}: pooling must be 'sum' or 'each', got {head.pooling!r}.")
+    checks.one_of(head.pooling, f"{head!r}: pooling", ("sum", "each"))
     if isinstance(head, heads_lib.MultipleChoiceHead) and head.num_choices != num_views:
         raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
     return head

@@ -13,12 +13,11 @@ import keras
 import numpy as np
 from keras_hub.models import Preprocessor
 
-from kgpt.data import inputs_kind
-from kgpt.data import batching
-from kgpt.tasks import transforms
+from kgpt import checks
+from kgpt.data import batching, inputs_kind
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
-
+from kgpt.tasks import transforms
 
 MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text
 
@@ -95,8 +94,7 @@ class GPTTaskPreprocessor(Preprocessor):
         # `max_length`, the earlier name, stays accepted: presets saved before hold it in preprocessor.json.
         length = packed_length(sequence_length, max_length)
         length = 512 if length is None else length
-        if isinstance(length, bool) or not isinstance(length, int) or length < MIN_MAX_LENGTH:
-            raise ValueError(f"sequence_length must be an integer >= {MIN_MAX_LENGTH}, got {length!r}.")
+        length = checks.positive_int(length, "sequence_length", minimum=MIN_MAX_LENGTH)
         if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
                                     or not columns):
             raise ValueError(f"columns must be a list of column names, got {columns!r:.100}.")

@@ -8,8 +8,7 @@ backbone named, registered as "kgpt>GPTTokenizer" (the name presets hold).
 
 import keras
 
-from kgpt.errors import ConfigError
-from kgpt.io.presets import CheckpointError
+from kgpt.errors import CheckpointError, ConfigError
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.tokenizers.gpt1.tokenizer import GPT1Tokenizer
 from kgpt.tokenizers.loading import load_tokenizer

@@ -38,8 +38,9 @@ from absl import app, flags
 
 from kgpt._children import ends_with_this_process
 
-flags.DEFINE_string("finetune_args", "", "Arguments for benchmarks/finetune.py (its --feeds default here: "
-                    "planned,padded_to_longest).")
+flags.DEFINE_string(
+    "finetune_args", "", "Arguments for benchmarks/finetune.py (its --feeds default here: planned,padded_to_longest)."
+)
 flags.DEFINE_string("pretrain_args", "", "Arguments for benchmarks/model.py's workers (its shape flags, --steps).")
 flags.DEFINE_list("parts", ["finetune", "pretrain"], "What to measure: finetune, pretrain or both.")
 flags.DEFINE_list("backends", ["jax", "tensorflow"], "The backends, the first one first in the first round.")
@@ -53,8 +54,13 @@ TARGETS = {"finetune_epoch": 1.25, "pretrain": 0.9, "real_share": 0.85, "compile
 def measure(script, args, backend):
     """Runs `benchmarks/SCRIPT ARGS` under `backend`; returns its last stdout line (JSON) or the JSON file it wrote."""
     env = {**os.environ, "KERAS_BACKEND": backend, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run([sys.executable, os.path.join(HERE, script), *args], capture_output=True, text=True,
-                            env=env, preexec_fn=ends_with_this_process())
+    result = subprocess.run(
+        [sys.executable, os.path.join(HERE, script), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=ends_with_this_process(),
+    )
     if result.returncode:
         raise RuntimeError(f"{script} {shlex.join(args)} failed on {backend}:\n{result.stderr[-4000:]}")
     return result.stdout
@@ -94,9 +100,12 @@ def run_round(order, figures):
                 found.setdefault(f"lengths:{feed}", []).append(len(row["lengths"]))
         if "pretrain" in FLAGS.parts:
             for model in ("kgpt", "keras_hub_gpt2"):
-                found.setdefault(f"train_tokens_per_s:{model}", []).append(pretrain(backend, model)["train_tokens_per_s"])
-        print(f"round done on {backend}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in sorted(found.items())),
-              flush=True)
+                found.setdefault(f"train_tokens_per_s:{model}", []).append(
+                    pretrain(backend, model)["train_tokens_per_s"]
+                )
+        print(
+            f"round done on {backend}: " + ", ".join(f"{k} {v[-1]:.4g}" for k, v in sorted(found.items())), flush=True
+        )
 
 
 def main(argv):
@@ -109,23 +118,30 @@ def main(argv):
         run_round(order, figures)
     median = {b: {k: statistics.median(v) for k, v in found.items()} for b, found in figures.items()}
     jax, tf = median.get("jax", {}), median.get("tensorflow", {})
-    rows = [("fine-tuning epoch, planned lengths (s)", "epoch_s:planned"),
-            ("fine-tuning epoch, padded to the longest (s)", "epoch_s:padded_to_longest"),
-            ("planned: padded lengths", "lengths:planned"),
-            ("planned: real tokens", "real_share:planned"),
-            ("planned warm-up: compiling (s)", "warmup_compile_s:planned"),
-            ("planned: compiling, share of the estimated run", "compile_share:planned"),
-            ("pre-training tokens/s, kgpt", "train_tokens_per_s:kgpt"),
-            ("pre-training tokens/s, keras-hub GPT-2", "train_tokens_per_s:keras_hub_gpt2")]
-    print(f"\nmedians of {FLAGS.rounds} round(s); finetune.py {FLAGS.finetune_args or '(defaults)'}; model.py "
-          f"{FLAGS.pretrain_args or '(defaults)'}\n")
+    rows = [
+        ("fine-tuning epoch, planned lengths (s)", "epoch_s:planned"),
+        ("fine-tuning epoch, padded to the longest (s)", "epoch_s:padded_to_longest"),
+        ("planned: padded lengths", "lengths:planned"),
+        ("planned: real tokens", "real_share:planned"),
+        ("planned warm-up: compiling (s)", "warmup_compile_s:planned"),
+        ("planned: compiling, share of the estimated run", "compile_share:planned"),
+        ("pre-training tokens/s, kgpt", "train_tokens_per_s:kgpt"),
+        ("pre-training tokens/s, keras-hub GPT-2", "train_tokens_per_s:keras_hub_gpt2"),
+    ]
+    print(
+        f"\nmedians of {FLAGS.rounds} round(s); finetune.py {FLAGS.finetune_args or '(defaults)'}; model.py "
+        f"{FLAGS.pretrain_args or '(defaults)'}\n"
+    )
     print("| figure | JAX | TensorFlow | JAX / TF |")
     print("|---|---|---|---|")
     for name, key in rows:
         if key in jax or key in tf:
             a, b = jax.get(key), tf.get(key)
             ratio = f"{a / b:.2f}" if a is not None and b else "-"
-            show = (lambda v: "-" if v is None else f"{v:.1%}" if "share" in key else f"{v:,.4g}")
+
+            def show(v):
+                return "-" if v is None else f"{v:.1%}" if "share" in key else f"{v:,.4g}"  # noqa: B023 - called at once, in this iteration
+
             print(f"| {name} | {show(a)} | {show(b)} | {ratio} |")
     for backend, found in median.items():
         if "train_tokens_per_s:kgpt" in found:
@@ -135,21 +151,29 @@ def main(argv):
     verdict = lambda ok: "met" if ok else "MISSED"  # noqa: E731
     if "epoch_s:planned" in jax and "epoch_s:planned" in tf:
         ratio = jax["epoch_s:planned"] / tf["epoch_s:planned"]
-        print(f"target JAX fine-tuning epoch <= {TARGETS['finetune_epoch']}x TensorFlow's: {ratio:.2f}x "
-              f"({verdict(ratio <= TARGETS['finetune_epoch'])})")
+        print(
+            f"target JAX fine-tuning epoch <= {TARGETS['finetune_epoch']}x TensorFlow's: {ratio:.2f}x "
+            f"({verdict(ratio <= TARGETS['finetune_epoch'])})"
+        )
     if "real_share:planned" in jax:
         real, share = jax["real_share:planned"], jax["compile_share:planned"]
-        print(f"target JAX >= {TARGETS['real_share']:.0%} real tokens with <= {TARGETS['compile_share']:.0%} "
-              f"compiling: {real:.1%} real, {share:.0%} compiling "
-              f"({verdict(real >= TARGETS['real_share'] and share <= TARGETS['compile_share'])})")
+        print(
+            f"target JAX >= {TARGETS['real_share']:.0%} real tokens with <= {TARGETS['compile_share']:.0%} "
+            f"compiling: {real:.1%} real, {share:.0%} compiling "
+            f"({verdict(real >= TARGETS['real_share'] and share <= TARGETS['compile_share'])})"
+        )
     if "train_tokens_per_s:kgpt" in jax and "train_tokens_per_s:kgpt" in tf:
         ratio = jax["train_tokens_per_s:kgpt"] / tf["train_tokens_per_s:kgpt"]
-        print(f"target JAX pre-training >= {TARGETS['pretrain']}x TensorFlow's: {ratio:.2f}x "
-              f"({verdict(ratio >= TARGETS['pretrain'])})")
+        print(
+            f"target JAX pre-training >= {TARGETS['pretrain']}x TensorFlow's: {ratio:.2f}x "
+            f"({verdict(ratio >= TARGETS['pretrain'])})"
+        )
     if "train_tokens_per_s:kgpt" in tf:
         ratio = tf["train_tokens_per_s:kgpt"] / tf["train_tokens_per_s:keras_hub_gpt2"]
-        print(f"target TensorFlow kgpt >= {TARGETS['keras_hub']}x keras-hub: {ratio:.2f}x "
-              f"({verdict(ratio >= TARGETS['keras_hub'])})")
+        print(
+            f"target TensorFlow kgpt >= {TARGETS['keras_hub']}x keras-hub: {ratio:.2f}x "
+            f"({verdict(ratio >= TARGETS['keras_hub'])})"
+        )
 
 
 if __name__ == "__main__":

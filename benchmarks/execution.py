@@ -53,12 +53,12 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import finetune  # the split's and the model's flags, and their builders (the script's folder is on sys.path)
 import keras
 import numpy as np
 import tensorflow as tf
 from absl import app, flags, logging
 
-import finetune  # the split's and the model's flags, and their builders (the script's folder is on sys.path)
 import kgpt
 from kgpt.data import batching
 from kgpt.jobs import run
@@ -66,8 +66,11 @@ from kgpt.train import callbacks as kgpt_callbacks
 
 flags.DEFINE_enum("workload", "finetune", ["finetune", "pretrain"], "What an epoch trains (see the docstring).")
 flags.DEFINE_list("steps_per_execution", ["1", "4", "16"], "Keras' steps_per_execution values to compare.")
-flags.DEFINE_list("jit_compile", ["default"], "Keras' jit_compile values: default (Keras' 'auto': XLA on JAX, on "
-                  "TensorFlow only with a GPU), true, false.")
+flags.DEFINE_list(
+    "jit_compile",
+    ["default"],
+    "Keras' jit_compile values: default (Keras' 'auto': XLA on JAX, on TensorFlow only with a GPU), true, false.",
+)
 CALLBACK_SETS = ("none", "kgpt", "sync", "tensorboard", "keras_tensorboard")
 flags.DEFINE_list("callbacks", ["none"], f"Callback sets to compare: {', '.join(CALLBACK_SETS)} (see the docstring).")
 flags.DEFINE_integer("rounds", 3, "Timed epochs per variant, the variants taking turns.")
@@ -129,12 +132,20 @@ def build(steps_per_execution, jit_compile):
         model.compile(steps_per_execution=steps_per_execution, jit_compile=jit_compile)
         return model
     keras.utils.set_random_seed(FLAGS.seed)
-    backbone = kgpt.GPTBackbone(vocabulary_size=FLAGS.vocabulary_size, num_layers=FLAGS.num_layers,
-                                num_heads=FLAGS.num_heads, hidden_dim=FLAGS.hidden_dim,
-                                intermediate_dim=FLAGS.intermediate_dim, max_sequence_length=FLAGS.sequence_length)
+    backbone = kgpt.GPTBackbone(
+        vocabulary_size=FLAGS.vocabulary_size,
+        num_layers=FLAGS.num_layers,
+        num_heads=FLAGS.num_heads,
+        hidden_dim=FLAGS.hidden_dim,
+        intermediate_dim=FLAGS.intermediate_dim,
+        max_sequence_length=FLAGS.sequence_length,
+    )
     model = kgpt.GPTCausalLM(backbone)
-    model.compile(optimizer=kgpt.gpt_adamw(warmup_steps=10, total_steps=10_000),
-                  steps_per_execution=steps_per_execution, jit_compile=jit_compile)
+    model.compile(
+        optimizer=kgpt.gpt_adamw(warmup_steps=10, total_steps=10_000),
+        steps_per_execution=steps_per_execution,
+        jit_compile=jit_compile,
+    )
     return model
 
 
@@ -151,8 +162,9 @@ class Variant:
             atexit.register(shutil.rmtree, self.log_dir, ignore_errors=True)
         self.timer = EpochTimer()
         warmup = EpochTimer()
-        self.model.fit(data, epochs=1, steps_per_epoch=steps, callbacks=[*self.callbacks(), warmup], verbose=0,
-                       shuffle=False)
+        self.model.fit(
+            data, epochs=1, steps_per_epoch=steps, callbacks=[*self.callbacks(), warmup], verbose=0, shuffle=False
+        )
         self.warmup = warmup.seconds[0]
         self.jit = self.model.jit_compile
 
@@ -161,17 +173,27 @@ class Variant:
         if self.callback_set == "none":
             return []
         total = self.steps * (FLAGS.rounds + 1)
-        kgpt_set = [kgpt_callbacks.StopOnNonFiniteLoss(),
-                    kgpt_callbacks.Progress(None, {}, self.steps),
-                    kgpt_callbacks.ProgressLog(FLAGS.log_every, total)]
+        kgpt_set = [
+            kgpt_callbacks.StopOnNonFiniteLoss(),
+            kgpt_callbacks.Progress(None, {}, self.steps),
+            kgpt_callbacks.ProgressLog(FLAGS.log_every, total),
+        ]
         if self.callback_set in ("tensorboard", "keras_tensorboard"):
-            board = kgpt_callbacks.EpochTensorBoard if self.callback_set == "tensorboard" else keras.callbacks.TensorBoard
+            board = (
+                kgpt_callbacks.EpochTensorBoard if self.callback_set == "tensorboard" else keras.callbacks.TensorBoard
+            )
             return kgpt_set + [board(self.log_dir)]
         return kgpt_set + ([Synced()] if self.callback_set == "sync" else [])
 
     def epoch(self):
-        self.model.fit(self.data, epochs=1, steps_per_epoch=self.steps, callbacks=[*self.callbacks(), self.timer],
-                       verbose=0, shuffle=False)
+        self.model.fit(
+            self.data,
+            epochs=1,
+            steps_per_epoch=self.steps,
+            callbacks=[*self.callbacks(), self.timer],
+            verbose=0,
+            shuffle=False,
+        )
 
 
 def main(argv):
@@ -188,13 +210,25 @@ def measure():
     for name in FLAGS.callbacks:
         if name not in CALLBACK_SETS:
             raise app.UsageError(f"--callbacks takes {', '.join(CALLBACK_SETS)}, got {name!r}.")
-    config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
-                                                         "vocabulary_size", "sequence_length", "batch_size"))
+    config = ", ".join(
+        f"{f}={FLAGS[f].value}"
+        for f in (
+            "num_layers",
+            "hidden_dim",
+            "num_heads",
+            "intermediate_dim",
+            "vocabulary_size",
+            "sequence_length",
+            "batch_size",
+        )
+    )
     print(f"backend={keras.config.backend()} keras={keras.__version__} {config}")
     data, steps, units = finetune_data() if FLAGS.workload == "finetune" else pretrain_data()
     unit = "examples/s" if FLAGS.workload == "finetune" else "tokens/s"
-    variants = [Variant(s, j, c, data, steps)
-                for s, j, c in itertools.product(FLAGS.steps_per_execution, FLAGS.jit_compile, FLAGS.callbacks)]
+    variants = [
+        Variant(s, j, c, data, steps)
+        for s, j, c in itertools.product(FLAGS.steps_per_execution, FLAGS.jit_compile, FLAGS.callbacks)
+    ]
     for _ in range(FLAGS.rounds):  # taking turns: A, B, C, A, B, C, ...
         for variant in variants:
             variant.epoch()
@@ -206,11 +240,14 @@ def measure():
         median = float(np.median(v.timer.seconds))
         # Each round's epoch over the first variant's in the same round (minutes apart at most), then the median.
         paired = float(np.median(np.asarray(v.timer.seconds) / np.asarray(variants[0].timer.seconds)))
-        print(f"| {v.name} | {v.jit} | {v.warmup:.1f} | {median:.2f} | {units / median:,.0f} | {median / first:.2f} "
-              f"| {paired:.2f} |")
+        print(
+            f"| {v.name} | {v.jit} | {v.warmup:.1f} | {median:.2f} | {units / median:,.0f} | {median / first:.2f} "
+            f"| {paired:.2f} |"
+        )
     print()
-    print("epoch seconds: " + "; ".join(f"{v.name}: " + ", ".join(f"{t:.2f}" for t in v.timer.seconds)
-                                        for v in variants))
+    print(
+        "epoch seconds: " + "; ".join(f"{v.name}: " + ", ".join(f"{t:.2f}" for t in v.timer.seconds) for v in variants)
+    )
     print(f"whole run: {time.perf_counter() - began:.0f} s")
 
 

@@ -63,14 +63,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import keras
 import numpy as np
+import step_curve  # --step_curve (the script's folder is on sys.path)
 from absl import app, flags, logging
 
 import kgpt
 from kgpt.data import batching
 from kgpt.jobs import run
 from kgpt.models import compile_cost
-
-import step_curve  # --step_curve (the script's folder is on sys.path)
 
 flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split (with --tsv: its first pairs, at most).")
 flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")
@@ -86,25 +85,50 @@ flags.DEFINE_integer("vocabulary_size", 1024, "Vocabulary, the 3 special tokens 
 flags.DEFINE_integer("sequence_length", 256, "Context of the model; also the split's view limit.")
 flags.DEFINE_integer("batch_size", 32, "Examples per batch.")
 flags.DEFINE_integer("epochs", 1, "Timed epochs per feed (after an untimed warm-up); the median is reported.")
-flags.DEFINE_string("tsv", None, "Real lengths instead: a GLUE sentence-pair TSV (header; sentence1 and sentence2 "
-                    "columns, e.g. RTE's train.tsv), each pair encoded with the GPT-1 BPE as "
-                    "[start] s1 [delim] s2 [extract]; the ids stay random, only the lengths are the file's.")
+flags.DEFINE_string(
+    "tsv",
+    None,
+    "Real lengths instead: a GLUE sentence-pair TSV (header; sentence1 and sentence2 "
+    "columns, e.g. RTE's train.tsv), each pair encoded with the GPT-1 BPE as "
+    "[start] s1 [delim] s2 [extract]; the ids stay random, only the lengths are the file's.",
+)
 flags.DEFINE_integer("plan_epochs", 3, "The planned feed's plan serves this many epochs (fine-tuning's default).")
-flags.DEFINE_list("feeds", ["bucketed", "padded_to_longest", "all_max_length"],
-                  "Feeds to time; ratios are to all_max_length when it is among them.")
+flags.DEFINE_list(
+    "feeds",
+    ["bucketed", "padded_to_longest", "all_max_length"],
+    "Feeds to time; ratios are to all_max_length when it is among them.",
+)
 flags.DEFINE_integer("seed", 0, "Seed of the data, the model and the batch order.")
-flags.DEFINE_string("compilation_cache", "none", "JAX: a folder for the persistent compilation cache, as kgpt-train's "
-                    "--compilation_cache (run twice to see a second run's warm-up); 'none': every program compiled.")
-flags.DEFINE_float("compile_share", batching.COMPILE_SHARE, "The share of a run the planned feeds' compilations may "
-                   "take (kgpt's COMPILE_SHARE); another value shows what the bound costs or saves.")
-flags.DEFINE_list("step_curve", [], "Instead of the feeds: time the train step at these padded lengths, the lengths "
-                  "taking turns for --epochs rounds, and fit a row's time to a*L + b*L^2 (benchmarks/step_curve.py).")
-flags.DEFINE_string("json", None, "Also write the figures of every feed to this JSON file (benchmarks/backends.py "
-                    "reads it).")
+flags.DEFINE_string(
+    "compilation_cache",
+    "none",
+    "JAX: a folder for the persistent compilation cache, as kgpt-train's "
+    "--compilation_cache (run twice to see a second run's warm-up); 'none': every program compiled.",
+)
+flags.DEFINE_float(
+    "compile_share",
+    batching.COMPILE_SHARE,
+    "The share of a run the planned feeds' compilations may "
+    "take (kgpt's COMPILE_SHARE); another value shows what the bound costs or saves.",
+)
+flags.DEFINE_list(
+    "step_curve",
+    [],
+    "Instead of the feeds: time the train step at these padded lengths, the lengths "
+    "taking turns for --epochs rounds, and fit a row's time to a*L + b*L^2 (benchmarks/step_curve.py).",
+)
+flags.DEFINE_string(
+    "json", None, "Also write the figures of every feed to this JSON file (benchmarks/backends.py reads it)."
+)
 FLAGS = flags.FLAGS
 
-FEED_NAMES = {"bucketed": "bucketed", "planned": "planned", "planned_by_positions": "planned by positions",
-              "padded_to_longest": "padded to longest", "all_max_length": "all at max length"}
+FEED_NAMES = {
+    "bucketed": "bucketed",
+    "planned": "planned",
+    "planned_by_positions": "planned by positions",
+    "padded_to_longest": "padded to longest",
+    "all_max_length": "all at max length",
+}
 PLANNED = ("planned", "planned_by_positions")
 REAL_SHARE_TARGET = 0.90  # the issue: >= 90% of computed positions are real tokens
 TIME_RATIO_TARGET = 0.35  # the issue: a bucketed epoch takes at most 0.35x the all-at-max-length epoch
@@ -127,7 +151,7 @@ def tsv_lengths(path):
     tokenizer = kgpt.GPTTokenizer.gpt1()
     with open(path, encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    rows = rows[:FLAGS.num_examples]
+    rows = rows[: FLAGS.num_examples]
     lengths = [len(tokenizer.encode(r["sentence1"])) + len(tokenizer.encode(r["sentence2"])) + 3 for r in rows]
     return np.minimum(np.asarray(lengths, "int64"), FLAGS.sequence_length)
 
@@ -136,10 +160,17 @@ def plan_budget(split, compile_batches=batching.COMPILE_BATCHES, attention_lengt
     """The planned feed's padded lengths and their budget: kgpt-train's compile-aware plan for `plan_epochs` epochs,
     each compilation worth `compile_batches` steps, a row's cost growing with `attention_length`."""
     jit = keras.config.backend() == "jax"  # what Keras compiles with here (TensorFlow: jit_compile False on a CPU)
-    budget = batching.max_lengths_of(jit, split, FLAGS.batch_size, FLAGS.plan_epochs, compile_batches,
-                                     attention_length)
-    return batching.length_plan(split.lengths, FLAGS.batch_size, FLAGS.seed, split.limit, budget, compile_batches,
-                                FLAGS.plan_epochs, attention_length), budget
+    budget = batching.max_lengths_of(jit, split, FLAGS.batch_size, FLAGS.plan_epochs, compile_batches, attention_length)
+    return batching.length_plan(
+        split.lengths,
+        FLAGS.batch_size,
+        FLAGS.seed,
+        split.limit,
+        budget,
+        compile_batches,
+        FLAGS.plan_epochs,
+        attention_length,
+    ), budget
 
 
 def synthetic_split(lengths, vocabulary_size, limit, rng, name="train"):
@@ -197,8 +228,11 @@ def warmup_dataset(feed, data, fed, orders, padded):
 
     def generate():
         for (_, length), indices in sorted(batches.items()):
-            yield fed.batch(indices, length=length) if feed in ("bucketed", *PLANNED) else \
-                padded_batch(fed, indices, length)
+            yield (
+                fed.batch(indices, length=length)
+                if feed in ("bucketed", *PLANNED)
+                else padded_batch(fed, indices, length)
+            )
 
     warmup = tf.data.Dataset.from_generator(generate, output_signature=data.element_spec)
     return warmup.apply(tf.data.experimental.assert_cardinality(len(batches))), len(batches)
@@ -218,15 +252,21 @@ def build_model(dropout=0.1, attention_dropout=None):
         dropout=dropout,
         attention_dropout=attention_dropout,
     )
-    return kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),  # compile() defaults
-                             classifier_dropout=dropout)
+    return kgpt.GPTTaskModel(
+        backbone,
+        head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),  # compile() defaults
+        classifier_dropout=dropout,
+    )
 
 
 class CompileLog:
     """JAX: counts the XLA compilations (and seconds spent tracing, lowering, compiling) as they happen."""
 
-    EVENTS = ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/jaxpr_to_mlir_module_duration",
-              "/jax/core/compile/backend_compile_duration")
+    EVENTS = (
+        "/jax/core/compile/jaxpr_trace_duration",
+        "/jax/core/compile/jaxpr_to_mlir_module_duration",
+        "/jax/core/compile/backend_compile_duration",
+    )
 
     def __init__(self):
         self.compiles, self.seconds = 0, 0.0
@@ -254,8 +294,9 @@ class EpochTimer(keras.callbacks.Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         start, compiles, seconds = self.start
-        self.epochs.append((time.perf_counter() - start, self.compile_log.compiles - compiles,
-                            self.compile_log.seconds - seconds))
+        self.epochs.append(
+            (time.perf_counter() - start, self.compile_log.compiles - compiles, self.compile_log.seconds - seconds)
+        )
 
 
 def tf_traces(model):
@@ -282,14 +323,20 @@ class Feed:
             seconds, compiles = compile_log.seconds, compile_log.compiles
             self.measured = compile_cost.measure_longest(self.model, split, FLAGS.batch_size)
             if self.measured is not None:
-                self.compile_batches = batching.compile_batches(*self.measured, split, FLAGS.batch_size,
-                                                                self.attention_length)
+                self.compile_batches = batching.compile_batches(
+                    *self.measured, split, FLAGS.batch_size, self.attention_length
+                )
             # The longest length's compilation, made by the measurement and counted with the warm-up's.
             self.measure_compiles = (compile_log.compiles - compiles, compile_log.seconds - seconds)
-            self.data = batching.dataset(split, FLAGS.batch_size, seed=FLAGS.seed, epochs=FLAGS.plan_epochs,
-                                         max_lengths=plan_budget(split, self.compile_batches,
-                                                                 self.attention_length)[1],
-                                         compile_batches=self.compile_batches, attention_length=self.attention_length)
+            self.data = batching.dataset(
+                split,
+                FLAGS.batch_size,
+                seed=FLAGS.seed,
+                epochs=FLAGS.plan_epochs,
+                max_lengths=plan_budget(split, self.compile_batches, self.attention_length)[1],
+                compile_batches=self.compile_batches,
+                attention_length=self.attention_length,
+            )
         elif name == "padded_to_longest":
             self.data = padded_dataset(split, FLAGS.batch_size, FLAGS.seed)
         elif name == "all_max_length":
@@ -297,8 +344,9 @@ class Feed:
         else:
             raise ValueError(f"Unknown feed {name!r}.")
         self.name, self.compile_log = name, compile_log
-        self.fed, self.orders, self.padded = feed_batches(name, split, all_max, FLAGS.epochs, self.compile_batches,
-                                                          self.attention_length)
+        self.fed, self.orders, self.padded = feed_batches(
+            name, split, all_max, FLAGS.epochs, self.compile_batches, self.attention_length
+        )
         warmup, self.num_shapes = warmup_dataset(name, self.data, self.fed, self.orders, self.padded)
         self.warmup = EpochTimer(compile_log)
         self.model.fit(warmup, epochs=1, callbacks=[self.warmup], verbose=0)
@@ -314,8 +362,9 @@ class Feed:
         fed, orders, padded = self.fed, self.orders, self.padded
         computed = [sum(len(b) * fed.num_views * p for b, p in zip(o, ps)) for o, ps in zip(orders, padded)]
         plan = plan_budget(fed, self.compile_batches, self.attention_length)[0] if self.name in PLANNED else None
-        shares = [fed.real_share(o, plan) for o in orders] if self.name in ("bucketed", *PLANNED) else \
-            [fed.padded_share()]
+        shares = (
+            [fed.real_share(o, plan) for o in orders] if self.name in ("bucketed", *PLANNED) else [fed.padded_share()]
+        )
         view_lengths = fed.view_lengths
         longest = [sum(len(b) * fed.num_views * int(view_lengths[b].max()) for b in o) for o in orders]
         return {
@@ -342,7 +391,6 @@ class Feed:
             "jit_compile": self.model.jit_compile,
         }
 
-
     def estimate(self):
         """A planned feed's `plan_epochs` run as its plan estimated it: its compilations and its epochs' steps, each
         step the measured one at the longest length scaled by `row_cost` (in seconds; None if not measured)."""
@@ -350,8 +398,12 @@ class Feed:
             return None
         compile_seconds, step_seconds, rows, longest = self.measured
         unit = step_seconds / (rows * self.fed.num_views * batching.row_cost(longest, self.attention_length))
-        work = np.median([sum(len(b) * self.fed.num_views * batching.row_cost(p, self.attention_length)
-                              for b, p in zip(o, ps)) for o, ps in zip(self.orders, self.padded)])
+        work = np.median(
+            [
+                sum(len(b) * self.fed.num_views * batching.row_cost(p, self.attention_length) for b, p in zip(o, ps))
+                for o, ps in zip(self.orders, self.padded)
+            ]
+        )
         lengths = len({p for ps in self.padded for p in ps})
         return lengths * compile_seconds + FLAGS.plan_epochs * unit * float(work)
 
@@ -361,9 +413,13 @@ def main(argv):
     with run.compilation_cache(FLAGS.compilation_cache):
         if FLAGS.step_curve:
             rng = np.random.default_rng(FLAGS.seed)
-            step_curve.measure(build_model(), lambda lengths: synthetic_split(lengths, FLAGS.vocabulary_size,
-                                                                              FLAGS.sequence_length, rng),
-                               [int(n) for n in FLAGS.step_curve], FLAGS.batch_size, max(FLAGS.epochs, 1))
+            step_curve.measure(
+                build_model(),
+                lambda lengths: synthetic_split(lengths, FLAGS.vocabulary_size, FLAGS.sequence_length, rng),
+                [int(n) for n in FLAGS.step_curve],
+                FLAGS.batch_size,
+                max(FLAGS.epochs, 1),
+            )
         else:
             measure()
 
@@ -383,19 +439,36 @@ def measure():
     all_max = synthetic_split(np.full_like(lengths, lengths.max()), FLAGS.vocabulary_size, limit, rng, "all_max")
     compile_log = CompileLog()
 
-    config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
-                                                         "vocabulary_size", "sequence_length", "batch_size"))
+    config = ", ".join(
+        f"{f}={FLAGS[f].value}"
+        for f in (
+            "num_layers",
+            "hidden_dim",
+            "num_heads",
+            "intermediate_dim",
+            "vocabulary_size",
+            "sequence_length",
+            "batch_size",
+        )
+    )
     print(f"backend={keras.config.backend()} keras={keras.__version__} {config}")
     source = f"lengths of {FLAGS.tsv} under the GPT-1 BPE" if FLAGS.tsv else "synthetic lengths"
-    print(f"split ({source}): {len(split):,} one-view examples, {int(lengths.sum()):,} real tokens; view length mean "
-          f"{lengths.mean():.1f}, median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, max "
-          f"{lengths.max()} " + (f"({int((lengths >= limit).sum())} at or cut to --sequence_length {limit})"
-                                 if FLAGS.tsv else
-                                 f"(log-normal, sigma {FLAGS.length_sigma}, clipped to [{FLAGS.min_length}, "
-                                 f"{FLAGS.max_length}]{', longest pinned' if FLAGS.pin_longest else ''}; seed "
-                                 f"{FLAGS.seed})"))
-    print(f"timing: per feed a fresh model and an untimed warm-up fit over one batch of each of its shapes (every "
-          f"trace/compile); then {FLAGS.epochs} timed epoch(s) per feed, feeds interleaved; the median")
+    print(
+        f"split ({source}): {len(split):,} one-view examples, {int(lengths.sum()):,} real tokens; view length mean "
+        f"{lengths.mean():.1f}, median {np.median(lengths):.0f}, p99 {np.percentile(lengths, 99):.0f}, max "
+        f"{lengths.max()} "
+        + (
+            f"({int((lengths >= limit).sum())} at or cut to --sequence_length {limit})"
+            if FLAGS.tsv
+            else f"(log-normal, sigma {FLAGS.length_sigma}, clipped to [{FLAGS.min_length}, "
+            f"{FLAGS.max_length}]{', longest pinned' if FLAGS.pin_longest else ''}; seed "
+            f"{FLAGS.seed})"
+        )
+    )
+    print(
+        f"timing: per feed a fresh model and an untimed warm-up fit over one batch of each of its shapes (every "
+        f"trace/compile); then {FLAGS.epochs} timed epoch(s) per feed, feeds interleaved; the median"
+    )
 
     feeds = [Feed(name, split, all_max, compile_log) for name in FLAGS.feeds]
     for _ in range(FLAGS.epochs):  # feeds interleaved, so a change in the machine's load hits them alike
@@ -404,13 +477,17 @@ def measure():
     rows = [feed.summary() for feed in feeds]
     if FLAGS.json:
         with open(FLAGS.json, "w") as f:
-            json.dump({"backend": keras.config.backend(), "plan_epochs": FLAGS.plan_epochs, "feeds": rows}, f,
-                      default=lambda value: value.item())  # NumPy scalars
+            json.dump(
+                {"backend": keras.config.backend(), "plan_epochs": FLAGS.plan_epochs, "feeds": rows},
+                f,
+                default=lambda value: value.item(),
+            )  # NumPy scalars
     print(f"jit_compile={rows[0]['jit_compile']}")
     reference = next((r for r in rows if r["feed"] == "all_max_length"), None)
     print()
-    print("| feed | padded lengths | shapes | real tokens | epoch s | real tok/s | positions/s | x all-max "
-          "| warm-up s |")
+    print(
+        "| feed | padded lengths | shapes | real tokens | epoch s | real tok/s | positions/s | x all-max | warm-up s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ratio = f"{r['seconds'] / reference['seconds']:.2f}" if reference else "-"
@@ -421,22 +498,34 @@ def measure():
             warmup += f" ({r['warmup_compiles']} compiles, {r['warmup_compile_seconds']:.0f} s)"
         elif r["warmup_traces"] is not None:
             warmup += f" ({r['warmup_traces']} trace{'s' * (r['warmup_traces'] != 1)})"
-        print(f"| {FEED_NAMES[r['feed']]} | {lengths} | {r['shapes']} | {r['real_share']:.1%} | {r['seconds']:.2f} | "
-              f"{r['real_tokens_per_s']:,.0f} | {r['positions_per_s']:,.0f} | {ratio} | {warmup} |")
+        print(
+            f"| {FEED_NAMES[r['feed']]} | {lengths} | {r['shapes']} | {r['real_share']:.1%} | {r['seconds']:.2f} | "
+            f"{r['real_tokens_per_s']:,.0f} | {r['positions_per_s']:,.0f} | {ratio} | {warmup} |"
+        )
     print()
     if FLAGS.epochs > 1:
         epochs = (f"{FEED_NAMES[r['feed']]} " + ", ".join(f"{t:.2f}" for t in r["epoch_seconds"]) for r in rows)
         print("epoch seconds: " + "; ".join(epochs))
     bucketed = next((r for r in rows if r["feed"] == "bucketed"), None)
     if bucketed:
-        print(f"bucketed feed: {len(bucketed['lengths'])} distinct padded lengths {bucketed['lengths']} "
-              f"({bucketed['shapes']} batch shapes) over {FLAGS.epochs} epoch(s)"
-              + (f"; {bucketed['timed_compiles']} XLA compiles in timed epochs" if keras.config.backend() == "jax"
-                 else "")
-              + (f"; {bucketed['traces'] - bucketed['warmup_traces']} retraces in timed epochs"
-                 if bucketed["traces"] is not None and bucketed["warmup_traces"] is not None else ""))
-        print(f"bucketed positions: {bucketed['real_share']:.2%} real tokens, {bucketed['batch_padding']:.2%} padding "
-              f"to each batch's longest view, {bucketed['bucket_padding']:.2%} rounding that up to a bucket length")
+        print(
+            f"bucketed feed: {len(bucketed['lengths'])} distinct padded lengths {bucketed['lengths']} "
+            f"({bucketed['shapes']} batch shapes) over {FLAGS.epochs} epoch(s)"
+            + (
+                f"; {bucketed['timed_compiles']} XLA compiles in timed epochs"
+                if keras.config.backend() == "jax"
+                else ""
+            )
+            + (
+                f"; {bucketed['traces'] - bucketed['warmup_traces']} retraces in timed epochs"
+                if bucketed["traces"] is not None and bucketed["warmup_traces"] is not None
+                else ""
+            )
+        )
+        print(
+            f"bucketed positions: {bucketed['real_share']:.2%} real tokens, {bucketed['batch_padding']:.2%} padding "
+            f"to each batch's longest view, {bucketed['bucket_padding']:.2%} rounding that up to a bucket length"
+        )
         verdict = "met" if bucketed["real_share"] >= REAL_SHARE_TARGET else "MISSED"
         print(f"target real tokens >= {REAL_SHARE_TARGET:.0%}: {bucketed['real_share']:.2%} ({verdict})")
         if reference:
@@ -449,18 +538,22 @@ def measure():
         jit = keras.config.backend() == "jax"
         attention = planned["attention_length"]
         estimated = planned["estimated_seconds"]
-        print(f"{FEED_NAMES[planned['feed']]} feed (kgpt-train's plan for {FLAGS.plan_epochs} epochs, jit={jit}, a "
-              f"row costing " + (f"L x (1 + L / {attention:.0f})" if attention else "its positions") + "): "
-              f"a compilation measured at {planned['compile_batches']} steps; "
-              f"{len(planned['lengths'])} padded lengths {planned['lengths']}, {planned['real_share']:.2%} real "
-              f"tokens; compiling {compiling:.0f} s of a {whole:.0f} s run (warm-up compiling + {FLAGS.plan_epochs} x "
-              f"the epoch; {compiling / max(whole, 1e-9):.0%}; targets >= 85% real, <= 25% compiling; planned with "
-              f"compiling <= {FLAGS.compile_share:.0%})"
-              + (f"; the plan estimated {estimated:.0f} s" if estimated is not None else "")
-              + (f"; {planned['timed_compiles']} XLA compiles in timed epochs" if jit else ""))
+        print(
+            f"{FEED_NAMES[planned['feed']]} feed (kgpt-train's plan for {FLAGS.plan_epochs} epochs, jit={jit}, a "
+            f"row costing " + (f"L x (1 + L / {attention:.0f})" if attention else "its positions") + "): "
+            f"a compilation measured at {planned['compile_batches']} steps; "
+            f"{len(planned['lengths'])} padded lengths {planned['lengths']}, {planned['real_share']:.2%} real "
+            f"tokens; compiling {compiling:.0f} s of a {whole:.0f} s run (warm-up compiling + {FLAGS.plan_epochs} x "
+            f"the epoch; {compiling / max(whole, 1e-9):.0%}; targets >= 85% real, <= 25% compiling; planned with "
+            f"compiling <= {FLAGS.compile_share:.0%})"
+            + (f"; the plan estimated {estimated:.0f} s" if estimated is not None else "")
+            + (f"; {planned['timed_compiles']} XLA compiles in timed epochs" if jit else "")
+        )
         if reference:
-            print(f"{FEED_NAMES[planned['feed']]} epoch / all-at-max-length epoch: "
-                  f"{planned['seconds'] / reference['seconds']:.2f}x")
+            print(
+                f"{FEED_NAMES[planned['feed']]} epoch / all-at-max-length epoch: "
+                f"{planned['seconds'] / reference['seconds']:.2f}x"
+            )
     print(f"whole run: {time.perf_counter() - began:.0f} s")
 
 

@@ -69,14 +69,22 @@ def export(directory, size, scale, seed):
     length = backbone.max_sequence_length
     ids = rng.integers(0, backbone.vocabulary_size, (2, length)).astype("int32")
     mask = np.ones_like(ids)
-    mask[1, length // 3:] = 0  # right padding: kgpt's padding_mask is Hugging Face's attention_mask
+    mask[1, length // 3 :] = 0  # right padding: kgpt's padding_mask is Hugging Face's attention_mask
     x = {"token_ids": ids, "padding_mask": mask}
     hidden = keras.ops.convert_to_numpy(backbone(x))
     logits = keras.ops.convert_to_numpy(kgpt.GPTCausalLM(backbone)(x))[:, :32]
-    np.savez(os.path.join(directory, OUTPUTS), ids=ids, mask=mask, hidden=hidden, logits=logits,
-             sentence_ids=np.array(json.dumps([tokenizer.encode(s) for s in SENTENCES])))
-    print(f"wrote {directory}: {backbone.count_params():,} weights, vocabulary {backbone.vocabulary_size:,}, "
-          f"{keras.config.backend()} backend")
+    np.savez(
+        os.path.join(directory, OUTPUTS),
+        ids=ids,
+        mask=mask,
+        hidden=hidden,
+        logits=logits,
+        sentence_ids=np.array(json.dumps([tokenizer.encode(s) for s in SENTENCES])),
+    )
+    print(
+        f"wrote {directory}: {backbone.count_params():,} weights, vocabulary {backbone.vocabulary_size:,}, "
+        f"{keras.config.backend()} backend"
+    )
 
 
 def compare(directory):
@@ -91,13 +99,20 @@ def compare(directory):
     model = OpenAIGPTModel.from_pretrained(directory).eval()
     with torch.no_grad():
         hidden = model(input_ids=ids, attention_mask=mask).last_hidden_state.numpy()
-        logits = OpenAIGPTLMHeadModel.from_pretrained(directory).eval()(
-            input_ids=ids, attention_mask=mask).logits.numpy()[:, :32]
+        logits = (
+            OpenAIGPTLMHeadModel.from_pretrained(directory)
+            .eval()(input_ids=ids, attention_mask=mask)
+            .logits.numpy()[:, :32]
+        )
     print(f"transformers {transformers.__version__}, torch {torch.__version__}, {directory}")
-    print(f"last hidden states {list(hidden.shape)}: max abs diff {np.abs(hidden - saved['hidden'])[real].max():.3g} "
-          f"(values up to {np.abs(saved['hidden']).max():.3g})")
-    print(f"LM logits {list(logits.shape)}: max abs diff {np.abs(logits - saved['logits'])[real[:, :32]].max():.3g} "
-          f"(values up to {np.abs(saved['logits']).max():.3g})")
+    print(
+        f"last hidden states {list(hidden.shape)}: max abs diff {np.abs(hidden - saved['hidden'])[real].max():.3g} "
+        f"(values up to {np.abs(saved['hidden']).max():.3g})"
+    )
+    print(
+        f"LM logits {list(logits.shape)}: max abs diff {np.abs(logits - saved['logits'])[real[:, :32]].max():.3g} "
+        f"(values up to {np.abs(saved['logits']).max():.3g})"
+    )
 
     tokenizer = OpenAIGPTTokenizer.from_pretrained(directory)
     kgpt_ids = json.loads(str(saved["sentence_ids"]))
@@ -105,9 +120,15 @@ def compare(directory):
     for sentence, want in zip(SENTENCES, kgpt_ids):
         got = tokenizer(sentence, add_special_tokens=False)["input_ids"]
         same += got == want
-        print(f"  {'same' if got == want else 'DIFFERENT'}: {sentence!r}" +
-              ("" if got == want else f"\n    kgpt {tokenizer.convert_ids_to_tokens(want)}"
-                                     f"\n    HF   {tokenizer.convert_ids_to_tokens(got)}"))
+        print(
+            f"  {'same' if got == want else 'DIFFERENT'}: {sentence!r}"
+            + (
+                ""
+                if got == want
+                else f"\n    kgpt {tokenizer.convert_ids_to_tokens(want)}"
+                f"\n    HF   {tokenizer.convert_ids_to_tokens(got)}"
+            )
+        )
     print(f"tokenizer: {same}/{len(SENTENCES)} sentences give the same ids; vocabulary {len(tokenizer):,}")
 
 

@@ -119,8 +119,11 @@ def worker_train(directory, in_memory):
     else:
         data = shards
     backbone = kgpt.GPTBackbone(
-        vocabulary_size=kgpt.GPTTokenizer.gpt1().vocabulary_size(), num_layers=FLAGS.num_layers,
-        num_heads=FLAGS.num_heads, hidden_dim=FLAGS.hidden_dim, intermediate_dim=FLAGS.intermediate_dim,
+        vocabulary_size=kgpt.GPTTokenizer.gpt1().vocabulary_size(),
+        num_layers=FLAGS.num_layers,
+        num_heads=FLAGS.num_heads,
+        hidden_dim=FLAGS.hidden_dim,
+        intermediate_dim=FLAGS.intermediate_dim,
         max_sequence_length=FLAGS.sequence_length,
     )
     lm = kgpt.GPTCausalLM(backbone)
@@ -138,10 +141,26 @@ def worker_train(directory, in_memory):
 
 def _run_worker(part, directory):
     command = [sys.executable, os.path.abspath(__file__), f"--worker={part}", f"--directory={directory}"]
-    command += [f"--{name}={FLAGS[name].value}" for name in ("stream_batches", "train_steps", "num_layers",
-                "hidden_dim", "num_heads", "intermediate_dim", "sequence_length", "batch_size")]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
-                            preexec_fn=ends_with_this_process())
+    command += [
+        f"--{name}={FLAGS[name].value}"
+        for name in (
+            "stream_batches",
+            "train_steps",
+            "num_layers",
+            "hidden_dim",
+            "num_heads",
+            "intermediate_dim",
+            "sequence_length",
+            "batch_size",
+        )
+    ]
+    result = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        preexec_fn=ends_with_this_process(),
+    )
     if result.returncode:
         raise RuntimeError(f"worker {part} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -149,9 +168,11 @@ def _run_worker(part, directory):
 
 def main(argv):
     if FLAGS.worker:
-        part = {"stream": lambda: worker_stream(FLAGS.directory),
-                "train_shards": lambda: worker_train(FLAGS.directory, False),
-                "train_memory": lambda: worker_train(FLAGS.directory, True)}[FLAGS.worker]
+        part = {
+            "stream": lambda: worker_stream(FLAGS.directory),
+            "train_shards": lambda: worker_train(FLAGS.directory, False),
+            "train_memory": lambda: worker_train(FLAGS.directory, True),
+        }[FLAGS.worker]
         print(json.dumps(part()))
         return
     if FLAGS.train_steps < 2:
@@ -175,28 +196,36 @@ def main(argv):
         start = time.perf_counter()
         index = build_shards([corpus], tokenizer, directory)
         seconds = time.perf_counter() - start
-        print(f"{name}: {megabytes} MB generated in {generated:.1f} s; tokenized into {index.total_tokens:,} tokens "
-              f"and {len(index.shards)} shard(s) in {seconds:.1f} s = {index.total_tokens / seconds:,.0f} tokens/s "
-              f"({megabytes / seconds:.2f} MB/s)")
+        print(
+            f"{name}: {megabytes} MB generated in {generated:.1f} s; tokenized into {index.total_tokens:,} tokens "
+            f"and {len(index.shards)} shard(s) in {seconds:.1f} s = {index.total_tokens / seconds:,.0f} tokens/s "
+            f"({megabytes / seconds:.2f} MB/s)"
+        )
         stream[name] = _run_worker("stream", directory)
         if name == "large":
             start = time.perf_counter()
             trained = kgpt.GPTTokenizer.train([corpus], num_merges=FLAGS.num_merges)
-            print(f"GPTTokenizer.train on {megabytes} MB: {len(trained.merges):,} merges in "
-                  f"{time.perf_counter() - start:.1f} s")
+            print(
+                f"GPTTokenizer.train on {megabytes} MB: {len(trained.merges):,} merges in "
+                f"{time.perf_counter() - start:.1f} s"
+            )
         os.remove(corpus)
     small, large = stream["small"], stream["large"]
-    print(f"streaming {FLAGS.stream_batches} batches of 64 x {FLAGS.sequence_length}: peak anonymous memory "
-          f"{small['peak_anon_bytes'] / 2**20:,.0f} MiB ({small['tokens']:,} tokens) vs "
-          f"{large['peak_anon_bytes'] / 2**20:,.0f} MiB ({large['tokens']:,} tokens): "
-          f"ratio x{large['peak_anon_bytes'] / small['peak_anon_bytes']:.2f} for x{large['tokens'] / small['tokens']:.1f} "
-          "the corpus")
+    print(
+        f"streaming {FLAGS.stream_batches} batches of 64 x {FLAGS.sequence_length}: peak anonymous memory "
+        f"{small['peak_anon_bytes'] / 2**20:,.0f} MiB ({small['tokens']:,} tokens) vs "
+        f"{large['peak_anon_bytes'] / 2**20:,.0f} MiB ({large['tokens']:,} tokens): "
+        f"ratio x{large['peak_anon_bytes'] / small['peak_anon_bytes']:.2f} for x{large['tokens'] / small['tokens']:.1f} "
+        "the corpus"
+    )
     directory = os.path.join(work, "small_shards")
     memory = _run_worker("train_memory", directory)["steps_per_second"]
     shards = _run_worker("train_shards", directory)["steps_per_second"]
-    print(f"training {FLAGS.num_layers} x {FLAGS.hidden_dim}, batch {FLAGS.batch_size} x {FLAGS.sequence_length}: "
-          f"{shards:.3f} steps/s from shards vs {memory:.3f} steps/s in memory: ratio x{shards / memory:.3f} "
-          "(target >= 0.95)")
+    print(
+        f"training {FLAGS.num_layers} x {FLAGS.hidden_dim}, batch {FLAGS.batch_size} x {FLAGS.sequence_length}: "
+        f"{shards:.3f} steps/s from shards vs {memory:.3f} steps/s in memory: ratio x{shards / memory:.3f} "
+        "(target >= 0.95)"
+    )
 
 
 if __name__ == "__main__":

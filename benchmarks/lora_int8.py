@@ -90,10 +90,14 @@ def child(spec):
     config = FinetuneConfig(**spec["config"])
     model, results = finetune.finetune(config)
     task_metric = next(k for k in results["splits"]["dev"] if k != "examples")
-    figures = {"score": results["splits"]["dev"][task_metric], "metric": task_metric,
-               "trainable": lora.count_trainable(model), "weights": int(model.count_params()),
-               "step_s": statistics.median(timer.times) if timer.times else float("nan"),
-               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    figures = {
+        "score": results["splits"]["dev"][task_metric],
+        "metric": task_metric,
+        "trainable": lora.count_trainable(model),
+        "weights": int(model.count_params()),
+        "step_s": statistics.median(timer.times) if timer.times else float("nan"),
+        "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
     with open(spec["result"], "w") as f:
         json.dump(figures, f)
 
@@ -110,14 +114,26 @@ def finetune_runs():
                 with open(result) as f:
                     results[(mode, seed)] = json.load(f)
                 continue
-            config = dict(task=FLAGS.task, init=FLAGS.init, data_dir=FLAGS.data_dir, output_dir=out, overwrite=True,
-                          epochs=FLAGS.epochs, seed=seed, learning_rate=FLAGS.learning_rate,
-                          batch_size=FLAGS.batch_size, lora_rank=FLAGS.rank if mode == "lora" else None,
-                          log_every="0")
+            config = dict(
+                task=FLAGS.task,
+                init=FLAGS.init,
+                data_dir=FLAGS.data_dir,
+                output_dir=out,
+                overwrite=True,
+                epochs=FLAGS.epochs,
+                seed=seed,
+                learning_rate=FLAGS.learning_rate,
+                batch_size=FLAGS.batch_size,
+                lora_rank=FLAGS.rank if mode == "lora" else None,
+                log_every="0",
+            )
             spec = json.dumps({"config": config, "result": result})
             started = time.perf_counter()
-            subprocess.run([sys.executable, os.path.abspath(__file__), f"--child={spec}"], check=True,
-                           preexec_fn=ends_with_this_process())
+            subprocess.run(
+                [sys.executable, os.path.abspath(__file__), f"--child={spec}"],
+                check=True,
+                preexec_fn=ends_with_this_process(),
+            )
             with open(result) as f:
                 results[(mode, seed)] = json.load(f)
             print(f"{mode} seed {seed}: {results[(mode, seed)]} ({time.perf_counter() - started:.0f} s)", flush=True)
@@ -127,8 +143,10 @@ def finetune_runs():
 def finetune_table(results):
     seeds = sorted({seed for _, seed in results})
     metric = next(iter(results.values()))["metric"]
-    lines = [f"| run | dev {metric} x 100 (per seed) | mean | trainable weights | step time (s, median) | "
-             f"peak RSS (MB) |", "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        f"| run | dev {metric} x 100 (per seed) | mean | trainable weights | step time (s, median) | peak RSS (MB) |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     means = {}
     for mode, name in (("full", "full fine-tuning"), ("lora", f"LoRA rank {FLAGS.rank}")):
         runs = [results[(mode, s)] for s in seeds if (mode, s) in results]
@@ -136,13 +154,17 @@ def finetune_table(results):
             continue
         scores = [100 * r["score"] for r in runs]
         means[mode] = {k: statistics.mean(r[k] for r in runs) for k in ("step_s", "peak_rss_mb")}
-        lines.append(f"| {name} | {' / '.join(f'{s:.1f}' for s in scores)} | {statistics.mean(scores):.1f} | "
-                     f"{runs[0]['trainable']:,} of {runs[0]['weights']:,} | "
-                     f"{' / '.join(format(r['step_s'], '.3f') for r in runs)} | "
-                     f"{' / '.join(format(r['peak_rss_mb'], '.0f') for r in runs)} |")
+        lines.append(
+            f"| {name} | {' / '.join(f'{s:.1f}' for s in scores)} | {statistics.mean(scores):.1f} | "
+            f"{runs[0]['trainable']:,} of {runs[0]['weights']:,} | "
+            f"{' / '.join(format(r['step_s'], '.3f') for r in runs)} | "
+            f"{' / '.join(format(r['peak_rss_mb'], '.0f') for r in runs)} |"
+        )
     if len(means) == 2:
-        lines.append(f"\nLoRA / full: step time x{means['lora']['step_s'] / means['full']['step_s']:.2f}, "
-                     f"peak RSS x{means['lora']['peak_rss_mb'] / means['full']['peak_rss_mb']:.2f} (means over seeds).")
+        lines.append(
+            f"\nLoRA / full: step time x{means['lora']['step_s'] / means['full']['step_s']:.2f}, "
+            f"peak RSS x{means['lora']['peak_rss_mb'] / means['full']['peak_rss_mb']:.2f} (means over seeds)."
+        )
     return "\n".join(lines)
 
 
@@ -154,6 +176,7 @@ def weights_size(preset):
     for name in os.listdir(preset):
         if name.endswith(".weights.h5"):
             with h5py.File(os.path.join(preset, name), "r") as f:
+
                 def add(path, item):
                     nonlocal total
                     if isinstance(item, h5py.Dataset) and not path.startswith("optimizer/"):
@@ -185,8 +208,11 @@ def int8_rows():
         times = {"float32": [], "int8": []}
         scores = {}
         for repeat in range(FLAGS.repeats + 1):
-            for label, m in (("float32", model), ("int8", quantized)) if repeat % 2 == 0 else (
-                    ("int8", quantized), ("float32", model)):
+            for label, m in (
+                (("float32", model), ("int8", quantized))
+                if repeat % 2 == 0
+                else (("int8", quantized), ("float32", model))
+            ):
                 started = time.perf_counter()
                 evaluation = finetune_outputs.evaluate_split(task, m, split, FLAGS.batch_size)
                 if repeat:  # the first pass traces / compiles
@@ -196,10 +222,12 @@ def int8_rows():
         agree = float(np.mean(a.predictions == b.predictions))
         change = float(np.max(np.abs(np.asarray(a.probabilities) - np.asarray(b.probabilities))))
         t_float, t_int8 = statistics.median(times["float32"]), statistics.median(times["int8"])
-        rows.append(f"| {name} | {keras.config.backend()} | {weights_size(preset) / 1e6:.1f} -> "
-                    f"{weights_size(quantized_dir) / 1e6:.1f} MB | {100 * scores['float32']:.1f} -> "
-                    f"{100 * scores['int8']:.1f} | {agree:.1%} | {change:.4f} | {t_float:.2f} -> {t_int8:.2f} s "
-                    f"(x{t_int8 / t_float:.2f}) |")
+        rows.append(
+            f"| {name} | {keras.config.backend()} | {weights_size(preset) / 1e6:.1f} -> "
+            f"{weights_size(quantized_dir) / 1e6:.1f} MB | {100 * scores['float32']:.1f} -> "
+            f"{100 * scores['int8']:.1f} | {agree:.1%} | {change:.4f} | {t_float:.2f} -> {t_int8:.2f} s "
+            f"(x{t_int8 / t_float:.2f}) |"
+        )
         print(rows[-1], flush=True)
     return rows
 
@@ -216,8 +244,10 @@ def main(argv):
         print(finetune_table(finetune_runs()), flush=True)
     if "int8" in FLAGS.phases:
         rows = int8_rows()
-        print("| model | backend | model arrays | dev score x 100 (float32 -> int8) | same predictions | "
-              "largest probability change | dev prediction time |\n| --- | --- | --- | --- | --- | --- | --- |")
+        print(
+            "| model | backend | model arrays | dev score x 100 (float32 -> int8) | same predictions | "
+            "largest probability change | dev prediction time |\n| --- | --- | --- | --- | --- | --- | --- |"
+        )
         print("\n".join(rows))
 
 

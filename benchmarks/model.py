@@ -46,22 +46,42 @@ flags.DEFINE_integer("vocabulary_size", 16384, "Vocabulary size.")
 flags.DEFINE_integer("batch_size", 8, "Sequences per step.")
 flags.DEFINE_integer("steps", 10, "Timed steps (after the warm-up steps).")
 flags.DEFINE_integer("warmup", 2, "Untimed steps (compilation).")
-flags.DEFINE_list("models", ["kgpt", "keras_hub_gpt2", "kgpt_logits", "kgpt_fused"],
-                  "Models to measure; ratios are to the first: kgpt, kgpt_explicit, kgpt_kernel, kgpt_logits, "
-                  "kgpt_fused, keras_hub_gpt2.")
+flags.DEFINE_list(
+    "models",
+    ["kgpt", "keras_hub_gpt2", "kgpt_logits", "kgpt_fused"],
+    "Models to measure; ratios are to the first: kgpt, kgpt_explicit, kgpt_kernel, kgpt_logits, "
+    "kgpt_fused, keras_hub_gpt2.",
+)
 flags.DEFINE_integer("lm_loss_chunk_size", 1024, "Tokens per chunk of the LM loss of kgpt and kgpt_fused.")
 flags.DEFINE_bool("plan_only", False, "JAX: only compile each training step and report XLA's planned temporary memory.")
 flags.DEFINE_string("dtype", "float32", "Dtype policy of the models (e.g. mixed_bfloat16 on GPUs/TPUs).")
-flags.DEFINE_integer("gemm_size", 0, "Side of the square matrix multiply timed as the device's peak rate (0: 8192 "
-                     "on a GPU or TPU, 2048 on a CPU).")
+flags.DEFINE_integer(
+    "gemm_size",
+    0,
+    "Side of the square matrix multiply timed as the device's peak rate (0: 8192 on a GPU or TPU, 2048 on a CPU).",
+)
 flags.DEFINE_bool("inference", True, "Also time inference (a second compilation).")
 flags.DEFINE_bool("xla_temp", True, "JAX: also report XLA's planned temporary memory (the train step compiled again).")
 flags.DEFINE_string("worker", None, "Internal: measure this one model and print JSON.")
 FLAGS = flags.FLAGS
 
-SHAPE_FLAGS = ("num_layers", "hidden_dim", "num_heads", "intermediate_dim", "sequence_length", "vocabulary_size",
-               "batch_size", "steps", "warmup", "dtype", "gemm_size", "lm_loss_chunk_size", "plan_only", "inference",
-               "xla_temp")
+SHAPE_FLAGS = (
+    "num_layers",
+    "hidden_dim",
+    "num_heads",
+    "intermediate_dim",
+    "sequence_length",
+    "vocabulary_size",
+    "batch_size",
+    "steps",
+    "warmup",
+    "dtype",
+    "gemm_size",
+    "lm_loss_chunk_size",
+    "plan_only",
+    "inference",
+    "xla_temp",
+)
 
 
 def training_flops_per_token(length=None):
@@ -100,8 +120,9 @@ def gemm_flops_per_s():
         import tensorflow as tf
 
         # XLA's and the default kernels (oneDNN on CPU) differ; the faster is the peak.
-        candidates = [(tf.function(lambda x: tf.matmul(x, x), jit_compile=jit), lambda y: y.numpy())
-                      for jit in (True, False)]
+        candidates = [
+            (tf.function(lambda x: tf.matmul(x, x), jit_compile=jit), lambda y: y.numpy()) for jit in (True, False)
+        ]
     best = 0.0
     for matmul, finish in candidates:
         for _ in range(3):
@@ -150,8 +171,10 @@ def build(name):
         return kgpt.GPTCausalLM(kgpt.GPTBackbone(**shape, attention_dropout=0.0))
     if name == "keras_hub_gpt2":
         return keras_hub.models.GPT2CausalLM(keras_hub.models.GPT2Backbone(**shape), preprocessor=None)
-    raise app.UsageError(f"Unknown model {name!r}; choose from kgpt, kgpt_explicit, kgpt_kernel, kgpt_logits, "
-                         "kgpt_fused, keras_hub_gpt2.")
+    raise app.UsageError(
+        f"Unknown model {name!r}; choose from kgpt, kgpt_explicit, kgpt_kernel, kgpt_logits, "
+        "kgpt_fused, keras_hub_gpt2."
+    )
 
 
 def device_peak_bytes():
@@ -186,8 +209,10 @@ def measure(name):
     # Every model keeps its default loss and next-token accuracy metric.
     options = {}
     if name == "kgpt_logits":  # Keras' own loss and metric on the full logits
-        options.update(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                       weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+        options.update(
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()],
+        )
     elif isinstance(lm, kgpt.GPTCausalLM):
         options["lm_loss_chunk_size"] = FLAGS.lm_loss_chunk_size
     lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=10, total_steps=10_000), **options)
@@ -207,7 +232,11 @@ def measure(name):
         return tokens * FLAGS.steps / (time.perf_counter() - start)
 
     if FLAGS.plan_only:
-        return {"model": name, "weights": int(lm.count_params()), "xla_temp_mib": xla_train_temp_bytes(lm, x, y) / 2**20}
+        return {
+            "model": name,
+            "weights": int(lm.count_params()),
+            "xla_temp_mib": xla_train_temp_bytes(lm, x, y) / 2**20,
+        }
     train = timed(lambda: lm.train_on_batch(x, y))
     # Peaks of training, read before inference materialises its own logits.
     train_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -226,7 +255,8 @@ def measure(name):
         "inference_tokens_per_s": infer,
         "peak_host_rss_mib": train_rss,
         "peak_device_mib": None if peak is None else peak / 2**20,
-        "xla_temp_mib": None if keras.config.backend() != "jax" or not FLAGS.xla_temp
+        "xla_temp_mib": None
+        if keras.config.backend() != "jax" or not FLAGS.xla_temp
         else xla_train_temp_bytes(lm, x, y) / 2**20,
     }
 
@@ -252,8 +282,10 @@ def xla_train_temp_bytes(lm, x, y):
     lm.make_train_function()
     if not lm.optimizer.built:
         lm.optimizer.build(lm.trainable_variables)
-    state = tuple([v.value for v in group] for group in (
-        lm.trainable_variables, lm.non_trainable_variables, lm.optimizer.variables, lm.metrics_variables))
+    state = tuple(
+        [v.value for v in group]
+        for group in (lm.trainable_variables, lm.non_trainable_variables, lm.optimizer.variables, lm.metrics_variables)
+    )
     compiled = jax.jit(lm.train_step).lower(state, (x, y, None)).compile()
     return compiled.memory_analysis().temp_size_in_bytes
 
@@ -279,29 +311,42 @@ def main(argv):
     rows = [run_worker(name) for name in FLAGS.models]
     if FLAGS.plan_only:
         for r in rows:
-            print(f"{r['model']:<16}{r['weights']:>14,} weights{r['xla_temp_mib']:>12,.0f} MiB XLA temp per training step")
+            print(
+                f"{r['model']:<16}{r['weights']:>14,} weights{r['xla_temp_mib']:>12,.0f} MiB XLA temp per training step"
+            )
         for b in rows[1:]:
             print(f"ratio {rows[0]['model']}/{b['model']}: XLA temp x{rows[0]['xla_temp_mib'] / b['xla_temp_mib']:.2f}")
         return
-    header = (f"{'model':<16}{'weights':>12}{'train tok/s':>14}{'MFU':>8}{'GEMM TFLOP/s':>14}{'infer tok/s':>14}"
-              f"{'peak RSS MiB':>14}{'peak dev MiB':>14}{'XLA temp MiB':>14}")
+    header = (
+        f"{'model':<16}{'weights':>12}{'train tok/s':>14}{'MFU':>8}{'GEMM TFLOP/s':>14}{'infer tok/s':>14}"
+        f"{'peak RSS MiB':>14}{'peak dev MiB':>14}{'XLA temp MiB':>14}"
+    )
     print(header)
     for r in rows:
         dev = "-" if r["peak_device_mib"] is None else f"{r['peak_device_mib']:.0f}"
         temp = "-" if r["xla_temp_mib"] is None else f"{r['xla_temp_mib']:,.0f}"
-        print(f"{r['model']:<16}{r['weights']:>12,}{r['train_tokens_per_s']:>14,.0f}{r['mfu']:>8.1%}"
-              f"{r['gemm_tflops']:>14.3f}{r['inference_tokens_per_s'] or 0:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}"
-              f"{temp:>14}")
+        print(
+            f"{r['model']:<16}{r['weights']:>12,}{r['train_tokens_per_s']:>14,.0f}{r['mfu']:>8.1%}"
+            f"{r['gemm_tflops']:>14.3f}{r['inference_tokens_per_s'] or 0:>14,.0f}{r['peak_host_rss_mib']:>14,.0f}{dev:>14}"
+            f"{temp:>14}"
+        )
     size = FLAGS.gemm_size or "8192 (GPU/TPU) or 2048 (CPU)"
-    print(f"MFU: training FLOPs ({training_flops_per_token():,} per token, 6N + attention) / the {size}^2 "
-          f"{FLAGS.dtype} matmul rate measured in the same process (5 queued, timed together).")
+    print(
+        f"MFU: training FLOPs ({training_flops_per_token():,} per token, 6N + attention) / the {size}^2 "
+        f"{FLAGS.dtype} matmul rate measured in the same process (5 queued, timed together)."
+    )
     a = rows[0]
     for b in rows[1:]:
-        print(f"ratio {a['model']}/{b['model']}: train x{a['train_tokens_per_s'] / b['train_tokens_per_s']:.2f}, "
-              + (f"inference x{a['inference_tokens_per_s'] / b['inference_tokens_per_s']:.2f}, "
-                 if a["inference_tokens_per_s"] else "")
-              + f"peak RSS x{a['peak_host_rss_mib'] / b['peak_host_rss_mib']:.2f}"
-              + (f", XLA temp x{a['xla_temp_mib'] / b['xla_temp_mib']:.2f}" if a["xla_temp_mib"] else ""))
+        print(
+            f"ratio {a['model']}/{b['model']}: train x{a['train_tokens_per_s'] / b['train_tokens_per_s']:.2f}, "
+            + (
+                f"inference x{a['inference_tokens_per_s'] / b['inference_tokens_per_s']:.2f}, "
+                if a["inference_tokens_per_s"]
+                else ""
+            )
+            + f"peak RSS x{a['peak_host_rss_mib'] / b['peak_host_rss_mib']:.2f}"
+            + (f", XLA temp x{a['xla_temp_mib'] / b['xla_temp_mib']:.2f}" if a["xla_temp_mib"] else "")
+        )
 
 
 if __name__ == "__main__":

@@ -49,12 +49,26 @@ def free_port(count):
 
 def run(backend, count, corpus, work):
     out = os.path.join(work, f"{backend}-{count}")
-    args = ["--task=lm", f"--corpus={corpus}", f"--output_dir={out}", "--tokenizer=train", "--num_merges=200",
-            f"--num_layers={FLAGS.num_layers}", f"--hidden_dim={FLAGS.hidden_dim}", f"--num_heads={FLAGS.num_heads}",
-            f"--intermediate_dim={4 * FLAGS.hidden_dim}", f"--sequence_length={FLAGS.sequence_length}",
-            f"--batch_size={FLAGS.batch_size}", f"--max_steps={FLAGS.steps}", "--evaluations=1",
-            "--warmup_steps=5", "--validation_tokens=0", "--validation_fraction=0", "--checkpoint_every=0",
-            f"--log_every={FLAGS.log_every}"]
+    args = [
+        "--task=lm",
+        f"--corpus={corpus}",
+        f"--output_dir={out}",
+        "--tokenizer=train",
+        "--num_merges=200",
+        f"--num_layers={FLAGS.num_layers}",
+        f"--hidden_dim={FLAGS.hidden_dim}",
+        f"--num_heads={FLAGS.num_heads}",
+        f"--intermediate_dim={4 * FLAGS.hidden_dim}",
+        f"--sequence_length={FLAGS.sequence_length}",
+        f"--batch_size={FLAGS.batch_size}",
+        f"--max_steps={FLAGS.steps}",
+        "--evaluations=1",
+        "--warmup_steps=5",
+        "--validation_tokens=0",
+        "--validation_fraction=0",
+        "--checkpoint_every=0",
+        f"--log_every={FLAGS.log_every}",
+    ]
     env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
     port = free_port(count)
     logs, processes = [], []
@@ -62,10 +76,15 @@ def run(backend, count, corpus, work):
         extra = [f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={count}", f"--process_id={index}"]
         logs.append(os.path.join(work, f"{backend}-{count}-{index}.log"))
         with open(logs[-1], "w") as log:
-            processes.append(subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args,
-                                               *(extra if count > 1 else [])],
-                                              stdout=log, stderr=subprocess.STDOUT, env=env,
-                                              preexec_fn=ends_with_this_process()))
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "kgpt.cli.train", *args, *(extra if count > 1 else [])],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    preexec_fn=ends_with_this_process(),
+                )
+            )
     began = time.monotonic()
     try:
         codes = [p.wait(timeout=FLAGS.timeout) for p in processes]
@@ -76,8 +95,10 @@ def run(backend, count, corpus, work):
     text = open(logs[0]).read()
     if any(codes):
         raise RuntimeError(f"{backend} on {count} process(es) failed:\n{text[-3000:]}")
-    rates = [float(r.replace(",", "")) for r in re.findall(r"^step [\d,]+/[\d,]+, loss [\d.]+, ([\d,]+) tokens/s",
-                                                           text, re.M)]
+    rates = [
+        float(r.replace(",", ""))
+        for r in re.findall(r"^step [\d,]+/[\d,]+, loss [\d.]+, ([\d,]+) tokens/s", text, re.M)
+    ]
     if not rates:
         raise RuntimeError(f"no progress lines in {logs[0]}")
     return statistics.median(rates), len(rates), time.monotonic() - began
@@ -91,17 +112,21 @@ def main(argv):
         rng = random.Random(0)
         with open(corpus, "w") as f:
             f.write("\n".join(" ".join(rng.choice(WORDS) for _ in range(16)) for _ in range(20_000)))
-        print(f"{FLAGS.num_layers} x {FLAGS.hidden_dim} model, {FLAGS.batch_size} x {FLAGS.sequence_length} tokens "
-              f"a step, {FLAGS.steps} steps; tokens/s = median of {FLAGS.log_every}-step intervals after the first "
-              f"(process 0's progress lines); {os.cpu_count()} CPU cores.")
+        print(
+            f"{FLAGS.num_layers} x {FLAGS.hidden_dim} model, {FLAGS.batch_size} x {FLAGS.sequence_length} tokens "
+            f"a step, {FLAGS.steps} steps; tokens/s = median of {FLAGS.log_every}-step intervals after the first "
+            f"(process 0's progress lines); {os.cpu_count()} CPU cores."
+        )
         print(f"{'backend':<11}{'processes':>10}{'tokens/s':>12}{'intervals':>11}{'wall s':>9}{'ratio':>8}")
         for backend in FLAGS.backends:
             first = None
             for count in counts:
                 rate, intervals, seconds = run(backend, count, corpus, work)
                 first = first or rate
-                print(f"{backend:<11}{count:>10}{rate:>12,.0f}{intervals:>11}{seconds:>9.0f}{rate / first:>8.2f}",
-                      flush=True)
+                print(
+                    f"{backend:<11}{count:>10}{rate:>12,.0f}{intervals:>11}{seconds:>9.0f}{rate / first:>8.2f}",
+                    flush=True,
+                )
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ interprets it, slowly) or `none` (attention dropout 0: attention through
 """
 
 import json
-
 import os
 import shutil
 import tempfile
@@ -48,15 +47,15 @@ import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import finetune  # the split's and the model's flags and builders (the script's folder is on sys.path)
 import keras
 import numpy as np
+import step_profile
 from absl import app, flags, logging
 
-import finetune  # the split's and the model's flags and builders (the script's folder is on sys.path)
-import step_profile
 from kgpt.jobs import run
-from kgpt.layers.decoder_block import GPTDecoderBlock
 from kgpt.layers import dropout as kgpt_dropout
+from kgpt.layers.decoder_block import GPTDecoderBlock
 from kgpt.parallel.distribute import DTYPES
 
 flags.DEFINE_integer("length", None, "Padded tokens per example (default: --sequence_length).")
@@ -66,26 +65,53 @@ flags.DEFINE_integer("warmup_steps", 2, "Untimed steps first (compiling / tracin
 flags.DEFINE_integer("rounds", 3, "Timed fits of --steps steps (the median step is reported).")
 flags.DEFINE_string("trace_dir", None, "Where the profiler writes its trace (default: a temporary folder, removed).")
 flags.DEFINE_integer("top", 12, "JAX: how many of the dearest single ops to list.")
-flags.DEFINE_enum("dropout_masks", "kgpt", ["kgpt", "keras"], "Draw dropout masks with kgpt's unrolled hash "
-                  "(`kgpt.layers.dropout.Dropout.unrolled`) or with keras.random.dropout (the same masks).")
+flags.DEFINE_enum(
+    "dropout_masks",
+    "kgpt",
+    ["kgpt", "keras"],
+    "Draw dropout masks with kgpt's unrolled hash "
+    "(`kgpt.layers.dropout.Dropout.unrolled`) or with keras.random.dropout (the same masks).",
+)
 flags.DEFINE_bool("ab", False, "Also time the model with the other --dropout_masks, the two taking turns.")
-flags.DEFINE_multi_string("xla_options", [], "JAX: a set of XLA compiler options to compare, 'name=value,...' "
-                          "(e.g. xla_cpu_multi_thread_eigen=false); repeat the flag for several sets. The train step "
-                          "is compiled once per set (and once without) and the executables take turns, --rounds "
-                          "rounds of --steps steps each, called directly (no Keras loop).")
-flags.DEFINE_integer("lm_loss_chunk_size", None, "Tokens per chunk of the LM loss (default: compile()'s, "
-                     "kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).", lower_bound=1)
-flags.DEFINE_enum("dtype", None, DTYPES, "Dtype policy of the model (e.g. mixed_bfloat16 on a GPU or TPU; default: "
-                  "Keras' global policy, float32).")
-flags.DEFINE_enum("attention", "default", ["default", "explicit", "kernel", "none"], "How attention dropout runs "
-                  "(see the module's docstring).")
+flags.DEFINE_multi_string(
+    "xla_options",
+    [],
+    "JAX: a set of XLA compiler options to compare, 'name=value,...' "
+    "(e.g. xla_cpu_multi_thread_eigen=false); repeat the flag for several sets. The train step "
+    "is compiled once per set (and once without) and the executables take turns, --rounds "
+    "rounds of --steps steps each, called directly (no Keras loop).",
+)
+flags.DEFINE_integer(
+    "lm_loss_chunk_size",
+    None,
+    "Tokens per chunk of the LM loss (default: compile()'s, kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).",
+    lower_bound=1,
+)
+flags.DEFINE_enum(
+    "dtype",
+    None,
+    DTYPES,
+    "Dtype policy of the model (e.g. mixed_bfloat16 on a GPU or TPU; default: Keras' global policy, float32).",
+)
+flags.DEFINE_enum(
+    "attention",
+    "default",
+    ["default", "explicit", "kernel", "none"],
+    "How attention dropout runs (see the module's docstring).",
+)
 flags.DEFINE_bool("summary_json", False, "End with the figures as one line of JSON.")
 flags.DEFINE_bool("trace", True, "Capture and read a profiler trace (--notrace: step times only).")
 FLAGS = flags.FLAGS
 
 # The shape of docs/performance.md's measurements, not finetune.py's defaults.
-for _name, _value in (("hidden_dim", 32), ("intermediate_dim", 128), ("num_heads", 2), ("vocabulary_size", 1024),
-                      ("sequence_length", 256), ("batch_size", 32)):
+for _name, _value in (
+    ("hidden_dim", 32),
+    ("intermediate_dim", 128),
+    ("num_heads", 2),
+    ("vocabulary_size", 1024),
+    ("sequence_length", 256),
+    ("batch_size", 32),
+):
     FLAGS.set_default(_name, _value)
 
 JAX = keras.config.backend() == "jax"
@@ -121,10 +147,10 @@ def step_seconds(model, data, steps):
 
 def train_step_costs(model, example):
     """JAX: XLA's cost analysis and compiled text of the model's train step (already compiled: no new compile)."""
-    jitted = next(c.cell_contents for c in model.train_function.__closure__
-                  if hasattr(c.cell_contents, "lower"))
-    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
-                                 metrics_variables=True)
+    jitted = next(c.cell_contents for c in model.train_function.__closure__ if hasattr(c.cell_contents, "lower"))
+    state = model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True
+    )
     compiled = jitted.lower(state, example).compile()
     costs = compiled.cost_analysis()
     costs = costs[0] if isinstance(costs, (list, tuple)) else costs
@@ -157,8 +183,9 @@ def compare_xla_options(model, example):
     import jax
 
     jitted = next(c.cell_contents for c in model.train_function.__closure__ if hasattr(c.cell_contents, "lower"))
-    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
-                                 metrics_variables=True)
+    state = model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True
+    )
     state = jax.tree.map(lambda v: jax.numpy.array(v, copy=True), state)  # the steps donate it: a copy of its own
     sets = [("default", {})] + [(text, parse_options(text)) for text in FLAGS.xla_options]
     executables, kept = [], []
@@ -182,8 +209,11 @@ def compare_xla_options(model, example):
             times[index].append((time.perf_counter() - began) / FLAGS.steps)
     for (name, _), seconds in zip(sets, times):
         paired = np.median([a / b for a, b in zip(seconds, times[0])])
-        print(f"XLA options {name}: step {np.median(seconds) * 1e3:.1f} ms (" + ", ".join(
-            f"{t * 1e3:.0f}" for t in seconds) + f" ms), {paired:.2f}x default (median of the per-round ratios)")
+        print(
+            f"XLA options {name}: step {np.median(seconds) * 1e3:.1f} ms ("
+            + ", ".join(f"{t * 1e3:.0f}" for t in seconds)
+            + f" ms), {paired:.2f}x default (median of the per-round ratios)"
+        )
 
 
 def print_table(title, rows, total, step_ms):
@@ -200,9 +230,11 @@ def profile_jax(model, data, example, trace_dir, step_ms):
 
     costs, text = train_step_costs(model, example)
     instructions = step_profile.hlo_instructions(text)
-    print(f"XLA cost analysis of the train step: {costs.get('flops', 0) / 1e9:.2f} GFLOP, "
-          f"{costs.get('bytes accessed', 0) / 1e9:.2f} GB accessed, {costs.get('transcendentals', 0) / 1e6:.1f} M "
-          f"transcendentals; {len(instructions)} instructions compiled")
+    print(
+        f"XLA cost analysis of the train step: {costs.get('flops', 0) / 1e9:.2f} GFLOP, "
+        f"{costs.get('bytes accessed', 0) / 1e9:.2f} GB accessed, {costs.get('transcendentals', 0) / 1e6:.1f} M "
+        f"transcendentals; {len(instructions)} instructions compiled"
+    )
     with jax.profiler.trace(trace_dir):
         model.fit(data, epochs=1, steps_per_epoch=FLAGS.steps, verbose=0)
     ops, runs = step_profile.xla_ops(step_profile.latest_xplane(trace_dir), "jit_train_step")
@@ -215,21 +247,29 @@ def profile_jax(model, data, example, trace_dir, step_ms):
         unknown += op not in instructions
         rows.append((step_profile.classify(path, opcode, movement), step_profile.direction(path), ns))
     table, total = step_profile.table(rows, FLAGS.steps)
-    print_table(f"JAX: {FLAGS.steps} traced steps, {len(runs)} executions of jit_train_step", table, total,
-                period if len(runs) >= FLAGS.steps else step_ms)
+    print_table(
+        f"JAX: {FLAGS.steps} traced steps, {len(runs)} executions of jit_train_step",
+        table,
+        total,
+        period if len(runs) >= FLAGS.steps else step_ms,
+    )
     unknown_note = f"; {unknown} op events not in the compiled text" if unknown else ""
     if len(runs) < FLAGS.steps:  # a GPU's device events carry no execution id: the steps cannot be told apart
-        print(f"the trace tells {len(runs)} execution(s) of the train step apart, not {FLAGS.steps}: no host gap "
-              f"per step is measured here{unknown_note}")
+        print(
+            f"the trace tells {len(runs)} execution(s) of the train step apart, not {FLAGS.steps}: no host gap "
+            f"per step is measured here{unknown_note}"
+        )
     else:
-        print(f"step period in the trace (start to start): {period:.1f} ms; one execution spans {span:.1f} ms; "
-              f"the host between executions (Python, Keras' loop, dispatch, idle): {period - span:.1f} ms "
-              f"({(period - span) / period:.1%})" + unknown_note)
+        print(
+            f"step period in the trace (start to start): {period:.1f} ms; one execution spans {span:.1f} ms; "
+            f"the host between executions (Python, Keras' loop, dispatch, idle): {period - span:.1f} ms "
+            f"({(period - span) / period:.1%})" + unknown_note
+        )
     dearest = {}
     for op, ns in ops:
         dearest[op] = dearest.get(op, 0) + ns / 1e6 / FLAGS.steps
     print(f"\nthe {FLAGS.top} dearest ops (ms per step, summed over threads):")
-    for op, ms in sorted(dearest.items(), key=lambda kv: -kv[1])[:FLAGS.top]:
+    for op, ms in sorted(dearest.items(), key=lambda kv: -kv[1])[: FLAGS.top]:
         opcode, path, movement, dtype = instructions.get(op, ("?", "", False, ""))
         print(f"  {ms:7.1f}  {op} ({opcode}, {dtype}) {path.removeprefix('jit(train_step)/')}")
     return table
@@ -246,9 +286,18 @@ def profile_tf(model, data, trace_dir, step_ms):
     ops = step_profile.tf_ops(step_profile.latest_xplane(trace_dir))
     if not ops:
         raise RuntimeError("The trace holds no TensorFlow op: the profiler recorded no executor ops.")
-    rows = [(step_profile.classify(name, op_type, op_type in ("Transpose", "Identity", "Reshape", "ConcatV2",
-                                                                "Slice", "StridedSlice", "Pack", "Tile")),
-             step_profile.direction(name), ns) for name, op_type, ns in ops]
+    rows = [
+        (
+            step_profile.classify(
+                name,
+                op_type,
+                op_type in ("Transpose", "Identity", "Reshape", "ConcatV2", "Slice", "StridedSlice", "Pack", "Tile"),
+            ),
+            step_profile.direction(name),
+            ns,
+        )
+        for name, op_type, ns in ops
+    ]
     table, total = step_profile.table(rows, FLAGS.steps)
     print_table(f"TensorFlow: {FLAGS.steps} traced steps (op events of TF's executors)", table, total, step_ms)
     return table
@@ -318,34 +367,58 @@ def measure(example, length):
         other = "keras" if FLAGS.dropout_masks == "kgpt" else "kgpt"
         models[other] = build(other)
     model = models[FLAGS.dropout_masks]
-    config = ", ".join(f"{f}={FLAGS[f].value}" for f in ("num_layers", "hidden_dim", "num_heads", "intermediate_dim",
-                                                         "vocabulary_size", "batch_size", "dropout", "dtype",
-                                                         "lm_loss_chunk_size"))
-    print(f"backend={keras.config.backend()} keras={keras.__version__} {config}, length={length}, "
-          f"jit_compile={model.jit_compile}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    config = ", ".join(
+        f"{f}={FLAGS[f].value}"
+        for f in (
+            "num_layers",
+            "hidden_dim",
+            "num_heads",
+            "intermediate_dim",
+            "vocabulary_size",
+            "batch_size",
+            "dropout",
+            "dtype",
+            "lm_loss_chunk_size",
+        )
+    )
+    print(
+        f"backend={keras.config.backend()} keras={keras.__version__} {config}, length={length}, "
+        f"jit_compile={model.jit_compile}; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    )
     warmup = {}
     for masks, each in models.items():
         began = time.perf_counter()
         each.fit(data, epochs=1, steps_per_epoch=FLAGS.warmup_steps, verbose=0)
         warmup[masks] = time.perf_counter() - began
-        print(f"warm-up, dropout masks {masks} ({FLAGS.warmup_steps} steps, compiling/tracing): "
-              f"{warmup[masks]:.1f} s")
+        print(f"warm-up, dropout masks {masks} ({FLAGS.warmup_steps} steps, compiling/tracing): {warmup[masks]:.1f} s")
     seconds = {masks: [] for masks in models}
     for _ in range(FLAGS.rounds):  # the models take turns, so a change in the machine's load hits them alike
         for masks, each in models.items():
             seconds[masks].append(step_seconds(each, data, FLAGS.steps))
     for masks, times in seconds.items():
-        print(f"step, dropout masks {masks}: {np.median(times) * 1e3:.1f} ms (median of {FLAGS.rounds} fits of "
-              f"{FLAGS.steps} steps: " + ", ".join(f"{t * 1e3:.0f}" for t in times) + " ms)")
+        print(
+            f"step, dropout masks {masks}: {np.median(times) * 1e3:.1f} ms (median of {FLAGS.rounds} fits of "
+            f"{FLAGS.steps} steps: " + ", ".join(f"{t * 1e3:.0f}" for t in times) + " ms)"
+        )
     if FLAGS.ab:
         first, second = seconds[FLAGS.dropout_masks], seconds[other]
         paired = np.median([a / b for a, b in zip(first, second)])
-        print(f"A/B: masks {FLAGS.dropout_masks} / masks {other}, median of the per-round ratios: {paired:.2f}x"
-              + ("" if JAX else " (TensorFlow: both draw with keras.random.dropout, so this is the noise)"))
+        print(
+            f"A/B: masks {FLAGS.dropout_masks} / masks {other}, median of the per-round ratios: {paired:.2f}x"
+            + ("" if JAX else " (TensorFlow: both draw with keras.random.dropout, so this is the noise)")
+        )
     step_ms = float(np.median(seconds[FLAGS.dropout_masks])) * 1e3
     if FLAGS.summary_json:
-        print(json.dumps({"step_ms": step_ms, "tokens_per_step": int(np.size(example[0]["token_ids"])),
-                          "warmup_s": warmup[FLAGS.dropout_masks], "peak_device_mib": peak_device_mib()}))
+        print(
+            json.dumps(
+                {
+                    "step_ms": step_ms,
+                    "tokens_per_step": int(np.size(example[0]["token_ids"])),
+                    "warmup_s": warmup[FLAGS.dropout_masks],
+                    "peak_device_mib": peak_device_mib(),
+                }
+            )
+        )
     if FLAGS.xla_options:
         if not JAX:
             raise app.UsageError("--xla_options compares XLA compilations of JAX's step: use KERAS_BACKEND=jax.")

@@ -84,6 +84,7 @@ VENV_HINT = 'python -m venv ENV && ENV/bin/pip install torch "transformers<5" nu
 
 # ---- The shared token stream (NumPy only: the reference's process and the tests use these) ----
 
+
 def training_windows(tokens, sequence_length):
     """`[n, sequence_length + 1]` windows of `tokens`, each starting where the last one's inputs end."""
     count = (len(tokens) - 1) // sequence_length
@@ -100,10 +101,12 @@ def validation_windows(tokens, sequence_length):
     """
     count = (len(tokens) - 1) // sequence_length
     if count < 1:
-        raise ValueError(f"{len(tokens)} held-out tokens make no window of {sequence_length} + 1; raise "
-                         "--validation_tokens.")
-    return np.stack([tokens[i * sequence_length: (i + 1) * sequence_length + 1] for i in range(count)]).astype(
-        np.int32)
+        raise ValueError(
+            f"{len(tokens)} held-out tokens make no window of {sequence_length} + 1; raise --validation_tokens."
+        )
+    return np.stack([tokens[i * sequence_length : (i + 1) * sequence_length + 1] for i in range(count)]).astype(
+        np.int32
+    )
 
 
 def batch_order(window_count, rows, seed):
@@ -133,7 +136,7 @@ def batches(work_dir, start, stop):
         batch_size = json.load(f)["batch_size"]
     windows = np.load(os.path.join(work_dir, "train_windows.npy"), mmap_mode="r")
     order = np.load(os.path.join(work_dir, "order.npy"))
-    return np.asarray(windows[order[start * batch_size: stop * batch_size]])
+    return np.asarray(windows[order[start * batch_size : stop * batch_size]])
 
 
 def write_json(path, value):
@@ -143,6 +146,7 @@ def write_json(path, value):
 
 
 # ---- Workers: one implementation each, in its own process ----
+
 
 def kgpt_model(work_dir, seed):
     """kgpt on the backend of `KERAS_BACKEND`, as `kgpt-train --task lm` builds and compiles it.
@@ -159,16 +163,27 @@ def kgpt_model(work_dir, seed):
     config = _read_config(work_dir)
     keras.utils.set_random_seed(seed)
     backbone = kgpt.GPTBackbone(
-        vocabulary_size=config["vocabulary_size"], num_layers=config["num_layers"], num_heads=config["num_heads"],
-        hidden_dim=config["hidden_dim"], intermediate_dim=config["intermediate_dim"],
-        max_sequence_length=config["sequence_length"], dropout=config["dropout"],
+        vocabulary_size=config["vocabulary_size"],
+        num_layers=config["num_layers"],
+        num_heads=config["num_heads"],
+        hidden_dim=config["hidden_dim"],
+        intermediate_dim=config["intermediate_dim"],
+        max_sequence_length=config["sequence_length"],
+        dropout=config["dropout"],
         initializer_range=config.get("initializer_range", 0.02),
     )
     lm = kgpt.GPTCausalLM(backbone)
     # kgpt/jobs/pretrain.py's _compiled_lm, with its default lm_loss_chunk_size (1024).
-    lm.compile(optimizer=kgpt.gpt_adamw(config["learning_rate"], warmup_steps=config["warmup_steps"],
-                                        total_steps=config["max_steps"], weight_decay=config["weight_decay"]),
-               sampler="top_k", lm_loss_chunk_size=1024)
+    lm.compile(
+        optimizer=kgpt.gpt_adamw(
+            config["learning_rate"],
+            warmup_steps=config["warmup_steps"],
+            total_steps=config["max_steps"],
+            weight_decay=config["weight_decay"],
+        ),
+        sampler="top_k",
+        lm_loss_chunk_size=1024,
+    )
     val = np.load(os.path.join(work_dir, "val_windows.npy"))
     val_x = {"token_ids": val[:, :-1], "padding_mask": np.ones_like(val[:, :-1])}
 
@@ -202,17 +217,28 @@ def reference_model(work_dir, seed):
     if config["reference_threads"]:
         torch.set_num_threads(config["reference_threads"])
     torch.manual_seed(seed)
-    model = OpenAIGPTLMHeadModel(OpenAIGPTConfig(
-        vocab_size=config["vocabulary_size"], n_positions=config["sequence_length"], n_embd=config["hidden_dim"],
-        n_layer=config["num_layers"], n_head=config["num_heads"], afn="gelu",  # "gelu" is the tanh GELU there
-        resid_pdrop=config["dropout"], embd_pdrop=config["dropout"], attn_pdrop=config["dropout"],
-        layer_norm_epsilon=1e-5, initializer_range=config.get("initializer_range", 0.02),
-    ))
+    model = OpenAIGPTLMHeadModel(
+        OpenAIGPTConfig(
+            vocab_size=config["vocabulary_size"],
+            n_positions=config["sequence_length"],
+            n_embd=config["hidden_dim"],
+            n_layer=config["num_layers"],
+            n_head=config["num_heads"],
+            afn="gelu",  # "gelu" is the tanh GELU there
+            resid_pdrop=config["dropout"],
+            embd_pdrop=config["dropout"],
+            attn_pdrop=config["dropout"],
+            layer_norm_epsilon=1e-5,
+            initializer_range=config.get("initializer_range", 0.02),
+        )
+    )
     # Decay every matrix and embedding (the LM head is the token embedding, listed once), never a bias
     # or a layer-norm gain/offset: kgpt's NO_DECAY_NAMES.
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": config["weight_decay"]},
-              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": config["weight_decay"]},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=config["learning_rate"], betas=(0.9, 0.999), eps=1e-8)
     schedule = get_cosine_schedule_with_warmup(optimizer, config["warmup_steps"], config["max_steps"])
     val = torch.from_numpy(np.load(os.path.join(work_dir, "val_windows.npy")).astype(np.int64))
@@ -226,7 +252,7 @@ def reference_model(work_dir, seed):
         total = 0.0
         with torch.no_grad():
             for i in range(0, len(val), config["eval_batch_size"]):
-                rows = val[i: i + config["eval_batch_size"]]
+                rows = val[i : i + config["eval_batch_size"]]
                 total += float(loss_of(rows)) * len(rows)
         model.train()
         return total / len(val)
@@ -244,8 +270,11 @@ def reference_model(work_dir, seed):
             losses.append(loss.item())
         return float(np.mean(losses))  # the segment's mean, as Keras' fit reports it
 
-    return evaluate, train, (f"transformers {transformers.__version__} torch {torch.__version__} "
-                             f"({torch.get_num_threads()} threads)")
+    return (
+        evaluate,
+        train,
+        (f"transformers {transformers.__version__} torch {torch.__version__} ({torch.get_num_threads()} threads)"),
+    )
 
 
 def _read_config(work_dir):
@@ -264,8 +293,10 @@ def initial_worker(name, work_dir, draws):
             import keras
 
             keras.backend.clear_session()  # one model at a time
-    write_json(os.path.join(work_dir, f"initial_{name}.json"),
-               {"implementation": name, "losses": losses, "settings": _read_config(work_dir)})
+    write_json(
+        os.path.join(work_dir, f"initial_{name}.json"),
+        {"implementation": name, "losses": losses, "settings": _read_config(work_dir)},
+    )
 
 
 def _train_loop(config, evaluate, train, versions):
@@ -279,43 +310,67 @@ def _train_loop(config, evaluate, train, versions):
         train_loss = train(start, stop)
         segment_seconds.append(time.perf_counter() - began)
         curve.append({"step": stop, "val_loss": evaluate(), "train_loss": train_loss})
-        print(f"  step {stop:5d}: val {curve[-1]['val_loss']:.4f}  train {train_loss:.4f}  "
-              f"({(stop - start) / segment_seconds[-1]:.2f} steps/s)", flush=True)
+        print(
+            f"  step {stop:5d}: val {curve[-1]['val_loss']:.4f}  train {train_loss:.4f}  "
+            f"({(stop - start) / segment_seconds[-1]:.2f} steps/s)",
+            flush=True,
+        )
     timed_steps = steps[-1] - steps[1]  # the first segment includes compilation
     timed = sum(segment_seconds[1:])
     tokens = config["batch_size"] * config["sequence_length"]
-    return {"curve": curve, "versions": versions, "train_seconds": sum(segment_seconds),
-            "steps_per_s": timed_steps / timed if timed else None,
-            "tokens_per_s": timed_steps * tokens / timed if timed else None}
+    return {
+        "curve": curve,
+        "versions": versions,
+        "train_seconds": sum(segment_seconds),
+        "steps_per_s": timed_steps / timed if timed else None,
+        "tokens_per_s": timed_steps * tokens / timed if timed else None,
+    }
 
 
 def worker(name, work_dir, seed):
     started = time.perf_counter()
-    result = _train_loop(_read_config(work_dir), *(reference_model if name == "reference" else kgpt_model)(
-        work_dir, seed))
-    result.update(implementation=name, seed=seed, wall_seconds=time.perf_counter() - started,
-                  settings=_read_config(work_dir))
+    result = _train_loop(
+        _read_config(work_dir), *(reference_model if name == "reference" else kgpt_model)(work_dir, seed)
+    )
+    result.update(
+        implementation=name, seed=seed, wall_seconds=time.perf_counter() - started, settings=_read_config(work_dir)
+    )
     write_json(os.path.join(work_dir, f"curve_{name}_seed{seed}.json"), result)
 
 
 # ---- The orchestration (kgpt's environment) ----
 
+
 def define_flags():
     from absl import flags
 
-    flags.DEFINE_string("corpus", os.path.join(ROOT, "..", "shared", "real-data", "corpus", "*.txt"),
-                        "Glob of UTF-8 text files (never committed).")
+    flags.DEFINE_string(
+        "corpus",
+        os.path.join(ROOT, "..", "shared", "real-data", "corpus", "*.txt"),
+        "Glob of UTF-8 text files (never committed).",
+    )
     flags.DEFINE_string("work_dir", "/tmp/kgpt_reference_efficiency", "Windows, order, settings and curves.")
     flags.DEFINE_list("implementations", list(IMPLEMENTATIONS), "Which to run: kgpt-jax, kgpt-tensorflow, reference.")
-    flags.DEFINE_string("reference_python", None, "Python with torch and transformers < 5 (default: a `python` on "
-                        "PATH that imports torch).")
+    flags.DEFINE_string(
+        "reference_python",
+        None,
+        "Python with torch and transformers < 5 (default: a `python` on PATH that imports torch).",
+    )
     flags.DEFINE_list("reference_seeds", ["0", "1"], "Seeds of the reference runs (two show the seed-to-seed noise).")
     flags.DEFINE_list("seeds", ["0"], "Seeds of kgpt's runs (each implementation runs once per seed).")
-    flags.DEFINE_integer("initial_draws", 0, "Instead of training: the held-out loss of this many untrained "
-                         "models of each implementation (seeds 0 .. N-1), to compare the initialisations.",
-                         lower_bound=0)
-    flags.DEFINE_bool("report_only", False, "Train nothing: print the tables of every curve in --work_dir run with "
-                      "its settings (runs from several calls together; the other settings flags are ignored).")
+    flags.DEFINE_integer(
+        "initial_draws",
+        0,
+        "Instead of training: the held-out loss of this many untrained "
+        "models of each implementation (seeds 0 .. N-1), to compare the initialisations.",
+        lower_bound=0,
+    )
+    flags.DEFINE_bool(
+        "report_only",
+        False,
+        "Train nothing: print the tables of every curve in --work_dir run with "
+        "its settings (runs from several calls together; the other settings flags are ignored).",
+    )
     flags.DEFINE_integer("data_seed", 0, "Seed of the order of the training windows.")
     flags.DEFINE_integer("num_merges", 8000, "BPE merges learned from the corpus.")
     flags.DEFINE_integer("validation_tokens", 16384, "Tokens held out at the end of the stream.")
@@ -332,10 +387,18 @@ def define_flags():
     flags.DEFINE_float("learning_rate", 1e-3, "Peak learning rate.")
     flags.DEFINE_float("weight_decay", 0.01, "Decoupled weight decay.")
     flags.DEFINE_float("dropout", 0.1, "Embedding, attention and residual dropout.")
-    flags.DEFINE_float("initializer_range", 0.02, "Standard deviation of every weight's normal initialisation, on "
-                       "both sides (the paper's 0.02; 0.0625 = 256**-0.5 leaves the unigram plateau early).")
-    flags.DEFINE_integer("reference_threads", 0, "torch threads of the reference (0: torch's default, one per "
-                         "core; on a busy machine 1 can be several times faster).")
+    flags.DEFINE_float(
+        "initializer_range",
+        0.02,
+        "Standard deviation of every weight's normal initialisation, on "
+        "both sides (the paper's 0.02; 0.0625 = 256**-0.5 leaves the unigram plateau early).",
+    )
+    flags.DEFINE_integer(
+        "reference_threads",
+        0,
+        "torch threads of the reference (0: torch's default, one per "
+        "core; on a busy machine 1 can be several times faster).",
+    )
     flags.DEFINE_float("target", 0.05, "Largest acceptable |kgpt - reference| validation loss, nats.")
 
 
@@ -377,9 +440,11 @@ def prepare(flags_values):
     np.save(os.path.join(f.work_dir, "train_windows.npy"), train)
     np.save(os.path.join(f.work_dir, "val_windows.npy"), val)
     np.save(os.path.join(f.work_dir, "order.npy"), order)
-    print(f"Data: {len(files)} file(s), {len(tokens):,} tokens, vocabulary {vocabulary_size:,}; {len(train):,} "
-          f"training windows ({len(order) / len(train):.2f} passes in {f.max_steps} steps), {len(val)} validation "
-          f"windows of {f.sequence_length}.")
+    print(
+        f"Data: {len(files)} file(s), {len(tokens):,} tokens, vocabulary {vocabulary_size:,}; {len(train):,} "
+        f"training windows ({len(order) / len(train):.2f} passes in {f.max_steps} steps), {len(val)} validation "
+        f"windows of {f.sequence_length}."
+    )
     return vocabulary_size, unigram_loss(tokens[:split], val[:, 1:].ravel(), vocabulary_size)
 
 
@@ -390,14 +455,22 @@ def find_reference_python(given):
     candidates = [given] if given else ["python", "python3"]
     for python in candidates:
         try:
-            ok = subprocess.run([python, "-c", "import torch, transformers"], capture_output=True,
-                                preexec_fn=ends_with_this_process()).returncode == 0
+            ok = (
+                subprocess.run(
+                    [python, "-c", "import torch, transformers"],
+                    capture_output=True,
+                    preexec_fn=ends_with_this_process(),
+                ).returncode
+                == 0
+            )
         except OSError:
             ok = False
         if ok:
             return python
-    raise SystemExit(f"No Python with torch and transformers found ({', '.join(candidates)}); make one with\n  "
-                     f"{VENV_HINT}\nand pass --reference_python ENV/bin/python.")
+    raise SystemExit(
+        f"No Python with torch and transformers found ({', '.join(candidates)}); make one with\n  "
+        f"{VENV_HINT}\nand pass --reference_python ENV/bin/python."
+    )
 
 
 def run_worker(python, name, work_dir, seed, env=None, mode="worker"):
@@ -416,7 +489,7 @@ def _seed_list(values, flag):
     try:
         seeds = [int(v) for v in values]
     except ValueError:
-        raise app.UsageError(f"{flag}: expected integers such as 0,1,2, got {','.join(values)!r}.")
+        raise app.UsageError(f"{flag}: expected integers such as 0,1,2, got {','.join(values)!r}.") from None
     if not seeds or len(set(seeds)) != len(seeds):
         raise app.UsageError(f"{flag}: expected distinct integers such as 0,1,2, got {','.join(values)!r}.")
     return seeds
@@ -428,6 +501,7 @@ def saved_runs(work_dir):
     Curves from other settings (or saved before curves recorded them) are left out and listed; the
     reference's thread count changes only its speed, so it may differ.
     """
+
     def training(settings):
         return {k: v for k, v in settings.items() if k != "reference_threads"}
 
@@ -464,8 +538,10 @@ def table(work_dir, runs, target):
     for name, seed in kgpts:
         per_implementation.setdefault(name, []).append(seed)
     several = any(len(s) > 1 for s in per_implementation.values())
-    label = {key: (f"ref s{key[1]}" if key[0] == "reference" else f"{key[0]} s{key[1]}" if len(seeds) > 1 else key[0])
-             for key in curves}
+    label = {
+        key: (f"ref s{key[1]}" if key[0] == "reference" else f"{key[0]} s{key[1]}" if len(seeds) > 1 else key[0])
+        for key in curves
+    }
     columns = [*kgpts, *references]
     diffs = [(k, references[0]) for k in kgpts] if references and not several else []  # alone: no gaps
     if len(references) > 1 and not several:
@@ -473,8 +549,11 @@ def table(work_dir, runs, target):
     header = ["step", *(label[k] for k in columns), *(f"{label[a]} - {label[b]}" for a, b in diffs)]
     with open(os.path.join(work_dir, "config.json")) as f:
         unigram = json.load(f).get("unigram_val_loss")
-    print("\nValidation loss (nats per token, dropout off)" + (
-        f"; the training tokens' unigram frequencies alone score {unigram:.4f}" if unigram else "") + "\n")
+    print(
+        "\nValidation loss (nats per token, dropout off)"
+        + (f"; the training tokens' unigram frequencies alone score {unigram:.4f}" if unigram else "")
+        + "\n"
+    )
     print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
     worst = {pair: 0.0 for pair in diffs}
     for i, point in enumerate(curves[columns[0]]["curve"]):
@@ -488,8 +567,10 @@ def table(work_dir, runs, target):
     print("\nTraining speed (tokens/s after the first segment, which compiles; the machine may be shared)\n")
     for k in columns:
         c = curves[k]
-        print(f"  {label[k]:16s} {c['tokens_per_s']:9,.0f} tokens/s  {c['steps_per_s']:.2f} steps/s  "
-              f"(train {c['train_seconds']:.0f} s, process {c['wall_seconds']:.0f} s; {c['versions']})")
+        print(
+            f"  {label[k]:16s} {c['tokens_per_s']:9,.0f} tokens/s  {c['steps_per_s']:.2f} steps/s  "
+            f"(train {c['train_seconds']:.0f} s, process {c['wall_seconds']:.0f} s; {c['versions']})"
+        )
     if several:
         return seed_means(curves, target)
     met = True
@@ -501,9 +582,11 @@ def table(work_dir, runs, target):
                 continue
             ok = value <= target
             met &= ok
-            print(f"{label[a]} vs {label[b]}: largest |difference| {value:.4f} nats over {len(curves[a]['curve'])} "
-                  f"evaluations: {'within' if ok else 'MISSES'} the {target} target"
-                  + ("." if ok else " at some evaluation."))
+            print(
+                f"{label[a]} vs {label[b]}: largest |difference| {value:.4f} nats over {len(curves[a]['curve'])} "
+                f"evaluations: {'within' if ok else 'MISSES'} the {target} target"
+                + ("." if ok else " at some evaluation.")
+            )
     return met
 
 
@@ -514,14 +597,21 @@ def seed_means(curves, target):
     for (name, _), curve in curves.items():
         groups.setdefault(name, []).append([point["val_loss"] for point in curve["curve"]])
     steps = [point["step"] for point in next(iter(curves.values()))["curve"]]
-    stats = {name: (np.mean(v, axis=0), np.std(v, axis=0, ddof=1) if len(v) > 1 else None, len(v))
-             for name, v in groups.items()}
+    stats = {
+        name: (np.mean(v, axis=0), np.std(v, axis=0, ddof=1) if len(v) > 1 else None, len(v))
+        for name, v in groups.items()
+    }
     kgpts = [name for name in groups if name != "reference"]
     compared = kgpts if "reference" in groups else []
-    print("\nMeans over seeds (sd across seeds in brackets); kgpt minus the reference, +- the standard error "
-          "of that difference, sqrt(sd_a^2 / n_a + sd_b^2 / n_b)\n")
-    header = ["step", *(f"{name} ({stats[name][2]} seeds)" for name in groups),
-              *(f"{name} - reference" for name in compared)]
+    print(
+        "\nMeans over seeds (sd across seeds in brackets); kgpt minus the reference, +- the standard error "
+        "of that difference, sqrt(sd_a^2 / n_a + sd_b^2 / n_b)\n"
+    )
+    header = [
+        "step",
+        *(f"{name} ({stats[name][2]} seeds)" for name in groups),
+        *(f"{name} - reference" for name in compared),
+    ]
     print("| " + " | ".join(header) + " |\n|" + " --- |" * len(header))
     worst = {name: (0.0, None) for name in compared}
     for i, step in enumerate(steps):
@@ -534,8 +624,11 @@ def seed_means(curves, target):
             difference = mean[i] - ref_mean[i]
             if abs(difference) > worst[name][0]:
                 worst[name] = (abs(difference), step)
-            error = (f" +- {np.sqrt(sd[i] ** 2 / n + ref_sd[i] ** 2 / ref_n):.4f}"
-                     if sd is not None and ref_sd is not None else "")
+            error = (
+                f" +- {np.sqrt(sd[i] ** 2 / n + ref_sd[i] ** 2 / ref_n):.4f}"
+                if sd is not None and ref_sd is not None
+                else ""
+            )
             row.append(f"{difference:+.4f}{error}")
         print("| " + " | ".join(row) + " |")
     met = True
@@ -544,8 +637,10 @@ def seed_means(curves, target):
         value, step = worst[name]
         ok = value <= target
         met &= ok
-        print(f"{name} (mean of {stats[name][2]}) vs the reference (mean of {stats['reference'][2]}): largest "
-              f"|difference| {value:.4f} nats (step {step}): {'within' if ok else 'MISSES'} the {target} target.")
+        print(
+            f"{name} (mean of {stats[name][2]}) vs the reference (mean of {stats['reference'][2]}): largest "
+            f"|difference| {value:.4f} nats (step {step}): {'within' if ok else 'MISSES'} the {target} target."
+        )
     return met
 
 
@@ -563,7 +658,7 @@ def initial_table(work_dir, names):
         sd = np.std(losses, ddof=1) if len(losses) > 1 else float("nan")
         versus = ""
         if reference is not None and name != "reference" and len(losses) > 1 and len(reference) > 1:
-            error = np.sqrt(sd ** 2 / len(losses) + np.var(reference, ddof=1) / len(reference))
+            error = np.sqrt(sd**2 / len(losses) + np.var(reference, ddof=1) / len(reference))
             versus = f"{losses.mean() - reference.mean():+.4f} +- {error:.4f}"
         print(f"| {name} | {len(losses)} | {losses.mean():.4f} | {sd:.4f} | {versus} |")
 
@@ -591,18 +686,39 @@ def main(argv):
     _seed_list(f.reference_seeds, "--reference_seeds")
     reference_python = find_reference_python(f.reference_python) if "reference" in f.implementations else None
     vocabulary_size, unigram = prepare(f)
-    config = {name: getattr(f, name) for name in (
-        "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "sequence_length", "batch_size",
-        "eval_batch_size", "max_steps", "warmup_steps", "learning_rate", "weight_decay", "dropout",
-        "initializer_range", "reference_threads")}
-    config.update(vocabulary_size=vocabulary_size, evaluation_steps=evaluation_steps(f.max_steps, f.evaluations),
-                  unigram_val_loss=unigram)
+    config = {
+        name: getattr(f, name)
+        for name in (
+            "num_layers",
+            "num_heads",
+            "hidden_dim",
+            "intermediate_dim",
+            "sequence_length",
+            "batch_size",
+            "eval_batch_size",
+            "max_steps",
+            "warmup_steps",
+            "learning_rate",
+            "weight_decay",
+            "dropout",
+            "initializer_range",
+            "reference_threads",
+        )
+    }
+    config.update(
+        vocabulary_size=vocabulary_size,
+        evaluation_steps=evaluation_steps(f.max_steps, f.evaluations),
+        unigram_val_loss=unigram,
+    )
     write_json(os.path.join(f.work_dir, "config.json"), config)
     print(f"Settings: {json.dumps(config)}")
     if f.initial_draws:
         for name in f.implementations:
-            python, env = ((reference_python, None) if name == "reference" else
-                           (sys.executable, dict(os.environ, KERAS_BACKEND=name.split("-", 1)[1])))
+            python, env = (
+                (reference_python, None)
+                if name == "reference"
+                else (sys.executable, dict(os.environ, KERAS_BACKEND=name.split("-", 1)[1]))
+            )
             run_worker(python, name, f.work_dir, f.initial_draws, env, mode="initial")
         initial_table(f.work_dir, f.implementations)
         return

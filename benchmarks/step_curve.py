@@ -55,9 +55,16 @@ def measure(model, split_of, lengths, batch_size, rounds):
     print("|---|---|---|---|")
     for n in lengths:
         print(f"| {n} | {step[n] * 1e3:.1f} | {step[n] / batch_size / n * 1e3:.4f} | {(a + b * n) * 1e3:.4f} |")
-    print(f"\nfit: a row's time = {a * 1e3:.4f} ms x L + {b * 1e3:.6f} ms x L^2: attention costs as much as the rest "
-          f"at L = {a / b:.0f}" if b > 0 else f"\nfit: no growth beyond linear (b = {b:.3g})")
-    print(f"derived from the model's shape (compile_cost.attention_length): L = "
-          f"{compile_cost.attention_length(model.backbone):.0f}; backend {keras.config.backend()}")
-    print("rounds (ms per step): " + "; ".join(f"{n}: " + ", ".join(f"{t * 1e3:.0f}" for t in times[n])
-                                               for n in lengths))
+    print(
+        f"\nfit: a row's time = {a * 1e3:.4f} ms x L + {b * 1e3:.6f} ms x L^2: attention costs as much as the rest "
+        f"at L = {a / b:.0f}"
+        if b > 0
+        else f"\nfit: no growth beyond linear (b = {b:.3g})"
+    )
+    print(
+        f"derived from the model's shape (compile_cost.attention_length): L = "
+        f"{compile_cost.attention_length(model.backbone):.0f}; backend {keras.config.backend()}"
+    )
+    print(
+        "rounds (ms per step): " + "; ".join(f"{n}: " + ", ".join(f"{t * 1e3:.0f}" for t in times[n]) for n in lengths)
+    )

@@ -20,31 +20,87 @@ import numpy as np
 # Dropout's random bits come before the layers they sit in; the data movement rule only sees ops that are
 # nothing but copies and transposes.
 CLASSES = [
-    ("dropout: random bits", lambda p, op: "dropout" in p and re.search(r"bernoulli|uniform|random|threefry|rng|"
-                                                                         r"philox|stateless", p) is not None),
+    (
+        "dropout: random bits",
+        lambda p, op: (
+            "dropout" in p
+            and re.search(
+                r"bernoulli|uniform|random|threefry|rng|"
+                r"philox|stateless",
+                p,
+            )
+            is not None
+        ),
+    ),
     ("dropout: mask applied", lambda p, op: "dropout" in p),
-    ("optimizer update", lambda p, op: re.search(r"adam|optimizer|/sgd|apply_gradient|assignaddvariable|"
-                                                 r"resourceapply|assignvariable", p) is not None),
-    ("LM loss: tied logits, softmax, cross-entropy", lambda p, op: "compile_loss" in p or "tied_lm" in p
-     or "lm_loss" in p or "sparse_softmax" in p),
+    (
+        "optimizer update",
+        lambda p, op: (
+            re.search(
+                r"adam|optimizer|/sgd|apply_gradient|assignaddvariable|"
+                r"resourceapply|assignvariable",
+                p,
+            )
+            is not None
+        ),
+    ),
+    (
+        "LM loss: tied logits, softmax, cross-entropy",
+        lambda p, op: "compile_loss" in p or "tied_lm" in p or "lm_loss" in p or "sparse_softmax" in p,
+    ),
     # The attention's own arithmetic runs in the block's scope, outside its sublayers (TF names it MatMul,
     # transpose, ...; JAX by the einsum), but for the softmax layer.
-    ("attention: scores, mask, softmax, x values", lambda p, op: "attention_softmax" in p or re.search(
-        r"transformer_layer_\d+(?:_\d+)?/(?!(?:query|key|value|attention_output|feedforward|self_attention|"
-        r"attention_probs)\w*/)", p) is not None),
-    ("gelu", lambda p, op: "feedforward_intermediate_dense" in p and re.search(
-        r"tanh|integer_pow|pow|/mul|/sub|/add_1|gelu", p) is not None and "dot_general" not in p
-     and "matmul" not in p and "biasadd" not in p),
+    (
+        "attention: scores, mask, softmax, x values",
+        lambda p, op: (
+            "attention_softmax" in p
+            or re.search(
+                r"transformer_layer_\d+(?:_\d+)?/(?!(?:query|key|value|attention_output|feedforward|self_attention|"
+                r"attention_probs)\w*/)",
+                p,
+            )
+            is not None
+        ),
+    ),
+    (
+        "gelu",
+        lambda p, op: (
+            "feedforward_intermediate_dense" in p
+            and re.search(r"tanh|integer_pow|pow|/mul|/sub|/add_1|gelu", p) is not None
+            and "dot_general" not in p
+            and "matmul" not in p
+            and "biasadd" not in p
+        ),
+    ),
     ("layer norm", lambda p, op: "layer_norm" in p),
-    ("dense layers: matmuls and biases", lambda p, op: re.search(
-        r"query|key|value|attention_output|feedforward_|classifier", p) is not None),
+    (
+        "dense layers: matmuls and biases",
+        lambda p, op: re.search(r"query|key|value|attention_output|feedforward_|classifier", p) is not None,
+    ),
     ("embeddings (lookup, gradient scatter)", lambda p, op: "embedding" in p),
 ]
 MOVEMENT = "transposes, copies, layout"
 OTHER = "other (unattributed)"
-MOVEMENT_OPS = {"copy", "transpose", "bitcast", "reshape", "broadcast", "slice", "concatenate", "dynamic-slice",
-                "dynamic-update-slice", "pad", "parameter", "constant", "tuple", "get-tuple-element", "iota",
-                "copy-start", "copy-done", "convert"}
+MOVEMENT_OPS = {
+    "copy",
+    "transpose",
+    "bitcast",
+    "reshape",
+    "broadcast",
+    "slice",
+    "concatenate",
+    "dynamic-slice",
+    "dynamic-update-slice",
+    "pad",
+    "parameter",
+    "constant",
+    "tuple",
+    "get-tuple-element",
+    "iota",
+    "copy-start",
+    "copy-done",
+    "convert",
+}
 
 
 def classify(path, opcode, movement=False):
@@ -90,8 +146,15 @@ def hlo_instructions(text):
             name, shape, opcode = match.groups()
             path = re.search(r'op_name="([^"]*)"', line)
             called = re.search(r"calls=%?([\w.\-]+)", line)
-            current.append((name, opcode, path.group(1) if path else "", called.group(1) if called else None,
-                            shape.lstrip("(").split("[")[0]))
+            current.append(
+                (
+                    name,
+                    opcode,
+                    path.group(1) if path else "",
+                    called.group(1) if called else None,
+                    shape.lstrip("(").split("[")[0],
+                )
+            )
     info = {}
     for instructions in computations.values():
         for name, opcode, path, called, dtype in instructions:
@@ -99,7 +162,8 @@ def hlo_instructions(text):
             if not path:  # a fusion without metadata: the first op inside that has some
                 path = next((p for _, _, p, _, _ in inner if p), "")
             movement = opcode in MOVEMENT_OPS or (
-                opcode == "fusion" and bool(inner) and all(o in MOVEMENT_OPS for _, o, _, _, _ in inner))
+                opcode == "fusion" and bool(inner) and all(o in MOVEMENT_OPS for _, o, _, _, _ in inner)
+            )
             if dtype in ("u32", "u64") and not path:
                 path = "dropout/random bits"  # an unnamed copy of the RNG loop's uint32 state
             info[name] = (opcode, path, movement, dtype)
@@ -107,6 +171,7 @@ def hlo_instructions(text):
 
 
 # --- the trace --------------------------------------------------------------------------------------------
+
 
 def latest_xplane(trace_dir):
     """The newest `*.xplane.pb` a profiler session wrote under `trace_dir`."""

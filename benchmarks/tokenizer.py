@@ -102,18 +102,30 @@ def speed(args):
 
     files = _files(args)
     size = sum(os.path.getsize(f) for f in files)
-    print(f"{len(files)} file(s), {size / 1e6:.1f} MB; load average {_load()[0]:.2f} at the start; "
-          f"median of {args.repeats} build(s) per row, each in a fresh process, the rows' runs interleaved")
+    print(
+        f"{len(files)} file(s), {size / 1e6:.1f} MB; load average {_load()[0]:.2f} at the start; "
+        f"median of {args.repeats} build(s) per row, each in a fresh process, the rows' runs interleaved"
+    )
     print("| splitter | workers | tokens | seconds | tokens/s | vs 1 | tokens per CPU-second | load |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for splitter in args.splitters.split(","):
         runs = collections.defaultdict(list)
         for _ in range(args.repeats):
             for workers in args.workers.split(","):
-                command = [sys.executable, os.path.abspath(__file__), "build-once", "--files", args.files,
-                           "--workers", workers, "--splitters", splitter]
-                out = subprocess.run(command, check=True, capture_output=True, text=True,
-                                     preexec_fn=ends_with_this_process()).stdout
+                command = [
+                    sys.executable,
+                    os.path.abspath(__file__),
+                    "build-once",
+                    "--files",
+                    args.files,
+                    "--workers",
+                    workers,
+                    "--splitters",
+                    splitter,
+                ]
+                out = subprocess.run(
+                    command, check=True, capture_output=True, text=True, preexec_fn=ends_with_this_process()
+                ).stdout
                 runs[int(workers)].append(json.loads(out.strip().splitlines()[-1]))
         rates = {}
         for workers, results in runs.items():
@@ -122,8 +134,10 @@ def speed(args):
             tokens = results[0]["tokens"]
             rates[workers] = tokens / seconds
             ratio = rates[workers] / rates[min(rates)]
-            print(f"| {splitter} | {workers} | {tokens:,} | {seconds:.2f} | {rates[workers]:,.0f} | {ratio:.2f}x "
-                  f"| {tokens / cpu:,.0f} | {_load()[0]:.2f} |")
+            print(
+                f"| {splitter} | {workers} | {tokens:,} | {seconds:.2f} | {rates[workers]:,.0f} | {ratio:.2f}x "
+                f"| {tokens / cpu:,.0f} | {_load()[0]:.2f} |"
+            )
     if args.stages:
         _stages(args, files)
 
@@ -190,8 +204,9 @@ def main():
         sub.add_argument("--workers", default=f"1,{os.cpu_count()}", help="worker counts, comma-separated")
         sub.add_argument("--splitters", default="spacy,regex")
     fast.add_argument("--repeats", type=int, default=3, help="builds per row (the median is printed)")
-    fast.add_argument("--stages", action=argparse.BooleanOptionalAction, default=True,
-                      help="also time the stages of one process")
+    fast.add_argument(
+        "--stages", action=argparse.BooleanOptionalAction, default=True, help="also time the stages of one process"
+    )
     args = parser.parse_args()
     {"agreement": agreement, "speed": speed, "build-once": build_once}[args.command](args)
 

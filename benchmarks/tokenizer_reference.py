@@ -31,9 +31,13 @@ def reference_tokenizer():
     import transformers
     from transformers.models.openai.tokenization_openai import OpenAIGPTTokenizer
 
-    tokenizer = OpenAIGPTTokenizer(os.path.join(ASSETS, "encoder_bpe_40000.json"), os.path.join(ASSETS, "vocab_40000.bpe"))
+    tokenizer = OpenAIGPTTokenizer(
+        os.path.join(ASSETS, "encoder_bpe_40000.json"), os.path.join(ASSETS, "vocab_40000.bpe")
+    )
     if getattr(tokenizer, "fix_text", None) is None:
-        sys.exit(f"transformers {transformers.__version__} has no ftfy + spaCy path: install transformers<5, ftfy, spacy.")
+        sys.exit(
+            f"transformers {transformers.__version__} has no ftfy + spaCy path: install transformers<5, ftfy, spacy."
+        )
     return tokenizer, transformers.__version__
 
 

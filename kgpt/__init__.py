@@ -17,7 +17,7 @@ of them used imports them all, which registers every kgpt Keras class
 import importlib
 import sys
 
-from kgpt import log  # `kgpt.log.to_stdout()` shows progress as the commands do; see kgpt.log
+from kgpt import log  # noqa: F401 - `kgpt.log.to_stdout()` shows progress as the commands do; see kgpt.log
 
 __version__ = "0.1.0"
 

@@ -141,8 +141,12 @@ class LiveFilter:
         try:
             # The child ends with the thread that starts it (kgpt._children): only the main thread asks for that.
             parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
-            self._child = subprocess.Popen([sys.executable, "-c", _FILTER, NOISE.pattern, _children.__file__,
-                                            str(parent)], stdin=read, stderr=saved, stdout=subprocess.DEVNULL)
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _FILTER, NOISE.pattern, _children.__file__, str(parent)],
+                stdin=read,
+                stderr=saved,
+                stdout=subprocess.DEVNULL,
+            )
         except OSError:
             os.close(saved)
             return

@@ -82,14 +82,18 @@ def _indices(value, name, limit, ndim, what, limit_name):
     try:
         array = np.asarray(value)
     except ValueError as e:  # ragged nested lists
-        raise ValueError(f"{name} must be a rectangular array of {what}; rows of different lengths "
-                         f"({str(e)[:120]}).") from None
+        raise ValueError(
+            f"{name} must be a rectangular array of {what}; rows of different lengths ({str(e)[:120]})."
+        ) from None
     if array.size == 0:
         raise ValueError(f"{name} is empty: there are no {what} in it.")
     if array.dtype == object or array.dtype.kind not in "iu":
         kind = "strings" if array.dtype.kind in "USO" else f"dtype {array.dtype}"
-        raise TypeError(f"{name} must hold integer {what}, got {kind}"
-                        + (" (rows of different lengths?)" if array.dtype == object else "") + ".")
+        raise TypeError(
+            f"{name} must hold integer {what}, got {kind}"
+            + (" (rows of different lengths?)" if array.dtype == object else "")
+            + "."
+        )
     if array.ndim != ndim:
         dims = {1: "[batch]", 2: "[batch, length]", 3: "[batch, views, length]"}.get(ndim, "")
         raise ValueError(f"{name} must have {ndim} dimension{'s' * (ndim > 1)} {dims}, got shape {array.shape}.")
@@ -162,8 +166,10 @@ def model_inputs(x, vocabulary_size, max_sequence_length, ndim=2, name="x"):
     ids = token_ids(ids, f"{name}['token_ids']", vocabulary_size, ndim=ndim)
     length = ids.shape[-1]
     if not 1 <= length <= max_sequence_length:
-        raise ValueError(f"{name}['token_ids'] has length {length}: it must be between 1 and the model's "
-                         f"max_sequence_length={max_sequence_length}.")
+        raise ValueError(
+            f"{name}['token_ids'] has length {length}: it must be between 1 and the model's "
+            f"max_sequence_length={max_sequence_length}."
+        )
     mask = concrete(x.get("padding_mask"))
     if mask is not None:
         padding_mask(mask, f"{name}['padding_mask']", ids.shape)
@@ -258,9 +264,12 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
         if not ids.dtype.is_integer:
             return ids
         message = f"{DATASET_ID_ERROR} {name}: token ids must be in 0..{vocabulary_size - 1} (vocabulary_size={vocabulary_size})"
-        with tf.control_dependencies([tf.debugging.assert_non_negative(ids, message=message),
-                                      tf.debugging.assert_less(ids, tf.cast(vocabulary_size, ids.dtype),
-                                                               message=message)]):
+        with tf.control_dependencies(
+            [
+                tf.debugging.assert_non_negative(ids, message=message),
+                tf.debugging.assert_less(ids, tf.cast(vocabulary_size, ids.dtype), message=message),
+            ]
+        ):
             return tf.identity(ids)
 
     def check_element(*element):
@@ -272,6 +281,7 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
         return (x, *rest) if rest else x
 
     return dataset.map(check_element if isinstance(dataset.element_spec, tuple) else lambda x: check_element(x))
+
 
 DATASET_ID_ERROR = "A token id in the dataset is out of range at"
 
@@ -309,7 +319,7 @@ def dataset_errors(model):
             text = str(e)
             if DATASET_ID_ERROR not in text:
                 raise
-            line = text[text.index(DATASET_ID_ERROR):].split("]")[0]
+            line = text[text.index(DATASET_ID_ERROR) :].split("]")[0]
             raise ValueError(f"{line}. Ids inside a tf.data.Dataset are checked as each batch is read.") from None
 
 

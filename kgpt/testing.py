@@ -20,13 +20,13 @@ import tempfile
 
 import numpy as np
 
-from kgpt.tasks import metrics as metrics_lib
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
-from kgpt.tasks.registry import TaskRegistry
-from kgpt.tasks.task import Example, Skipped, Task
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel
 from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
+from kgpt.tasks import metrics as metrics_lib
+from kgpt.tasks.registry import TaskRegistry
+from kgpt.tasks.task import Example, Skipped, Task
 
 _TEXT = ["the cat sat on the mat", "a dog ran", "rain falls in spring", "why is the sky blue"]
 
@@ -97,8 +97,14 @@ def check_task(task, data_dir=None, tokenizer=None):
     preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=32)
     targets = [task.label_value(e) for e in examples]
     split = preprocessor.encode_batch(examples, np.asarray(targets, task.head.target_dtype))
-    backbone = GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=1, num_heads=2, hidden_dim=8,
-                           intermediate_dim=16, max_sequence_length=32)
+    backbone = GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=32,
+    )
     model = GPTTaskModel(backbone, head=task.head, num_views=task.transform.num_views, preprocessor=preprocessor)
     x, y, sample_weight = split.batch(np.arange(len(split)))
     logs = model.train_on_batch(x, y, sample_weight=sample_weight, return_dict=True)
@@ -109,8 +115,11 @@ def check_task(task, data_dir=None, tokenizer=None):
     names = task.head.output_names()
     probabilities = np.asarray(task.head.probabilities(outputs))
     expected = (4, len(names)) if names else (4,)
-    _check(probabilities.shape == expected, task, f"head.probabilities gave shape {probabilities.shape}, "
-           f"expected {expected} (one column per output name)")
+    _check(
+        probabilities.shape == expected,
+        task,
+        f"head.probabilities gave shape {probabilities.shape}, expected {expected} (one column per output name)",
+    )
     for metric in task.metrics:
         name, fn = metrics_lib.resolve(metric)
         value = fn(split.targets, predictions)

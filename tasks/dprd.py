@@ -13,8 +13,8 @@ import re
 
 import kgpt
 from kgpt.data import readers
-from kgpt.tasks.transforms import MultipleChoice
 from kgpt.tasks.heuristics import PronounSubstitution
+from kgpt.tasks.transforms import MultipleChoice
 
 FILES = {"train": ["train.c.txt"], "test": ["test.c.txt"]}
 
@@ -45,13 +45,15 @@ def read(split, data_dir):
         (_, sentence), (_, pronoun), (_, candidates), (_, answer) = block
         choices = tuple(c.strip() for c in candidates.split(","))
         if len(choices) != 2 or not all(choices):
-            raise kgpt.DataError(f"{path}:{first + 2}: expected two candidates separated by a comma, got {candidates!r}.")
+            raise kgpt.DataError(
+                f"{path}:{first + 2}: expected two candidates separated by a comma, got {candidates!r}."
+            )
         if answer not in choices:
             raise kgpt.DataError(f"{path}:{first + 3}: answer {answer!r} is not one of the candidates {choices}.")
         match = re.search(rf"(?<!\w){re.escape(pronoun)}(?!\w)", sentence, flags=re.IGNORECASE)
         if match is None:
             raise kgpt.DataError(f"{path}:{first + 1}: pronoun {pronoun!r} does not occur in the sentence.")
-        before, after = sentence[: match.start()].strip(), sentence[match.end():].strip()
+        before, after = sentence[: match.start()].strip(), sentence[match.end() :].strip()
         if not after:
             yield kgpt.Skipped(source, "nothing follows the pronoun to score")
             continue
@@ -59,7 +61,10 @@ def read(split, data_dir):
 
 
 TASK = kgpt.Task(
-    name="dprd", transform=MultipleChoice(2), read=read, splits=("train", "test"),
+    name="dprd",
+    transform=MultipleChoice(2),
+    read=read,
+    splits=("train", "test"),
     description="DPRD Winograd-style pronoun resolution (zero-shot in the paper, section 5).",
     zero_shot=PronounSubstitution(),
 )

@@ -86,8 +86,17 @@ class FileTask(kgpt.Task):
 
     files: Files | None = None
 
-    def with_files(self, train_file=None, validation_file=None, test_file=None, text_columns=None,
-                   label_column=None, choice_columns=None, metrics=None, data_dir=None):
+    def with_files(
+        self,
+        train_file=None,
+        validation_file=None,
+        test_file=None,
+        text_columns=None,
+        label_column=None,
+        choice_columns=None,
+        metrics=None,
+        data_dir=None,
+    ):
         """This task on your files: a new `FileTask` (the label set read from `train_file` for classification).
 
         Args:
@@ -105,14 +114,18 @@ class FileTask(kgpt.Task):
         """
         kind = self.name
         if not train_file:
-            raise ConfigError(f"--task {kind} reads your files: give --train_file (and --validation_file, "
-                              f"--test_file), --text_columns and --label_column"
-                              f"{' and --choice_columns' if kind == CHOICE else ''}.")
+            raise ConfigError(
+                f"--task {kind} reads your files: give --train_file (and --validation_file, "
+                f"--test_file), --text_columns and --label_column"
+                f"{' and --choice_columns' if kind == CHOICE else ''}."
+            )
         text_columns, choice_columns = _names(text_columns), _names(choice_columns)
         given = {"train": train_file, "validation": validation_file, "test": test_file}
         # Absolute: finetune's data_dir (where ids are relative to) may be another folder then.
-        paths = {split: os.path.abspath(os.path.join(data_dir or "", name)) if name else None
-                 for split, name in given.items()}
+        paths = {
+            split: os.path.abspath(os.path.join(data_dir or "", name)) if name else None
+            for split, name in given.items()
+        }
         train_path = paths["train"]
         for split, name in paths.items():
             if name:
@@ -123,7 +136,9 @@ class FileTask(kgpt.Task):
         header = table.columns
         has = f"{train_path} has {', '.join(map(repr, header))}"
         if not text_columns:
-            raise ConfigError(f"--text_columns: name the text column(s) of {train_path} ({has[len(train_path) + 1:]}).")
+            raise ConfigError(
+                f"--text_columns: name the text column(s) of {train_path} ({has[len(train_path) + 1 :]})."
+            )
         if not label_column:
             raise ConfigError(f"--label_column: name the {'answer' if kind == CHOICE else 'label'} column ({has}).")
         if kind == CHOICE and len(choice_columns) < 2:
@@ -131,18 +146,23 @@ class FileTask(kgpt.Task):
         if kind != CHOICE and choice_columns:
             raise ConfigError(f"--choice_columns is for --task multiple-choice, not {kind}.")
         if kind != CHOICE and len(text_columns) > 2:
-            raise ConfigError(f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
-                              f"join the texts into one column, or pick two.")
+            raise ConfigError(
+                f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
+                f"join the texts into one column, or pick two."
+            )
         metrics = _names(metrics)
         unknown = [m for m in metrics if m not in METRICS]
         if unknown:
-            raise ConfigError(f"--metrics: {', '.join(map(repr, unknown))} is no metric; kgpt has "
-                              f"{', '.join(METRICS)}.")
+            raise ConfigError(
+                f"--metrics: {', '.join(map(repr, unknown))} is no metric; kgpt has {', '.join(METRICS)}."
+            )
         every = [*text_columns, *choice_columns, label_column]
         twice = sorted({c for c in every if every.count(c) > 1})
         if twice:
-            raise ConfigError(f"Column(s) {', '.join(map(repr, twice))} given twice in --text_columns, "
-                              f"--choice_columns and --label_column.")
+            raise ConfigError(
+                f"Column(s) {', '.join(map(repr, twice))} given twice in --text_columns, "
+                f"--choice_columns and --label_column."
+            )
         table.require(text_columns, "--text_columns")
         table.require(choice_columns, "--choice_columns")
         table.require([label_column], "--label_column")
@@ -154,8 +174,11 @@ class FileTask(kgpt.Task):
 
     def inputs(self):
         """The columns a model of this task reads its text from: what `kgpt-predict` reads by default."""
-        return {"text_columns": list(self.files.text_columns), "choice_columns": list(self.files.choice_columns),
-                "label_column": self.files.label_column}
+        return {
+            "text_columns": list(self.files.text_columns),
+            "choice_columns": list(self.files.choice_columns),
+            "label_column": self.files.label_column,
+        }
 
 
 def _names(columns):
@@ -185,14 +208,19 @@ def _training_labels(files, data_dir):
     _warn_spellings(table.path, files.label_column, spellings)
     labels = tuple(_sorted_labels(counts))
     if len(labels) < 2:
-        raise DataError(f"{table.path}: every row has label {labels[0]!r} in column {files.label_column!r}: a "
-                        f"classifier needs two labels or more.")
+        raise DataError(
+            f"{table.path}: every row has label {labels[0]!r} in column {files.label_column!r}: a "
+            f"classifier needs two labels or more."
+        )
     rare = [f"{name!r} ({n})" for name, n in counts.items() if n < 2]
     if rare:
-        logger.warning(f"{table.path}: label(s) {', '.join(rare)} occur once only in {sum(counts.values())} rows: "
-                       f"the model can hardly learn them.")
-    logger.info(f"{table.path}: {len(labels)} labels " + ", ".join(f"{name!r} ({counts[name]})" for name in labels)
-                + ".")
+        logger.warning(
+            f"{table.path}: label(s) {', '.join(rare)} occur once only in {sum(counts.values())} rows: "
+            f"the model can hardly learn them."
+        )
+    logger.info(
+        f"{table.path}: {len(labels)} labels " + ", ".join(f"{name!r} ({counts[name]})" for name in labels) + "."
+    )
     return labels
 
 
@@ -210,9 +238,11 @@ def _warn_spellings(path, column, spellings):
         groups[_spelling(raw)].append(f"{raw!r} ({n} row{'s' if n > 1 else ''})")
     mixed = [", ".join(group) for group in groups.values() if len(group) > 1]
     if mixed:
-        logger.warning(f"{path}: label(s) in column {column!r} spelled more than one way: {'; '.join(mixed)}. "
-                       f"Surrounding spaces are dropped (one label); a difference in case or number format makes "
-                       f"separate classes: if they are one, spell them one way in your files.")
+        logger.warning(
+            f"{path}: label(s) in column {column!r} spelled more than one way: {'; '.join(mixed)}. "
+            f"Surrounding spaces are dropped (one label); a difference in case or number format makes "
+            f"separate classes: if they are one, spell them one way in your files."
+        )
 
 
 def _label(table, row, column, line):
@@ -241,19 +271,21 @@ class Reader:
             source = f"{table.path}:{line}"
             texts = [table.value(row, c, line) for c in files.text_columns]
             choices = [table.value(row, c, line) for c in files.choice_columns]
-            blank = next((c for c, t in zip((*files.text_columns, *files.choice_columns), (*texts, *choices))
-                          if not t.strip()), None)
+            blank = next(
+                (c for c, t in zip((*files.text_columns, *files.choice_columns), (*texts, *choices)) if not t.strip()),
+                None,
+            )
             if blank is not None:
                 empty[blank] += 1
                 first_empty = first_empty or source
                 yield kgpt.Skipped(source, f"empty text in column {blank!r}")
                 continue
             label = self._target(table, row, line, choices, ambiguous) if labeled else None
-            yield kgpt.Example(segments=tuple(texts), label=label, choices=tuple(choices), source=source,
-                               uid=source)
+            yield kgpt.Example(segments=tuple(texts), label=label, choices=tuple(choices), source=source, uid=source)
         if empty:
-            logger.warning(f"{table.path}: {sum(empty.values())} row(s) with an empty text skipped (first at "
-                           f"{first_empty}).")
+            logger.warning(
+                f"{table.path}: {sum(empty.values())} row(s) with an empty text skipped (first at {first_empty})."
+            )
         for why, (count, first) in ambiguous.items():
             logger.warning(f"{table.path}: {count} answer(s) in {files.label_column!r} {why} (first at {first}).")
 
@@ -263,9 +295,11 @@ class Reader:
         if self.kind == CLASSIFICATION:
             if value not in self.labels:
                 same = [label for label in self.labels if _spelling(label) == _spelling(value)]
-                raise DataError(f"{source}: label {value!r} is not one of the training file's labels "
-                                f"({', '.join(map(repr, self.labels))})"
-                                f"{f'; it spells {same[0]!r} another way' if same else ''}.")
+                raise DataError(
+                    f"{source}: label {value!r} is not one of the training file's labels "
+                    f"({', '.join(map(repr, self.labels))})"
+                    f"{f'; it spells {same[0]!r} another way' if same else ''}."
+                )
             return value
         if self.kind == REGRESSION:
             number = float(value) if NUMBER.fullmatch(value) else math.nan
@@ -276,16 +310,23 @@ class Reader:
         if re.fullmatch(r"-?[0-9]+", value):  # not str.isdigit(): int() refuses "²", which it takes
             index = int(value)
             if not 0 <= index < len(choices):
-                raise DataError(f"{source}: answer {index} in {column!r} is out of range: the {len(choices)} "
-                                f"choices ({', '.join(self.files.choice_columns)}) are 0..{len(choices) - 1}.")
+                raise DataError(
+                    f"{source}: answer {index} in {column!r} is out of range: the {len(choices)} "
+                    f"choices ({', '.join(self.files.choice_columns)}) are 0..{len(choices) - 1}."
+                )
             if matches and index not in matches:
-                _count(ambiguous, f"are a choice's index and another choice's text: read as indices from 0 "
-                                  f"(0 is {self.files.choice_columns[0]!r}); write them as indices if they were texts",
-                       source)
+                _count(
+                    ambiguous,
+                    f"are a choice's index and another choice's text: read as indices from 0 "
+                    f"(0 is {self.files.choice_columns[0]!r}); write them as indices if they were texts",
+                    source,
+                )
             return index
         if not matches:
-            raise DataError(f"{source}: answer {value!r} in {column!r} is neither a choice index (0.."
-                            f"{len(choices) - 1}) nor the text of a choice.")
+            raise DataError(
+                f"{source}: answer {value!r} in {column!r} is neither a choice index (0.."
+                f"{len(choices) - 1}) nor the text of a choice."
+            )
         if len(matches) > 1:
             _count(ambiguous, "are the text of two or more choices: the first of them taken as the answer", source)
         return matches[0]
@@ -306,8 +347,17 @@ def build(kind, files, labels=None, description="", default_data=None):
     else:
         transform = Entailment() if len(files.text_columns) == 2 else Classification()
     metrics = files.metrics or DEFAULT_METRICS.get(kind) or (("accuracy", "f1") if len(labels) == 2 else ("accuracy",))
-    return FileTask(name=kind, transform=transform, labels=labels, read=Reader(kind, files, labels), metrics=metrics,
-                    splits=SPLITS, description=description, default_data=default_data, files=files)
+    return FileTask(
+        name=kind,
+        transform=transform,
+        labels=labels,
+        read=Reader(kind, files, labels),
+        metrics=metrics,
+        splits=SPLITS,
+        description=description,
+        default_data=default_data,
+        files=files,
+    )
 
 
 # --- the embedded demo tables: SST-2-format reviews (glue_demo) in each task's shape ----------------------------
@@ -331,13 +381,23 @@ def _demo_rows(kind, split):
 
 
 DEMO = {
-    CLASSIFICATION: (Files({"train": "train.csv", "validation": "validation.csv"}, ("review",), "sentiment"),
-                     ("negative", "positive"), "Your CSV/TSV/JSONL: one or two text columns and a label column."),
-    REGRESSION: (Files({"train": "train.tsv", "validation": "validation.tsv"}, ("review",), "stars"), None,
-                 "Your CSV/TSV/JSONL: one or two text columns and a numeric column."),
-    CHOICE: (Files({"train": "train.jsonl", "validation": "validation.jsonl"}, ("review",), "answer",
-                   ("option_a", "option_b")), None,
-             "Your CSV/TSV/JSONL: context column(s), choice columns and the answer (index or text)."),
+    CLASSIFICATION: (
+        Files({"train": "train.csv", "validation": "validation.csv"}, ("review",), "sentiment"),
+        ("negative", "positive"),
+        "Your CSV/TSV/JSONL: one or two text columns and a label column.",
+    ),
+    REGRESSION: (
+        Files({"train": "train.tsv", "validation": "validation.tsv"}, ("review",), "stars"),
+        None,
+        "Your CSV/TSV/JSONL: one or two text columns and a numeric column.",
+    ),
+    CHOICE: (
+        Files(
+            {"train": "train.jsonl", "validation": "validation.jsonl"}, ("review",), "answer", ("option_a", "option_b")
+        ),
+        None,
+        "Your CSV/TSV/JSONL: context column(s), choice columns and the answer (index or text).",
+    ),
 }
 
 
@@ -356,12 +416,13 @@ def demo_writer(kind):
     return write
 
 
-TASKS = [build(kind, files, labels, description=description, default_data=demo_writer(kind))
-         for kind, (files, labels, description) in DEMO.items()]
+TASKS = [
+    build(kind, files, labels, description=description, default_data=demo_writer(kind))
+    for kind, (files, labels, description) in DEMO.items()
+]
 
 
 @kgpt.hookimpl
 def register_tasks(register):
     for task in TASKS:
         register(task)
-

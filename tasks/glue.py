@@ -15,8 +15,8 @@ datasets (`glue_demo.py`) for runs without `--data_dir`.
 
 import kgpt
 from kgpt.data import readers
-from kgpt.tasks.transforms import Classification, Entailment, Similarity
 from kgpt.tasks.heuristics import NextWordChoice, ThresholdedLogProb
+from kgpt.tasks.transforms import Classification, Entailment, Similarity
 from kgpt_tasks import glue_demo
 
 SPLITS = ("train", "dev", "test")
@@ -62,29 +62,83 @@ def glue_task(name, submission, **fields):
 
 
 TASKS = [
-    glue_task("cola", "CoLA.tsv", transform=Classification(), labels=("0", "1"), metrics=("matthews",),
-              read=read_cola, paper_score="45.4 mc", description="CoLA acceptability (GLUE).",
-              zero_shot=ThresholdedLogProb(positive="1"), default_data=glue_demo.write_cola),
-    glue_task("sst2", "SST-2.tsv", transform=Classification(), labels=("0", "1"), metrics=("accuracy",),
-              read=tsv_reader(["sentence"], "label"), paper_score="91.3 acc", description="SST-2 sentiment (GLUE).",
-              zero_shot=NextWordChoice({"1": "positive", "0": "negative"}, suffix="very"),
-              default_data=glue_demo.write_sst2),
-    glue_task("mrpc", "MRPC.tsv", transform=Similarity(), labels=("0", "1"), metrics=("f1", "accuracy"),
-              read=tsv_reader(["#1 String", "#2 String"], "Quality",
-                              files={"train": ["msr_paraphrase_train.txt"], "test": ["msr_paraphrase_test.txt"]}),
-              paper_score="82.3 F1", description="MRPC paraphrase (GLUE or Microsoft's files)."),
-    glue_task("qqp", "QQP.tsv", transform=Similarity(), labels=("0", "1"), metrics=("f1", "accuracy"),
-              read=tsv_reader(["question1", "question2"], "is_duplicate", skip_malformed=True),
-              paper_score="70.3 F1", description="Quora Question Pairs (GLUE)."),
-    glue_task("stsb", "STS-B.tsv", transform=Similarity(), metrics=("pearson", "spearman"),
-              read=tsv_reader(["sentence1", "sentence2"], "score"), paper_score="82.0 pc",
-              description="STS-B similarity score 0-5, regression (GLUE)."),
-    glue_task("qnli", "QNLI.tsv", transform=Entailment(), labels=("entailment", "not_entailment"),
-              metrics=("accuracy",), read=tsv_reader(["question", "sentence"], "label"), paper_score="88.1 acc",
-              description="QNLI question/sentence entailment (GLUE)."),
-    glue_task("rte", "RTE.tsv", transform=Entailment(), labels=("entailment", "not_entailment"),
-              metrics=("accuracy",), read=tsv_reader(["sentence1", "sentence2"], "label"), paper_score="56.0 acc",
-              description="RTE entailment (GLUE)."),
+    glue_task(
+        "cola",
+        "CoLA.tsv",
+        transform=Classification(),
+        labels=("0", "1"),
+        metrics=("matthews",),
+        read=read_cola,
+        paper_score="45.4 mc",
+        description="CoLA acceptability (GLUE).",
+        zero_shot=ThresholdedLogProb(positive="1"),
+        default_data=glue_demo.write_cola,
+    ),
+    glue_task(
+        "sst2",
+        "SST-2.tsv",
+        transform=Classification(),
+        labels=("0", "1"),
+        metrics=("accuracy",),
+        read=tsv_reader(["sentence"], "label"),
+        paper_score="91.3 acc",
+        description="SST-2 sentiment (GLUE).",
+        zero_shot=NextWordChoice({"1": "positive", "0": "negative"}, suffix="very"),
+        default_data=glue_demo.write_sst2,
+    ),
+    glue_task(
+        "mrpc",
+        "MRPC.tsv",
+        transform=Similarity(),
+        labels=("0", "1"),
+        metrics=("f1", "accuracy"),
+        read=tsv_reader(
+            ["#1 String", "#2 String"],
+            "Quality",
+            files={"train": ["msr_paraphrase_train.txt"], "test": ["msr_paraphrase_test.txt"]},
+        ),
+        paper_score="82.3 F1",
+        description="MRPC paraphrase (GLUE or Microsoft's files).",
+    ),
+    glue_task(
+        "qqp",
+        "QQP.tsv",
+        transform=Similarity(),
+        labels=("0", "1"),
+        metrics=("f1", "accuracy"),
+        read=tsv_reader(["question1", "question2"], "is_duplicate", skip_malformed=True),
+        paper_score="70.3 F1",
+        description="Quora Question Pairs (GLUE).",
+    ),
+    glue_task(
+        "stsb",
+        "STS-B.tsv",
+        transform=Similarity(),
+        metrics=("pearson", "spearman"),
+        read=tsv_reader(["sentence1", "sentence2"], "score"),
+        paper_score="82.0 pc",
+        description="STS-B similarity score 0-5, regression (GLUE).",
+    ),
+    glue_task(
+        "qnli",
+        "QNLI.tsv",
+        transform=Entailment(),
+        labels=("entailment", "not_entailment"),
+        metrics=("accuracy",),
+        read=tsv_reader(["question", "sentence"], "label"),
+        paper_score="88.1 acc",
+        description="QNLI question/sentence entailment (GLUE).",
+    ),
+    glue_task(
+        "rte",
+        "RTE.tsv",
+        transform=Entailment(),
+        labels=("entailment", "not_entailment"),
+        metrics=("accuracy",),
+        read=tsv_reader(["sentence1", "sentence2"], "label"),
+        paper_score="56.0 acc",
+        description="RTE entailment (GLUE).",
+    ),
 ]
 
 

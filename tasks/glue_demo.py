@@ -16,21 +16,71 @@ Generated deterministically; dev uses subjects unseen in train.
 import os
 import random
 
-SUBJECTS = ["the film", "the movie", "this story", "the acting", "the plot", "the music", "the ending",
-            "the script", "the director's work", "the cast", "the dialogue", "the soundtrack", "the pacing",
-            "the camera work", "this sequel", "the final scene", "the lead actor", "the humor"]
-POSITIVE = ["wonderful", "moving", "brilliant", "delightful", "charming", "gripping", "beautiful", "funny",
-            "clever", "touching"]
-NEGATIVE = ["dull", "boring", "awful", "clumsy", "tedious", "bland", "painful", "lifeless", "messy",
-            "forgettable"]
-FRAMES = ["{s} is {a} .", "{s} was {a} from start to finish .", "i found {s} {a} .", "{s} feels {a} .",
-          "honestly , {s} is {a} ."]
+SUBJECTS = [
+    "the film",
+    "the movie",
+    "this story",
+    "the acting",
+    "the plot",
+    "the music",
+    "the ending",
+    "the script",
+    "the director's work",
+    "the cast",
+    "the dialogue",
+    "the soundtrack",
+    "the pacing",
+    "the camera work",
+    "this sequel",
+    "the final scene",
+    "the lead actor",
+    "the humor",
+]
+POSITIVE = [
+    "wonderful",
+    "moving",
+    "brilliant",
+    "delightful",
+    "charming",
+    "gripping",
+    "beautiful",
+    "funny",
+    "clever",
+    "touching",
+]
+NEGATIVE = ["dull", "boring", "awful", "clumsy", "tedious", "bland", "painful", "lifeless", "messy", "forgettable"]
+FRAMES = [
+    "{s} is {a} .",
+    "{s} was {a} from start to finish .",
+    "i found {s} {a} .",
+    "{s} feels {a} .",
+    "honestly , {s} is {a} .",
+]
 
-NOUNS = [("dog", "dogs"), ("teacher", "teachers"), ("child", "children"), ("farmer", "farmers"),
-         ("bird", "birds"), ("student", "students"), ("doctor", "doctors"), ("cat", "cats"),
-         ("pilot", "pilots"), ("baker", "bakers"), ("singer", "singers"), ("neighbor", "neighbors")]
-VERBS = [("sees", "see"), ("likes", "like"), ("follows", "follow"), ("helps", "help"), ("calls", "call"),
-         ("finds", "find"), ("meets", "meet"), ("watches", "watch")]
+NOUNS = [
+    ("dog", "dogs"),
+    ("teacher", "teachers"),
+    ("child", "children"),
+    ("farmer", "farmers"),
+    ("bird", "birds"),
+    ("student", "students"),
+    ("doctor", "doctors"),
+    ("cat", "cats"),
+    ("pilot", "pilots"),
+    ("baker", "bakers"),
+    ("singer", "singers"),
+    ("neighbor", "neighbors"),
+]
+VERBS = [
+    ("sees", "see"),
+    ("likes", "like"),
+    ("follows", "follow"),
+    ("helps", "help"),
+    ("calls", "call"),
+    ("finds", "find"),
+    ("meets", "meet"),
+    ("watches", "watch"),
+]
 
 
 def _split_items(items, dev_share=0.3):

@@ -20,8 +20,8 @@ import os
 
 import kgpt
 from kgpt.data import readers
-from kgpt.tasks.transforms import MultipleChoice
 from kgpt.tasks.heuristics import AnswerLogProb
+from kgpt.tasks.transforms import MultipleChoice
 
 LETTERS = "ABCD"
 
@@ -50,23 +50,40 @@ def _race_file(path):
         raise kgpt.DataError(f"{source}: expected a JSON object with article, questions, options, answers.")
     article = readers.field(passage, "article", source)
     questions, options, answers = (passage.get(k) for k in ("questions", "options", "answers"))
-    if not (isinstance(questions, list) and isinstance(options, list) and isinstance(answers, list)
-            and len(questions) == len(options) == len(answers)):
+    if not (
+        isinstance(questions, list)
+        and isinstance(options, list)
+        and isinstance(answers, list)
+        and len(questions) == len(options) == len(answers)
+    ):
         raise kgpt.DataError(f"{source}: questions, options and answers must be lists of one length.")
     for i, (question, choices, answer) in enumerate(zip(questions, options, answers)):
         where = f"{source} (question {i + 1})"
         if answer not in LETTERS:
             raise kgpt.DataError(f"{where}: answer {answer!r} is not one of A, B, C, D.")
-        yield kgpt.Example(segments=(article, str(question)), choices=tuple(str(c) for c in choices),
-                           label=LETTERS.index(answer), source=where, uid=f"{passage.get('id', path)}#{i}")
+        yield kgpt.Example(
+            segments=(article, str(question)),
+            choices=tuple(str(c) for c in choices),
+            label=LETTERS.index(answer),
+            source=where,
+            uid=f"{passage.get('id', path)}#{i}",
+        )
 
 
 STORY_FILES = {
     "val": ["cloze_test_val__spring2016 - cloze_test_ALL_val.csv", "val.csv"],
     "test": ["cloze_test_test__spring2016 - cloze_test_ALL_test.csv", "test.csv"],
 }
-STORY_COLUMNS = ["InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
-                 "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2", "AnswerRightEnding"]
+STORY_COLUMNS = [
+    "InputStoryid",
+    "InputSentence1",
+    "InputSentence2",
+    "InputSentence3",
+    "InputSentence4",
+    "RandomFifthSentenceQuiz1",
+    "RandomFifthSentenceQuiz2",
+    "AnswerRightEnding",
+]
 
 
 def read_story_cloze(split, data_dir):
@@ -91,21 +108,45 @@ def read_story_cloze(split, data_dir):
             raise kgpt.DataError(f"{source}: expected {len(STORY_COLUMNS)} comma-separated fields, got {len(row)}.")
         if row[7] not in ("1", "2"):
             raise kgpt.DataError(f"{source}: AnswerRightEnding {row[7]!r} is not 1 or 2.")
-        yield kgpt.Example(segments=(" ".join(row[1:5]),), choices=(row[5], row[6]), label=int(row[7]) - 1,
-                           source=source, uid=row[0])
+        yield kgpt.Example(
+            segments=(" ".join(row[1:5]),), choices=(row[5], row[6]), label=int(row[7]) - 1, source=source, uid=row[0]
+        )
 
 
 TASKS = [
-    kgpt.Task(name="race", transform=MultipleChoice(4), read=race_reader(["middle", "high"]),
-              paper_score="59.0 acc", description="RACE reading comprehension, middle + high school.",
-              zero_shot=AnswerLogProb()),
-    kgpt.Task(name="race-middle", transform=MultipleChoice(4), read=race_reader(["middle"]),
-              paper_score="62.9 acc", description="RACE-m: middle-school passages only.", zero_shot=AnswerLogProb()),
-    kgpt.Task(name="race-high", transform=MultipleChoice(4), read=race_reader(["high"]),
-              paper_score="57.4 acc", description="RACE-h: high-school passages only.", zero_shot=AnswerLogProb()),
-    kgpt.Task(name="story-cloze", transform=MultipleChoice(2), read=read_story_cloze, splits=("val", "test"),
-              paper_score="86.5 acc", description="Story Cloze Test 2016: the right ending of four sentences.",
-              zero_shot=AnswerLogProb()),
+    kgpt.Task(
+        name="race",
+        transform=MultipleChoice(4),
+        read=race_reader(["middle", "high"]),
+        paper_score="59.0 acc",
+        description="RACE reading comprehension, middle + high school.",
+        zero_shot=AnswerLogProb(),
+    ),
+    kgpt.Task(
+        name="race-middle",
+        transform=MultipleChoice(4),
+        read=race_reader(["middle"]),
+        paper_score="62.9 acc",
+        description="RACE-m: middle-school passages only.",
+        zero_shot=AnswerLogProb(),
+    ),
+    kgpt.Task(
+        name="race-high",
+        transform=MultipleChoice(4),
+        read=race_reader(["high"]),
+        paper_score="57.4 acc",
+        description="RACE-h: high-school passages only.",
+        zero_shot=AnswerLogProb(),
+    ),
+    kgpt.Task(
+        name="story-cloze",
+        transform=MultipleChoice(2),
+        read=read_story_cloze,
+        splits=("val", "test"),
+        paper_score="86.5 acc",
+        description="Story Cloze Test 2016: the right ending of four sentences.",
+        zero_shot=AnswerLogProb(),
+    ),
 ]
 
 

@@ -52,4 +52,3 @@ def register_tasks(register):
             default_data=scitail_demo.write,
         )
     )
-

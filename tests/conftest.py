@@ -46,12 +46,30 @@ TINY = dict(
 # (`--dist loadfile`, files in this order) the last files to start are short ones, so
 # neither worker is left alone with a long file at the end. The rest run in name order: a long
 # file late in the alphabet (test_use_trained.py, test_quantize.py) is listed here too.
-SLOW_FILES = ("test_cluster.py", "test_distribute.py", "test_analysis.py", "test_paper_tasks.py",
-              "test_documented_commands.py", "test_generic_tasks.py", "test_pretrain.py", "test_finetune.py",
-              "test_use_trained.py", "test_keras_hub_tokenizer.py", "test_quantize.py", "test_remote_output.py",
-              "test_keras_hub_conformance.py", "test_plugin_doc.py", "test_causal_lm.py", "test_task_contract.py",
-              "test_text_task.py", "test_dry_run.py", "test_plugins.py", "test_backbone.py", "test_task_model.py",
-              "test_lm_loss.py")
+SLOW_FILES = (
+    "test_cluster.py",
+    "test_distribute.py",
+    "test_analysis.py",
+    "test_paper_tasks.py",
+    "test_documented_commands.py",
+    "test_generic_tasks.py",
+    "test_pretrain.py",
+    "test_finetune.py",
+    "test_use_trained.py",
+    "test_keras_hub_tokenizer.py",
+    "test_quantize.py",
+    "test_remote_output.py",
+    "test_keras_hub_conformance.py",
+    "test_plugin_doc.py",
+    "test_causal_lm.py",
+    "test_task_contract.py",
+    "test_text_task.py",
+    "test_dry_run.py",
+    "test_plugins.py",
+    "test_backbone.py",
+    "test_task_model.py",
+    "test_lm_loss.py",
+)
 
 
 def pytest_collection_modifyitems(items):
@@ -153,8 +171,7 @@ def text_lm(tokenizer, sequence_length=16):
 def tiny_preset(tmp_path):
     """A preset directory (backbone config + weights + tokenizer) with a tiny model."""
     tokenizer = char_tokenizer()
-    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(),
-                                   "max_sequence_length": 128})
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 128})
     path = tmp_path / "preset"
     backbone.save_to_preset(str(path))
     tokenizer.save_to_preset(str(path))

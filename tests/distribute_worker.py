@@ -17,10 +17,10 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 
 import keras  # noqa: E402
 
-from kgpt.parallel import distribute  # noqa: E402
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig  # noqa: E402
 from kgpt.jobs.finetune import finetune  # noqa: E402
 from kgpt.jobs.pretrain import pretrain  # noqa: E402
+from kgpt.parallel import distribute  # noqa: E402
 
 corpus, steps, preset = sys.argv[1], [step.split(":") for step in sys.argv[2].split(",")], sys.argv[3]
 results = {"backend": keras.config.backend(), "devices": len(distribute.mesh_devices())}
@@ -29,15 +29,40 @@ results = {"backend": keras.config.backend(), "devices": len(distribute.mesh_dev
 for job, mode in steps:
     if job == "pretrain":
         # A vocabulary learned from the corpus: loading GPT-1's 40,478 tokens would cost more than the run.
-        config = PretrainConfig(corpus=corpus, tokenizer="train", num_merges=40, num_layers=2, num_heads=2,
-                                hidden_dim=16, intermediate_dim=32, dropout=0.0, sequence_length=16, batch_size=8,
-                                learning_rate=1e-2, warmup_steps=2, max_steps=6, evaluations=6,
-                                validation_fraction=0.0, sample_tokens=2, seed=3, distribution=mode,
-                                lm_loss_chunk_size=24)  # several chunks per replica
+        config = PretrainConfig(
+            corpus=corpus,
+            tokenizer="train",
+            num_merges=40,
+            num_layers=2,
+            num_heads=2,
+            hidden_dim=16,
+            intermediate_dim=32,
+            dropout=0.0,
+            sequence_length=16,
+            batch_size=8,
+            learning_rate=1e-2,
+            warmup_steps=2,
+            max_steps=6,
+            evaluations=6,
+            validation_fraction=0.0,
+            sample_tokens=2,
+            seed=3,
+            distribution=mode,
+            lm_loss_chunk_size=24,
+        )  # several chunks per replica
         results[f"pretrain:{mode}"] = pretrain(config)[2]["train_loss"]
     elif job == "finetune":
-        config = FinetuneConfig(task="scitail", init=preset, classifier_dropout=0.0, max_length=48, epochs=2,
-                                batch_size=16, learning_rate=1e-3, distribution=mode, lm_loss_chunk_size=40)
+        config = FinetuneConfig(
+            task="scitail",
+            init=preset,
+            classifier_dropout=0.0,
+            max_length=48,
+            epochs=2,
+            batch_size=16,
+            learning_rate=1e-3,
+            distribution=mode,
+            lm_loss_chunk_size=40,
+        )
         _, scores = finetune(config)
         results[f"finetune:{mode}"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]
 jobs = [job for job, _ in steps]
@@ -46,15 +71,23 @@ if "model_parallel" in jobs:  # JAX: a backbone sharded over a ("batch", "model"
 
     import kgpt
 
-    sizes = dict(vocabulary_size=64, num_layers=2, num_heads=2, hidden_dim=16, intermediate_dim=32,
-                 max_sequence_length=16, dropout=0.0)
+    sizes = dict(
+        vocabulary_size=64,
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+        dropout=0.0,
+    )
     ids = np.random.default_rng(0).integers(0, 64, (2, 16)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     keras.utils.set_random_seed(5)
     plain = kgpt.GPTBackbone(**sizes)
     mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], keras.distribution.list_devices())
-    keras.distribution.set_distribution(keras.distribution.ModelParallel(
-        layout_map=distribute.model_parallel_layout(mesh), batch_dim_name="batch"))
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(layout_map=distribute.model_parallel_layout(mesh), batch_dim_name="batch")
+    )
     sharded = kgpt.GPTBackbone(**sizes)
     sharded.set_weights(plain.get_weights())
     kernel = sharded.transformer_layers[0].feedforward_intermediate_dense.kernel

@@ -35,7 +35,7 @@ def forward(params, token_ids, n_head):
     h = tokens[token_ids] + positions[None, :t]
     mask = np.tril(np.ones((t, t)))
     for i in range(n_layer):
-        attn_w, attn_b, proj_w, proj_b, g1, b1, fc_w, fc_b, out_w, out_b, g2, b2 = params[2 + 12 * i: 14 + 12 * i]
+        attn_w, attn_b, proj_w, proj_b, g1, b1, fc_w, fc_b, out_w, out_b, g2, b2 = params[2 + 12 * i : 14 + 12 * i]
         c = h @ attn_w[0] + attn_b  # conv1d with rf=1
         q, k, v = np.split(c, 3, axis=-1)
 
@@ -57,8 +57,20 @@ def random_checkpoint(vocab, n_ctx, hidden, inner, n_layer, seed=0):
     """Random arrays in the original layout; larger than N(0, 0.02) so attention is far from uniform."""
     rng = np.random.default_rng(seed)
     shapes = [[n_ctx, hidden], [vocab, hidden]]
-    shapes += [[1, hidden, 3 * hidden], [3 * hidden], [1, hidden, hidden], [hidden], [hidden], [hidden],
-               [1, hidden, inner], [inner], [1, inner, hidden], [hidden], [hidden], [hidden]] * n_layer
+    shapes += [
+        [1, hidden, 3 * hidden],
+        [3 * hidden],
+        [1, hidden, hidden],
+        [hidden],
+        [hidden],
+        [hidden],
+        [1, hidden, inner],
+        [inner],
+        [1, inner, hidden],
+        [hidden],
+        [hidden],
+        [hidden],
+    ] * n_layer
     arrays = []
     for index, shape in enumerate(shapes):
         which = (index - 2) % 12 if index >= 2 else None

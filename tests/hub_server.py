@@ -20,15 +20,25 @@ import urllib.parse
 
 import h5py
 import numpy as np
-from safetensors.numpy import save as safetensors_bytes
-
 from conftest import char_tokenizer
+from safetensors.numpy import save as safetensors_bytes
 
 LFS_SUFFIXES = (".safetensors", ".h5", ".bin", ".npy")
 HEADS = 3  # the head count openai_gpt_files' config records
-LAYER = ["attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_1.weight",
-         "ln_1.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight",
-         "ln_2.bias"]
+LAYER = [
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_1.weight",
+    "ln_1.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
+]
 
 
 def torch_names(n_layer):
@@ -39,12 +49,24 @@ def openai_gpt_files(arrays, weights="safetensors"):
     """The files of an openai-gpt repository, as transformers writes them, from original-order arrays."""
     n_layer = (len(arrays) - 2) // 12
     tensors = {n: np.asarray(a[0] if a.ndim == 3 else a, "float32") for n, a in zip(torch_names(n_layer), arrays)}
-    config = {"model_type": "openai-gpt", "architectures": ["OpenAIGPTLMHeadModel"], "n_layer": n_layer,
-              "n_head": HEADS, "n_embd": arrays[1].shape[1], "n_positions": arrays[0].shape[0],
-              "vocab_size": arrays[1].shape[0], "afn": "gelu"}
+    config = {
+        "model_type": "openai-gpt",
+        "architectures": ["OpenAIGPTLMHeadModel"],
+        "n_layer": n_layer,
+        "n_head": HEADS,
+        "n_embd": arrays[1].shape[1],
+        "n_positions": arrays[0].shape[0],
+        "vocab_size": arrays[1].shape[0],
+        "afn": "gelu",
+    }
     encoder = {s: i for s, i in char_tokenizer().encoder.items() if not s.startswith("_")}
-    files = {"config.json": json.dumps(config).encode(), "vocab.json": json.dumps(encoder).encode(),
-             "merges.txt": b"#version: 0.2\n", "README.md": b"# GPT-1\n", "pytorch_model.bin": b"pickle, never read"}
+    files = {
+        "config.json": json.dumps(config).encode(),
+        "vocab.json": json.dumps(encoder).encode(),
+        "merges.txt": b"#version: 0.2\n",
+        "README.md": b"# GPT-1\n",
+        "pytorch_model.bin": b"pickle, never read",
+    }
     if weights == "safetensors":
         files["model.safetensors"] = safetensors_bytes({"transformer." + k: v for k, v in tensors.items()})
     elif weights == "tf":
@@ -73,9 +95,7 @@ def tf_h5_bytes(tensors):
     return buffer.getvalue()
 
 
-
-
-class _Failing(Exception):
+class _FailingError(Exception):
     pass
 
 
@@ -114,7 +134,8 @@ class FakeHub:
         for files in self.repos[repo_id]["commits"].values():
             if path in files:
                 self.listed[repo_id, path, hashlib.sha1(data).hexdigest()] = self.listed[
-                    repo_id, path, hashlib.sha1(files[path]).hexdigest()]
+                    repo_id, path, hashlib.sha1(files[path]).hexdigest()
+                ]
                 files[path] = data
 
     def _listing(self, repo_id, name, data):
@@ -168,9 +189,9 @@ class FakeHub:
         authorized = handler.headers.get("Authorization") == f"Bearer {self.token}"
         try:
             if self.failing:
-                raise _Failing()
+                raise _FailingError()
             status, headers, payload = self._route(method, path, body, authorized, handler.headers.get("Range"))
-        except _Failing:
+        except _FailingError:
             status, headers, payload = self.failing, {}, {"error": "the Hub failed"}
         except KeyError as e:
             status, headers, payload = 404, {"X-Error-Code": str(e.args[0])}, {"error": str(e.args[0])}
@@ -204,9 +225,17 @@ class FakeHub:
         if match and method == "GET":
             repo = self._repo(match[1], authorized)
             sha = self._resolve(repo, match[2])
-            return 200, {}, {"id": match[1], "modelId": match[1], "sha": sha, "private": repo["private"],
-                             "siblings": [self._listing(match[1], name, data)
-                                          for name, data in repo["commits"][sha].items()]}
+            return (
+                200,
+                {},
+                {
+                    "id": match[1],
+                    "modelId": match[1],
+                    "sha": sha,
+                    "private": repo["private"],
+                    "siblings": [self._listing(match[1], name, data) for name, data in repo["commits"][sha].items()],
+                },
+            )
         match = re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path)
         if match and method in ("GET", "HEAD"):
             repo = self._repo(match[1], authorized)
@@ -238,8 +267,11 @@ class FakeHub:
         if match and method == "POST":
             self._repo(match[1], authorized)
             files = json.loads(body)["files"]
-            return 200, {}, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                       for f in files]}
+            return (
+                200,
+                {},
+                {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]},
+            )
         match = re.fullmatch(r"/api/models/([^/]+/[^/]+)/commit/([^/]+)", path)
         if match and method == "POST":
             if not authorized:
@@ -253,8 +285,11 @@ class FakeHub:
                 elif item["key"] == "deletedFile":
                     deleted.add(item["value"]["path"])
             sha = self.commit(match[1], files, branch=urllib.parse.unquote(match[2]), deleted=deleted)
-            return 200, {}, {"commitUrl": f"{self.url}/{match[1]}/commit/{sha}", "commitOid": sha,
-                             "pullRequestUrl": None}
+            return (
+                200,
+                {},
+                {"commitUrl": f"{self.url}/{match[1]}/commit/{sha}", "commitOid": sha, "pullRequestUrl": None},
+            )
         return 404, {}, {"error": f"not served: {method} {path}"}
 
     @staticmethod
@@ -275,5 +310,11 @@ def released_gpt1(hub):
 
 def environment(hub, folder):
     """The variables that point a new process's huggingface_hub and kgpt at `hub`, with caches in `folder`."""
-    return {"HF_ENDPOINT": hub.url, "HF_HOME": f"{folder}/hf-home", "HF_HUB_CACHE": f"{folder}/hf-cache",
-            "KGPT_CACHE": f"{folder}/kgpt-cache", "HF_HUB_OFFLINE": "0", "HF_HUB_DISABLE_TELEMETRY": "1"}
+    return {
+        "HF_ENDPOINT": hub.url,
+        "HF_HOME": f"{folder}/hf-home",
+        "HF_HUB_CACHE": f"{folder}/hf-cache",
+        "KGPT_CACHE": f"{folder}/kgpt-cache",
+        "HF_HUB_OFFLINE": "0",
+        "HF_HUB_DISABLE_TELEMETRY": "1",
+    }

@@ -9,9 +9,9 @@ written by the test. Prints the largest differences; exits 1 above 1e-5.
 import sys
 
 import numpy as np
+from conftest import TINY
 
 import kgpt
-from conftest import TINY
 
 
 def main(directory):

@@ -41,8 +41,9 @@ def test_transfer_depth_table_and_plot(tiny_preset, tmp_path, capsys, progress):
 @pytest.fixture
 def tiny_lstm_preset(tmp_path):
     tokenizer = char_tokenizer()
-    lm = kgpt.GPTCausalLM(kgpt.LSTMBackbone(tokenizer.vocabulary_size(), hidden_dim=16, lstm_units=24,
-                                            max_sequence_length=128))
+    lm = kgpt.GPTCausalLM(
+        kgpt.LSTMBackbone(tokenizer.vocabulary_size(), hidden_dim=16, lstm_units=24, max_sequence_length=128)
+    )
     path = str(tmp_path / "lstm")
     lm.save_to_preset(path)
     tokenizer.save_to_preset(path)
@@ -50,8 +51,7 @@ def tiny_lstm_preset(tmp_path):
 
 
 def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tmp_path):
-    scores = analysis.ablations(fine(tiny_preset), {"sst2": None}, lstm_init=tiny_lstm_preset,
-                                output_dir=str(tmp_path))
+    scores = analysis.ablations(fine(tiny_preset), {"sst2": None}, lstm_init=tiny_lstm_preset, output_dir=str(tmp_path))
     assert set(scores) == {"full", "no_pretraining", "no_aux_lm", "lstm"}
     table = read_csv(tmp_path / "ablations.csv")
     assert table[0] == ["method", "avg", "sst2 (accuracy)"]
@@ -66,16 +66,17 @@ def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tm
 
 
 def test_ablations_over_seeds_give_each_seed_and_the_mean(tiny_preset, tmp_path):
-    scores = analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["full", "no_pretraining"], seeds=[3, 5],
-                                output_dir=str(tmp_path))
+    scores = analysis.ablations(
+        fine(tiny_preset), {"sst2": None}, rows=["full", "no_pretraining"], seeds=[3, 5], output_dir=str(tmp_path)
+    )
     per_seed = read_csv(tmp_path / "ablations_seeds.csv")
     assert per_seed[0] == ["method", "task", "seed 3", "seed 5", "mean", "sd"] and len(per_seed) == 3
     for row, line in zip(("full", "no_pretraining"), per_seed[1:]):
         values = [float(v) for v in line[2:4]]
         assert float(line[4]) == pytest.approx(sum(values) / 2) == pytest.approx(scores[row]["sst2"])
     assert float(read_csv(tmp_path / "ablations.csv")[1][2]) == pytest.approx(scores["full"]["sst2"])
-    for run in ("full_sst2_seed3", "full_sst2_seed5", "no_pretraining_sst2_seed5"):
-        assert json.loads((tmp_path / "runs" / run / "run.json").read_text())["settings"]["seed"] == int(run[-1])
+    for name in ("full_sst2_seed3", "full_sst2_seed5", "no_pretraining_sst2_seed5"):
+        assert json.loads((tmp_path / "runs" / name / "run.json").read_text())["settings"]["seed"] == int(name[-1])
     with pytest.raises(ValueError, match="seeds must be distinct"):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["full"], seeds=[1, 1], output_dir=str(tmp_path))
 
@@ -100,47 +101,86 @@ def test_zero_shot_curve_for_both_architectures(tmp_path, monkeypatch):
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("the film was very good . the plot was very bad .\n" * 40)
-    base = PretrainConfig(corpus=str(corpus), num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32,
-                          lstm_units=24, sequence_length=16, batch_size=4, max_steps=4, evaluations=1,
-                          warmup_steps=1, sample_tokens=2, zero_shot={"sst2": None}, zero_shot_every=2,
-                          zero_shot_examples=10, tokenizer="train", num_merges=20, log_every="2")
+    base = PretrainConfig(
+        corpus=str(corpus),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        lstm_units=24,
+        sequence_length=16,
+        batch_size=4,
+        max_steps=4,
+        evaluations=1,
+        warmup_steps=1,
+        sample_tokens=2,
+        zero_shot={"sst2": None},
+        zero_shot_every=2,
+        zero_shot_examples=10,
+        tokenizer="train",
+        num_merges=20,
+        log_every="2",
+    )
     rows = analysis.zero_shot_curve(base, output_dir=str(tmp_path / "out"), lstm={"lstm_units": 12})
-    assert [(r[0], r[1], r[2]) for r in rows] == [("transformer", 2, "sst2"), ("transformer", 4, "sst2"),
-                                                  ("lstm", 2, "sst2"), ("lstm", 4, "sst2")]
+    assert [(r[0], r[1], r[2]) for r in rows] == [
+        ("transformer", 2, "sst2"),
+        ("transformer", 4, "sst2"),
+        ("lstm", 2, "sst2"),
+        ("lstm", 4, "sst2"),
+    ]
     assert (tmp_path / "out" / "zero_shot_curve.png").read_bytes().startswith(PNG)
     assert len(read_csv(tmp_path / "out" / "runs" / "curve_lstm" / "zero_shot.csv")) == 3
     lstm = json.loads((tmp_path / "out" / "runs" / "curve_lstm" / "config.json").read_text())["config"]
     assert (lstm["lstm_units"], lstm["num_layers"]) == (12, 1)  # the LSTM's settings replace the base's
-    assert fitted == [["StopOnNonFiniteLoss", "ZeroShotCallback", "PretrainProgress", "ProgressLog",
-                       "EpochTensorBoard", "EpochBar"]] * 2
+    assert (
+        fitted
+        == [
+            [
+                "StopOnNonFiniteLoss",
+                "ZeroShotCallback",
+                "PretrainProgress",
+                "ProgressLog",
+                "EpochTensorBoard",
+                "EpochBar",
+            ]
+        ]
+        * 2
+    )
     run_dir = tmp_path / "out" / "runs" / "curve_transformer"
     written = events(str(run_dir / "logs"))
     assert [(tag, step) for tag, step, _ in written["train"]] == [
-        ("epoch_loss", 0), ("epoch_sparse_categorical_accuracy", 0), ("epoch_learning_rate", 0)]
+        ("epoch_loss", 0),
+        ("epoch_sparse_categorical_accuracy", 0),
+        ("epoch_learning_rate", 0),
+    ]
     assert [tag for tag, _, _ in written["validation"]] == [
-        "evaluation_loss_vs_iterations", "evaluation_sparse_categorical_accuracy_vs_iterations", "epoch_loss",
-        "epoch_sparse_categorical_accuracy"]
-    assert [(tag, step) for tag, step, _ in written["zero_shot"]] == [("zero_shot/sst2/accuracy", 2),
-                                                                       ("zero_shot/sst2/accuracy", 4)]
+        "evaluation_loss_vs_iterations",
+        "evaluation_sparse_categorical_accuracy_vs_iterations",
+        "epoch_loss",
+        "epoch_sparse_categorical_accuracy",
+    ]
+    assert [(tag, step) for tag, step, _ in written["zero_shot"]] == [
+        ("zero_shot/sst2/accuracy", 2),
+        ("zero_shot/sst2/accuracy", 4),
+    ]
     checkpoint = run_dir / "checkpoint" / json.loads((run_dir / "checkpoint" / "latest.json").read_text())["checkpoint"]
     state = json.loads((checkpoint / "state.json").read_text())
     assert [row[:2] for row in state["zero_shot"]] == [[2, "sst2"], [4, "sst2"]]  # with its own step's evaluation
 
 
 def run_analyze(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "kgpt.cli.analyze", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.analyze", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def test_cli_zero_shot_and_usage(tiny_preset, tmp_path):
     out = tmp_path / "analysis"  # tmp_path holds the preset: files no kgpt-analyze run wrote
-    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={out}",
-                         cwd=tmp_path)
+    result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={out}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sst2: accuracy" in result.stdout and "cola: matthews" in result.stdout
     assert read_csv(out / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
     assert json.loads((out / "run.json").read_text())["job"] == "analyze"
-
 
 
 def test_cli_usage_errors():
@@ -156,9 +196,11 @@ def test_cli_usage_errors():
             analyze.main(["kgpt-analyze", "zero-shot"])
     finally:
         flags.FLAGS.unparse_flags()
-    for args, message in ((["--seeds=0,x"], "--seeds: expected integers"),
-                          (["--seeds=1,1"], "--seeds: expected distinct integers"),
-                          (["--seeds=0,1", "--init=x"], "--seeds only applies to ablations, not zero-shot")):
+    for args, message in (
+        (["--seeds=0,x"], "--seeds: expected integers"),
+        (["--seeds=1,1"], "--seeds: expected distinct integers"),
+        (["--seeds=0,1", "--init=x"], "--seeds only applies to ablations, not zero-shot"),
+    ):
         flags.FLAGS(["kgpt-analyze", *args])
         try:
             with pytest.raises(app.UsageError, match=message):
@@ -178,8 +220,10 @@ def test_cli_claims_its_output_directory(tmp_path):
     (tmp_path / "mine" / "notes.txt").write_text("not kgpt's")
     with RunDirectory(str(tmp_path / "lm"), "pretrain", {"seed": 0}):
         pass
-    for directory, message in (("mine", "already holds files that no kgpt analyze run wrote"),
-                               ("lm", "holds the outputs of a pretrain run, not analyze")):
+    for directory, message in (
+        ("mine", "already holds files that no kgpt analyze run wrote"),
+        ("lm", "holds the outputs of a pretrain run, not analyze"),
+    ):
         flags.FLAGS(["kgpt-analyze", f"--init={tmp_path}", f"--output_dir={tmp_path / directory}"])
         try:
             with pytest.raises(OutputDirError, match=message):
@@ -187,4 +231,3 @@ def test_cli_claims_its_output_directory(tmp_path):
         finally:
             flags.FLAGS.unparse_flags()
     assert (tmp_path / "mine" / "notes.txt").read_text() == "not kgpt's"
-

@@ -7,11 +7,11 @@ import warnings
 import keras
 import numpy as np
 import pytest
+from conftest import TINY, newline_tokenizer, text_lm, to_numpy
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import kgpt
-from conftest import TINY, newline_tokenizer, text_lm, to_numpy
 from kgpt import checks
 
 
@@ -26,6 +26,7 @@ def lm():
 
 
 # --- generation from many threads -------------------------------------------------------------
+
 
 def test_generation_from_threads_equals_sequential_calls(lm):
     tokenizer = lm.preprocessor.tokenizer
@@ -105,36 +106,43 @@ def test_generate_on_ids_leaves_the_inputs_and_model_alone(lm):
 
 # --- bad arguments ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("max_length, error, match", [
-    (0, ValueError, "max_length must be an integer >= 2, got 0"),
-    (-3, ValueError, "got -3"),
-    (1, ValueError, "got 1"),
-    (17, ValueError, "Sequence length 17 exceeds the model's context max_sequence_length=16"),
-    (2.5, TypeError, "max_length must be an integer, got 2.5"),
-    (True, TypeError, "max_length must be an integer, got True"),
-    ("8", TypeError, "max_length must be an integer"),
-])
+
+@pytest.mark.parametrize(
+    "max_length, error, match",
+    [
+        (0, ValueError, "max_length must be an integer >= 2, got 0"),
+        (-3, ValueError, "got -3"),
+        (1, ValueError, "got 1"),
+        (17, ValueError, "Sequence length 17 exceeds the model's context max_sequence_length=16"),
+        (2.5, TypeError, "max_length must be an integer, got 2.5"),
+        (True, TypeError, "max_length must be an integer, got True"),
+        ("8", TypeError, "max_length must be an integer"),
+    ],
+)
 def test_generate_refuses_bad_max_length(lm, max_length, error, match):
     for prompt in ("a cab", [[5, 6]]):
         with pytest.raises(error, match=match):
             lm.generate(prompt, max_length=max_length)
 
 
-@pytest.mark.parametrize("inputs, error, match", [
-    (["a cab", 5], TypeError, "mixes strings with token ids"),
-    ([["a"], [5]], TypeError, "must hold integer token ids, got strings"),
-    ([5, 6, 7], TypeError, r"\[\[5, 6, 7\]\]\), not a flat list"),
-    ([], ValueError, "no prompts"),
-    (None, TypeError, "got NoneType"),
-    ([[5, 99]], ValueError, r"prompt 0\[0, 1\] is 99: token ids must be in \[0, 99\)"),
-    ([[5, -1]], ValueError, r"is -1: token ids must be in \[0, 99\)"),
-    ([[5.0, 6.0]], TypeError, "must hold integer token ids, got dtype float64"),
-    ([[]], ValueError, "prompt 0 is empty"),
-    ({"token_ids": np.zeros((1, 8), "int32")}, ValueError, r"missing \['padding_mask'\]"),
-    ({"token_ids": np.full((1, 8), 200), "padding_mask": np.ones((1, 8))}, ValueError, "is 200"),
-    ({"token_ids": np.zeros((1, 8), "int32"), "padding_mask": np.full((1, 8), 2)}, ValueError, "only 0 and 1"),
-    ({"token_ids": np.zeros((1, 8), "int32"), "padding_mask": np.ones((1, 8))}, ValueError, "no room"),
-])
+@pytest.mark.parametrize(
+    "inputs, error, match",
+    [
+        (["a cab", 5], TypeError, "mixes strings with token ids"),
+        ([["a"], [5]], TypeError, "must hold integer token ids, got strings"),
+        ([5, 6, 7], TypeError, r"\[\[5, 6, 7\]\]\), not a flat list"),
+        ([], ValueError, "no prompts"),
+        (None, TypeError, "got NoneType"),
+        ([[5, 99]], ValueError, r"prompt 0\[0, 1\] is 99: token ids must be in \[0, 99\)"),
+        ([[5, -1]], ValueError, r"is -1: token ids must be in \[0, 99\)"),
+        ([[5.0, 6.0]], TypeError, "must hold integer token ids, got dtype float64"),
+        ([[]], ValueError, "prompt 0 is empty"),
+        ({"token_ids": np.zeros((1, 8), "int32")}, ValueError, r"missing \['padding_mask'\]"),
+        ({"token_ids": np.full((1, 8), 200), "padding_mask": np.ones((1, 8))}, ValueError, "is 200"),
+        ({"token_ids": np.zeros((1, 8), "int32"), "padding_mask": np.full((1, 8), 2)}, ValueError, "only 0 and 1"),
+        ({"token_ids": np.zeros((1, 8), "int32"), "padding_mask": np.ones((1, 8))}, ValueError, "no room"),
+    ],
+)
 def test_generate_refuses_bad_prompts(lm, inputs, error, match):
     with pytest.raises(error, match=match):
         lm.generate(inputs, max_length=8 if not isinstance(inputs, dict) else None)
@@ -146,30 +154,38 @@ def test_generate_refuses_max_length_a_packed_dict_ignores(lm):
         lm.generate(packed, max_length=12)
 
 
-@pytest.mark.parametrize("stop, error, match", [
-    ("5", TypeError, "stop_token_ids must be None or a list"),
-    ([99], ValueError, "each of stop_token_ids must be an integer between 0 and 98, got 99"),
-    ([1.5], TypeError, "each of stop_token_ids must be an integer"),
-])
+@pytest.mark.parametrize(
+    "stop, error, match",
+    [
+        ("5", TypeError, "stop_token_ids must be None or a list"),
+        ([99], ValueError, "each of stop_token_ids must be an integer between 0 and 98, got 99"),
+        ([1.5], TypeError, "each of stop_token_ids must be an integer"),
+    ],
+)
 def test_generate_refuses_bad_stop_token_ids(lm, stop, error, match):
     with pytest.raises(error, match=match):
         lm.generate([[5, 6]], max_length=8, stop_token_ids=stop)
 
 
 def test_one_stop_token_id_is_taken_as_a_list(lm):
-    np.testing.assert_array_equal(lm.generate([[5, 6]], max_length=8, stop_token_ids=9)["token_ids"],
-                                  lm.generate([[5, 6]], max_length=8, stop_token_ids=[9])["token_ids"])
+    np.testing.assert_array_equal(
+        lm.generate([[5, 6]], max_length=8, stop_token_ids=9)["token_ids"],
+        lm.generate([[5, 6]], max_length=8, stop_token_ids=[9])["token_ids"],
+    )
 
 
-@pytest.mark.parametrize("token_ids, mask, error, match", [
-    (np.full((1, 4), 99), None, ValueError, r"token_ids\[0, 0\] is 99"),
-    (np.array([[3, -2, 4]]), None, ValueError, r"token_ids\[0, 1\] is -2"),
-    (np.ones((1, 4), "float32"), None, TypeError, "integer token ids, got dtype float32"),
-    ([[1, 2], [3]], None, ValueError, "rectangular"),
-    (np.ones((0, 4), "int32"), None, ValueError, "is empty"),
-    (np.ones((2, 4), "int32"), np.ones((2, 3)), ValueError, r"shape of token_ids \(2, 4\)"),
-    (np.ones((2, 4), "int32"), np.full((2, 4), 0.5), ValueError, "only 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "token_ids, mask, error, match",
+    [
+        (np.full((1, 4), 99), None, ValueError, r"token_ids\[0, 0\] is 99"),
+        (np.array([[3, -2, 4]]), None, ValueError, r"token_ids\[0, 1\] is -2"),
+        (np.ones((1, 4), "float32"), None, TypeError, "integer token ids, got dtype float32"),
+        ([[1, 2], [3]], None, ValueError, "rectangular"),
+        (np.ones((0, 4), "int32"), None, ValueError, "is empty"),
+        (np.ones((2, 4), "int32"), np.ones((2, 3)), ValueError, r"shape of token_ids \(2, 4\)"),
+        (np.ones((2, 4), "int32"), np.full((2, 4), 0.5), ValueError, "only 0 and 1"),
+    ],
+)
 def test_score_refuses_bad_ids(lm, token_ids, mask, error, match):
     with pytest.raises(error, match=match):
         lm.score(token_ids, mask)
@@ -195,6 +211,7 @@ def test_score_is_finite_or_refused(lm, ids):
 
 # --- fit on text -----------------------------------------------------------------------------------
 
+
 def test_fit_on_text_refuses_what_it_cannot_train_on():
     lm = text_lm(newline_tokenizer(), sequence_length=8)
     lm.compile(optimizer=keras.optimizers.Adam(1e-3))
@@ -214,8 +231,11 @@ def test_fit_on_text_refuses_what_it_cannot_train_on():
         lm.fit({"token_ids": np.zeros((0, 8), "int32"), "padding_mask": np.zeros((0, 8), "int32")}, verbose=0)
     ids = np.full((2, 8), 3, "int32")
     with pytest.raises(ValueError, match=r"x\['token_ids'\]\[1, 7\] is 99"):
-        lm.fit({"token_ids": np.where(np.arange(16).reshape(2, 8) == 15, 99, ids), "padding_mask": ids * 0 + 1},
-               ids, verbose=0)
+        lm.fit(
+            {"token_ids": np.where(np.arange(16).reshape(2, 8) == 15, 99, ids), "padding_mask": ids * 0 + 1},
+            ids,
+            verbose=0,
+        )
     with pytest.raises(ValueError, match=r"y\[0, 0\] is -1"):
         lm.fit({"token_ids": ids, "padding_mask": ids * 0 + 1}, ids - 4, verbose=0)
     # After every refusal the model still trains (TensorFlow kept a half-built train function before).
@@ -232,8 +252,10 @@ def test_fit_on_text_counts_cut_and_empty_texts():
         lm.fit(texts, batch_size=2, verbose=0)
     said = [str(w.message) for w in caught]
     assert any("1 of 4 texts have fewer than 2 tokens" in m for m in said), said
-    assert any("2 of 4 texts are longer than sequence_length=8" in m and "8 tokens past it are not trained on" in m
-               for m in said), said
+    assert any(
+        "2 of 4 texts are longer than sequence_length=8" in m and "8 tokens past it are not trained on" in m
+        for m in said
+    ), said
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         logits = lm.predict(texts[2:], batch_size=2, verbose=0)
@@ -242,6 +264,7 @@ def test_fit_on_text_counts_cut_and_empty_texts():
 
 
 # --- the tokenizer ---------------------------------------------------------------------------------
+
 
 def test_tokenizer_training_refuses_bad_arguments(tmp_path):
     text = tmp_path / "a.txt"
@@ -266,6 +289,7 @@ def test_tokenizer_training_refuses_bad_arguments(tmp_path):
 
 # --- presets ---------------------------------------------------------------------------------------
 
+
 def test_a_save_replaces_the_preset_in_the_folder(tmp_path, lm):
     folder = str(tmp_path / "preset")
     lm.save_to_preset(folder)
@@ -278,8 +302,13 @@ def test_a_save_replaces_the_preset_in_the_folder(tmp_path, lm):
     loaded = kgpt.GPTBackbone.from_preset(folder)
     for a, b in zip(loaded.weights, backbone.weights):
         np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
-    assert sorted(os.listdir(folder)) == ["assets", "config.json", "metadata.json", "model.weights.h5",
-                                          "tokenizer.json"]
+    assert sorted(os.listdir(folder)) == [
+        "assets",
+        "config.json",
+        "metadata.json",
+        "model.weights.h5",
+        "tokenizer.json",
+    ]
 
 
 def test_an_interrupted_save_leaves_the_old_preset(tmp_path, lm, monkeypatch):
@@ -313,26 +342,30 @@ def test_checks_name_the_argument():
 
 # --- constructors, layers and presets: the wider hostile set -----------------------------------------
 
+
 def backbone_with(**overrides):
     return lambda: kgpt.GPTBackbone(**{**TINY, **overrides})
 
 
-@pytest.mark.parametrize("build, error, match", [
-    (backbone_with(num_layers=0), ValueError, "num_layers must be an integer >= 1, got 0"),
-    (backbone_with(num_heads=0), ValueError, "num_heads must be an integer >= 1, got 0"),
-    (backbone_with(hidden_dim=-16), ValueError, "hidden_dim must be an integer >= 1, got -16"),
-    (backbone_with(hidden_dim=16.0), TypeError, "hidden_dim must be an integer, got 16.0"),
-    (backbone_with(intermediate_dim=0), ValueError, "intermediate_dim must be"),
-    (backbone_with(vocabulary_size=0), ValueError, "vocabulary_size must be"),
-    (backbone_with(max_sequence_length=8.5), TypeError, "max_sequence_length must be an integer, got 8.5"),
-    (backbone_with(max_sequence_length=0), ValueError, "max_sequence_length must be"),
-    (backbone_with(dropout=1.5), ValueError, r"dropout must be a number in \[0, 1\), got 1.5"),
-    (backbone_with(attention_dropout=2.0), ValueError, "attention_dropout must be a number"),
-    (backbone_with(initializer_range=float("nan")), ValueError, "initializer_range must be > 0"),
-    (backbone_with(dtype="int8"), ValueError, r"dtype must name a float or mixed policy .* got 'int8'.*quantize"),
-    (backbone_with(dtype="int8_from_float32"), ValueError, "dtype must name a float or mixed policy"),
-    (backbone_with(dtype="float64x"), ValueError, "dtype must name a float or mixed policy"),
-])
+@pytest.mark.parametrize(
+    "build, error, match",
+    [
+        (backbone_with(num_layers=0), ValueError, "num_layers must be an integer >= 1, got 0"),
+        (backbone_with(num_heads=0), ValueError, "num_heads must be an integer >= 1, got 0"),
+        (backbone_with(hidden_dim=-16), ValueError, "hidden_dim must be an integer >= 1, got -16"),
+        (backbone_with(hidden_dim=16.0), TypeError, "hidden_dim must be an integer, got 16.0"),
+        (backbone_with(intermediate_dim=0), ValueError, "intermediate_dim must be"),
+        (backbone_with(vocabulary_size=0), ValueError, "vocabulary_size must be"),
+        (backbone_with(max_sequence_length=8.5), TypeError, "max_sequence_length must be an integer, got 8.5"),
+        (backbone_with(max_sequence_length=0), ValueError, "max_sequence_length must be"),
+        (backbone_with(dropout=1.5), ValueError, r"dropout must be a number in \[0, 1\), got 1.5"),
+        (backbone_with(attention_dropout=2.0), ValueError, "attention_dropout must be a number"),
+        (backbone_with(initializer_range=float("nan")), ValueError, "initializer_range must be > 0"),
+        (backbone_with(dtype="int8"), ValueError, r"dtype must name a float or mixed policy .* got 'int8'.*quantize"),
+        (backbone_with(dtype="int8_from_float32"), ValueError, "dtype must name a float or mixed policy"),
+        (backbone_with(dtype="float64x"), ValueError, "dtype must name a float or mixed policy"),
+    ],
+)
 def test_backbone_refuses_bad_sizes(build, error, match):
     with pytest.raises(error, match=match):
         build()
@@ -349,8 +382,7 @@ def test_backbone_call_checks_host_arrays():
     with pytest.raises(TypeError, match="integer token ids, got dtype float64"):
         backbone({"token_ids": ids * 3.5, "padding_mask": mask})
     with pytest.raises(ValueError, match="has length 32: it must be between 1 and the model's max_sequence_length=16"):
-        backbone.predict({"token_ids": np.ones((2, 32), "int32"), "padding_mask": np.ones((2, 32), "int32")},
-                         verbose=0)
+        backbone.predict({"token_ids": np.ones((2, 32), "int32"), "padding_mask": np.ones((2, 32), "int32")}, verbose=0)
     with pytest.raises(ValueError, match=r"inputs\['padding_mask'\] must have the shape of token_ids \(2, 8\)"):
         backbone({"token_ids": ids, "padding_mask": mask[:, :5]})
     # The model still works after each refusal (a failed over-long call broke it on JAX before).
@@ -424,8 +456,12 @@ def test_tokenizer_refuses_bad_ids_and_encoders():
 
 def test_fit_and_predict_refuse_bad_batches(lm):
     task = kgpt.GPTTaskModel(lm.backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]))
-    for call in (lambda: lm.fit(["a cab"], batch_size=0), lambda: lm.predict(["a cab"], batch_size=-2),
-                 lambda: task.predict(["a cab"], batch_size=0), lambda: task.fit(["a"], ["a"], batch_size=2.5)):
+    for call in (
+        lambda: lm.fit(["a cab"], batch_size=0),
+        lambda: lm.predict(["a cab"], batch_size=-2),
+        lambda: task.predict(["a cab"], batch_size=0),
+        lambda: task.fit(["a"], ["a"], batch_size=2.5),
+    ):
         with pytest.raises((ValueError, TypeError), match="batch_size must be an integer"):
             call()
     with pytest.raises(TypeError, match="x.0. is None, not text"):
@@ -478,10 +514,17 @@ def test_a_preset_whose_tokenizer_outgrows_the_model_is_refused(tmp_path, lm):
     folder = str(tmp_path / "lm")
     lm.save_to_preset(folder)
     chars = [chr(c) for c in range(ord("a"), ord("a") + 60)]
-    encoder = {"<unk>": 0, **{c: 1 + i for i, c in enumerate(chars)}, **{c + "</w>": 61 + i for i, c in enumerate(chars)}}
+    encoder = {
+        "<unk>": 0,
+        **{c: 1 + i for i, c in enumerate(chars)},
+        **{c + "</w>": 61 + i for i, c in enumerate(chars)},
+    }
     kgpt.GPTTokenizer(encoder, []).save_to_preset(folder)  # another vocabulary's files, as if copied in
-    with pytest.raises(kgpt.io.presets.CheckpointError, match=r"lm: The preprocessor's tokenizer has 124 ids, more "
-                                                              r"than the backbone's vocabulary_size=99"):
+    with pytest.raises(
+        kgpt.io.presets.CheckpointError,
+        match=r"lm: The preprocessor's tokenizer has 124 ids, more "
+        r"than the backbone's vocabulary_size=99",
+    ):
         kgpt.GPTCausalLM.from_preset(folder)
 
 
@@ -501,8 +544,12 @@ def test_eager_tensors_are_checked_like_arrays(lm):
 
 def test_inputs_of_the_wrong_kind_are_named(lm, tmp_path):
     lm.save_to_preset(str(tmp_path / "lm"))
-    task = kgpt.GPTTaskModel.from_preset(str(tmp_path / "lm"), task=kgpt.Task(
-        name="tone", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"), read=lambda s, d: []))
+    task = kgpt.GPTTaskModel.from_preset(
+        str(tmp_path / "lm"),
+        task=kgpt.Task(
+            name="tone", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"), read=lambda s, d: []
+        ),
+    )
     with pytest.raises(TypeError, match="x is a generator: pass a list"):
         lm.predict(t for t in ["a cab"])
     with pytest.raises(TypeError, match="x is a generator"):
@@ -518,13 +565,15 @@ def test_inputs_of_the_wrong_kind_are_named(lm, tmp_path):
     assert lm.generate(np.array("a cab"), max_length=10) == lm.generate("a cab", max_length=10)
 
 
-
 def test_a_fit_inside_the_default_warm_up_says_so():
     lm = text_lm(newline_tokenizer(), sequence_length=8)
     lm.compile()  # the paper's pre-training schedule: 2,000 updates of warm-up
     texts = ["a cab ran", "the dog ran"] * 25
-    with pytest.warns(UserWarning, match=r"fit\(\) runs 4 update\(s\), ending at update 4 of the optimizer's "
-                                         r"2000-update warm-up: the learning rate reaches only 5e-07"):
+    with pytest.warns(
+        UserWarning,
+        match=r"fit\(\) runs 4 update\(s\), ending at update 4 of the optimizer's "
+        r"2000-update warm-up: the learning rate reaches only 5e-07",
+    ):
         lm.fit(texts, batch_size=32, epochs=2, verbose=0)
     lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=2, total_steps=10))
     with warnings.catch_warnings(record=True) as caught:
@@ -538,8 +587,11 @@ def test_small_mistakes_are_named(lm, tmp_path):
         lm.fit(["x\ud800y dog", "the dog"], verbose=0)
     folder = tmp_path / "lm"
     lm.save_to_preset(str(folder))
-    with pytest.raises(kgpt.io.presets.CheckpointError, match=r"tokenizer.json is a file: a preset is the folder that "
-                                                              r"holds it; pass GPTTokenizer.from_preset\("):
+    with pytest.raises(
+        kgpt.io.presets.CheckpointError,
+        match=r"tokenizer.json is a file: a preset is the folder that "
+        r"holds it; pass GPTTokenizer.from_preset\(",
+    ):
         kgpt.GPTTokenizer.from_preset(str(folder / "tokenizer.json"))
     text = tmp_path / "a.txt"
     text.write_text("the keeper climbed the tower\n" * 5)

@@ -1,9 +1,9 @@
 import keras
 import numpy as np
 import pytest
+from conftest import TINY, random_inputs, to_numpy
 
 import kgpt
-from conftest import TINY, random_inputs, to_numpy
 
 
 def test_output_shape_and_tied_embedding(backbone):
@@ -32,7 +32,7 @@ def test_architecture_matches_gpt1(backbone):
     np.testing.assert_allclose(out.mean(-1), 0, atol=1e-5)
     np.testing.assert_allclose(out.var(-1), 1, atol=1e-3)
     # No final layer norm: the output of the last block is the output.
-    assert not any(isinstance(l, keras.layers.LayerNormalization) for l in backbone.layers)
+    assert not any(isinstance(layer, keras.layers.LayerNormalization) for layer in backbone.layers)
 
 
 def test_no_keras_hub_private_attributes_are_used():
@@ -42,8 +42,12 @@ def test_no_keras_hub_private_attributes_are_used():
 
     root = pathlib.Path(kgpt.__file__).parent
     private = re.compile(r"\._(self_attention|feedforward|softmax|dropout|(query|key|value|output)_dense)")
-    hits = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py")
-            for i, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
+    hits = [
+        f"{p.relative_to(root)}:{i}"
+        for p in root.rglob("*.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if private.search(line)
+    ]
     assert not hits
     assert "keras_hub.layers import TransformerDecoder" not in (root / "models" / "gpt" / "gpt_backbone.py").read_text()
 
@@ -51,14 +55,15 @@ def test_no_keras_hub_private_attributes_are_used():
 @pytest.mark.parametrize("attention_dropout", [None, 0.0])
 def test_block_cache_equals_the_full_pass(attention_dropout):
     """Feeding a block one position at a time through its key/value cache gives the full pass's states."""
-    block = kgpt.layers.decoder_block.GPTDecoderBlock(num_heads=2, intermediate_dim=32, dropout=0.1,
-                                                      attention_dropout=attention_dropout)
+    block = kgpt.layers.decoder_block.GPTDecoderBlock(
+        num_heads=2, intermediate_dim=32, dropout=0.1, attention_dropout=attention_dropout
+    )
     x = np.random.default_rng(0).normal(size=(2, 6, 16)).astype("float32")
     full = to_numpy(block(x))
     cache = np.zeros((2, 2, 6, 2, 8), "float32")
     steps = []
     for t in range(6):
-        y, cache = block(x[:, t:t + 1], cache=cache, cache_update_index=t)
+        y, cache = block(x[:, t : t + 1], cache=cache, cache_update_index=t)
         steps.append(to_numpy(y))
     np.testing.assert_allclose(np.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -83,8 +88,11 @@ def test_init_is_normal_002():
 def test_initializer_range_sets_every_embedding_and_kernel_and_is_saved():
     sizes = dict(TINY, vocabulary_size=4000, hidden_dim=64, num_heads=4)
     backbone = kgpt.GPTBackbone(**sizes, initializer_range=0.1)
-    for weights in (backbone.token_embedding.embeddings, backbone.position_embedding.position_embeddings,
-                    backbone.transformer_layers[0].feedforward_intermediate_dense.kernel):
+    for weights in (
+        backbone.token_embedding.embeddings,
+        backbone.position_embedding.position_embeddings,
+        backbone.transformer_layers[0].feedforward_intermediate_dense.kernel,
+    ):
         assert abs(to_numpy(weights).std() - 0.1) < 0.005, weights.path
     assert backbone.get_config()["initializer_range"] == 0.1
     assert kgpt.GPTBackbone.from_config(backbone.get_config()).initializer_range == 0.1
@@ -144,8 +152,9 @@ def test_with_added_tokens_copies_weights(backbone):
     np.testing.assert_allclose(to_numpy(grown(x)), to_numpy(backbone(x)), atol=1e-6)
     new_rows = to_numpy(grown.token_embedding.embeddings)[-3:]
     assert new_rows.std() > 0.005
-    special = dict(x, token_ids=np.full((1, 4), TINY["vocabulary_size"] + 2, "int32"),
-                   padding_mask=np.ones((1, 4), "int32"))
+    special = dict(
+        x, token_ids=np.full((1, 4), TINY["vocabulary_size"] + 2, "int32"), padding_mask=np.ones((1, 4), "int32")
+    )
     assert tuple(grown(special).shape) == (1, 4, TINY["hidden_dim"])
     with pytest.raises(ValueError, match="num_tokens"):
         backbone.with_added_tokens(-1)

@@ -5,9 +5,9 @@ import sys
 
 import keras
 import numpy as np
+from conftest import TINY, random_inputs, to_numpy
 
 import kgpt
-from conftest import TINY, random_inputs, to_numpy
 
 HERE = pathlib.Path(__file__).parent
 
@@ -28,7 +28,11 @@ def test_weights_move_between_backends(tmp_path):
     env = dict(os.environ, KERAS_BACKEND=other, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
         [sys.executable, str(HERE / "parity_worker.py"), str(tmp_path)],
-        cwd=HERE, env=env, capture_output=True, text=True, timeout=300,
+        cwd=HERE,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert f"backend={other}" in result.stdout

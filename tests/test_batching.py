@@ -102,8 +102,9 @@ def test_predictions_do_not_depend_on_batching(backbone):
     split = builder.build()
     padded = split.inputs(np.arange(len(split)), length=16)
     expected = model.predict(padded)
-    np.testing.assert_allclose(batching.predict_outputs(model.task_predictor(), split, 3), expected,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        batching.predict_outputs(model.task_predictor(), split, 3), expected, rtol=1e-5, atol=1e-5
+    )
 
 
 def test_length_plan_pads_least_within_its_budget():
@@ -122,8 +123,11 @@ def test_length_plan_pads_least_within_its_budget():
     for budget in (1, 2, 3, 4):
         plan = batching.length_plan(lengths, 16, seed=5, max_lengths=budget, compile_batches=0)
         assert len(plan) == budget and plan[-1] == needed[-1]
-        best = min(positions(subset + (needed[-1],)) for k in range(budget)
-                   for subset in itertools.combinations(needed[:-1], k))
+        best = min(
+            positions(subset + (needed[-1],))
+            for k in range(budget)
+            for subset in itertools.combinations(needed[:-1], k)
+        )
         assert positions(plan) == best
     assert batching.length_plan(lengths, 16, seed=5) == tuple(needed)  # no budget: every bucket length
 
@@ -146,11 +150,13 @@ def test_a_plan_that_prices_attention_costs_least_and_pads_long_batches_less():
     plans = {}
     for attention in (None, 64, 16):
         for budget in (2, 3, 4):
-            plan = batching.length_plan(lengths, 16, seed=5, max_lengths=budget, compile_batches=0,
-                                        attention_length=attention)
+            plan = batching.length_plan(
+                lengths, 16, seed=5, max_lengths=budget, compile_batches=0, attention_length=attention
+            )
             assert len(plan) == budget and plan[-1] == needed[-1]
-            best = min(cost(subset + (needed[-1],), attention)
-                       for subset in itertools.combinations(needed[:-1], budget - 1))
+            best = min(
+                cost(subset + (needed[-1],), attention) for subset in itertools.combinations(needed[:-1], budget - 1)
+            )
             assert cost(plan, attention) == pytest.approx(best)
             plans[attention, budget] = plan
     for budget in (2, 3, 4):
@@ -160,8 +166,9 @@ def test_a_plan_that_prices_attention_costs_least_and_pads_long_batches_less():
     # With compilations to pay for, a dear attention buys more long lengths, and compiling stays within its share.
     lengths = skewed_lengths(3000)
     budget = batching.max_lengths_for(True, 94, epochs=3)  # 94 batches an epoch, 8 steps a compilation
-    by_positions, by_time = (batching.length_plan(lengths, 32, seed=0, max_lengths=budget, epochs=3,
-                                                  attention_length=a) for a in (None, 30))
+    by_positions, by_time = (
+        batching.length_plan(lengths, 32, seed=0, max_lengths=budget, epochs=3, attention_length=a) for a in (None, 30)
+    )
     assert len(by_positions) <= len(by_time) <= budget and by_time[-1] == by_positions[-1] == 230
     assert sum(n >= 100 for n in by_time) > sum(n >= 100 for n in by_positions)
     compiling = len(by_time) * batching.COMPILE_BATCHES
@@ -180,8 +187,15 @@ def test_each_plan_compiles_within_a_quarter_of_its_own_run(monkeypatch):
         assert dearest == 1 if attention is None else dearest > 2
         for compile_batches in (8, 16):
             budget = batching.max_lengths_for(True, 30, 3, compile_batches, dearest)
-            plan = batching.length_plan(lengths, 32, seed=0, max_lengths=budget, compile_batches=compile_batches,
-                                        epochs=3, attention_length=attention)
+            plan = batching.length_plan(
+                lengths,
+                32,
+                seed=0,
+                max_lengths=budget,
+                compile_batches=compile_batches,
+                epochs=3,
+                attention_length=attention,
+            )
             average = sum(len(b) * batching.row_cost(split.padded_length(b), attention) for b in order) / len(order)
             steps = 3 * sum(len(b) * batching.row_cost(split.padded_length(b, plan), attention) for b in order)
             compiling = len(plan) * compile_batches * average
@@ -242,8 +256,9 @@ def test_a_planned_feed_covers_every_example_exactly_once_in_its_planned_lengths
     plan = batching.length_plan(split.lengths, 16, seed=3, limit=512, max_lengths=3, attention_length=20)
     for epoch in (0, 1):
         seen = []
-        for x, _, _ in batching.dataset(split, 16, seed=3, first_epoch=epoch, max_lengths=3,
-                                        attention_length=20).as_numpy_iterator():
+        for x, _, _ in batching.dataset(
+            split, 16, seed=3, first_epoch=epoch, max_lengths=3, attention_length=20
+        ).as_numpy_iterator():
             assert x["token_ids"].shape[-1] in plan
             rows = x["token_ids"][:, 0, 0] - 1
             np.testing.assert_array_equal(x["padding_mask"][:, 0].sum(-1), lengths[rows])  # nothing cut

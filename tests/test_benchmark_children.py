@@ -24,10 +24,19 @@ def _process_starts(path):
     """`[(line, whether the call passes preexec_fn=ends_with_this_process())]` of each subprocess start."""
     starts = []
     for node in ast.walk(ast.parse(open(path, encoding="utf-8").read(), path)):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STARTS
-                and isinstance(node.func.value, ast.Name) and node.func.value.id == "subprocess"):
-            ends = any(k.arg == "preexec_fn" and isinstance(k.value, ast.Call)
-                       and getattr(k.value.func, "id", None) == "ends_with_this_process" for k in node.keywords)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr in STARTS
+            and isinstance(node.func.value, ast.Name)
+            and node.func.value.id == "subprocess"
+        ):
+            ends = any(
+                k.arg == "preexec_fn"
+                and isinstance(k.value, ast.Call)
+                and getattr(k.value.func, "id", None) == "ends_with_this_process"
+                for k in node.keywords
+            )
             starts.append((node.lineno, ends))
     return starts
 
@@ -42,17 +51,31 @@ def test_every_process_a_benchmark_starts_ends_with_it():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG and /proc are Linux's")
 def test_killing_the_model_benchmark_ends_its_worker():
-    command = [sys.executable, os.path.join(ROOT, "benchmarks", "model.py"), "--models=kgpt", "--num_layers=1",
-               "--hidden_dim=16", "--num_heads=2", "--intermediate_dim=32", "--sequence_length=16",
-               "--vocabulary_size=97", "--batch_size=2", "--steps=10000000", "--warmup=1"]
+    command = [
+        sys.executable,
+        os.path.join(ROOT, "benchmarks", "model.py"),
+        "--models=kgpt",
+        "--num_layers=1",
+        "--hidden_dim=16",
+        "--num_heads=2",
+        "--intermediate_dim=32",
+        "--sequence_length=16",
+        "--vocabulary_size=97",
+        "--batch_size=2",
+        "--steps=10000000",
+        "--warmup=1",
+    ]
     parent = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT)
     workers = {}
     try:
         deadline = time.monotonic() + 120
         while not workers and time.monotonic() < deadline and parent.poll() is None:
             time.sleep(0.2)
-            workers = {pid: line for pid, (_, line) in _descendants(parent.pid).items()
-                       if any(part.startswith("--worker=") for part in line)}
+            workers = {
+                pid: line
+                for pid, (_, line) in _descendants(parent.pid).items()
+                if any(part.startswith("--worker=") for part in line)
+            }
         assert workers, "the benchmark started no worker within 120 s"
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)

@@ -2,9 +2,9 @@ import keras
 import keras_hub
 import numpy as np
 import pytest
+from conftest import TINY, newline_tokenizer, random_inputs, text_lm, to_numpy
 
 import kgpt
-from conftest import TINY, newline_tokenizer, random_inputs, text_lm, to_numpy
 
 
 def log_softmax(x):
@@ -117,8 +117,13 @@ def test_learns_repeated_text_to_low_loss():
     windows = np.stack([ids[s : s + length + 1] for s in starts])
     x = {"token_ids": windows[:, :-1], "padding_mask": np.ones((512, length), "int32")}
     backbone = kgpt.GPTBackbone(
-        vocabulary_size=len(vocab), num_layers=2, num_heads=2, hidden_dim=32,
-        intermediate_dim=64, max_sequence_length=length, dropout=0.0,
+        vocabulary_size=len(vocab),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=length,
+        dropout=0.0,
     )
     lm = kgpt.GPTCausalLM(backbone)
     lm.compile(optimizer=kgpt.gpt_adamw(3e-3, warmup_steps=20, total_steps=320))
@@ -161,6 +166,7 @@ def test_get_config_round_trip(causal_lm):
 
 # --- text in, text out (with a GPTCausalLMPreprocessor) ------------------------
 
+
 def test_generate_text_equals_generate_ids():
     tokenizer = newline_tokenizer()
     lm = text_lm(tokenizer)
@@ -192,6 +198,7 @@ def test_generate_text_errors():
 
 def test_score_text_matches_score_ids():
     from conftest import char_tokenizer
+
     from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
     lm = text_lm(newline_tokenizer())

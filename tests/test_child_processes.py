@@ -93,8 +93,15 @@ def test_killing_a_run_while_its_workers_tokenize_leaves_no_process_and_no_lock(
     _write_corpus(tmp_path / "corpus" / "a.txt", 16)  # about 2 s of tokenizing on 2 cores
     # --prepare_only: the run claims its output directory, starts the stderr filter and tokenizes in worker
     # processes as a training run does, and the rerun need not train (25 s more on 2 cores).
-    args = [sys.executable, "-m", "kgpt.cli.train", "--task=lm", f"--corpus={tmp_path / 'corpus'}",
-            f"--output_dir={tmp_path / 'out'}", "--prepare_only"]
+    args = [
+        sys.executable,
+        "-m",
+        "kgpt.cli.train",
+        "--task=lm",
+        f"--corpus={tmp_path / 'corpus'}",
+        f"--output_dir={tmp_path / 'out'}",
+        "--prepare_only",
+    ]
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}  # "0" would start no filter
     seen = {}
     with open(tmp_path / "first.log", "wb") as log:
@@ -113,7 +120,8 @@ def test_killing_a_run_while_its_workers_tokenize_leaves_no_process_and_no_lock(
             time.sleep(0.005)
         assert len(workers) >= 2 and filters, (
             f"the run (exit code {first.poll()}) was not seen with its tokenizer workers and stderr filter: "
-            f"{seen}\n{(tmp_path / 'first.log').read_text()[-3000:]}")
+            f"{seen}\n{(tmp_path / 'first.log').read_text()[-3000:]}"
+        )
         seen |= _descendants(first.pid)
         first.kill()
         first.wait(timeout=30)
@@ -165,8 +173,14 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_the_stderr_filter_ends_with_its_process_and_passes_on_its_last_words(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     with open(tmp_path / "stderr", "wb") as stderr:
-        command = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_FILTERED)], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, stderr=stderr, env=env, bufsize=0)
+        command = subprocess.Popen(
+            [sys.executable, "-c", textwrap.dedent(_FILTERED)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=env,
+            bufsize=0,
+        )
     started = {}
     try:
         filter_pid, child_pid = map(int, _line(command).split())
@@ -210,8 +224,9 @@ else:
 @pytest.mark.parametrize("end", ["release", "die"])
 def test_a_forked_child_does_not_hold_the_output_directory(tmp_path, end):
     out = str(tmp_path / "out")
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_HOLD), out, end], stdout=subprocess.PIPE,
-                              bufsize=0)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_HOLD), out, end], stdout=subprocess.PIPE, bufsize=0
+    )
     child = {}
     try:
         pid = int(_line(holder))
@@ -250,8 +265,9 @@ def test_a_second_claim_in_the_same_process_is_refused_and_keeps_the_first(tmp_p
             with RunDirectory(out, "pretrain", {"seed": 0}):
                 pass
         # The refusal opened and closed nothing that would drop this process's lock: another process is refused.
-        other = subprocess.run([sys.executable, "-c", textwrap.dedent(_CLAIM), out], capture_output=True, text=True,
-                               timeout=60)
+        other = subprocess.run(
+            [sys.executable, "-c", textwrap.dedent(_CLAIM), out], capture_output=True, text=True, timeout=60
+        )
         assert other.returncode == 0, other.stderr[-3000:]
         assert f"is in use by another kgpt run (pid {os.getpid()})" in other.stdout
     with RunDirectory(out, "pretrain", {"seed": 0}):  # released: claimed again

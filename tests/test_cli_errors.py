@@ -25,7 +25,7 @@ def one_line(code, err, prog="kgpt-train"):
     assert "Traceback" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith(f"{prog}: error: ")]
     assert len(lines) == 1, err[-3000:]
-    return lines[0][len(f"{prog}: error: "):]
+    return lines[0][len(f"{prog}: error: ") :]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +42,7 @@ def presets(tmp_path_factory):
 
 # --- pre-training: the corpus -------------------------------------------------------------------
 
+
 def corpus(tmp_path, name, data):
     folder = tmp_path / name
     folder.mkdir()
@@ -51,32 +52,65 @@ def corpus(tmp_path, name, data):
 
 def test_empty_corpus_names_its_files(monkeypatch, capsys, presets, tmp_path):
     folder = corpus(tmp_path, "empty", b"")
-    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--prepare_only",
-                       f"--tokenizer={presets / 'good'}")
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        f"--corpus={folder}",
+        "--prepare_only",
+        f"--tokenizer={presets / 'good'}",
+    )
     assert one_line(code, err) == f"All 1 corpus file(s) are empty (no token): {folder}/a.txt."
 
 
 def test_corpus_byte_that_is_not_utf8_names_file_and_line(monkeypatch, capsys, presets, tmp_path):
     folder = corpus(tmp_path, "latin1", "first line\nsecond caf\xe9 line\n".encode("latin-1"))
-    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--prepare_only",
-                       f"--tokenizer={presets / 'good'}")
-    assert one_line(code, err) == (f"{folder}/a.txt:2: byte 10 of the line (0xe9) is not valid UTF-8; re-encode "
-                                   f"the file as UTF-8.")
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        f"--corpus={folder}",
+        "--prepare_only",
+        f"--tokenizer={presets / 'good'}",
+    )
+    assert one_line(code, err) == (
+        f"{folder}/a.txt:2: byte 10 of the line (0xe9) is not valid UTF-8; re-encode the file as UTF-8."
+    )
 
 
 def test_corpus_shorter_than_a_window_names_the_flag(monkeypatch, capsys, presets, tmp_path):
     folder = corpus(tmp_path, "short", b"far too short\n")
-    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--max_steps=10",
-                       "--warmup_steps=1", "--sequence_length=32", f"--tokenizer={presets / 'good'}")
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        f"--corpus={folder}",
+        "--max_steps=10",
+        "--warmup_steps=1",
+        "--sequence_length=32",
+        f"--tokenizer={presets / 'good'}",
+    )
     message = one_line(code, err)
     assert "fewer than one window of sequence_length=32 + 1" in message and "lower --sequence_length" in message
 
 
 def test_a_prompt_with_no_room_for_the_sample_is_refused_before_training(monkeypatch, capsys, presets, tmp_path):
     folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
-    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--max_steps=10",
-                       "--warmup_steps=1", "--sequence_length=8", f"--tokenizer={presets / 'good'}",
-                       "--prompt=the cat sat on the mat and the dog ran far away")
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        f"--corpus={folder}",
+        "--max_steps=10",
+        "--warmup_steps=1",
+        "--sequence_length=8",
+        f"--tokenizer={presets / 'good'}",
+        "--prompt=the cat sat on the mat and the dog ran far away",
+    )
     message = one_line(code, err)
     assert message.startswith("--prompt is ") and "--sequence_length=8" in message and "Epoch" not in err
     assert not (tmp_path / "out").exists()
@@ -85,19 +119,39 @@ def test_a_prompt_with_no_room_for_the_sample_is_refused_before_training(monkeyp
 def test_no_sample_with_sample_tokens_0_and_the_preset_is_saved(monkeypatch, capsys, presets, tmp_path, progress):
     """It crashed in generate after training, before the preset was written."""
     folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
-    code, out, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={folder}", "--max_steps=2",
-                         "--evaluations=1", "--warmup_steps=1", "--sequence_length=8", "--batch_size=2",
-                         "--num_layers=1", "--hidden_dim=8", "--intermediate_dim=16", "--num_heads=2",
-                         "--validation_tokens=0", "--sample_tokens=0", f"--tokenizer={presets / 'good'}",
-                         f"--output_dir={tmp_path / 'out'}")
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        f"--corpus={folder}",
+        "--max_steps=2",
+        "--evaluations=1",
+        "--warmup_steps=1",
+        "--sequence_length=8",
+        "--batch_size=2",
+        "--num_layers=1",
+        "--hidden_dim=8",
+        "--intermediate_dim=16",
+        "--num_heads=2",
+        "--validation_tokens=0",
+        "--sample_tokens=0",
+        f"--tokenizer={presets / 'good'}",
+        f"--output_dir={tmp_path / 'out'}",
+    )
     assert code in (0, None), err[-3000:]
     assert "Sample:" not in out and (tmp_path / "out" / "model.weights.h5").exists()
 
 
 def test_changed_shard_is_one_line(monkeypatch, capsys, presets, tmp_path):
     folder = corpus(tmp_path, "text", b"the cat sat on the mat and the dog ran far away\n" * 20)
-    args = ("--task=lm", f"--corpus={folder}", "--prepare_only", f"--output_dir={tmp_path / 'out'}",
-            f"--tokenizer={presets / 'good'}")
+    args = (
+        "--task=lm",
+        f"--corpus={folder}",
+        "--prepare_only",
+        f"--output_dir={tmp_path / 'out'}",
+        f"--tokenizer={presets / 'good'}",
+    )
     code, _, err = cli(monkeypatch, capsys, train, *args)
     assert code in (0, None), err[-3000:]
     [shard] = glob.glob(str(tmp_path / "out" / "shards" / "*.bin"))
@@ -109,43 +163,71 @@ def test_changed_shard_is_one_line(monkeypatch, capsys, presets, tmp_path):
 
 
 def test_zero_shot_task_without_heuristic_is_refused_before_pretraining(monkeypatch, capsys, tmp_path):
-    code, out, err = cli(monkeypatch, capsys, train, "--task=lm", "--zero_shot=scitail", "--max_steps=10",
-                         "--warmup_steps=1", f"--output_dir={tmp_path / 'lm'}")
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        "--zero_shot=scitail",
+        "--max_steps=10",
+        "--warmup_steps=1",
+        f"--output_dir={tmp_path / 'lm'}",
+    )
     assert one_line(code, err).startswith("Task 'scitail' offers no zero-shot heuristic; tasks that do: ")
     assert "Tokenized" not in out and not os.path.exists(tmp_path / "lm" / "shards")
 
 
 def test_zero_shot_task_without_heuristic_in_kgpt_analyze(monkeypatch, capsys, presets, tmp_path):
-    code, out, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={presets / 'good'}", "--tasks=scitail",
-                         f"--output_dir={tmp_path / 'a'}")
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        analyze,
+        "zero-shot",
+        f"--init={presets / 'good'}",
+        "--tasks=scitail",
+        f"--output_dir={tmp_path / 'a'}",
+    )
     assert one_line(code, err, "kgpt-analyze").startswith("Task 'scitail' offers no zero-shot heuristic")
     assert "Zero-shot with the model" not in out  # refused before the model was loaded
 
 
 # --- fine-tuning: flags and presets -------------------------------------------------------------
 
+
 def test_max_length_below_the_minimum_is_refused_before_anything_is_built(monkeypatch, capsys, tmp_path):
-    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", "--init=scratch", "--max_length=2",
-                       f"--output_dir={tmp_path / 'o'}")
-    assert one_line(code, err) == ("max_length must be >= 4 (the start, delimiter and extract tokens and one of text), "
-                                   "got 2.")
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=scitail",
+        "--init=scratch",
+        "--max_length=2",
+        f"--output_dir={tmp_path / 'o'}",
+    )
+    assert one_line(code, err) == (
+        "max_length must be >= 4 (the start, delimiter and extract tokens and one of text), got 2."
+    )
     assert not os.path.exists(tmp_path / "o")
 
 
 def test_sequence_length_in_fine_tuning_points_to_max_length(monkeypatch, capsys):
     code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", "--init=scratch", "--sequence_length=64")
     assert code == 2 and "Traceback" not in err
-    assert ("--sequence_length only applies to pre-training (--task lm); remove it (a fine-tuned model's context is "
-            "--max_length).") in err
+    assert (
+        "--sequence_length only applies to pre-training (--task lm); remove it (a fine-tuned model's context is "
+        "--max_length)."
+    ) in err
 
 
 def test_preset_with_another_models_tokenizer(monkeypatch, capsys, presets, tmp_path):
     preset = presets / "other_tokenizer"
-    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={preset}", "--epochs=1",
-                       f"--output_dir={tmp_path / 'o'}")
+    code, _, err = cli(
+        monkeypatch, capsys, train, "--task=scitail", f"--init={preset}", "--epochs=1", f"--output_dir={tmp_path / 'o'}"
+    )
     assert one_line(code, err) == (
         f"{preset}: the model has 97 token embeddings but the preset's tokenizer 98 ids (95 without start/delimiter/"
-        f"extract): the tokenizer files belong to another model. Save the model's own tokenizer beside it.")
+        f"extract): the tokenizer files belong to another model. Save the model's own tokenizer beside it."
+    )
 
 
 def test_preset_naming_a_function_as_its_class(presets, tmp_path):
@@ -170,18 +252,24 @@ def test_npy_header_claiming_terabytes_is_named_not_allocated(tmp_path):
     with open(path, "wb") as f:
         np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": (1 << 40,)})
         f.write(np.zeros(4, "float32").tobytes())
-    with pytest.raises(CheckpointError, match=r"params_0.npy is not a readable .npy array .*header describes float32 "
-                                              r"of shape \(1099511627776,\) \(4,398,046,511,104 bytes\), the file "
-                                              r"holds 16"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"params_0.npy is not a readable .npy array .*header describes float32 "
+        r"of shape \(1099511627776,\) \(4,398,046,511,104 bytes\), the file "
+        r"holds 16",
+    ):
         original.read_shards(str(tmp_path), [(4,)])
 
 
 # --- readers ------------------------------------------------------------------------------------
 
+
 def test_snli_row_without_gold_label_names_file_and_line(tmp_path):
     path = tmp_path / "snli_1.0_train.jsonl"
-    rows = [{"gold_label": "neutral", "sentence1": "a man", "sentence2": "a person", "pairID": "1"},
-            {"sentence1": "a dog", "sentence2": "an animal", "pairID": "2"}]
+    rows = [
+        {"gold_label": "neutral", "sentence1": "a man", "sentence2": "a person", "pairID": "1"},
+        {"sentence1": "a dog", "sentence2": "an animal", "pairID": "2"},
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DataError, match=rf"^{path}:2: missing field 'gold_label'\."):
         list(kgpt.TaskRegistry().get("snli").read("train", str(tmp_path)))
@@ -191,8 +279,12 @@ def test_story_cloze_quoted_field_keeps_its_newline(tmp_path):
     from kgpt_tasks.qa import STORY_COLUMNS
 
     path = tmp_path / "val.csv"
-    path.write_text(",".join(STORY_COLUMNS) + "\n" + 'id1,One.,"Two\nthree.",Four.,Five.,Good end.,Bad end.,1\n'
-                    + "id2,A.,B.,C.,D.,E.,F.,2\n")
+    path.write_text(
+        ",".join(STORY_COLUMNS)
+        + "\n"
+        + 'id1,One.,"Two\nthree.",Four.,Five.,Good end.,Bad end.,1\n'
+        + "id2,A.,B.,C.,D.,E.,F.,2\n"
+    )
     first, second = kgpt.TaskRegistry().get("story-cloze").read("val", str(tmp_path))
     assert first.segments == ("One. Two\nthree. Four. Five.",) and first.source == f"{path}:2"
     assert second.source == f"{path}:4" and second.label == 1
@@ -201,16 +293,22 @@ def test_story_cloze_quoted_field_keeps_its_newline(tmp_path):
 def test_single_class_training_split_warns(tmp_path, capsys, progress):
     from kgpt.jobs import finetune_data
 
-    task = kgpt.Task(name="one-class", transform=kgpt.tasks.transforms.Classification(), labels=("no", "yes"),
-                     read=lambda split, data_dir: [kgpt.Example((f"text {i}",), "yes", source=f"{split}:{i}")
-                                                   for i in range(3)])
+    task = kgpt.Task(
+        name="one-class",
+        transform=kgpt.tasks.transforms.Classification(),
+        labels=("no", "yes"),
+        read=lambda split, data_dir: [kgpt.Example((f"text {i}",), "yes", source=f"{split}:{i}") for i in range(3)],
+    )
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
     finetune_data.read_splits(task, str(tmp_path), preprocessor)
-    assert ("every one of the 3 examples of task 'one-class''s training split 'train' has the label 'yes': the "
-            "model can only learn to predict it") in capsys.readouterr().out
+    assert (
+        "every one of the 3 examples of task 'one-class''s training split 'train' has the label 'yes': the "
+        "model can only learn to predict it"
+    ) in capsys.readouterr().out
 
 
 # --- plugins ------------------------------------------------------------------------------------
+
 
 def plugin(source, name):
     import types
@@ -221,37 +319,46 @@ def plugin(source, name):
 
 
 def test_hook_with_the_wrong_signature_is_named(tmp_path):
-    bad = plugin("""
+    bad = plugin(
+        """
         import kgpt
 
         @kgpt.hookimpl
         def register_tasks(add, extra):
             pass
-    """, "kgpt_bad_signature")
+    """,
+        "kgpt_bad_signature",
+    )
     registry = kgpt.TaskRegistry(plugins=[bad], entry_points=[])
     [problem] = registry.problems()
-    assert problem == ("plugin 'kgpt_bad_signature' (registered directly (kgpt_bad_signature)): @kgpt.hookimpl "
-                       "register_tasks(add, extra) does not take the arguments kgpt passes (register_tasks(register)); "
-                       "a hook may take fewer of them, by these names, but no other, so the plugin is not loaded")
+    assert problem == (
+        "plugin 'kgpt_bad_signature' (registered directly (kgpt_bad_signature)): @kgpt.hookimpl "
+        "register_tasks(add, extra) does not take the arguments kgpt passes (register_tasks(register)); "
+        "a hook may take fewer of them, by these names, but no other, so the plugin is not loaded"
+    )
     assert registry.broken[0].stage == "hooks"
 
 
 def test_task_named_like_a_builtin_says_it_is_ignored(capsys, progress):
-    claim = plugin("""
+    claim = plugin(
+        """
         import kgpt
 
         @kgpt.hookimpl
         def register_tasks(register):
             register(kgpt.Task(name="rte", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
                                read=lambda split, data_dir: []))
-    """, "kgpt_claims_rte")
+    """,
+        "kgpt_claims_rte",
+    )
     registry = kgpt.TaskRegistry(plugins=[claim])
     capsys.readouterr()
     assert registry.entry("rte").builtin
     registry.get("rte")  # said once
     assert capsys.readouterr().out.splitlines() == [
         "Task 'rte' is the built-in one of plugin 'glue'; plugin 'kgpt_claims_rte' (registered directly "
-        "(kgpt_claims_rte)) also registers a task 'rte', which is ignored: rename it in that plugin to use it."]
+        "(kgpt_claims_rte)) also registers a task 'rte', which is ignored: rename it in that plugin to use it."
+    ]
 
 
 @pytest.fixture
@@ -289,35 +396,55 @@ def test_verbose_shows_a_broken_plugins_traceback(monkeypatch, capsys, broken_si
     assert isinstance(raised.value.__cause__, ZeroDivisionError)
 
 
-
 def test_max_length_beyond_the_models_context_is_reported(monkeypatch, capsys, presets, tmp_path):
     (tmp_path / "data").mkdir()
-    code, out, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}",
-                         "--max_length=1000", f"--data_dir={tmp_path / 'data'}")
-    assert (f"Warning: max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
-            f"views are cut to 64 tokens.") in out
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=scitail",
+        f"--init={presets / 'good'}",
+        "--max_length=1000",
+        f"--data_dir={tmp_path / 'data'}",
+    )
+    assert (
+        f"Warning: max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
+        f"views are cut to 64 tokens."
+    ) in out
     assert one_line(code, err).startswith("No SciTail train file found")  # then the data, which is missing
 
 
-def test_zero_shot_data_directory_that_is_missing_is_refused_before_the_model_loads(monkeypatch, capsys, presets,
-                                                                                    tmp_path):
-    code, out, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={presets / 'good'}",
-                         f"--tasks=sst2={tmp_path / 'nowhere'}", f"--output_dir={tmp_path / 'a'}")
-    assert one_line(code, err, "kgpt-analyze") == (f"sst2={tmp_path / 'nowhere'}: no such directory (the task's data "
-                                                   f"directory).")
+def test_zero_shot_data_directory_that_is_missing_is_refused_before_the_model_loads(
+    monkeypatch, capsys, presets, tmp_path
+):
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        analyze,
+        "zero-shot",
+        f"--init={presets / 'good'}",
+        f"--tasks=sst2={tmp_path / 'nowhere'}",
+        f"--output_dir={tmp_path / 'a'}",
+    )
+    assert one_line(code, err, "kgpt-analyze") == (
+        f"sst2={tmp_path / 'nowhere'}: no such directory (the task's data directory)."
+    )
     assert "Zero-shot with the model" not in out
 
 
 def test_data_dir_that_is_a_file_says_so(monkeypatch, capsys, presets, tmp_path):
     (tmp_path / "file").write_text("")
-    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}",
-                       f"--data_dir={tmp_path / 'file'}")
-    assert one_line(code, err) == (f"Data directory '{tmp_path / 'file'}' is a file, not a directory (looking for "
-                                   f"SciTail train file).")
+    code, _, err = cli(
+        monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}", f"--data_dir={tmp_path / 'file'}"
+    )
+    assert one_line(code, err) == (
+        f"Data directory '{tmp_path / 'file'}' is a file, not a directory (looking for SciTail train file)."
+    )
 
 
 def test_a_plugins_default_data_that_fails_is_named(tmp_path):
-    broken = plugin("""
+    broken = plugin(
+        """
         import kgpt
 
         def write(directory):
@@ -329,11 +456,16 @@ def test_a_plugins_default_data_that_fails_is_named(tmp_path):
                                read=lambda split, data_dir: [], default_data=write))
             register(kgpt.Task(name="no-dir", transform=kgpt.tasks.transforms.Classification(), labels=("a", "b"),
                                read=lambda split, data_dir: [], default_data=lambda directory: None))
-    """, "kgpt_bad_data")
+    """,
+        "kgpt_bad_data",
+    )
     registry = kgpt.TaskRegistry(plugins=[broken], entry_points=[])
-    with pytest.raises(DataError, match=r"^Task 'no-data' of plugin 'kgpt_bad_data' \(registered directly "
-                                        r"\(kgpt_bad_data\)\): default_data\('.*'\) raised KeyError: 'train.tsv'. "
-                                        r"Report it to the plugin's authors, or pass --data_dir.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^Task 'no-data' of plugin 'kgpt_bad_data' \(registered directly "
+        r"\(kgpt_bad_data\)\): default_data\('.*'\) raised KeyError: 'train.tsv'. "
+        r"Report it to the plugin's authors, or pass --data_dir.$",
+    ):
         registry.get("no-data").write_default_data(str(tmp_path / "a"))
     with pytest.raises(DataError, match=r"default_data\('.*'\) returned None, not the directory it wrote"):
         registry.get("no-dir").write_default_data(str(tmp_path / "b"))
@@ -342,8 +474,9 @@ def test_a_plugins_default_data_that_fails_is_named(tmp_path):
 def test_help_into_a_pipe_that_closes_early_is_no_error():
     import subprocess
 
-    process = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", "--help"], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, bufsize=0)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "kgpt.cli.train", "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0
+    )
     process.stdout.close()  # before the help is written: as `| head -1` does once it has its line
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0 and b"Traceback" not in err, err.decode()[-3000:]

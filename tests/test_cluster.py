@@ -25,8 +25,10 @@ from conftest import checkpoint_step
 JAX = keras.config.backend() == "jax"
 # TensorFlow's replicas each draw their own dropout masks, so only JAX's runs match one process with dropout.
 DROPOUT = "0.1" if JAX else "0"
-WORDS = ("the keeper of the lighthouse wrote the date in the log every night while the sea rose and the ships "
-         "came home before the storm").split()
+WORDS = (
+    "the keeper of the lighthouse wrote the date in the log every night while the sea rose and the ships "
+    "came home before the storm"
+).split()
 
 
 def free_ports(count):
@@ -59,9 +61,23 @@ def corpus(tmp_path_factory):
 
 
 def lm_args(corpus, out, *extra):
-    return ["--task=lm", f"--corpus={corpus}/*.txt", f"--output_dir={out}", "--tokenizer=train", "--num_merges=60",
-            "--num_layers=2", "--num_heads=2", "--hidden_dim=32", "--intermediate_dim=64", "--sequence_length=32",
-            "--batch_size=8", "--warmup_steps=4", "--learning_rate=3e-3", f"--dropout={DROPOUT}", *extra]
+    return [
+        "--task=lm",
+        f"--corpus={corpus}/*.txt",
+        f"--output_dir={out}",
+        "--tokenizer=train",
+        "--num_merges=60",
+        "--num_layers=2",
+        "--num_heads=2",
+        "--hidden_dim=32",
+        "--intermediate_dim=64",
+        "--sequence_length=32",
+        "--batch_size=8",
+        "--warmup_steps=4",
+        "--learning_rate=3e-3",
+        f"--dropout={DROPOUT}",
+        *extra,
+    ]
 
 
 def start(args, log, env=None, devices=None):
@@ -70,8 +86,13 @@ def start(args, log, env=None, devices=None):
     if devices:
         env["XLA_FLAGS"] = env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={devices}"
     with open(log, "w") as out:
-        return subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, cwd=pathlib.Path(log).parent)
+        return subprocess.Popen(
+            [sys.executable, "-m", "kgpt.cli.train", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=pathlib.Path(log).parent,
+        )
 
 
 def cluster_flags(port, count, index):
@@ -80,8 +101,15 @@ def cluster_flags(port, count, index):
 
 def start_all(args, logs, count=2, env=None, devices=None, extra=None):
     port = free_ports(count)
-    return [start([*args, *cluster_flags(port, count, i), *((extra or {}).get(i, []))], logs[i],
-                  env=(env or {}).get(i), devices=devices) for i in range(count)]
+    return [
+        start(
+            [*args, *cluster_flags(port, count, i), *((extra or {}).get(i, []))],
+            logs[i],
+            env=(env or {}).get(i),
+            devices=devices,
+        )
+        for i in range(count)
+    ]
 
 
 def finish(processes, timeout=300):
@@ -140,12 +168,20 @@ def odd_scitail(folder):
 
 def preset_without_dropout(folder):
     """A 2 x 32 pre-trained-model stand-in with a character vocabulary (GPT-1's would take longer to load)."""
-    import kgpt
     from conftest import char_tokenizer
 
+    import kgpt
+
     tokenizer = char_tokenizer()
-    kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_heads=2, hidden_dim=32,
-                     intermediate_dim=64, max_sequence_length=64, dropout=0.0).save_to_preset(str(folder))
+    kgpt.GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=32,
+        intermediate_dim=64,
+        max_sequence_length=64,
+        dropout=0.0,
+    ).save_to_preset(str(folder))
     tokenizer.save_to_preset(str(folder))
     return str(folder)
 
@@ -153,8 +189,16 @@ def preset_without_dropout(folder):
 def test_two_processes_fine_tune_like_one_process(tmp_path):
     data = odd_scitail(tmp_path / "data")
     # No dropout: a filled batch has another shape, and so other dropout masks, than the same batch unfilled.
-    args = ["--task=scitail", f"--data_dir={data}", f"--init={preset_without_dropout(tmp_path / 'preset')}",
-            "--max_length=48", "--batch_size=10", "--epochs=2", "--learning_rate=1e-3", "--classifier_dropout=0"]
+    args = [
+        "--task=scitail",
+        f"--data_dir={data}",
+        f"--init={preset_without_dropout(tmp_path / 'preset')}",
+        "--max_length=48",
+        "--batch_size=10",
+        "--epochs=2",
+        "--learning_rate=1e-3",
+        "--classifier_dropout=0",
+    ]
     processes = start_all([*args, f"--output_dir={tmp_path / 'two'}"], [tmp_path / "p0.log", tmp_path / "p1.log"])
     run_one([*args, f"--output_dir={tmp_path / 'one'}"], tmp_path / "one.log")
     assert finish(processes) == [0, 0], (tmp_path / "p0.log").read_text()[-3000:]
@@ -167,7 +211,9 @@ def test_two_processes_fine_tune_like_one_process(tmp_path):
         assert double["splits"][split]["accuracy"] == single["splits"][split]["accuracy"]
         # Every example scored once, in order, with the same probabilities (the filler rows dropped).
         ours = [row.split("\t") for row in (tmp_path / "two" / "predictions" / f"{split}.tsv").read_text().splitlines()]
-        theirs = [row.split("\t") for row in (tmp_path / "one" / "predictions" / f"{split}.tsv").read_text().splitlines()]
+        theirs = [
+            row.split("\t") for row in (tmp_path / "one" / "predictions" / f"{split}.tsv").read_text().splitlines()
+        ]
         assert len(ours) == len(theirs) == 24 and [r[0] for r in ours] == [r[0] for r in theirs]
         ours, theirs = (np.asarray([r[2:4] for r in rows[1:]], float) for rows in (ours, theirs))
         np.testing.assert_allclose(ours, theirs, atol=2e-5)
@@ -209,8 +255,9 @@ def reference(corpus, tmp_path_factory):
     return folder / "run"
 
 
-def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_process_0_writes(corpus, reference,
-                                                                                           tmp_path):
+def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_process_0_writes(
+    corpus, reference, tmp_path
+):
     out = tmp_path / "run"
     args = lm_args(corpus, out, *REFERENCE, "--checkpoint_every=4", "--log_every=10")
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
@@ -222,9 +269,11 @@ def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_proce
         processes[1].send_signal(signal.SIGKILL)
         assert processes[0].wait(timeout=60) == 1
         message = lines(logs[0])[-1]
-        assert message.startswith("kgpt-train: error: process 1 of 2 stopped (") and \
-            "); process 0 stopped too." in message and \
-            "Rerun every process with the same command" in message, message
+        assert (
+            message.startswith("kgpt-train: error: process 1 of 2 stopped (")
+            and "); process 0 stopped too." in message
+            and "Rerun every process with the same command" in message
+        ), message
         deadline = time.monotonic() + 15
         while any(alive(pid) for pid in family) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -281,8 +330,9 @@ def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_proce
 def test_a_model_split_over_two_processes_trains_checkpoints_and_resumes_like_one_process(corpus, reference, tmp_path):
     out = tmp_path / "split"
     # 2 processes x 2 devices, each model split over all 4 (--num_heads 4: heads split 4 ways).
-    args = lm_args(corpus, out, *REFERENCE, "--checkpoint_every=4", "--distribution=model_parallel",
-                   "--model_parallel=4")
+    args = lm_args(
+        corpus, out, *REFERENCE, "--checkpoint_every=4", "--distribution=model_parallel", "--model_parallel=4"
+    )
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
     processes = start_all(args, logs, devices=2)
     try:
@@ -310,10 +360,15 @@ def test_processes_started_differently_stop_before_writing_anything(corpus, tmp_
     patch = tmp_path / "patch"
     patch.mkdir()
     (patch / "sitecustomize.py").write_text(
-        "import kgpt.parallel.cluster as c\nc.source_fingerprint = lambda: '0.0.1 (source another)'\n")
+        "import kgpt.parallel.cluster as c\nc.source_fingerprint = lambda: '0.0.1 (source another)'\n"
+    )
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
-    processes = start_all(args, logs, env={1: {"PYTHONPATH": f"{patch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}},
-                          extra={1: ["--learning_rate=1e-2"]})
+    processes = start_all(
+        args,
+        logs,
+        env={1: {"PYTHONPATH": f"{patch}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}},
+        extra={1: ["--learning_rate=1e-2"]},
+    )
     assert finish(processes, timeout=180) == [1, 1]
     for log in logs:
         last = lines(log)[-1]
@@ -325,24 +380,35 @@ def test_processes_started_differently_stop_before_writing_anything(corpus, tmp_
 def test_a_process_whose_coordinator_never_answers_stops_within_the_timeout(corpus, tmp_path):
     log = tmp_path / "alone.log"
     began = time.monotonic()
-    process = start([*lm_args(corpus, tmp_path / "run"), *cluster_flags(free_ports(2), 2, 1), "--startup_timeout=3"],
-                    log)
+    process = start(
+        [*lm_args(corpus, tmp_path / "run"), *cluster_flags(free_ports(2), 2, 1), "--startup_timeout=3"], log
+    )
     assert finish([process], timeout=120) == [1]
     assert time.monotonic() - began < 90
     last = lines(log)[-1]
-    assert last.startswith("kgpt-train: error: the 2 processes did not all join within 3 s (process 1, coordinator "
-                           "127.0.0.1:"), last
+    assert last.startswith(
+        "kgpt-train: error: the 2 processes did not all join within 3 s (process 1, coordinator 127.0.0.1:"
+    ), last
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--num_processes=2", "--process_id=2", "--coordinator_address=127.0.0.1:9"],
-     "--process_id: process 2 is not one of the 2 processes (0..1)."),
-    (["--num_processes=2", "--process_id=0"], "--coordinator_address missing: a run on several processes takes"),
-    (["--num_processes=2", "--process_id=0", "--coordinator_address=localhost"],
-     "--coordinator_address: expected HOST:PORT"),
-    (["--num_processes=2", "--process_id=0", "--coordinator_address=127.0.0.1:9", "--batch_size=7"],
-     "batch_size 7 must split evenly over the 2 processes"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--num_processes=2", "--process_id=2", "--coordinator_address=127.0.0.1:9"],
+            "--process_id: process 2 is not one of the 2 processes (0..1).",
+        ),
+        (["--num_processes=2", "--process_id=0"], "--coordinator_address missing: a run on several processes takes"),
+        (
+            ["--num_processes=2", "--process_id=0", "--coordinator_address=localhost"],
+            "--coordinator_address: expected HOST:PORT",
+        ),
+        (
+            ["--num_processes=2", "--process_id=0", "--coordinator_address=127.0.0.1:9", "--batch_size=7"],
+            "batch_size 7 must split evenly over the 2 processes",
+        ),
+    ],
+)
 def test_flags_that_cannot_run_end_in_one_line_before_any_process_joins(tmp_path, flags, message):
     process = start(["--task=lm", *flags], tmp_path / "run.log")
     assert finish([process], timeout=120) == [1]
@@ -353,8 +419,18 @@ def test_flags_that_cannot_run_end_in_one_line_before_any_process_joins(tmp_path
 @pytest.mark.skipif(not JAX, reason="the same code path on both backends; one is enough for the analysis")
 def test_kgpt_analyze_transfer_on_two_processes_gives_the_table_of_one(tiny_preset, tmp_path):
     data = odd_scitail(tmp_path / "data")
-    args = ["transfer", f"--init={tiny_preset}", f"--tasks=scitail={data}", "--layers=0,2", "--epochs=1",
-            "--batch_size=10", "--max_length=48", "--dropout=0", "--classifier_dropout=0", "--learning_rate=1e-3"]
+    args = [
+        "transfer",
+        f"--init={tiny_preset}",
+        f"--tasks=scitail={data}",
+        "--layers=0,2",
+        "--epochs=1",
+        "--batch_size=10",
+        "--max_length=48",
+        "--dropout=0",
+        "--classifier_dropout=0",
+        "--learning_rate=1e-3",
+    ]
     analyze = [sys.executable, "-m", "kgpt.cli.analyze"]
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
     port = free_ports(2)
@@ -362,12 +438,26 @@ def test_kgpt_analyze_transfer_on_two_processes_gives_the_table_of_one(tiny_pres
     processes = []
     for index, log in enumerate(logs):
         with open(log, "w") as out:
-            processes.append(subprocess.Popen([*analyze, *args, f"--output_dir={tmp_path / 'two'}",
-                                               *cluster_flags(port, 2, index)], stdout=out,
-                                              stderr=subprocess.STDOUT, env=env, cwd=tmp_path))
-    one = subprocess.run([*analyze, *args, f"--output_dir={tmp_path / 'one'}"], capture_output=True, text=True,
-                         env=env, cwd=tmp_path, timeout=300)
+            processes.append(
+                subprocess.Popen(
+                    [*analyze, *args, f"--output_dir={tmp_path / 'two'}", *cluster_flags(port, 2, index)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=tmp_path,
+                )
+            )
+    one = subprocess.run(
+        [*analyze, *args, f"--output_dir={tmp_path / 'one'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     assert finish(processes) == [0, 0], logs[0].read_text()[-3000:]
-    assert (tmp_path / "two" / "transfer_depth.csv").read_text() == (tmp_path / "one" / "transfer_depth.csv").read_text()
+    assert (tmp_path / "two" / "transfer_depth.csv").read_text() == (
+        tmp_path / "one" / "transfer_depth.csv"
+    ).read_text()
     assert (tmp_path / "two" / "transfer_depth.png").is_file()

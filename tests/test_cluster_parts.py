@@ -14,18 +14,19 @@ from conftest import TINY, char_tokenizer
 import kgpt
 from kgpt.data import batching, shards
 from kgpt.errors import ConfigError, Preempted
+from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs.finetune import finetune
-from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.pretrain import pretrain
-from kgpt.train import callbacks
-from kgpt.parallel import cluster, distribute, placement
 from kgpt.models.optimizers import WarmupSchedule
+from kgpt.parallel import cluster, distribute, placement
+from kgpt.train import callbacks
 
 JAX = keras.config.backend() == "jax"
 
 
 # --- finding the processes -----------------------------------------------------------------------------
+
 
 def test_flags_make_a_cluster_and_tensorflow_gets_every_address():
     found = placement.resolve("10.0.0.1:8476", 2, 1, environ={}, backend="jax")
@@ -37,32 +38,66 @@ def test_flags_make_a_cluster_and_tensorflow_gets_every_address():
     assert placement.resolve("10.0.0.1:8476", 1, 0, environ={}, backend="jax") == placement.Cluster()
 
 
-@pytest.mark.parametrize("args, message", [
-    (("h:1", 2, 2), "--process_id: process 2 is not one of the 2 processes (0..1)."),
-    (("h:1", 0, 0), "--num_processes: the number of processes must be >= 1, got 0."),
-    ((None, 2, 0), "--coordinator_address missing"),
-    (("h:1", None, None), "--num_processes, --process_id missing"),
-    (("h", 2, 0), "--coordinator_address: expected HOST:PORT"),
-    (("h:99999", 2, 0), "--coordinator_address: expected HOST:PORT"),
-    (("a:1,b:2,c:3", 2, 0), "--coordinator_address: 3 addresses for 2 processes"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (("h:1", 2, 2), "--process_id: process 2 is not one of the 2 processes (0..1)."),
+        (("h:1", 0, 0), "--num_processes: the number of processes must be >= 1, got 0."),
+        ((None, 2, 0), "--coordinator_address missing"),
+        (("h:1", None, None), "--num_processes, --process_id missing"),
+        (("h", 2, 0), "--coordinator_address: expected HOST:PORT"),
+        (("h:99999", 2, 0), "--coordinator_address: expected HOST:PORT"),
+        (("a:1,b:2,c:3", 2, 0), "--coordinator_address: 3 addresses for 2 processes"),
+    ],
+)
 def test_flags_that_cannot_run_are_named(args, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         placement.resolve(*args, environ={}, backend="jax")
 
 
-@pytest.mark.parametrize("environ, backend, expected", [
-    ({"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_NTASKS": "4", "SLURM_PROCID": "3",
-      "SLURM_LOCALID": "1"}, "jax", (4, 3, "SLURM")),
-    ({"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
-     "jax", (2, 1, "Open MPI")),
-    ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3", "TPU_WORKER_ID": "2"}, "jax", (4, 2, "Cloud TPU")),
-    ({"TF_CONFIG": json.dumps({"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]},
-                               "task": {"type": "worker", "index": 1}})}, "tensorflow", (3, 2, "TF_CONFIG")),
-    ({"SLURM_JOB_ID": "7", "SLURM_STEP_NODELIST": "n1", "SLURM_NTASKS": "1", "SLURM_PROCID": "0",
-      "SLURM_LOCALID": "0"}, "jax", (1, 0, "")),  # one task: one process, nothing to join
-    ({"TF_CONFIG": "{}"}, "jax", (1, 0, "")),  # TF_CONFIG is TensorFlow's
-])
+@pytest.mark.parametrize(
+    "environ, backend, expected",
+    [
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_NODELIST": "n[1-2]",
+                "SLURM_NTASKS": "4",
+                "SLURM_PROCID": "3",
+                "SLURM_LOCALID": "1",
+            },
+            "jax",
+            (4, 3, "SLURM"),
+        ),
+        (
+            {"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "1"},
+            "jax",
+            (2, 1, "Open MPI"),
+        ),
+        ({"TPU_WORKER_HOSTNAMES": "t0,t1,t2,t3", "TPU_WORKER_ID": "2"}, "jax", (4, 2, "Cloud TPU")),
+        (
+            {
+                "TF_CONFIG": json.dumps(
+                    {"cluster": {"chief": ["c:1"], "worker": ["w:1", "w:2"]}, "task": {"type": "worker", "index": 1}}
+                )
+            },
+            "tensorflow",
+            (3, 2, "TF_CONFIG"),
+        ),
+        (
+            {
+                "SLURM_JOB_ID": "7",
+                "SLURM_STEP_NODELIST": "n1",
+                "SLURM_NTASKS": "1",
+                "SLURM_PROCID": "0",
+                "SLURM_LOCALID": "0",
+            },
+            "jax",
+            (1, 0, ""),
+        ),  # one task: one process, nothing to join
+        ({"TF_CONFIG": "{}"}, "jax", (1, 0, "")),  # TF_CONFIG is TensorFlow's
+    ],
+)
 def test_the_environment_describes_the_processes(environ, backend, expected):
     found = placement.resolve(environ=environ, backend=backend)
     assert (found.num_processes, found.process_id, found.found_by) == expected
@@ -80,7 +115,8 @@ def test_differing_settings_are_listed_by_flag():
     other = {"kgpt": "0.1.0 (source b)", "settings": {"learning_rate": 2e-3, "seed": 0}}
     assert cluster._differences(chief, other) == [
         "kgpt is '0.1.0 (source a)' on process 0, '0.1.0 (source b)' there",
-        "--learning_rate is 0.001 on process 0, 0.002 there"]
+        "--learning_rate is 0.001 on process 0, 0.002 there",
+    ]
 
 
 def test_one_process_exchanges_with_itself():
@@ -89,19 +125,24 @@ def test_one_process_exchanges_with_itself():
 
 
 # What the runtimes said when process 1 was killed (kill -9), on process 0; the third names the peer by address.
-LOST = ["UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
-        "[127.0.0.1]:19689: Connection reset by peer",
-        "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information from "
-        "remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf",
-        "UNAVAILABLE: failed to connect to all addresses; last error: ipv4:10.0.0.3:8478: Connection refused"]
+LOST = [
+    "UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:538] Read error "
+    "[127.0.0.1]:19689: Connection reset by peer",
+    "Collective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error information from "
+    "remote target /job:worker/replica:0/task:2 while calling /tensorflow.WorkerService/RecvBuf",
+    "UNAVAILABLE: failed to connect to all addresses; last error: ipv4:10.0.0.3:8478: Connection refused",
+]
 
 
-@pytest.mark.parametrize("count, text, expected", [
-    (2, LOST[0], "process 1 of 2 stopped (its connection closed)"),
-    (3, LOST[0], "another of the 3 processes stopped (its connection closed)"),  # gloo names a socket only
-    (3, LOST[1], "process 2 of 3 stopped (its connection closed)"),
-    (3, LOST[2], "process 2 of 3 stopped (UNAVAILABLE: failed to connect"),
-])
+@pytest.mark.parametrize(
+    "count, text, expected",
+    [
+        (2, LOST[0], "process 1 of 2 stopped (its connection closed)"),
+        (3, LOST[0], "another of the 3 processes stopped (its connection closed)"),  # gloo names a socket only
+        (3, LOST[1], "process 2 of 3 stopped (its connection closed)"),
+        (3, LOST[2], "process 2 of 3 stopped (UNAVAILABLE: failed to connect"),
+    ],
+)
 def test_a_lost_process_is_named_in_one_line(monkeypatch, capfd, count, text, expected):
     addresses = tuple(f"10.0.0.{i + 1}:{8476 + i}" for i in range(count))
     monkeypatch.setattr(cluster, "_current", placement.Cluster(count, 0, addresses[0], addresses, "flags"))
@@ -118,16 +159,19 @@ def test_a_lost_process_is_named_in_one_line(monkeypatch, capfd, count, text, ex
 def test_the_runtimes_report_of_a_lost_process_is_not_repeated():
     from kgpt import _quiet
 
-    for line in ("E0000 00:00:1795806503.639976   18776 ring_alg.cc:291] Aborting RingGather with UNAVAILABLE: "
-                 "recvmsg:Connection reset by peer",
-                 "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling",
-                 ':UNKNOWN:Error received from peer  {grpc_message:"recvmsg:Connection reset by peer", grpc_status:14}',
-                 "E0000 00:00:1795806503.647740   18776 base_collective_executor.cc:252] "
-                 "BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer"):
+    for line in (
+        "E0000 00:00:1795806503.639976   18776 ring_alg.cc:291] Aborting RingGather with UNAVAILABLE: "
+        "recvmsg:Connection reset by peer",
+        "Additional GRPC error information from remote target /job:worker/replica:0/task:1 while calling",
+        ':UNKNOWN:Error received from peer  {grpc_message:"recvmsg:Connection reset by peer", grpc_status:14}',
+        "E0000 00:00:1795806503.647740   18776 base_collective_executor.cc:252] "
+        "BaseCollectiveExecutor::StartAbort UNAVAILABLE: recvmsg:Connection reset by peer",
+    ):
         assert _quiet.NOISE.search(line), line
 
 
 # --- shards built by a team ---------------------------------------------------------------------------
+
 
 def test_a_team_builds_the_shards_one_process_builds(tmp_path):
     """Three processes (threads here) each tokenize every third chunk; process 0 joins them: the same bytes."""
@@ -137,8 +181,7 @@ def test_a_team_builds_the_shards_one_process_builds(tmp_path):
         path = tmp_path / name
         path.write_text("".join(f"Line {i} of {name}: the keeper &amp; the sea.\n\n" for i in range(count)))
         files.append(str(path))
-    alone = shards.build_shards(files, tokenizer, str(tmp_path / "alone"), workers=1, chunk_bytes=200,
-                                shard_tokens=300)
+    alone = shards.build_shards(files, tokenizer, str(tmp_path / "alone"), workers=1, chunk_bytes=200, shard_tokens=300)
     barrier, votes = threading.Barrier(3, timeout=60), {}
 
     def agree(index, flag):
@@ -153,8 +196,9 @@ def test_a_team_builds_the_shards_one_process_builds(tmp_path):
     def member(index):
         try:
             team = shards.Team(index, 3, lambda flag: agree(index, flag))
-            built[index] = shards.build_shards(files, tokenizer, str(tmp_path / "team"), workers=1, chunk_bytes=200,
-                                               shard_tokens=300, team=team)
+            built[index] = shards.build_shards(
+                files, tokenizer, str(tmp_path / "team"), workers=1, chunk_bytes=200, shard_tokens=300, team=team
+            )
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
             barrier.abort()
@@ -176,6 +220,7 @@ def test_a_team_builds_the_shards_one_process_builds(tmp_path):
 
 # --- each process's rows ------------------------------------------------------------------------------
 
+
 def test_the_shards_of_a_batch_are_the_batch_filled_to_split_evenly():
     split = batching.SplitBuilder("train", num_views=1)
     rng = np.random.default_rng(0)
@@ -183,11 +228,12 @@ def test_the_shards_of_a_batch_are_the_batch_filled_to_split_evenly():
         split.add([list(rng.integers(1, 50, rng.integers(3, 20)))], target=i % 2, uid=str(i))
     split = split.build()
     whole = list(batching.dataset(split, 5, seed=3).as_numpy_iterator())
-    parts = [list(batching.dataset(split, 5, seed=3, shards=(i, i + 1, 2), pad_to=2).as_numpy_iterator())
-             for i in range(2)]
+    parts = [
+        list(batching.dataset(split, 5, seed=3, shards=(i, i + 1, 2), pad_to=2).as_numpy_iterator()) for i in range(2)
+    ]
     assert len(whole) == len(parts[0]) == len(parts[1]) == 3
     for batch, first, second in zip(whole, *parts):
-        (x, y, w), (x0, y0, w0), (x1, y1, w1) = batch, first, second
+        (x, y, _w), (x0, _y0, w0), (x1, _y1, w1) = batch, first, second
         rows = len(y["task"])
         joined = np.concatenate([x0["token_ids"], x1["token_ids"]])
         assert len(joined) == rows + rows % 2  # filled to an even count, with rows that weigh nothing
@@ -199,8 +245,9 @@ def test_the_shards_of_a_batch_are_the_batch_filled_to_split_evenly():
     micro = list(batching.dataset(split, 5, seed=3, micro_batches=2).as_numpy_iterator())
     assert len(micro) == 6
     rows = len(whole[0][1]["task"])
-    np.testing.assert_array_equal(np.concatenate([micro[0][0]["token_ids"], micro[1][0]["token_ids"]])[:rows],
-                                  whole[0][0]["token_ids"])
+    np.testing.assert_array_equal(
+        np.concatenate([micro[0][0]["token_ids"], micro[1][0]["token_ids"]])[:rows], whole[0][0]["token_ids"]
+    )
 
 
 def test_one_process_feeds_every_row():
@@ -215,8 +262,10 @@ def test_tensorflow_replicas_refuse_gradient_accumulation(monkeypatch):
     monkeypatch.setattr(distribute, "mesh_devices", lambda: ["/cpu:0", "/cpu:1"])
     with pytest.raises(ConfigError, match="gradient_accumulation_steps 2 with 2 TensorFlow replicas"):
         distribute.check_placement("data_parallel", batch_size=4, accumulation=2)
-    with pytest.raises(ConfigError, match="each micro-batch .batch_size / gradient_accumulation_steps = 3 rows. must be "
-                                          "a multiple of 2"):
+    with pytest.raises(
+        ConfigError,
+        match="each micro-batch .batch_size / gradient_accumulation_steps = 3 rows. must be a multiple of 2",
+    ):
         distribute.check_placement("data_parallel", batch_size=3, accumulation=2)
     assert distribute.check_placement("data_parallel", batch_size=4) == 2
 
@@ -239,6 +288,7 @@ def test_every_held_out_window_is_scored_however_many_devices_share_a_batch(caus
 
 # --- gradient accumulation ------------------------------------------------------------------------------
 
+
 def test_the_schedule_counts_updates_not_micro_batches():
     plain, accumulated = WarmupSchedule(1e-3, 10, 100), WarmupSchedule(1e-3, 10, 100, gradient_accumulation_steps=4)
     for update in (0, 5, 10, 50, 99):
@@ -254,9 +304,23 @@ def tiny_pretrain(tmp_path, name, **overrides):
         rng = np.random.default_rng(0)
         words = "the keeper of the lighthouse wrote a date in the log every night".split()
         corpus.write_text("\n".join(" ".join(rng.choice(words, 12)) for _ in range(400)))
-    settings = dict(corpus=str(corpus), tokenizer="train", num_merges=30, num_layers=1, num_heads=2, hidden_dim=16,
-                    intermediate_dim=32, sequence_length=16, batch_size=8, max_steps=12, evaluations=2,
-                    warmup_steps=2, learning_rate=1e-2, sample_tokens=2, output_dir=str(tmp_path / name))
+    settings = dict(
+        corpus=str(corpus),
+        tokenizer="train",
+        num_merges=30,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        sequence_length=16,
+        batch_size=8,
+        max_steps=12,
+        evaluations=2,
+        warmup_steps=2,
+        learning_rate=1e-2,
+        sample_tokens=2,
+        output_dir=str(tmp_path / name),
+    )
     return pretrain(PretrainConfig(**{**settings, **overrides}))[2]
 
 
@@ -273,22 +337,34 @@ def test_an_accumulated_fine_tuning_reports_the_loss_of_its_examples(tmp_path):
     # micro-batches with rows that weigh nothing, which Keras' running loss counted (10/12 of it; an issue
     # reported 40 rows in batches of 32 over 32 micro-batches: 40/64).
     tokenizer = char_tokenizer()
-    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "dropout": 0.0,
-                                   "max_sequence_length": 32})
+    backbone = kgpt.GPTBackbone(
+        **{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "dropout": 0.0, "max_sequence_length": 32}
+    )
     backbone.save_to_preset(str(tmp_path / "preset"))
     tokenizer.save_to_preset(str(tmp_path / "preset"))
     rng = np.random.default_rng(0)
     words = "sun moon star ice cold hot".split()
-    rows = [f"{' '.join(rng.choice(words, 3))}\t{' '.join(rng.choice(words, 2))}\t{('entails', 'neutral')[i % 2]}"
-            for i in range(10)]
+    rows = [
+        f"{' '.join(rng.choice(words, 3))}\t{' '.join(rng.choice(words, 2))}\t{('entails', 'neutral')[i % 2]}"
+        for i in range(10)
+    ]
     (tmp_path / "data" / "tsv_format").mkdir(parents=True)
     for split, n in (("train", 10), ("dev", 3), ("test", 2)):
         (tmp_path / "data" / "tsv_format" / f"scitail_1.0_{split}.tsv").write_text("\n".join(rows[:n]) + "\n")
     history = {}
     for steps in (1, 4):  # a learning rate of ~0: both runs score the same weights
-        config = FinetuneConfig(task="scitail", init=str(tmp_path / "preset"), data_dir=str(tmp_path / "data"),
-                                output_dir=str(tmp_path / str(steps)), epochs=1, batch_size=4, learning_rate=1e-9,
-                                max_length=32, classifier_dropout=0.0, gradient_accumulation_steps=steps)
+        config = FinetuneConfig(
+            task="scitail",
+            init=str(tmp_path / "preset"),
+            data_dir=str(tmp_path / "data"),
+            output_dir=str(tmp_path / str(steps)),
+            epochs=1,
+            batch_size=4,
+            learning_rate=1e-9,
+            max_length=32,
+            classifier_dropout=0.0,
+            gradient_accumulation_steps=steps,
+        )
         history[steps] = finetune(config)[1]["history"]
     np.testing.assert_allclose(history[4]["task_loss"], history[1]["task_loss"], rtol=1e-5)
     # The LM term is each micro-batch's mean over its tokens, so the total is close, not equal.
@@ -298,8 +374,10 @@ def test_an_accumulated_fine_tuning_reports_the_loss_of_its_examples(tmp_path):
 
 # --- progress lines --------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("text, expected", [("100", (100, None)), ("30s", (None, 30.0)), ("0", (None, None)),
-                                            ("0s", (None, None))])
+
+@pytest.mark.parametrize(
+    "text, expected", [("100", (100, None)), ("30s", (None, 30.0)), ("0", (None, None)), ("0s", (None, None))]
+)
 def test_log_every_takes_steps_or_seconds(text, expected):
     assert callbacks.parse_every(text) == expected
 
@@ -321,6 +399,7 @@ def test_progress_lines_give_step_loss_throughput_and_time_left(capsys, progress
 
 
 # --- an interrupted epoch's loss --------------------------------------------------------------------------
+
 
 def test_sigterm_checkpoints_and_the_resumed_epoch_records_all_its_steps(tmp_path, monkeypatch):
     whole = tiny_pretrain(tmp_path, "whole", evaluations=1, max_steps=10)
@@ -348,8 +427,11 @@ def test_tensorflow_replicas_feed_the_blocks_keras_puts_back_in_order():
     replica by replica (`replicas[r::replicas_per_worker]`, keras/src/backend/tensorflow/trainer.py
     `_multi_worker_concat`): the blocks each replica feeds must come back as 0, 1, 2, ..."""
     for workers, replicas in ((2, 1), (2, 2), (3, 4)):
-        fed = {(w, r): block for w in range(workers)
-               for r, block in enumerate(distribute.replica_blocks(w, workers, replicas))}
+        fed = {
+            (w, r): block
+            for w in range(workers)
+            for r, block in enumerate(distribute.replica_blocks(w, workers, replicas))
+        }
         gathered = [fed[(w, r)] for w in range(workers) for r in range(replicas)]
         joined = [block for r in range(replicas) for block in gathered[r::replicas]]
         assert joined == list(range(workers * replicas))

@@ -14,8 +14,11 @@ from kgpt.jobs.config import PretrainConfig, recorded_settings
 
 
 def test_the_folder_comes_from_the_flag_then_kgpt_s_variable_then_jax_s_then_the_user_cache(tmp_path):
-    env = {"KGPT_COMPILATION_CACHE": str(tmp_path / "k"), "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j"),
-           "XDG_CACHE_HOME": str(tmp_path / "xdg")}
+    env = {
+        "KGPT_COMPILATION_CACHE": str(tmp_path / "k"),
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "j"),
+        "XDG_CACHE_HOME": str(tmp_path / "xdg"),
+    }
     assert run.compilation_cache_dir(str(tmp_path / "f"), env) == str(tmp_path / "f")
     assert run.compilation_cache_dir(None, env) == str(tmp_path / "k")
     assert os.path.isdir(tmp_path / "k")
@@ -42,8 +45,9 @@ def test_a_second_run_loads_its_programs_from_the_cache_and_trains_the_same(tmp_
     import jax
 
     hits = []
-    jax.monitoring.register_event_listener(lambda event, **_: hits.append(event)
-                                           if event == "/jax/compilation_cache/cache_hits" else None)
+    jax.monitoring.register_event_listener(
+        lambda event, **_: hits.append(event) if event == "/jax/compilation_cache/cache_hits" else None
+    )
     cache = tmp_path / "xla"
     before = jax.config.jax_compilation_cache_dir
     x = random_inputs(batch=8, length=16)

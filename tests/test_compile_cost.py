@@ -33,7 +33,9 @@ def state_of(model):
 
 
 def test_compile_batches_converts_to_average_batches_rounded_to_a_power_of_two():
-    split = tiny_split((4, 4, 4, 4, 16, 16, 16, 16))  # batches of 4: one at 4 tokens, one at 16: 40 positions on average
+    split = tiny_split(
+        (4, 4, 4, 4, 16, 16, 16, 16)
+    )  # batches of 4: one at 4 tokens, one at 16: 40 positions on average
     # 10 s against a 0.1 s step of 64 positions: 100 such steps, 160 average batches: 128 (a power of 2).
     assert batching.compile_batches(10.0, 0.1, 4, 16, split, 4) == 128
     assert batching.compile_batches(0.0, 0.1, 4, 16, split, 4) == 1  # a free compilation still counts one batch
@@ -41,8 +43,12 @@ def test_compile_batches_converts_to_average_batches_rounded_to_a_power_of_two()
     assert batching.compile_batches(10.0, 0.1, 4, 4, split, 4) == 32  # 100 steps of 16 positions: 40 batches of 40
     assert batching.compile_batches(10.0, 0.1, 4, 4, split, 4, attention_length=4) == 16  # 100 x 32 / 176: 18
     # Dearer compilations, fewer lengths allowed; never fewer than one.
-    assert batching.max_lengths_for(True, 100, 3, compile_batches=1) > batching.max_lengths_for(True, 100, 3) > \
-        batching.max_lengths_for(True, 100, 3, compile_batches=64) == 1
+    assert (
+        batching.max_lengths_for(True, 100, 3, compile_batches=1)
+        > batching.max_lengths_for(True, 100, 3)
+        > batching.max_lengths_for(True, 100, 3, compile_batches=64)
+        == 1
+    )
 
 
 def test_attention_length_follows_the_models_shape():

@@ -47,7 +47,7 @@ def test_scitail_demo_dev_and_test_ask_about_members_and_properties_fine_tuning_
         # Balanced: answering one label everywhere scores 50%.
         labels = [label for _, _, label in rows[split]]
         assert labels.count("entails") == labels.count("neutral")
-    for split, split_rows in rows.items():
+    for split_rows in rows.values():
         for premise, hypothesis, label in split_rows:
             subject = hypothesis.split(" is ")[0]
             assert premise.startswith(subject + " ")

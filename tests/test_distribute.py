@@ -24,8 +24,9 @@ def start_worker(*args, log):
     # Its own JAX compilation cache: workers running at the same time must not share one.
     env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=f"{log}-xla-cache")
     with open(f"{log}.out", "w") as out, open(f"{log}.err", "w") as err:
-        return subprocess.Popen([sys.executable, "tests/distribute_worker.py", *args], stdout=out, stderr=err,
-                                cwd=root, env=env)
+        return subprocess.Popen(
+            [sys.executable, "tests/distribute_worker.py", *args], stdout=out, stderr=err, cwd=root, env=env
+        )
 
 
 def worker_figures(process, log):
@@ -41,15 +42,18 @@ def test_data_parallel_losses_match_one_device(tmp_path):
     # Fine-tuning starts from a tiny preset without dropout (each TensorFlow replica would draw its own masks).
     tokenizer = char_tokenizer()
     preset = str(tmp_path / "preset")
-    kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64,
-                        "dropout": 0.0}).save_to_preset(preset)
+    kgpt.GPTBackbone(
+        **{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64, "dropout": 0.0}
+    ).save_to_preset(preset)
     tokenizer.save_to_preset(preset)
     # Pre-training (tf.data windows) and fine-tuning (NumPy inputs, a last partial
     # batch, predictions over a split), each on 2 devices and on one. Two worker
     # processes (one tf.distribute strategy per process on TensorFlow), run at the
     # same time: each keeps about one core busy.
-    runs = {"first": "pretrain:none,finetune:none,pretrain:data_parallel",
-            "second": "finetune:data_parallel" + (",model_parallel:none" if JAX else "")}
+    runs = {
+        "first": "pretrain:none,finetune:none,pretrain:data_parallel",
+        "second": "finetune:data_parallel" + (",model_parallel:none" if JAX else ""),
+    }
     processes = {name: start_worker(str(tmp_path), jobs, preset, log=tmp_path / name) for name, jobs in runs.items()}
     try:
         first, second = (worker_figures(processes[name], tmp_path / name) for name in runs)
@@ -105,8 +109,12 @@ def test_mixed_precision_trains_close_to_float32(dtype, float32_losses):
     assert backbone.compute_dtype == dtype.split("_")[1] and backbone.token_embedding.embeddings.dtype == "float32"
     softmax = backbone.transformer_layers[0].attention_softmax
     assert softmax.compute_dtype == "float32"  # attention probabilities stay in float32
-    assert keras.ops.convert_to_numpy(lm(
-        {"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), "int32")})).dtype == np.float32
+    assert (
+        keras.ops.convert_to_numpy(
+            lm({"token_ids": np.ones((1, 4), "int32"), "padding_mask": np.ones((1, 4), "int32")})
+        ).dtype
+        == np.float32
+    )
     if dtype == "mixed_float16":
         assert isinstance(lm.optimizer, keras.optimizers.LossScaleOptimizer)
     np.testing.assert_allclose(losses, float32_losses, rtol=2e-2)

@@ -54,16 +54,35 @@ BLOCK_NOT_RUN = re.compile(r"<!--\s*not run:\s*\S.*-->\s*$")
 VARIABLES = {"JOB_COMPLETION_INDEX": "0"}  # Kubernetes' indexed Job sets it: process 0
 # Documented paths that are neither written by an earlier command nor a plain pre-trained preset.
 STANDINS = {"finetune-transformer-lm/model": "original", "openai-gpt": "huggingface"}
-PYTHON_STANDINS = {"out": "causal_lm", "lm": "causal_lm", "finetune-transformer-lm/model": "original",
-                   "openai-gpt": "huggingface", "encoder_bpe_40000.json": "gpt1_file:encoder_bpe_40000.json",
-                   "vocab_40000.bpe": "gpt1_file:vocab_40000.bpe"}
-PATH_FLAGS = ("corpus", "data_dir", "init", "lstm_init", "model", "input", "output_dir", "output", "tokenizer",
-              "shards_dir", "train_file", "validation_file", "test_file")
+PYTHON_STANDINS = {
+    "out": "causal_lm",
+    "lm": "causal_lm",
+    "finetune-transformer-lm/model": "original",
+    "openai-gpt": "huggingface",
+    "encoder_bpe_40000.json": "gpt1_file:encoder_bpe_40000.json",
+    "vocab_40000.bpe": "gpt1_file:vocab_40000.bpe",
+}
+PATH_FLAGS = (
+    "corpus",
+    "data_dir",
+    "init",
+    "lstm_init",
+    "model",
+    "input",
+    "output_dir",
+    "output",
+    "tokenizer",
+    "shards_dir",
+    "train_file",
+    "validation_file",
+    "test_file",
+)
 TABLE_FLAGS = ("train_file", "validation_file", "test_file")
 SENTENCES = ["the cat sat on the mat.", "a dog ran far away!", "rain falls in spring.", "why is the sky blue?"]
 
 
 # Reading the docs.
+
 
 def fenced_blocks(path):
     """`(language, first line number, text, reason not run or None)` of every fenced block in `path`."""
@@ -104,13 +123,13 @@ def parse_command(line):
     match = re.search(r"(?<![\w-])(" + "|".join(PROGRAMS) + r")(?![\w-])", line)
     if not match:
         return None
-    before, rest = line[:match.start()], line[match.end():]
+    before, rest = line[: match.start()], line[match.end() :]
     # NAME=value settings right before the program (at the line's start, after &&, or inside a quoted command)
     leading = re.search(r"((?:[A-Z_][A-Z0-9_]*=(?:'[^']*'|\"[^\"]*\"|[^\s'\"]+)\s+)*)$", before).group(1)
     env = dict(part.split("=", 1) for part in shlex.split(leading))
-    before = before[:len(before) - len(leading)]
+    before = before[: len(before) - len(leading)]
     if before.endswith(("'", '"')):  # a launcher's quoted command: up to the closing quote
-        rest = rest[:rest.index(before[-1])] if before[-1] in rest else rest
+        rest = rest[: rest.index(before[-1])] if before[-1] in rest else rest
     else:
         rest = re.split(r"\s(?:&&|\|\||;|\|)\s", rest)[0]
     for name, value in VARIABLES.items():
@@ -134,9 +153,17 @@ def documented_commands():
                     continue
                 prog, args, env = parsed
                 reason = NOT_RUN.search(logical)
-                found.append({"doc": doc.relative_to(ROOT).as_posix(), "line": line + offset, "prog": prog,
-                              "args": args, "env": env, "text": logical.strip(),
-                              "not_run": block_reason or (reason and reason.group(0))})
+                found.append(
+                    {
+                        "doc": doc.relative_to(ROOT).as_posix(),
+                        "line": line + offset,
+                        "prog": prog,
+                        "args": args,
+                        "env": env,
+                        "text": logical.strip(),
+                        "not_run": block_reason or (reason and reason.group(0)),
+                    }
+                )
     return found
 
 
@@ -149,8 +176,16 @@ def flag_values(args):
     values = {}
     for i, arg in enumerate(args):
         name, _, value = arg[2:].partition("=")
-        if not arg.startswith("--") or name not in (*PATH_FLAGS, "task", "tasks", "columns", "architecture",
-                                                    "text_columns", "choice_columns", "label_column"):
+        if not arg.startswith("--") or name not in (
+            *PATH_FLAGS,
+            "task",
+            "tasks",
+            "columns",
+            "architecture",
+            "text_columns",
+            "choice_columns",
+            "label_column",
+        ):
             continue
         values[name] = value if _ else (args[i + 1] if i + 1 < len(args) else "")
     return values
@@ -170,6 +205,7 @@ def rerooted(args, folder):
 
 
 # Stand-ins.
+
 
 class StandIns:
     """Tiny models and data written once, copied into each command's folder."""
@@ -198,8 +234,9 @@ class StandIns:
 
 def make_pretrained(path):
     tokenizer = char_tokenizer()  # the paper's 12 blocks, so documented --transfer_layers and --layers fit
-    kgpt.GPTBackbone(**{**TINY, "num_layers": 12, "vocabulary_size": tokenizer.vocabulary_size(),
-                        "max_sequence_length": 64}).save_to_preset(path)
+    kgpt.GPTBackbone(
+        **{**TINY, "num_layers": 12, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 64}
+    ).save_to_preset(path)
     tokenizer.save_to_preset(path)
 
 
@@ -213,8 +250,9 @@ def make_causal_lm(path):
 
 def make_lstm(path):
     tokenizer = char_tokenizer()
-    kgpt.LSTMBackbone(tokenizer.vocabulary_size(), hidden_dim=16, lstm_units=16, max_sequence_length=64) \
-        .save_to_preset(path)
+    kgpt.LSTMBackbone(tokenizer.vocabulary_size(), hidden_dim=16, lstm_units=16, max_sequence_length=64).save_to_preset(
+        path
+    )
     tokenizer.save_to_preset(path)
 
 
@@ -226,8 +264,14 @@ def make_finetuned(path, task):
 
 def make_original(path, format="original"):
     tokenizer = kgpt.GPTTokenizer.gpt1()
-    size = {"vocabulary_size": tokenizer.vocabulary_size(), "num_layers": 1, "num_heads": 12, "hidden_dim": 24,
-            "intermediate_dim": 96, "max_sequence_length": 64}
+    size = {
+        "vocabulary_size": tokenizer.vocabulary_size(),
+        "num_layers": 1,
+        "num_heads": 12,
+        "hidden_dim": 24,
+        "intermediate_dim": 96,
+        "max_sequence_length": 64,
+    }
     kgpt.GPTBackbone(**size).save_original(path, format=format, tokenizer=tokenizer)
 
 
@@ -235,9 +279,15 @@ def make_gpt1_file(path, name):
     shutil.copyfile(os.path.join(os.path.dirname(kgpt.__file__), "assets", "gpt1_bpe", name), path)
 
 
-MAKERS = {"pretrained": make_pretrained, "causal_lm": make_causal_lm, "lstm": make_lstm, "finetuned": make_finetuned,
-          "original": make_original, "huggingface": lambda path: make_original(path, "huggingface"),
-          "gpt1_file": make_gpt1_file}
+MAKERS = {
+    "pretrained": make_pretrained,
+    "causal_lm": make_causal_lm,
+    "lstm": make_lstm,
+    "finetuned": make_finetuned,
+    "original": make_original,
+    "huggingface": lambda path: make_original(path, "huggingface"),
+    "gpt1_file": make_gpt1_file,
+}
 
 
 def write_corpus(pattern):
@@ -279,7 +329,8 @@ def write_table(path, task_name, values):
         row = {name: SENTENCES[(i + j) % 4] for j, name in enumerate(texts + choices)}
         if label:
             row[label] = {"text-regression": f"{i % 5}.5", "multiple-choice": str(i % max(len(choices), 1))}.get(
-                task_name, ("pos", "neg")[i % 2])
+                task_name, ("pos", "neg")[i % 2]
+            )
         rows.append(row)
     write_rows(path, rows)
 
@@ -334,8 +385,9 @@ def prepare(command, earlier, folder, standins):
             if data_task is None:  # kgpt-predict: the model's task
                 data_task = earlier.get(values.get("model"), ("finetuned", None))[1]
                 if data_task is None:
-                    pytest.fail(f"--model {values.get('model')}: no earlier command of the doc writes a fine-tuned "
-                                f"model there")
+                    pytest.fail(
+                        f"--model {values.get('model')}: no earlier command of the doc writes a fine-tuned model there"
+                    )
             write_task_data(data_task, values["data_dir"])
         for item in (values.get("tasks") or "").split(","):
             name, _, data_dir = item.partition("=")
@@ -345,8 +397,9 @@ def prepare(command, earlier, folder, standins):
             path = values.get(flag)
             if not path or path in ("demo", "scratch") or hub_lib.is_hub(path):  # the Hub's: FakeHub serves it
                 continue
-            kind, made_task = earlier.get(path, (STANDINS.get(path, "lstm" if flag == "lstm_init" else "pretrained"),
-                                                 None))
+            kind, made_task = earlier.get(
+                path, (STANDINS.get(path, "lstm" if flag == "lstm_init" else "pretrained"), None)
+            )
             if flag == "model" and kind != "finetuned":
                 pytest.fail(f"--model {path}: no earlier command of the doc writes a fine-tuned model there")
             standins.model(f"finetuned:{made_task}" if kind == "finetuned" else kind, path)
@@ -357,8 +410,12 @@ def prepare(command, earlier, folder, standins):
             if values.get(flag):
                 write_table(values[flag], task, values)
         if values.get("input") and command["prog"] == "kgpt-predict":
-            write_input(values["input"], earlier.get(values.get("model"), (None, "scitail"))[1], values.get("columns"),
-                        values.get("model"))
+            write_input(
+                values["input"],
+                earlier.get(values.get("model"), (None, "scitail"))[1],
+                values.get("columns"),
+                values.get("model"),
+            )
         if values.get("tokenizer") not in (None, "train"):
             standins.model("pretrained", values["tokenizer"])
     finally:
@@ -405,17 +462,23 @@ def results(tmp_path_factory):
                 continue  # the suite on that backend runs it (CI runs both)
             env = {k: v for k, v in command["env"].items() if k != "KERAS_BACKEND"}
             group = ("predict" if command["prog"] == "kgpt-predict" else "train", backend)
-            groups.setdefault(group, []).append((_id(command), {"prog": command["prog"], "args": args, "env": env,
-                                                                "cwd": folder}))
+            groups.setdefault(group, []).append(
+                (_id(command), {"prog": command["prog"], "args": args, "env": env, "cwd": folder})
+            )
         earlier.update(outputs(command))
     found, cpu = {}, resource.getrusage(resource.RUSAGE_CHILDREN)
     with FakeHub() as hub:  # what the docs load from the Hub (gpt1_base_en), served on 127.0.0.1
         released_gpt1(hub)
         for (group, backend), items in groups.items():
-            result = subprocess.run([sys.executable, str(ROOT / "tests" / "documented_commands_worker.py"), group],
-                                    input=json.dumps([c for _, c in items]), capture_output=True, text=True,
-                                    timeout=300, cwd=str(root),
-                                    env={**os.environ, "KERAS_BACKEND": backend, **environment(hub, root / "hub")})
+            result = subprocess.run(
+                [sys.executable, str(ROOT / "tests" / "documented_commands_worker.py"), group],
+                input=json.dumps([c for _, c in items]),
+                capture_output=True,
+                text=True,
+                timeout=300,
+                cwd=str(root),
+                env={**os.environ, "KERAS_BACKEND": backend, **environment(hub, root / "hub")},
+            )
             assert result.returncode == 0, result.stderr[-3000:]
             for (name, _), outcome in zip(items, json.loads(result.stdout.strip().splitlines()[-1])):
                 found[name] = outcome
@@ -438,16 +501,19 @@ def test_a_documented_command_runs(command, results):
     if command["env"].get("KERAS_BACKEND", keras.config.backend()) != keras.config.backend():
         pytest.skip(f"KERAS_BACKEND={command['env']['KERAS_BACKEND']}: run by the suite on that backend")
     outcome = results[_id(command)]
-    assert outcome["code"] == 0, (f"{command['text']}\n  exit {outcome['code']}: {outcome['error']}\n"
-                                  f"{outcome['log'][-2000:]}")
-    assert "no problem found" in outcome["log"] or {"--list_tasks", "--list_presets"} & set(command["args"]), outcome["log"][-2000:]
+    assert outcome["code"] == 0, (
+        f"{command['text']}\n  exit {outcome['code']}: {outcome['error']}\n{outcome['log'][-2000:]}"
+    )
+    assert "no problem found" in outcome["log"] or {"--list_tasks", "--list_presets"} & set(command["args"]), outcome[
+        "log"
+    ][-2000:]
 
 
 def test_the_parser_reads_continuations_launchers_and_variables():
     text = "KERAS_BACKEND=jax kgpt-train --task lm \\\n  --corpus 'a b/*.txt'   # ~30 min\n"
-    (offset, line), = command_lines(text)
+    ((offset, line),) = command_lines(text)
     assert parse_command(line) == ("kgpt-train", ["--task", "lm", "--corpus", "a b/*.txt"], {"KERAS_BACKEND": "jax"})
-    assert parse_command('pip install . && kgpt-train --task scitail')[1] == ["--task", "scitail"]
+    assert parse_command("pip install . && kgpt-train --task scitail")[1] == ["--task", "scitail"]
     line = 'gcloud ssh x --command="KERAS_BACKEND=jax kgpt-train --task lm --coordinator_address auto" --zone z'
     assert parse_command(line)[1:] == (["--task", "lm", "--coordinator_address", "auto"], {"KERAS_BACKEND": "jax"})
     line = """TF_CONFIG='{"a": 1}' KERAS_BACKEND=tensorflow kgpt-train --task lm"""
@@ -474,24 +540,36 @@ print(json.dumps({"line": None, "seconds": seconds}))
 
 
 # The README's blocks run in every suite; the guides' (a minute or more on a 2-core CPU) with -m large.
-@pytest.mark.parametrize("doc", [pytest.param(doc, marks=() if doc.name == "README.md" and doc.parent == ROOT else
-                                              pytest.mark.large) for doc in DOCS_WITH_PYTHON],
-                         ids=lambda d: d.relative_to(ROOT).as_posix())
+@pytest.mark.parametrize(
+    "doc",
+    [
+        pytest.param(doc, marks=() if doc.name == "README.md" and doc.parent == ROOT else pytest.mark.large)
+        for doc in DOCS_WITH_PYTHON
+    ],
+    ids=lambda d: d.relative_to(ROOT).as_posix(),
+)
 def test_the_python_blocks_of_a_doc_run_in_order(doc, tmp_path):
     blocks = [(line, text) for line, text, reason in python_blocks(doc) if not reason]
     standins = StandIns(tmp_path / "standins")
     folder = tmp_path / "run"
     folder.mkdir()
-    for line, text in blocks:
+    for _line, text in blocks:
         for path, kind in PYTHON_STANDINS.items():
             if re.search(r"""["']""" + re.escape(path) + r"""["']""", text):
                 standins.model(kind, folder / path)
     with FakeHub() as hub:
         released_gpt1(hub)
-        result = subprocess.run([sys.executable, "-c", RUN_BLOCKS], input=json.dumps(blocks), capture_output=True,
-                                text=True, timeout=300, cwd=str(folder),
-                                env={**os.environ, **environment(hub, tmp_path / "hub")})
+        result = subprocess.run(
+            [sys.executable, "-c", RUN_BLOCKS],
+            input=json.dumps(blocks),
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=str(folder),
+            env={**os.environ, **environment(hub, tmp_path / "hub")},
+        )
     last = json.loads(result.stdout.strip().splitlines()[-1]) if result.stdout.strip() else {"error": result.stderr}
-    assert result.returncode == 0 and last["line"] is None, f"{doc.name}, the block at line {last.get('line')}:\n" \
-                                                            f"{last.get('error', result.stderr[-3000:])}"
+    assert result.returncode == 0 and last["line"] is None, (
+        f"{doc.name}, the block at line {last.get('line')}:\n{last.get('error', result.stderr[-3000:])}"
+    )
     print(f"{doc.name}: (wall, CPU) seconds per block (by line) {last['seconds']}")

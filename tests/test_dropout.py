@@ -31,7 +31,7 @@ def test_the_unrolled_hash_is_jax_bernoulli_under_jit():
 
     key = jax.numpy.asarray([0xDEADBEEF, 7], "uint32")
     for shape, p in (((4, 3, 33), 0.9), ((1000,), 0.5), ((2, 1), 0.1)):
-        got = jax.jit(lambda k: dropout.bernoulli_mask(k, p, shape))(key)
+        got = jax.jit(lambda k: dropout.bernoulli_mask(k, p, shape))(key)  # noqa: B023 - called at once, in this iteration
         np.testing.assert_array_equal(np.asarray(got), np.asarray(jax.random.bernoulli(key, p, shape)))
     mask = np.asarray(dropout.bernoulli_mask(key, 0.9, (64, 64)))
     assert 0.85 < mask.mean() < 0.95  # a draw, not a constant
@@ -57,7 +57,8 @@ def test_it_falls_back_where_the_masks_could_differ():
     ours, theirs = pair(0.5, seed=9)
     ours.noise_shape = theirs.noise_shape = (2, 1)
     x = keras.ops.ones((2, 6))
-    np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours(x, training=True)),
-                                  keras.ops.convert_to_numpy(theirs(x, training=True)))
+    np.testing.assert_array_equal(
+        keras.ops.convert_to_numpy(ours(x, training=True)), keras.ops.convert_to_numpy(theirs(x, training=True))
+    )
     restored = keras.layers.deserialize(keras.layers.serialize(dropout.Dropout(0.2, seed=1, name="d")))
     assert type(restored) is dropout.Dropout and restored.rate == 0.2

@@ -26,8 +26,11 @@ REGISTRY = kgpt.TaskRegistry()
 
 def listing(folder):
     """Every path under `folder` with its size and modification time."""
-    return sorted((os.path.join(d, n), os.stat(os.path.join(d, n)).st_size, os.stat(os.path.join(d, n)).st_mtime_ns)
-                  for d, _, names in os.walk(folder) for n in names)
+    return sorted(
+        (os.path.join(d, n), os.stat(os.path.join(d, n)).st_size, os.stat(os.path.join(d, n)).st_mtime_ns)
+        for d, _, names in os.walk(folder)
+        for n in names
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +45,11 @@ def preset(tmp_path_factory):
 def test_a_finetuning_dry_run_reports_the_data_and_model_and_writes_nothing(preset, tmp_path):
     data = write_glue(tmp_path / "RTE", "rte")
     before = listing(tmp_path)
-    found = dict(dry_run.finetune(FinetuneConfig(task="rte", init=preset, data_dir=data,
-                                                 output_dir=str(tmp_path / "out")), REGISTRY))
+    found = dict(
+        dry_run.finetune(
+            FinetuneConfig(task="rte", init=preset, data_dir=data, output_dir=str(tmp_path / "out")), REGISTRY
+        )
+    )
     assert listing(tmp_path) == before and not os.path.exists(tmp_path / "out")
     assert found["data"].startswith(f"{data}: train: 12 rows read, 12 used; dev: 6 rows read, 6 used; test: 4 rows")
     # The weights of the file, counted from its header, are the model's own count.
@@ -90,9 +96,17 @@ def test_an_output_directory_of_another_run_is_refused_as_the_run_refuses_it(tmp
 
 def test_an_output_directory_in_use_is_refused(tmp_path):
     out = tmp_path / "busy"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom kgpt.jobs.rundir import RunDirectory\n"
-                               f"with RunDirectory({str(out)!r}, 'pretrain', {{}}):\n"
-                               "    print('held', flush=True); time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom kgpt.jobs.rundir import RunDirectory\n"
+            f"with RunDirectory({str(out)!r}, 'pretrain', {{}}):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(OutputDirError, match="in use by another kgpt run"):
@@ -104,9 +118,15 @@ def test_an_output_directory_in_use_is_refused(tmp_path):
     with RunDirectory(str(mine), "pretrain", {}):  # this process's own claim: refused as a second claim would be
         with pytest.raises(OutputDirError, match=f"in use by another kgpt run \\(pid {os.getpid()}\\)"):
             dry_run.output_dir(str(mine), "pretrain", {})
-        other = subprocess.run([sys.executable, "-c", "from kgpt.jobs.rundir import RunDirectory\n"
-                                f"RunDirectory({str(mine)!r}, 'pretrain', {{}}).__enter__()"],
-                               capture_output=True, text=True)
+        other = subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                f"from kgpt.jobs.rundir import RunDirectory\nRunDirectory({str(mine)!r}, 'pretrain', {{}}).__enter__()",
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert "is in use by another kgpt run" in other.stderr  # the check left the claim's lock in place
 
 
@@ -115,13 +135,28 @@ def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):
     corpus.mkdir()
     (corpus / "a.txt").write_text("the cat sat on the mat.\n" * 50)
     (corpus / "b.txt").write_text("")
-    config = PretrainConfig(corpus=str(corpus), output_dir=str(tmp_path / "lm"), num_layers=2, num_heads=2,
-                            hidden_dim=16, intermediate_dim=32, sequence_length=16, max_steps=10, warmup_steps=1)
+    config = PretrainConfig(
+        corpus=str(corpus),
+        output_dir=str(tmp_path / "lm"),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        sequence_length=16,
+        max_steps=10,
+        warmup_steps=1,
+    )
     found = dict(dry_run.pretrain(config))
     assert found["corpus"].startswith("2 file(s) (1,200 bytes), 1 empty")
     tokenizer = kgpt.GPTTokenizer.gpt1()
-    built = kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_heads=2, hidden_dim=16,
-                             intermediate_dim=32, max_sequence_length=16)
+    built = kgpt.GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size(),
+        num_layers=2,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        max_sequence_length=16,
+    )
     assert f"{built.count_params():,} weights" in found["model"]
     assert not os.path.exists(tmp_path / "lm")
     (corpus / "c.txt").write_bytes(b"caf\xe9\n")
@@ -159,9 +194,21 @@ def test_release_files_are_checked_and_counted_by_the_loaders_readers(tmp_path, 
 def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path):
     data = write_glue(tmp_path / "RTE", "rte")
     os.remove(os.path.join(data, "train.tsv"))
-    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=rte", f"--init={preset}",
-                             f"--data_dir={data}", f"--output_dir={tmp_path / 'out'}", "--dry_run"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kgpt.cli.train",
+            "--task=rte",
+            f"--init={preset}",
+            f"--data_dir={data}",
+            f"--output_dir={tmp_path / 'out'}",
+            "--dry_run",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     errors = [line for line in result.stderr.splitlines() if line.startswith("kgpt-train: error:")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
     assert "train.tsv" in errors[0] and "Traceback" not in result.stderr
@@ -177,9 +224,16 @@ def cola_model(preset, tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("case", ["epochs 0 on a pre-trained model", "fine-tuned for another task",
-                                  "transfer from a fine-tuned model", "a folder with no model",
-                                  "no embedded data"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "epochs 0 on a pre-trained model",
+        "fine-tuned for another task",
+        "transfer from a fine-tuned model",
+        "a folder with no model",
+        "no embedded data",
+    ],
+)
 def test_the_starting_point_and_task_errors_are_the_jobs(case, preset, cola_model, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -210,11 +264,27 @@ def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_count
         return str(path)
 
     # The preset's context is 16 tokens: a start, an extract and 14 of text; the longer rows are cut.
-    train = write("train.csv", [("short", "neg"), ("a row far longer than sixteen tokens", "neg"), ("tiny", "pos"),
-                                ("another row longer than the context", "neg"), ("ok", "pos")])
+    train = write(
+        "train.csv",
+        [
+            ("short", "neg"),
+            ("a row far longer than sixteen tokens", "neg"),
+            ("tiny", "pos"),
+            ("another row longer than the context", "neg"),
+            ("ok", "pos"),
+        ],
+    )
     dev = write("dev.csv", [("this one is cut as well by the run", "neg"), ("fits", "pos")])
-    config = FinetuneConfig(task="text-classification", init=preset, train_file=train, validation_file=dev,
-                            text_columns=["text"], label_column="label", epochs=1, batch_size=4)
+    config = FinetuneConfig(
+        task="text-classification",
+        init=preset,
+        train_file=train,
+        validation_file=dev,
+        text_columns=["text"],
+        label_column="label",
+        epochs=1,
+        batch_size=4,
+    )
     found = dict(dry_run.finetune(config, REGISTRY))
     _, results = finetune.finetune(config, REGISTRY)
     cut = {name: results["splits"][name]["examples"] for name in ("train", "validation")}
@@ -222,12 +292,17 @@ def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_count
     assert found["tokens"] == (
         f"views of up to 16 tokens (the model's context: 16): train: {cut['train']['truncated']} of 5 rows cut "
         f"({cut['train']['tokens_cut']} tokens); validation: {cut['validation']['truncated']} of 2 rows cut "
-        f"({cut['validation']['tokens_cut']} tokens)")
-    assert found["labels"] == ("train: neg 3, pos 2 (majority neg 60.0%, chance 50.0%); validation: neg 1, pos 1 "
-                               "(majority neg 50.0%, chance 50.0%)")
+        f"({cut['validation']['tokens_cut']} tokens)"
+    )
+    assert found["labels"] == (
+        "train: neg 3, pos 2 (majority neg 60.0%, chance 50.0%); validation: neg 1, pos 1 "
+        "(majority neg 50.0%, chance 50.0%)"
+    )
     # A split longer than the dry run tokenizes says how many rows it read.
     monkeypatch.setattr(dry_run, "TOKENIZED_ROWS", 3)
     found = dict(dry_run.finetune(config, REGISTRY))
-    assert found["data"].endswith("train: 3+ rows read, 3 used; validation: 2 rows read, 2 used; test: not found "
-                                  "(no --test_file given) (the first 3 rows of each split tokenized)"), found["data"]
+    assert found["data"].endswith(
+        "train: 3+ rows read, 3 used; validation: 2 rows read, 2 used; test: not found "
+        "(no --test_file given) (the first 3 rows of each split tokenized)"
+    ), found["data"]
     assert found["tokens"].startswith("views of up to 16 tokens (the model's context: 16): train: 1 of 3 rows cut")

@@ -20,22 +20,31 @@ def hugging_face_layout(vocab, n_positions, hidden, n_layer):
     """`OpenAIGPTModel`'s state dict as Hugging Face documents it: Conv1D weights are [in, out]."""
     layout = {"tokens_embed.weight": (vocab, hidden), "positions_embed.weight": (n_positions, hidden)}
     for i in range(n_layer):
-        layout.update({
-            f"h.{i}.attn.c_attn.weight": (hidden, 3 * hidden), f"h.{i}.attn.c_attn.bias": (3 * hidden,),
-            f"h.{i}.attn.c_proj.weight": (hidden, hidden), f"h.{i}.attn.c_proj.bias": (hidden,),
-            f"h.{i}.ln_1.weight": (hidden,), f"h.{i}.ln_1.bias": (hidden,),
-            f"h.{i}.mlp.c_fc.weight": (hidden, 4 * hidden), f"h.{i}.mlp.c_fc.bias": (4 * hidden,),
-            f"h.{i}.mlp.c_proj.weight": (4 * hidden, hidden), f"h.{i}.mlp.c_proj.bias": (hidden,),
-            f"h.{i}.ln_2.weight": (hidden,), f"h.{i}.ln_2.bias": (hidden,),
-        })
+        layout.update(
+            {
+                f"h.{i}.attn.c_attn.weight": (hidden, 3 * hidden),
+                f"h.{i}.attn.c_attn.bias": (3 * hidden,),
+                f"h.{i}.attn.c_proj.weight": (hidden, hidden),
+                f"h.{i}.attn.c_proj.bias": (hidden,),
+                f"h.{i}.ln_1.weight": (hidden,),
+                f"h.{i}.ln_1.bias": (hidden,),
+                f"h.{i}.mlp.c_fc.weight": (hidden, 4 * hidden),
+                f"h.{i}.mlp.c_fc.bias": (4 * hidden,),
+                f"h.{i}.mlp.c_proj.weight": (4 * hidden, hidden),
+                f"h.{i}.mlp.c_proj.bias": (hidden,),
+                f"h.{i}.ln_2.weight": (hidden,),
+                f"h.{i}.ln_2.bias": (hidden,),
+            }
+        )
     return layout
 
 
 def random_backbone(vocab, seed=0):
     """A backbone holding large random weights (attention far from uniform), and those weights in the original order."""
     _, arrays = gpt1_reference.random_checkpoint(vocab=vocab, seed=seed, **SIZES)
-    backbone = kgpt.GPTBackbone(vocabulary_size=vocab, num_layers=2, num_heads=HEADS, hidden_dim=16,
-                                intermediate_dim=64, max_sequence_length=16)
+    backbone = kgpt.GPTBackbone(
+        vocabulary_size=vocab, num_layers=2, num_heads=HEADS, hidden_dim=16, intermediate_dim=64, max_sequence_length=16
+    )
     kgpt.models.converters.original_convert.assign(backbone, arrays)
     return backbone, arrays
 
@@ -82,12 +91,38 @@ def test_hugging_face_files_have_its_names_shapes_and_config(tmp_path, tokenizer
     np.testing.assert_array_equal(tensors["h.1.mlp.c_fc.weight"], arrays[14 + 6][0])
     np.testing.assert_array_equal(tensors["h.1.ln_2.bias"], arrays[25])
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
-    assert {k: config[k] for k in ("model_type", "vocab_size", "n_positions", "n_ctx", "n_embd", "n_layer", "n_head",
-                                   "afn", "layer_norm_epsilon", "resid_pdrop", "attn_pdrop", "embd_pdrop",
-                                   "initializer_range")} == {
-        "model_type": "openai-gpt", "vocab_size": 98, "n_positions": 16, "n_ctx": 16, "n_embd": 16, "n_layer": 2,
-        "n_head": 2, "afn": "gelu", "layer_norm_epsilon": 1e-5, "resid_pdrop": 0.1, "attn_pdrop": 0.1,
-        "embd_pdrop": 0.1, "initializer_range": 0.02}
+    assert {
+        k: config[k]
+        for k in (
+            "model_type",
+            "vocab_size",
+            "n_positions",
+            "n_ctx",
+            "n_embd",
+            "n_layer",
+            "n_head",
+            "afn",
+            "layer_norm_epsilon",
+            "resid_pdrop",
+            "attn_pdrop",
+            "embd_pdrop",
+            "initializer_range",
+        )
+    } == {
+        "model_type": "openai-gpt",
+        "vocab_size": 98,
+        "n_positions": 16,
+        "n_ctx": 16,
+        "n_embd": 16,
+        "n_layer": 2,
+        "n_head": 2,
+        "afn": "gelu",
+        "layer_norm_epsilon": 1e-5,
+        "resid_pdrop": 0.1,
+        "attn_pdrop": 0.1,
+        "embd_pdrop": 0.1,
+        "initializer_range": 0.02,
+    }
     # The special tokens as Hugging Face's added tokens, after the 95 BPE symbols.
     hf = tmp_path / "hf"
     assert json.loads((hf / "added_tokens.json").read_text()) == {"_start_": 95, "_delimiter_": 96, "_classify_": 97}
@@ -100,8 +135,13 @@ def test_hugging_face_files_have_its_names_shapes_and_config(tmp_path, tokenizer
 def test_a_backbone_without_special_rows_exports_the_bare_vocabulary(tmp_path, tokenizer):
     backbone, _ = random_backbone(95)  # a pre-trained LM: no start/delimiter/extract rows
     backbone.save_original(str(tmp_path / "hf"), format="huggingface", tokenizer=tokenizer)
-    assert sorted(os.listdir(tmp_path / "hf")) == ["config.json", "merges.txt", "model.safetensors",
-                                                   "tokenizer_config.json", "vocab.json"]
+    assert sorted(os.listdir(tmp_path / "hf")) == [
+        "config.json",
+        "merges.txt",
+        "model.safetensors",
+        "tokenizer_config.json",
+        "vocab.json",
+    ]
     loaded, loaded_tokenizer, _ = kgpt.models.pretrained.load_pretrained(str(tmp_path / "hf"))
     assert loaded.vocabulary_size == 95 and loaded_tokenizer.vocabulary_size() == 98
     ids = np.arange(80, dtype="int32").reshape(5, 16)
@@ -131,8 +171,9 @@ def test_an_earlier_export_is_not_overwritten_by_default(tmp_path, tokenizer):
     assert "added_tokens.json" not in os.listdir(out) and "special_tokens_map.json" not in os.listdir(out)
     assert not [n for n in os.listdir(out) if n.endswith(".tmp")]
     loaded = kgpt.GPTBackbone.from_original(out)
-    np.testing.assert_array_equal(to_numpy(loaded.token_embedding.embeddings),
-                                  to_numpy(bare.token_embedding.embeddings))
+    np.testing.assert_array_equal(
+        to_numpy(loaded.token_embedding.embeddings), to_numpy(bare.token_embedding.embeddings)
+    )
     # An original-format checkpoint would be read instead of the export: refused too.
     bare.save_original(str(tmp_path / "both"))
     with pytest.raises(FileExistsError, match="params_shapes.json, params_0.npy"):
@@ -148,7 +189,8 @@ def test_bad_exports_fail_clearly(tmp_path, tokenizer):
         narrow.save_original(str(tmp_path / "x"), format="huggingface")
     with pytest.raises(ValueError, match=r"tokenizer: its 95 tokens \(\+ 3 special\) do not fit the backbone's 97"):
         kgpt.GPTBackbone(**{**TINY, "intermediate_dim": 64}).save_original(
-            str(tmp_path / "x"), format="huggingface", tokenizer=tokenizer)
+            str(tmp_path / "x"), format="huggingface", tokenizer=tokenizer
+        )
     lstm = kgpt.LSTMBackbone(vocabulary_size=98, hidden_dim=16, lstm_units=8)
     with pytest.raises(TypeError, match="LSTMBackbone has no Hugging Face openai-gpt format"):
         kgpt.models.converters.original_convert.save_huggingface(lstm, str(tmp_path / "x"))
@@ -156,6 +198,7 @@ def test_bad_exports_fail_clearly(tmp_path, tokenizer):
 
 
 # --- SavedModel of a task model ----------------------------------------------------
+
 
 def padded_inputs(batch, views, length, seed):
     rng = np.random.default_rng(seed)
@@ -167,8 +210,9 @@ def padded_inputs(batch, views, length, seed):
 def test_saved_model_serves_the_task_output_only(tmp_path):
     import tensorflow as tf
 
-    model = kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]),
-                              num_views=2, lm_coef=0.5)
+    model = kgpt.GPTTaskModel(
+        kgpt.GPTBackbone(**TINY), head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]), num_views=2, lm_coef=0.5
+    )
     assert set(model.output) == {"task", "lm"}
     export_task_model(model, str(tmp_path / "served"), verbose=False)
     served = tf.saved_model.load(str(tmp_path / "served"))
@@ -179,7 +223,9 @@ def test_saved_model_serves_the_task_output_only(tmp_path):
         np.testing.assert_allclose(served.serve(x).numpy(), want, atol=1e-5, rtol=1e-5)
     signature = served.signatures["serving_default"]
     assert {n: s.shape.as_list() for n, s in signature.structured_input_signature[1].items()} == {
-        "token_ids": [None, 2, None], "padding_mask": [None, 2, None]}
+        "token_ids": [None, 2, None],
+        "padding_mask": [None, 2, None],
+    }
     # One output, the logits: no [batch, views, length - 1, hidden] LM states.
     assert [s.shape.as_list() for s in signature.structured_outputs.values()] == [[None, 3]]
 

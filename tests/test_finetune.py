@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 
-import keras
 import numpy as np
 import pytest
 from conftest import TINY, char_tokenizer, to_numpy
@@ -20,8 +19,15 @@ from kgpt_tasks import scitail, scitail_demo
 
 
 def config(preset, tmp_path, **overrides):
-    fields = dict(task="scitail", init=preset, output_dir=str(tmp_path / "out"), epochs=1, batch_size=16,
-                  learning_rate=1e-3, max_length=128)
+    fields = dict(
+        task="scitail",
+        init=preset,
+        output_dir=str(tmp_path / "out"),
+        epochs=1,
+        batch_size=16,
+        learning_rate=1e-3,
+        max_length=128,
+    )
     return FinetuneConfig(**{**fields, **overrides})
 
 
@@ -67,7 +73,9 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
     assert os.listdir(out / "logs")  # TensorBoard
     # The output is a preset that finds its task's plugin again and predicts identically.
     loaded, tokenizer, task = kgpt.load_finetuned(str(out))
-    assert task.name == "scitail" and tokenizer.fingerprint() == kgpt.GPTTokenizer.from_preset(tiny_preset).fingerprint()
+    assert (
+        task.name == "scitail" and tokenizer.fingerprint() == kgpt.GPTTokenizer.from_preset(tiny_preset).fingerprint()
+    )
     split = finetune_data.encode_split(task, "dev", str(out / "data"), loaded.preprocessor)
     np.testing.assert_allclose(loaded.predict(split), model.predict(split), rtol=1e-5, atol=1e-6)
     # ... and on raw text, without the plugin: label names and probabilities.
@@ -80,13 +88,22 @@ def test_embedded_scitail_run_writes_metrics_predictions_and_model(tiny_preset, 
 
 def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
     data = tmp_path / "data"
-    write_tsv(data, "train", ["a long premise about the sun and the moon\tthe sun is hot\tentails",
-                              "short\t \tneutral", "x\ty\tneutral"])
+    write_tsv(
+        data,
+        "train",
+        ["a long premise about the sun and the moon\tthe sun is hot\tentails", "short\t \tneutral", "x\ty\tneutral"],
+    )
     task = kgpt.TaskRegistry().get("scitail")
     split = finetune_data.encode_split(task, "train", str(data), preprocessor(tiny_preset, task, 20))
     # One character per token: 33 + 11 text tokens, 20 - 3 specials fit.
-    assert split.counts == {"read": 3, "used": 2, "skipped": 1, "skipped_reasons": {"empty text field": 1},
-                            "truncated": 1, "tokens_cut": 33 + 11 - (20 - 3)}
+    assert split.counts == {
+        "read": 3,
+        "used": 2,
+        "skipped": 1,
+        "skipped_reasons": {"empty text field": 1},
+        "truncated": 1,
+        "tokens_cut": 33 + 11 - (20 - 3),
+    }
     assert split.view_lengths.tolist() == [[20], [5]]
 
 
@@ -113,18 +130,26 @@ def test_snli_format_jsonl_reads_like_the_tsv(tmp_path):
     snli = tmp_path / "snli" / "snli_format"
     snli.mkdir(parents=True)
     (snli / "scitail_1.0_dev.txt").write_text(
-        "".join(json.dumps({"sentence1": p, "sentence2": h, "gold_label": g}) + "\n" for p, h, g in rows))
+        "".join(json.dumps({"sentence1": p, "sentence2": h, "gold_label": g}) + "\n" for p, h, g in rows)
+    )
     from_tsv = [(e.segments, e.label) for e in scitail.read("dev", str(tsv))]
     from_jsonl = [(e.segments, e.label) for e in scitail.read("dev", str(tmp_path / "snli"))]
-    assert from_tsv == from_jsonl == [(("The sun is a star.", "The sun is a star."), "entails"),
-                                      (("Ice melts.", "Ice floats."), "neutral")]
-    (snli / "scitail_1.0_dev.txt").write_text('{"sentence1": "a", "sentence2": "b", "gold_label": "entailment"}\n{oops\n')
+    assert (
+        from_tsv
+        == from_jsonl
+        == [(("The sun is a star.", "The sun is a star."), "entails"), (("Ice melts.", "Ice floats."), "neutral")]
+    )
+    (snli / "scitail_1.0_dev.txt").write_text(
+        '{"sentence1": "a", "sentence2": "b", "gold_label": "entailment"}\n{oops\n'
+    )
     with pytest.raises(kgpt.DataError, match=r"scitail_1.0_dev.txt:2: not valid JSON"):
         list(scitail.read("dev", str(tmp_path / "snli")))
 
 
 def test_missing_files_list_the_paths_tried(tmp_path):
-    with pytest.raises(FileNotFoundError, match=r"No SciTail train file found; tried .*tsv_format/scitail_1.0_train.tsv"):
+    with pytest.raises(
+        FileNotFoundError, match=r"No SciTail train file found; tried .*tsv_format/scitail_1.0_train.tsv"
+    ):
         list(scitail.read("train", str(tmp_path)))
 
 
@@ -150,7 +175,10 @@ def test_a_run_leaves_numpy_global_generator_alone(tiny_preset, tmp_path):
 
 def test_transfer_layers_copies_embeddings_and_first_blocks(backbone):
     partial = finetune_model.transfer(backbone, 1)
-    same = lambda a, b: all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(a.weights, b.weights))
+
+    def same(a, b):
+        return all(np.array_equal(to_numpy(x), to_numpy(y)) for x, y in zip(a.weights, b.weights))
+
     assert same(partial.token_embedding, backbone.token_embedding)
     assert same(partial.position_embedding, backbone.position_embedding)
     assert same(partial.transformer_layers[0], backbone.transformer_layers[0])
@@ -188,14 +216,26 @@ def test_fine_tunes_from_the_original_release_format(tmp_path, capsys, progress)
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "kgpt.cli.train", *args], capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.train", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=600,
+    )
 
 
 def test_cli_fine_tunes_from_a_preset(tiny_preset, tmp_path):
     data = scitail_demo.write(str(tmp_path / "data"))
-    result = run_cli("--task=scitail", f"--data_dir={data}", f"--init={tiny_preset}", "--epochs=1",
-                     f"--output_dir={tmp_path / 'cli'}", "--batch_size=32", "--lm_coef=0")
+    result = run_cli(
+        "--task=scitail",
+        f"--data_dir={data}",
+        f"--init={tiny_preset}",
+        "--epochs=1",
+        f"--output_dir={tmp_path / 'cli'}",
+        "--batch_size=32",
+        "--lm_coef=0",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "test: accuracy" in result.stdout
     assert "lm_coef 0.0" in result.stdout
@@ -213,12 +253,14 @@ def test_cli_errors():
 def test_cli_lists_tasks():
     result = run_cli("--list_tasks")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert re.search(r"scitail\s+scitail\s+entailment\s+classification\s+entails,neutral\s+accuracy\s+88.3 acc",
-                     result.stdout)
+    assert re.search(
+        r"scitail\s+scitail\s+entailment\s+classification\s+entails,neutral\s+accuracy\s+88.3 acc", result.stdout
+    )
 
 
-def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_and_logs_both(tiny_preset, tmp_path,
-                                                                                             capsys, progress):
+def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_and_logs_both(
+    tiny_preset, tmp_path, capsys, progress
+):
     model, results = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
     out = tmp_path / "out"
     baseline = json.loads((out / "no_pretraining" / "metrics.json").read_text())
@@ -226,7 +268,7 @@ def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_a
     assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(results))  # the main run's
     assert (out / "no_pretraining" / "predictions" / "dev.tsv").exists()
     out_text = capsys.readouterr().out
-    table = out_text[out_text.index("Pre-training's effect on scitail"):]
+    table = out_text[out_text.index("Pre-training's effect on scitail") :]
     for split in ("dev", "test"):
         ours, theirs = results["splits"][split]["accuracy"], baseline["splits"][split]["accuracy"]
         assert f"{ours:.4f}" in table and f"{theirs:.4f}" in table and f"{ours - theirs:+.4f}" in table
@@ -240,11 +282,14 @@ def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_a
     assert json.loads((out / "no_pretraining" / "metrics.json").read_text())["splits"] == baseline["splits"]
 
 
-@pytest.mark.parametrize("overrides, why", [
-    (dict(init="scratch"), "no pre-training to compare"),
-    (dict(pretrained_weights=False), "is the baseline itself"),
-    (dict(epochs=0), "trains nothing"),
-])
+@pytest.mark.parametrize(
+    "overrides, why",
+    [
+        (dict(init="scratch"), "no pre-training to compare"),
+        (dict(pretrained_weights=False), "is the baseline itself"),
+        (dict(epochs=0), "trains nothing"),
+    ],
+)
 def test_scratch_baseline_is_refused_where_there_is_nothing_to_compare(tiny_preset, tmp_path, overrides, why):
     with pytest.raises(ConfigError, match=why):
         finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True, **overrides))
@@ -254,11 +299,14 @@ def test_the_comparison_table_keeps_every_column_apart():
     # Your own files name their split "validation", longer than the column was: "validationaccuracy 0.6319".
     task = kgpt.TaskRegistry().get("scitail")
     scores = {"validation": {"accuracy": 0.6319, "matthews_corrcoef": 0.25, "examples": {"read": 3}}, "test": {}}
-    table = finetune_lib.comparison(task, {"splits": scores}, {"splits": {"validation": {"accuracy": 0.5,
-                                                                                          "matthews_corrcoef": 0.0}}})
+    table = finetune_lib.comparison(
+        task, {"splits": scores}, {"splits": {"validation": {"accuracy": 0.5, "matthews_corrcoef": 0.0}}}
+    )
     rows = [line.split() for line in table.splitlines()[2:]]
-    assert rows == [["validation", "accuracy", "0.6319", "0.5000", "+0.1319"],
-                    ["validation", "matthews_corrcoef", "0.2500", "0.0000", "+0.2500"]]
+    assert rows == [
+        ["validation", "accuracy", "0.6319", "0.5000", "+0.1319"],
+        ["validation", "matthews_corrcoef", "0.2500", "0.0000", "+0.2500"],
+    ]
 
 
 def test_only_the_demo_runs_the_baseline_unless_asked():

@@ -4,8 +4,9 @@ import keras
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(keras.config.backend() != "jax",
-                                reason="a JAX Pallas kernel; TensorFlow keeps the explicit attention")
+pytestmark = pytest.mark.skipif(
+    keras.config.backend() != "jax", reason="a JAX Pallas kernel; TensorFlow keeps the explicit attention"
+)
 
 B, T, N, D = 2, 40, 2, 16  # 40: not a multiple of the tiles, so the padding inside is exercised too
 
@@ -17,7 +18,7 @@ def inputs(length=T, depth=D, seed=0):
     q, k, v = (jnp.asarray(rng.normal(size=(B, length, N, depth)), jnp.float32) for _ in range(3))
     # Row 0 pads on the right; row 1 on the left, so its first queries see no key at all.
     valid = np.ones((B, length), "int32")
-    valid[0, length - 9:] = 0
+    valid[0, length - 9 :] = 0
     valid[1, :3] = 0
     return q, k, v, jnp.asarray(valid)
 
@@ -61,8 +62,9 @@ def kernel(rate, seed=(11, 22), **tiles):
     from kgpt.layers.flash_attention import flash_attention
 
     tiles = tiles or dict(block=16, block_backward=16)
-    return lambda q, k, v, valid: flash_attention(q, k, v, np.asarray(seed, "uint32"), rate=rate, scale=D**-0.5,
-                                                  padding_mask=valid, platform="cpu", **tiles)
+    return lambda q, k, v, valid: flash_attention(
+        q, k, v, np.asarray(seed, "uint32"), rate=rate, scale=D**-0.5, padding_mask=valid, platform="cpu", **tiles
+    )
 
 
 def test_without_dropout_it_is_plain_attention_forward_and_backward():
@@ -110,7 +112,8 @@ def test_the_kernel_applies_exactly_the_hash_mask():
     counts = np.arange(1, length + 1)[None, :, None, None]
     kept = np.moveaxis(np.round(np.asarray(out) * counts * (1 - rate)), 2, 1)  # [B, N, T, S]
     expected = np.asarray(dropout_keep_mask(np.asarray([5, 6], "uint32"), B, N, length, rate)) & np.tril(
-        np.ones((length, length), bool))
+        np.ones((length, length), bool)
+    )
     np.testing.assert_array_equal(kept, expected)
 
 
@@ -119,8 +122,10 @@ def test_the_masks_drop_at_the_rate_independently_per_head_row_and_seed(rate):
     from kgpt.layers.flash_attention import dropout_keep_mask
 
     length = 512
-    masks = {s: np.asarray(dropout_keep_mask(np.asarray(s, "uint32"), 2, 2, length, rate)).astype("float64")
-             for s in ((7, 100), (7, 101), (8, 100))}  # (7, 101): the next seed of a Keras seed generator
+    masks = {
+        s: np.asarray(dropout_keep_mask(np.asarray(s, "uint32"), 2, 2, length, rate)).astype("float64")
+        for s in ((7, 100), (7, 101), (8, 100))
+    }  # (7, 101): the next seed of a Keras seed generator
     a = masks[(7, 100)]
     n = a[0, 0].size
     bound = 5 * np.sqrt(rate * (1 - rate) / a.size)
@@ -129,10 +134,14 @@ def test_the_masks_drop_at_the_rate_independently_per_head_row_and_seed(rate):
     def corr(x, y):
         return np.corrcoef(x.ravel(), y.ravel())[0, 1]
 
-    pairs = {"heads": (a[0, 0], a[0, 1]), "batch rows": (a[0, 0], a[1, 0]),
-             "next seed": (a[0, 0], masks[(7, 101)][0, 0]), "other seed word": (a[0, 0], masks[(8, 100)][0, 0]),
-             "neighbouring columns": (a[0, 0, :, :-1], a[0, 0, :, 1:]),
-             "neighbouring rows": (a[0, 0, :-1], a[0, 0, 1:])}
+    pairs = {
+        "heads": (a[0, 0], a[0, 1]),
+        "batch rows": (a[0, 0], a[1, 0]),
+        "next seed": (a[0, 0], masks[(7, 101)][0, 0]),
+        "other seed word": (a[0, 0], masks[(8, 100)][0, 0]),
+        "neighbouring columns": (a[0, 0, :, :-1], a[0, 0, :, 1:]),
+        "neighbouring rows": (a[0, 0, :-1], a[0, 0, 1:]),
+    }
     for name, (x, y) in pairs.items():
         assert abs(corr(x, y)) < 5 / np.sqrt(n), name
     assert abs(corr(a[0, 0], a[0, 0])) > 0.99  # the check can fail: a mask against itself
@@ -212,9 +221,17 @@ def test_the_kernel_is_chosen_on_one_gpu_or_tpu_only_and_can_be_turned_off(monke
         for switch in (None, True, False):
             monkeypatch.setattr(kgpt.GPTDecoderBlock, "fused_dropout_attention", switch)
             chosen[platform, switch] = layer._fused_dropout()
-    assert chosen == {("cpu", None): False, ("cpu", True): True, ("cpu", False): False,
-                      ("gpu", None): True, ("gpu", True): True, ("gpu", False): False,
-                      ("tpu", None): True, ("tpu", True): True, ("tpu", False): False}
+    assert chosen == {
+        ("cpu", None): False,
+        ("cpu", True): True,
+        ("cpu", False): False,
+        ("gpu", None): True,
+        ("gpu", True): True,
+        ("gpu", False): False,
+        ("tpu", None): True,
+        ("tpu", True): True,
+        ("tpu", False): False,
+    }
     monkeypatch.setattr(kgpt.GPTDecoderBlock, "fused_dropout_attention", None)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     keras.config.disable_flash_attention()

@@ -23,8 +23,8 @@ import kgpt
 from kgpt.data import tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.jobs import finetune as finetune_lib
-from kgpt.jobs.config import FinetuneConfig
 from kgpt.jobs import predict as predict_lib
+from kgpt.jobs.config import FinetuneConfig
 
 REGISTRY = kgpt.TaskRegistry()
 GUIDE = pathlib.Path(__file__).parents[1] / "docs" / "your-data.md"
@@ -58,18 +58,21 @@ def test_csv_round_trips_quotes_commas_and_line_breaks(tmp_path):
     assert list(table.rows) == [(2, rows[0]), (4, rows[1])]  # a row is named by the line it starts on
 
 
-@pytest.mark.parametrize("name, content, error", [
-    ("a.csv", "x,y\n1,2\n3\n", r"a.csv:3: 1 field\(s\), but the header \(line 1\) names 2"),
-    ("a.csv", 'x,y\n"1,2\n', r"a.csv:2: a quoted field opens here and is never closed"),
-    ("a.csv", 'x,y\n1,2\n"3"4,5\n', r"a.csv:3: malformed CSV"),
-    ("a.tsv", "x\ty\n1\t2\n\n3\t4\n", r"a.tsv:3: blank line inside the data"),
-    ("a.csv", "x,x\n1,2\n", r"a.csv:1: the header names column 'x' twice"),
-    ("a.jsonl", '{"x": "1"}\n[1, 2]\n', r"a.jsonl:2: expected a JSON object, got list"),
-    ("a.jsonl", '{"x": "1"}\n{"x": \n', r"a.jsonl:2: not valid JSON"),
-    ("a.csv", "", r"a.csv: the file is empty"),
-    ("a.csv", "x,y\n", r"a.csv: no rows after the header"),
-    ("a.csv", b"x,y\n1,\xff\n", r"a.csv:2: byte 2 of the line \(0xff\) is not valid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "name, content, error",
+    [
+        ("a.csv", "x,y\n1,2\n3\n", r"a.csv:3: 1 field\(s\), but the header \(line 1\) names 2"),
+        ("a.csv", 'x,y\n"1,2\n', r"a.csv:2: a quoted field opens here and is never closed"),
+        ("a.csv", 'x,y\n1,2\n"3"4,5\n', r"a.csv:3: malformed CSV"),
+        ("a.tsv", "x\ty\n1\t2\n\n3\t4\n", r"a.tsv:3: blank line inside the data"),
+        ("a.csv", "x,x\n1,2\n", r"a.csv:1: the header names column 'x' twice"),
+        ("a.jsonl", '{"x": "1"}\n[1, 2]\n', r"a.jsonl:2: expected a JSON object, got list"),
+        ("a.jsonl", '{"x": "1"}\n{"x": \n', r"a.jsonl:2: not valid JSON"),
+        ("a.csv", "", r"a.csv: the file is empty"),
+        ("a.csv", "x,y\n", r"a.csv: no rows after the header"),
+        ("a.csv", b"x,y\n1,\xff\n", r"a.csv:2: byte 2 of the line \(0xff\) is not valid UTF-8"),
+    ],
+)
 def test_malformed_tables_name_file_and_line(tmp_path, name, content, error):
     path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -90,8 +93,16 @@ def test_unknown_extensions_and_tsv_values_tsv_cannot_hold(tmp_path):
 
 @pytest.fixture
 def reviews(tmp_path):
-    train = write_csv(tmp_path / "train.csv", [["review", "title", "stars"], ["good film", "A", "10"],
-                                               ["bad film", "B", "2"], ["fine", "", "2"], ["great", "C", "10"]])
+    train = write_csv(
+        tmp_path / "train.csv",
+        [
+            ["review", "title", "stars"],
+            ["good film", "A", "10"],
+            ["bad film", "B", "2"],
+            ["fine", "", "2"],
+            ["great", "C", "10"],
+        ],
+    )
     dev = write_csv(tmp_path / "dev.csv", [["review", "title", "stars"], ["ok", "D", "2"], ["meh", "E", "5"]])
     return train, dev
 
@@ -106,8 +117,9 @@ def test_classification_takes_the_training_labels_and_a_pair_of_columns(reviews,
     assert examples[0].segments == ("good film", "A") and examples[0].source == f"{train}:2"
     assert skipped == {"empty text in column 'title'": 1}
     assert f"1 row(s) with an empty text skipped (first at {train}:4)" in capsys.readouterr().out
-    one = with_files("text-classification", train_file=train, validation_file=dev, text_columns=["review"],
-                     label_column="stars")
+    one = with_files(
+        "text-classification", train_file=train, validation_file=dev, text_columns=["review"], label_column="stars"
+    )
     assert isinstance(one.transform, kgpt.tasks.transforms.Classification)
     with pytest.raises(DataError, match=rf"{dev}:3: label '5' is not one of the training file's labels \('2', '10'\)"):
         one.examples("validation", None)
@@ -120,16 +132,29 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
     with pytest.raises(ConfigError, match="give --train_file"):
         with_files("text-classification", validation_file=dev, text_columns=["review"], label_column="stars")
     with pytest.raises(ConfigError, match=r"--validation_file .*nope.csv: no such file"):
-        with_files("text-classification", train_file=train, validation_file=str(tmp_path / "nope.csv"),
-                   text_columns=["review"], label_column="stars")
+        with_files(
+            "text-classification",
+            train_file=train,
+            validation_file=str(tmp_path / "nope.csv"),
+            text_columns=["review"],
+            label_column="stars",
+        )
     with pytest.raises(ConfigError, match="--text_columns: name the text column"):
         with_files("text-classification", train_file=train, label_column="stars")
-    with pytest.raises(DataError, match=rf"{train}: no column 'text' \(--text_columns\); it has 'review', 'title', "
-                                        r"'stars'"):
+    with pytest.raises(
+        DataError,
+        match=rf"{train}: no column 'text' \(--text_columns\); it has 'review', 'title', "
+        r"'stars'",
+    ):
         with_files("text-classification", train_file=train, text_columns=["text"], label_column="stars")
     with pytest.raises(ConfigError, match="--choice_columns is for --task multiple-choice"):
-        with_files("text-classification", train_file=train, text_columns=["review"], label_column="stars",
-                   choice_columns=["title", "review"])
+        with_files(
+            "text-classification",
+            train_file=train,
+            text_columns=["review"],
+            label_column="stars",
+            choice_columns=["title", "review"],
+        )
     with pytest.raises(ConfigError, match="takes one text column or a pair, got 3"):
         with_files("text-regression", train_file=train, text_columns=["review", "title", "stars"], label_column="x")
     with pytest.raises(ConfigError, match=r"Column\(s\) 'review' given twice"):
@@ -137,10 +162,20 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
     with pytest.raises(ConfigError, match="--choice_columns: multiple-choice needs two or more"):
         with_files("multiple-choice", train_file=train, text_columns=["review"], label_column="stars")
     with pytest.raises(ConfigError, match="--metrics: 'auc' is no metric; kgpt has accuracy, f1, matthews"):
-        with_files("text-classification", train_file=train, text_columns=["review"], label_column="stars",
-                   metrics="matthews,auc")
-    assert with_files("text-classification", train_file=train, text_columns=["review"], label_column="stars",
-                      metrics="matthews,accuracy").metrics == ("matthews", "accuracy")
+        with_files(
+            "text-classification",
+            train_file=train,
+            text_columns=["review"],
+            label_column="stars",
+            metrics="matthews,auc",
+        )
+    assert with_files(
+        "text-classification",
+        train_file=train,
+        text_columns=["review"],
+        label_column="stars",
+        metrics="matthews,accuracy",
+    ).metrics == ("matthews", "accuracy")
     config = FinetuneConfig(task="sst2", init="scratch", train_file=train)
     with pytest.raises(ConfigError, match="--train_file: task 'sst2' reads --data_dir in its own format"):
         finetune_lib.with_files(REGISTRY.get("sst2"), config)
@@ -161,8 +196,9 @@ def test_labels_one_class_and_rare_classes(tmp_path, capsys, progress):
 def test_regression_values_and_an_unlabeled_test_file(tmp_path):
     train = write_jsonl(tmp_path / "s.jsonl", [{"a": "x", "b": "y", "score": 3.5}, {"a": "z", "b": "w", "score": "1"}])
     test = write_jsonl(tmp_path / "t.jsonl", [{"a": "x", "b": "y"}])
-    task = with_files("text-regression", train_file=train, test_file=test, text_columns=["a", "b"],
-                      label_column="score")
+    task = with_files(
+        "text-regression", train_file=train, test_file=test, text_columns=["a", "b"], label_column="score"
+    )
     assert task.head.kind == "regression" and task.metrics == ("pearson", "spearman")
     assert [e.label for e in task.examples("train", None)[0]] == [3.5, 1.0]
     assert [e.label for e in task.examples("test", None)[0]] == [None]
@@ -176,18 +212,34 @@ def test_regression_values_and_an_unlabeled_test_file(tmp_path):
 
 
 def test_multiple_choice_answers_by_index_or_text(tmp_path):
-    rows = [["story", "q", "e1", "e2", "e3", "answer"], ["s1", "why?", "x", "y", "z", "2"],
-            ["s2", "who?", "x", "y", "z", "y"]]
+    rows = [
+        ["story", "q", "e1", "e2", "e3", "answer"],
+        ["s1", "why?", "x", "y", "z", "2"],
+        ["s2", "who?", "x", "y", "z", "y"],
+    ]
     train = tmp_path / "mc.tsv"
     train.write_text("".join("\t".join(r) + "\n" for r in rows))
-    task = with_files("multiple-choice", train_file=str(train), text_columns=["story", "q"],
-                      choice_columns="e1,e2,e3", label_column="answer")
+    task = with_files(
+        "multiple-choice",
+        train_file=str(train),
+        text_columns=["story", "q"],
+        choice_columns="e1,e2,e3",
+        label_column="answer",
+    )
     assert task.transform.num_views == 3 and task.head.kind == "multiple_choice"
     examples = task.examples("train", None)[0]
     assert [(e.segments, e.choices, e.label) for e in examples] == [
-        (("s1", "why?"), ("x", "y", "z"), 2), (("s2", "who?"), ("x", "y", "z"), 1)]
-    for answer, error in (("3", r"mc.tsv:2: answer 3 in 'answer' is out of range: the 3 choices \(e1, e2, e3\) are "
-                                r"0..2"), ("w", r"mc.tsv:2: answer 'w' in 'answer' is neither a choice index")):
+        (("s1", "why?"), ("x", "y", "z"), 2),
+        (("s2", "who?"), ("x", "y", "z"), 1),
+    ]
+    for answer, error in (
+        (
+            "3",
+            r"mc.tsv:2: answer 3 in 'answer' is out of range: the 3 choices \(e1, e2, e3\) are "
+            r"0..2",
+        ),
+        ("w", r"mc.tsv:2: answer 'w' in 'answer' is neither a choice index"),
+    ):
         train.write_text("".join("\t".join(r) + "\n" for r in [rows[0], [*rows[1][:5], answer]]))
         with pytest.raises(DataError, match=error):
             task.examples("train", None)
@@ -196,11 +248,12 @@ def test_multiple_choice_answers_by_index_or_text(tmp_path):
 def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path):
     model_dir = tmp_path / "model"
     model_dir.mkdir()
-    (model_dir / "metrics.json").write_text(json.dumps({"inputs": {"text_columns": ["ctx"], "choice_columns":
-                                                                   ["a", "b"], "label_column": "y"}}))
+    (model_dir / "metrics.json").write_text(
+        json.dumps({"inputs": {"text_columns": ["ctx"], "choice_columns": ["a", "b"], "label_column": "y"}})
+    )
     assert predict_lib.trained_columns(str(model_dir)) == ["ctx", "a", "b"]
     assert predict_lib.trained_columns(str(tmp_path)) is None
-    path = write_csv(tmp_path / "in.csv", [["id", "a", "ctx", "b"], ["7", "yes", "c,\"d\"\ne", "no"]])
+    path = write_csv(tmp_path / "in.csv", [["id", "a", "ctx", "b"], ["7", "yes", 'c,"d"\ne', "no"]])
     inputs = predict_lib.read_inputs(path, kgpt.tasks.transforms.MultipleChoice(2), columns=["ctx", "a", "b"])
     assert inputs.examples == [(('c,"d"\ne',), ("yes", "no"))] and inputs.ids == ["7"] and inputs.format == "csv"
     assert inputs.records == [{"id": "7", "a": "yes", "ctx": 'c,"d"\ne', "b": "no"}]
@@ -211,32 +264,63 @@ def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path
 # --- a fine-tuning that learned nothing says so ---------------------------------------------------------------------
 
 
-def test_a_run_predicting_one_label_ends_with_the_warning_and_its_baselines(tiny_preset, tmp_path, monkeypatch,
-                                                                             capsys):
+def test_a_run_predicting_one_label_ends_with_the_warning_and_its_baselines(tiny_preset, tmp_path, monkeypatch, capsys):
     from conftest import cli
+
     from kgpt.cli import train
 
     # The same text under every label: no model can tell them apart, so it gives one label to all of dev.
-    train_file = write_csv(tmp_path / "train.csv", [["text", "label"]] + [["same words", "neg"]] * 6
-                           + [["same words", "pos"]] * 4)
-    dev = write_csv(tmp_path / "dev.csv", [["text", "label"]] + [["same words", "neg"]] * 3
-                    + [["same words", "pos"]] * 2)
-    code, out, err = cli(monkeypatch, capsys, train, "--task", "text-classification", "--init", tiny_preset,
-                         "--train_file", train_file, "--validation_file", dev, "--text_columns", "text",
-                         "--label_column", "label", "--output_dir", str(tmp_path / "out"), "--epochs", "1",
-                         "--batch_size", "4")
+    train_file = write_csv(
+        tmp_path / "train.csv", [["text", "label"]] + [["same words", "neg"]] * 6 + [["same words", "pos"]] * 4
+    )
+    dev = write_csv(
+        tmp_path / "dev.csv", [["text", "label"]] + [["same words", "neg"]] * 3 + [["same words", "pos"]] * 2
+    )
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task",
+        "text-classification",
+        "--init",
+        tiny_preset,
+        "--train_file",
+        train_file,
+        "--validation_file",
+        dev,
+        "--text_columns",
+        "text",
+        "--label_column",
+        "label",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--epochs",
+        "1",
+        "--batch_size",
+        "4",
+    )
     assert not code, err  # absl exits with None on success
     warning, tries = out.rstrip("\n").splitlines()[-2:]
-    assert re.fullmatch(r"Warning: this fine-tuning learned nothing measurable\. On validation: accuracy 0\.[46]000, "
-                        r"the majority-class baseline 0\.6000 \(always predicting 'neg', 60\.0% of validation\), "
-                        r"chance 0\.5000; the model predicts '(neg|pos)' for every example\.", warning), warning
-    assert tries.startswith("  To try: another --learning_rate (this run 6.25e-05") and "more --epochs (this run 1)" \
-        in tries and f"a larger pre-trained model than --init {tiny_preset}" in tries
+    assert re.fullmatch(
+        r"Warning: this fine-tuning learned nothing measurable\. On validation: accuracy 0\.[46]000, "
+        r"the majority-class baseline 0\.6000 \(always predicting 'neg', 60\.0% of validation\), "
+        r"chance 0\.5000; the model predicts '(neg|pos)' for every example\.",
+        warning,
+    ), warning
+    assert (
+        tries.startswith("  To try: another --learning_rate (this run 6.25e-05")
+        and "more --epochs (this run 1)" in tries
+        and f"a larger pre-trained model than --init {tiny_preset}" in tries
+    )
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     validation = metrics["splits"]["validation"]
-    assert validation["baselines"] == {"label_counts": {"neg": 3, "pos": 2}, "majority_label": "neg",
-                                       "majority_share": 0.6, "majority_scores": {"accuracy": 0.6, "f1": 0.0},
-                                       "chance": 0.5}
+    assert validation["baselines"] == {
+        "label_counts": {"neg": 3, "pos": 2},
+        "majority_label": "neg",
+        "majority_share": 0.6,
+        "majority_scores": {"accuracy": 0.6, "f1": 0.0},
+        "chance": 0.5,
+    }
     assert len(validation["prediction_counts"]) == 1 and sum(validation["prediction_counts"].values()) == 5
     assert metrics["splits"]["train"]["baselines"]["majority_share"] == 0.6
     assert metrics["baseline_check"]["learned"] is False and metrics["baseline_check"]["majority"] == 0.6
@@ -244,11 +328,26 @@ def test_a_run_predicting_one_label_ends_with_the_warning_and_its_baselines(tiny
 
 def test_a_run_that_learns_ends_without_the_warning(tiny_preset, tmp_path, capsys, progress):
     rows = [["text", "label"]] + [["aaaa aaa", "neg"] if i % 2 else ["bbb bbbb", "pos"] for i in range(32)]
-    dev = [["text", "label"], ["aa aaaa", "neg"], ["bbbb bb", "pos"], ["aaa aa", "neg"], ["bbb", "pos"],
-           ["a aaa", "neg"]]
-    config = FinetuneConfig(task="text-classification", init=tiny_preset, train_file=write_csv(tmp_path / "t.csv", rows),
-                            validation_file=write_csv(tmp_path / "d.csv", dev), text_columns=["text"],
-                            label_column="label", epochs=6, batch_size=8, learning_rate=1e-2, lm_coef=0.0)
+    dev = [
+        ["text", "label"],
+        ["aa aaaa", "neg"],
+        ["bbbb bb", "pos"],
+        ["aaa aa", "neg"],
+        ["bbb", "pos"],
+        ["a aaa", "neg"],
+    ]
+    config = FinetuneConfig(
+        task="text-classification",
+        init=tiny_preset,
+        train_file=write_csv(tmp_path / "t.csv", rows),
+        validation_file=write_csv(tmp_path / "d.csv", dev),
+        text_columns=["text"],
+        label_column="label",
+        epochs=6,
+        batch_size=8,
+        learning_rate=1e-2,
+        lm_coef=0.0,
+    )
     _, results = finetune_lib.finetune(config, REGISTRY)
     check = results["baseline_check"]
     assert check["learned"] and check["score"] > check["majority"] == 0.6, check
@@ -262,15 +361,22 @@ def test_multiple_choice_baselines_and_warning_name_the_choice():
     assert task.head.kind == "multiple_choice"
     found = finetune_outputs.baselines(task, np.array([1, 1, 0, 1]))
     chance = 1 / task.head.num_choices
-    assert found == {"label_counts": {"0": 1, "1": 3}, "majority_label": 1, "majority_share": 0.75,
-                     "majority_scores": {"accuracy": 0.75}, "chance": chance}
+    assert found == {
+        "label_counts": {"0": 1, "1": 3},
+        "majority_label": 1,
+        "majority_share": 0.75,
+        "majority_scores": {"accuracy": 0.75},
+        "chance": chance,
+    }
     results = {task.splits[1]: {"accuracy": 0.75, "baselines": found, "prediction_counts": {"1": 4}}}
     check = finetune_outputs.baseline_check(task, results)
     assert not check["learned"] and check["one_label_predicted"] == "1"
     config = FinetuneConfig(task=task.name, init="scratch", learning_rate=0.0)
     text = finetune_outputs.learned_nothing(config, task, check)
-    assert f"the majority-class baseline 0.7500 (always predicting choice 1, 75.0% of {task.splits[1]}), chance " \
-           f"{chance:.4f}; the model predicts choice 1 for every example" in text
+    assert (
+        f"the majority-class baseline 0.7500 (always predicting choice 1, 75.0% of {task.splits[1]}), chance "
+        f"{chance:.4f}; the model predicts choice 1 for every example" in text
+    )
     assert "--learning_rate is 0" in text and "--init PRESET" in text
     assert finetune_outputs.baselines(REGISTRY.get("text-regression"), np.array([0.5, 2.0], "float32")) is None
 
@@ -284,25 +390,35 @@ def guide_blocks(language):
 
 def guide_files():
     """`{file name: content}` of the guide's example files: a `name` line, then its csv/jsonl block."""
-    found = re.findall(r"^`([\w.]+)`[^\n]*\n(?:[^\n`][^\n]*\n)*?\n```(?:csv|jsonl)\n(.*?)```", GUIDE.read_text(),
-                       re.S | re.M)
+    found = re.findall(
+        r"^`([\w.]+)`[^\n]*\n(?:[^\n`][^\n]*\n)*?\n```(?:csv|jsonl)\n(.*?)```", GUIDE.read_text(), re.S | re.M
+    )
     return dict(found)
 
 
 def guide_commands(program):
-    return [shlex.split(line)[1:] for block in guide_blocks("bash") for line in block.splitlines()
-            if line.startswith(program + " ")]
+    return [
+        shlex.split(line)[1:]
+        for block in guide_blocks("bash")
+        for line in block.splitlines()
+        if line.startswith(program + " ")
+    ]
 
 
 def extra_files(folder):
     """The files the guide names but does not show: a multiple-choice TSV and a regression CSV."""
     stories = [["story", "ending1", "ending2", "right_ending"]] + [
         [f"tom {verb} the ball .", "he was happy .", "he was sad .", str(i % 2)]
-        for i, verb in enumerate(["caught", "dropped", "kicked", "lost", "threw", "found"])]
+        for i, verb in enumerate(["caught", "dropped", "kicked", "lost", "threw", "found"])
+    ]
     for name, rows in (("stories.tsv", stories), ("stories_dev.tsv", stories[:3])):
         (folder / name).write_text("".join("\t".join(r) + "\n" for r in rows))
-    scores = [["sentence1", "sentence2", "score"], ["a cat sits .", "a cat sits .", "5"],
-              ["a cat sits .", "a dog runs .", "0.5"], ["rain falls .", "it rains .", "4.2"]]
+    scores = [
+        ["sentence1", "sentence2", "score"],
+        ["a cat sits .", "a cat sits .", "5"],
+        ["a cat sits .", "a dog runs .", "0.5"],
+        ["rain falls .", "it rains .", "4.2"],
+    ]
     write_csv(folder / "scores.csv", scores)
     write_csv(folder / "scores_dev.csv", scores[:3])
     (folder / "mnli_dev.jsonl").write_text((folder / "mnli_train.jsonl").read_text())  # the guide shows one file
@@ -329,8 +445,14 @@ def task_of(args):
 def run_kgpt_train(folder, commands):
     """Runs kgpt-train `commands` of the guide in `folder` with one epoch (tiny); returns what they printed."""
     commands = [[*args, "--epochs", "1"] for args in commands]
-    done = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=folder, capture_output=True,
-                          text=True, env=ENV, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, json.dumps(commands)],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     for args in commands:
         out = folder / args[args.index("--output_dir") + 1]
@@ -374,9 +496,14 @@ def test_the_guides_text_classification_commands_fine_tune_on_csv_and_json_lines
     assert set(reviews["splits"]["validation"]) >= {"accuracy", "f1"}
     assert reviews["splits"]["train"]["examples"]["read"] == 6
     predictions = (folder / "my-reviews" / "predictions" / "validation.tsv").read_text().splitlines()
-    assert predictions[0] == "id\tprediction\tp_negative\tp_positive\tlabel" and predictions[1].startswith("dev.csv:2\t")
-    assert kgpt.GPTTaskModel.from_preset(str(folder / "my-nli")).head.labels == ("contradiction", "entailment",
-                                                                                 "neutral")
+    assert predictions[0] == "id\tprediction\tp_negative\tp_positive\tlabel" and predictions[1].startswith(
+        "dev.csv:2\t"
+    )
+    assert kgpt.GPTTaskModel.from_preset(str(folder / "my-nli")).head.labels == (
+        "contradiction",
+        "entailment",
+        "neutral",
+    )
     assert "Split 'test' not evaluated: no --test_file given" in log
 
 
@@ -388,14 +515,22 @@ def test_the_guides_multiple_choice_and_regression_commands_fine_tune(guide_fold
     scores = json.loads((guide_folder / "my-scores" / "metrics.json").read_text())
     assert set(scores["splits"]["validation"]) >= {"pearson", "spearman"}
     stories = json.loads((guide_folder / "my-stories" / "metrics.json").read_text())
-    assert stories["inputs"]["choice_columns"] == ["ending1", "ending2"] and "accuracy" in stories["splits"]["validation"]
+    assert (
+        stories["inputs"]["choice_columns"] == ["ending1", "ending2"] and "accuracy" in stories["splits"]["validation"]
+    )
 
 
 def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     folder, _ = guide_run
     [args] = guide_commands("kgpt-predict")
-    done = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", *args], cwd=folder, capture_output=True,
-                          text=True, env=ENV, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", *args],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     with open(folder / "labelled.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -405,14 +540,19 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     assert list(rows[0]) == ["id", "review", "source", "prediction", "p_negative", "p_positive"]
     model = kgpt.GPTTaskModel.from_preset(str(folder / "my-reviews"))
     texts = [r["review"] for r in inputs]
-    np.testing.assert_allclose([[float(r["p_negative"]), float(r["p_positive"])] for r in rows],
-                               model.head.probabilities(model.predict(texts)),
-                               atol=1e-4)
+    np.testing.assert_allclose(
+        [[float(r["p_negative"]), float(r["p_positive"])] for r in rows],
+        model.head.probabilities(model.predict(texts)),
+        atol=1e-4,
+    )
     assert [r["prediction"] for r in rows] == model.predict_labels(texts)
     # Its output again as input: the predictions would replace its columns, so it is refused.
     again = predict_lib.read_inputs(str(folder / "labelled.csv"), model.preprocessor.transform, columns=["review"])
-    with pytest.raises(DataError, match=r"labelled.csv: the input already has column\(s\) 'prediction', 'p_negative', "
-                                        r"'p_positive', which the predictions would replace"):
+    with pytest.raises(
+        DataError,
+        match=r"labelled.csv: the input already has column\(s\) 'prediction', 'p_negative', "
+        r"'p_positive', which the predictions would replace",
+    ):
         predict_lib.write(model, again, str(folder / "again.csv"))
     assert not (folder / "again.csv").exists()
 

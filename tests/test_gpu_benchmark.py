@@ -39,11 +39,13 @@ def test_the_table_divides_by_the_measured_rate_and_the_nominal_peak():
 
 
 @pytest.mark.large  # ten processes, each compiling a model (the kernel interpreted): minutes on a 2-core CPU
-@pytest.mark.skipif(keras.config.backend() != "jax", reason="gpu.sh runs JAX whatever the suite's backend; "
-                    "the JAX setting runs it once")
+@pytest.mark.skipif(
+    keras.config.backend() != "jax", reason="gpu.sh runs JAX whatever the suite's backend; the JAX setting runs it once"
+)
 def test_the_gpu_run_goes_end_to_end_at_a_tiny_shape():
-    done = subprocess.run(["bash", "benchmarks/gpu.sh", "--tiny"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=1900)
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu.sh", "--tiny"], cwd=ROOT, capture_output=True, text=True, timeout=1900
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     rows = [line for line in done.stdout.splitlines() if line.startswith("| kgpt") or line.startswith("| keras-hub")]
     assert len(rows) == 4 + 2 * 3, done.stdout

@@ -67,7 +67,7 @@ def test_the_released_layout_loads_from_the_hub_and_equals_the_reference(served,
     hidden = to_numpy(lm.backbone({"token_ids": ids, "padding_mask": np.ones_like(ids)}))
     np.testing.assert_allclose(hidden, want_hidden, atol=1e-5, rtol=1e-5)
     # The three special tokens' rows come last: the released vocabulary's logits are the reference's.
-    np.testing.assert_allclose(logits_of(lm, ids)[..., :SIZES["vocab"]], want_logits, atol=1e-4, rtol=1e-5)
+    np.testing.assert_allclose(logits_of(lm, ids)[..., : SIZES["vocab"]], want_logits, atol=1e-4, rtol=1e-5)
     assert lm.backbone.vocabulary_size == SIZES["vocab"] + 3
     assert lm.preprocessor.tokenizer.vocabulary_size() == SIZES["vocab"] + 3
     assert isinstance(lm.generate("ab", max_length=8), str)
@@ -101,8 +101,9 @@ def test_a_pinned_commit_or_offline_mode_makes_no_request_once_cached(served, ar
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     offline = kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
     assert len(served.requests) == before + 1, "offline: not one request"
-    np.testing.assert_array_equal(to_numpy(pinned.token_embedding.embeddings),
-                                  to_numpy(offline.token_embedding.embeddings))
+    np.testing.assert_array_equal(
+        to_numpy(pinned.token_embedding.embeddings), to_numpy(offline.token_embedding.embeddings)
+    )
     assert second != first
 
 
@@ -158,10 +159,29 @@ def test_fine_tuning_starts_from_a_hub_preset_on_the_command_line(served, arrays
     served.commit(REPO, openai_gpt_files(arrays))
     rows = ["text,label"] + [f"{'abc' if i % 2 else 'xyz'} {i},{'pos' if i % 2 else 'neg'}" for i in range(12)]
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
-    code, out, err = cli(monkeypatch, capsys, train, "--task", "text-classification", "--init", "gpt1_base_en",
-                         "--train_file", str(tmp_path / "train.csv"), "--validation_file", str(tmp_path / "train.csv"),
-                         "--text_columns", "text", "--label_column", "label", "--epochs", "1", "--batch_size", "4",
-                         "--output_dir", str(tmp_path / "out"))
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task",
+        "text-classification",
+        "--init",
+        "gpt1_base_en",
+        "--train_file",
+        str(tmp_path / "train.csv"),
+        "--validation_file",
+        str(tmp_path / "train.csv"),
+        "--text_columns",
+        "text",
+        "--label_column",
+        "label",
+        "--epochs",
+        "1",
+        "--batch_size",
+        "4",
+        "--output_dir",
+        str(tmp_path / "out"),
+    )
     assert not code, err[-2000:]
     assert "--init gpt1_base_en (hf://openai-community/openai-gpt): the kgpt preset in" in out + err
     assert os.path.isfile(tmp_path / "out" / "metrics.json")
@@ -180,9 +200,24 @@ def test_a_dry_run_checks_a_hub_start_without_downloading_weights(served, arrays
     served.commit(REPO, openai_gpt_files(arrays))
     rows = ["text,label"] + [f"{'abc ' * (i * 4)}{i},{'pos' if i % 2 else 'neg'}" for i in range(8)]
     (tmp_path / "train.csv").write_text("\n".join(rows) + "\n")
-    code, out, err = cli(monkeypatch, capsys, train, "--task", "text-classification", "--init", "gpt1_base_en",
-                         "--train_file", str(tmp_path / "train.csv"), "--text_columns", "text", "--label_column",
-                         "label", "--output_dir", str(tmp_path / "out"), "--dry_run")
+    code, out, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task",
+        "text-classification",
+        "--init",
+        "gpt1_base_en",
+        "--train_file",
+        str(tmp_path / "train.csv"),
+        "--text_columns",
+        "text",
+        "--label_column",
+        "label",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--dry_run",
+    )
     assert code in (0, None), err[-2000:]
     assert "openai-gpt files (model.safetensors), downloaded and converted on first use" in out
     assert served.count(r"model\.safetensors") == 0
@@ -193,16 +228,18 @@ def test_a_dry_run_checks_a_hub_start_without_downloading_weights(served, arrays
 
 # --- what goes wrong, each one line naming the repository ---------------------------------------------------------
 
+
 def test_bad_repositories_are_named(served, arrays):
     served.commit(REPO, openai_gpt_files(arrays))
     served.commit("secret/model", openai_gpt_files(arrays), private=True)
-    gpt2 = {"config.json": json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}).encode(),
-            "model.safetensors": b"x"}
+    gpt2 = {
+        "config.json": json.dumps({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}).encode(),
+        "model.safetensors": b"x",
+    }
     served.commit("openai-community/gpt2", gpt2)
     pickled = {k: v for k, v in openai_gpt_files(arrays).items() if k != "model.safetensors"}
     served.commit("old/pickled-gpt", pickled)
-    keras_hub_preset = {"config.json": json.dumps({"registered_name": "keras_hub>GPT2Backbone",
-                                                   "config": {}}).encode()}
+    keras_hub_preset = {"config.json": json.dumps({"registered_name": "keras_hub>GPT2Backbone", "config": {}}).encode()}
     served.commit("someone/gpt2-keras", keras_hub_preset)
     served.commit("someone/no-config", {"README.md": b"hi"})
     cases = [
@@ -307,8 +344,12 @@ def test_a_conversion_killed_by_sigkill_is_redone_never_read(served, arrays, tmp
     from hub_server import environment
 
     served.commit(REPO, openai_gpt_files(arrays))
-    process = subprocess.Popen([sys.executable, "-c", KILLED_CONVERSION], stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, **environment(served, tmp_path)})
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_CONVERSION],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **environment(served, tmp_path)},
+    )
     try:
         assert process.stdout.readline().strip() == "converting"  # bounded: the child sleeps, then ends
     finally:
@@ -376,8 +417,9 @@ def test_a_converted_folder_missing_its_marker_is_converted_again(served, arrays
     again = kgpt.GPTBackbone.from_preset(f"hf://{REPO}")
     assert "lacks its kgpt-converted.json" in caplog.text
     assert os.path.isfile(os.path.join(folder, "kgpt-converted.json"))
-    np.testing.assert_array_equal(to_numpy(first.token_embedding.embeddings),
-                                  to_numpy(again.token_embedding.embeddings))
+    np.testing.assert_array_equal(
+        to_numpy(first.token_embedding.embeddings), to_numpy(again.token_embedding.embeddings)
+    )
 
 
 def test_the_cache_folder_expands_a_tilde(monkeypatch, tmp_path):

@@ -40,8 +40,11 @@ def imported_modules(source, name, is_package, modules):
 
 def import_graph():
     paths = {module_name(p): p for p in ROOT.rglob("*.py")}
-    return {name: imported_modules(path.read_text(), name, path.name == "__init__.py", paths)
-            for name, path in paths.items() if name != "kgpt"}
+    return {
+        name: imported_modules(path.read_text(), name, path.name == "__init__.py", paths)
+        for name, path in paths.items()
+        if name != "kgpt"
+    }
 
 
 def cycles(graph):
@@ -96,7 +99,21 @@ def path_within(graph, group):
 # Bottom to top; a module may import its own layer and the layers below. The modules at the package's
 # root are the base (errors, logging, child processes) except `testing`, the plugin authors' helpers,
 # which sits on top with the facade. The order and what each layer holds is CONTRIBUTING.md's layer map.
-LAYERS = ["base", "io", "data", "tokenizers", "tasks", "parallel", "layers", "models", "train", "analysis", "jobs", "cli", "testing"]
+LAYERS = [
+    "base",
+    "io",
+    "data",
+    "tokenizers",
+    "tasks",
+    "parallel",
+    "layers",
+    "models",
+    "train",
+    "analysis",
+    "jobs",
+    "cli",
+    "testing",
+]
 
 
 def layer(module):
@@ -108,8 +125,12 @@ def layer(module):
 
 def upward_imports(graph):
     """`a -> b` for each import of a module `b` in a layer above `a`'s."""
-    return sorted(f"{a} ({layer(a)}) -> {b} ({layer(b)})" for a, imported in graph.items() for b in imported
-                  if LAYERS.index(layer(b)) > LAYERS.index(layer(a)))
+    return sorted(
+        f"{a} ({layer(a)}) -> {b} ({layer(b)})"
+        for a, imported in graph.items()
+        for b in imported
+        if LAYERS.index(layer(b)) > LAYERS.index(layer(a))
+    )
 
 
 def test_every_folder_of_kgpt_has_its_place_in_the_layers():
@@ -142,10 +163,17 @@ def code_lines(source):
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 docstrings.update(range(first.lineno, first.end_lineno + 1))
-    return sum(1 for number, line in enumerate(source.splitlines(), 1)
-               if line.strip() and not line.strip().startswith("#") and number not in docstrings)
+    return sum(
+        1
+        for number, line in enumerate(source.splitlines(), 1)
+        if line.strip() and not line.strip().startswith("#") and number not in docstrings
+    )
 
 
 def test_no_module_of_kgpt_holds_over_500_lines_of_code():
@@ -168,12 +196,17 @@ def test_code_lines_leave_out_docstrings_comments_and_blank_lines():
 def test_the_checker_finds_a_cycle_hidden_in_a_function():
     graph = {"kgpt.a": {"kgpt.b"}, "kgpt.b": {"kgpt.c"}, "kgpt.c": {"kgpt.a"}, "kgpt.d": {"kgpt.a"}}
     assert cycles(graph) == [["kgpt.a", "kgpt.b", "kgpt.c", "kgpt.a"]]
-    source = ('"""import kgpt.errors"""\n\ndef f():\n    from kgpt.tasks import task, nothing\n'
-              "    from ..data import readers\n    import numpy\n")
+    source = (
+        '"""import kgpt.errors"""\n\ndef f():\n    from kgpt.tasks import task, nothing\n'
+        "    from ..data import readers\n    import numpy\n"
+    )
     modules = {"kgpt.tasks.task", "kgpt.tasks", "kgpt.data.readers", "kgpt.errors"}
     # As kgpt/analysis/m.py, `..` is kgpt; the docstring's import is no import, numpy is not kgpt.
     assert imported_modules(source, "kgpt.analysis.m", False, modules) == {
-        "kgpt.tasks.task", "kgpt.tasks", "kgpt.data.readers"}
+        "kgpt.tasks.task",
+        "kgpt.tasks",
+        "kgpt.data.readers",
+    }
 
 
 def test_no_import_cycles_among_kgpt_modules():

@@ -7,21 +7,43 @@ import tensorflow as tf
 from kgpt.data import inputs_kind
 
 
-@pytest.mark.parametrize("x, text", [
-    ("a film", True), (b"a film", True), (["a", b"b"], True), (("a", "b"), True),
-    (np.array(["a", "b"]), True), (tf.constant(["a"]), True),
-    ([], False), (["a", 1], False), ([[1, 2]], False), (np.array([[1, 2]]), False), (tf.constant([1]), False),
-    ({"token_ids": np.ones((1, 2))}, False),
-])
+@pytest.mark.parametrize(
+    "x, text",
+    [
+        ("a film", True),
+        (b"a film", True),
+        (["a", b"b"], True),
+        (("a", "b"), True),
+        (np.array(["a", "b"]), True),
+        (tf.constant(["a"]), True),
+        ([], False),
+        (["a", 1], False),
+        ([[1, 2]], False),
+        (np.array([[1, 2]]), False),
+        (tf.constant([1]), False),
+        ({"token_ids": np.ones((1, 2))}, False),
+    ],
+)
 def test_is_text(x, text):
     assert inputs_kind.is_text(x) is text
 
 
-@pytest.mark.parametrize("x, text", [
-    (["a", "b"], True), ([], True), ([["premise", "hypothesis"]], True), ((["p"], ["h"]), True),
-    (np.array(["a"], dtype=object), True), (tf.constant([["a", "b"]]), True),
-    (b"bytes", False), ((), False), ([[1, 2]], False), (np.array([1, 2]), False), (None, False),
-])
+@pytest.mark.parametrize(
+    "x, text",
+    [
+        (["a", "b"], True),
+        ([], True),
+        ([["premise", "hypothesis"]], True),
+        ((["p"], ["h"]), True),
+        (np.array(["a"], dtype=object), True),
+        (tf.constant([["a", "b"]]), True),
+        (b"bytes", False),
+        ((), False),
+        ([[1, 2]], False),
+        (np.array([1, 2]), False),
+        (None, False),
+    ],
+)
 def test_is_text_columns(x, text):
     assert inputs_kind.is_text_columns(x) is text
 

@@ -16,8 +16,9 @@ HEAVY = ("keras", "tensorflow", "jax", "keras_hub")
 
 def python(code, cwd=None):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, cwd=cwd, timeout=300
+    )
 
 
 def test_every_config_field_has_a_flag_and_every_flag_a_field():
@@ -74,7 +75,8 @@ def test_a_recipe_fills_the_flags_not_given(capsys, progress):
         flags.FLAGS.unparse_flags()
     assert config.max_steps == 7 and config.corpus == "books"  # given: kept
     assert {k: getattr(config, k) for k in recipe["lm"] if k != "max_steps"} == {
-        k: v for k, v in recipe["lm"].items() if k != "max_steps"}
+        k: v for k, v in recipe["lm"].items() if k != "max_steps"
+    }
     printed = capsys.readouterr().out
     assert "--recipe cpu-small: its settings" in printed and "max_steps" not in printed
     flags.FLAGS(["kgpt-train", "--task=lm", "--recipe=cpu-small"])
@@ -94,14 +96,19 @@ def test_a_recipe_fills_the_flags_not_given(capsys, progress):
         assert config.batch_size == recipe["finetune"]["batch_size"]
 
 
-@pytest.mark.parametrize("argv, expected", [
-    # A recipe's 4 transformer blocks are not 4 LSTM layers: its own LSTM sizes replace them.
-    (["--recipe=cpu-small", "--corpus=books"], config_lib.RECIPES["cpu-small"]["lstm"]),
-    ([], {k: v for k, v in config_lib.DEMO_LSTM.items() if k != "architecture"}),  # the demo's, not its 2 blocks
-    (["--corpus=books"], config_lib.PAPER_LSTM),  # not the transformer's 12
-    (["--recipe=cpu-small", "--corpus=books", "--num_layers=2", "--lstm_units=64"],
-     {"num_layers": 2, "lstm_units": 64}),  # given: kept
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        # A recipe's 4 transformer blocks are not 4 LSTM layers: its own LSTM sizes replace them.
+        (["--recipe=cpu-small", "--corpus=books"], config_lib.RECIPES["cpu-small"]["lstm"]),
+        ([], {k: v for k, v in config_lib.DEMO_LSTM.items() if k != "architecture"}),  # the demo's, not its 2 blocks
+        (["--corpus=books"], config_lib.PAPER_LSTM),  # not the transformer's 12
+        (
+            ["--recipe=cpu-small", "--corpus=books", "--num_layers=2", "--lstm_units=64"],
+            {"num_layers": 2, "lstm_units": 64},
+        ),  # given: kept
+    ],
+)
 def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, progress, argv, expected):
     from absl import flags
 
@@ -114,7 +121,10 @@ def test_an_lstm_gets_lstm_sizes_not_the_transformers(capsys, progress, argv, ex
     finally:
         flags.FLAGS.unparse_flags()
     assert (config.architecture, config.num_layers, config.lstm_units) == (
-        "lstm", expected["num_layers"], expected["lstm_units"])
+        "lstm",
+        expected["num_layers"],
+        expected["lstm_units"],
+    )
     assert overrides == {k: v for k, v in expected.items() if f"--{k}={v}" not in argv}
     assert ("The LSTM:" in capsys.readouterr().out) == bool(overrides)
 
@@ -141,7 +151,8 @@ def test_configs_are_frozen(cls):
 def test_jobs_share_their_common_fields_once():
     pre, fine = config_lib.PretrainConfig(), config_lib.FinetuneConfig()
     shared = {f.name for f in dataclasses.fields(config_lib.RunConfig)} | {
-        f.name for f in dataclasses.fields(config_lib.ModelConfig)}
+        f.name for f in dataclasses.fields(config_lib.ModelConfig)
+    }
     assert shared <= {f.name for f in dataclasses.fields(pre)} & {f.name for f in dataclasses.fields(fine)}
     assert (pre.batch_size, pre.learning_rate, pre.checkpoint_every) == (64, 2.5e-4, 500)  # paper, section 4.1
     assert (fine.batch_size, fine.learning_rate, fine.checkpoint_every) == (None, 6.25e-5, 0)
@@ -177,10 +188,18 @@ def test_no_module_of_kgpt_sets_a_flag():
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            targets = node.targets if isinstance(node, ast.Assign) else \
-                [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
-            found += [f"{path.relative_to(root.parent)}:{node.lineno}" for target in targets
-                      if isinstance(target, (ast.Attribute, ast.Subscript)) and "FLAGS" in ast.unparse(target)]
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
+            found += [
+                f"{path.relative_to(root.parent)}:{node.lineno}"
+                for target in targets
+                if isinstance(target, (ast.Attribute, ast.Subscript)) and "FLAGS" in ast.unparse(target)
+            ]
     assert not found, f"flags set after parsing: {found}"
 
 
@@ -208,8 +227,8 @@ def test_help_imports_no_keras(command):
 
 
 def test_analyze_rows_are_table5s():
-    from kgpt.jobs import experiments
     from kgpt.cli import analyze
+    from kgpt.jobs import experiments
 
     assert analyze.TABLE5_ROWS == tuple(experiments.TABLE5)
 
@@ -251,15 +270,18 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
     assert result.stdout.split() == ["GPTBackbone"]
 
 
-@pytest.mark.parametrize("job, field, value, message", [
-    ("pretrain", "batch_size", 0, "batch_size must be an integer >= 1, got 0."),
-    ("pretrain", "num_merges", -1, "num_merges must be an integer >= 0, got -1."),
-    ("pretrain", "max_steps", 2.5, "max_steps must be an integer, got 2.5 (float)."),
-    ("pretrain", "gradient_accumulation_steps", True, "gradient_accumulation_steps must be an integer, got True"),
-    ("finetune", "max_length", 0, "max_length must be an integer >= 1, got 0."),
-    ("finetune", "epochs", -1, "epochs must be an integer >= 0, got -1."),
-    ("finetune", "startup_timeout", 0, "startup_timeout must be an integer >= 1, got 0."),
-])
+@pytest.mark.parametrize(
+    "job, field, value, message",
+    [
+        ("pretrain", "batch_size", 0, "batch_size must be an integer >= 1, got 0."),
+        ("pretrain", "num_merges", -1, "num_merges must be an integer >= 0, got -1."),
+        ("pretrain", "max_steps", 2.5, "max_steps must be an integer, got 2.5 (float)."),
+        ("pretrain", "gradient_accumulation_steps", True, "gradient_accumulation_steps must be an integer, got True"),
+        ("finetune", "max_length", 0, "max_length must be an integer >= 1, got 0."),
+        ("finetune", "epochs", -1, "epochs must be an integer >= 0, got -1."),
+        ("finetune", "startup_timeout", 0, "startup_timeout must be an integer >= 1, got 0."),
+    ],
+)
 def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, value, message):
     from kgpt.errors import ConfigError
     from kgpt.jobs import finetune, pretrain

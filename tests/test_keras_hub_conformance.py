@@ -8,7 +8,6 @@ its own BPE tokenizer, which lower-cases and has no end-of-text token).
 """
 
 import os
-import tempfile
 
 import keras
 import numpy as np
@@ -27,8 +26,9 @@ TEXTS = ["a cab", "bad ace"]  # lower case, one space between words: GPT-1's det
 
 
 def tiny_backbone(vocabulary_size, max_sequence_length=LENGTH, **overrides):
-    return kgpt.GPTBackbone(vocabulary_size=vocabulary_size, max_sequence_length=max_sequence_length,
-                            **{**SIZES, **overrides})
+    return kgpt.GPTBackbone(
+        vocabulary_size=vocabulary_size, max_sequence_length=max_sequence_length, **{**SIZES, **overrides}
+    )
 
 
 # keras-hub's helpers call the models eagerly at several new shapes and dtypes, and compile predict and fit
@@ -49,9 +49,14 @@ class BackboneTest(test_case.TestCase):
     def test_backbone_basics(self):
         # Eager calls at three lengths, predict on arrays and a dataset: ~7 s on JAX (mostly the eager calls),
         # ~1 s on TensorFlow.
-        self.run_backbone_test(cls=kgpt.GPTBackbone, init_kwargs=self.init_kwargs, input_data=self.input_data,
-                               expected_output_shape=(2, 4, 4), run_mixed_precision_check=False,
-                               run_quantization_check=False)
+        self.run_backbone_test(
+            cls=kgpt.GPTBackbone,
+            init_kwargs=self.init_kwargs,
+            input_data=self.input_data,
+            expected_output_shape=(2, 4, 4),
+            run_mixed_precision_check=False,
+            run_quantization_check=False,
+        )
 
     # The rest of keras-hub's backbone checks (what run_backbone_test runs with its default arguments beyond
     # test_backbone_basics): eager calls under three mixed-precision policies and as int8 and float8 copies.
@@ -72,23 +77,23 @@ class BackboneTest(test_case.TestCase):
         backbone = kgpt.GPTBackbone(**self.init_kwargs)
         preset = os.path.join(self.get_temp_dir(), "backbone")
         backbone.save_to_preset(preset)
-        self.run_preset_test(cls=kgpt.GPTBackbone, preset=preset, input_data=self.input_data,
-                             expected_output=backbone(self.input_data))
+        self.run_preset_test(
+            cls=kgpt.GPTBackbone, preset=preset, input_data=self.input_data, expected_output=backbone(self.input_data)
+        )
 
 
 class TokenizerTest(test_case.TestCase):
     def test_tokenizer_basics(self):
         tokenizer = char_tokenizer()
-        self.run_preprocessing_layer_test(cls=kgpt.GPTTokenizer,
-                                          init_kwargs={"encoder": tokenizer.encoder, "merges": []},
-                                          input_data=TEXTS)
+        self.run_preprocessing_layer_test(
+            cls=kgpt.GPTTokenizer, init_kwargs={"encoder": tokenizer.encoder, "merges": []}, input_data=TEXTS
+        )
 
     def test_preset(self):
         preset = os.path.join(self.get_temp_dir(), "tokenizer")
         tokenizer = char_tokenizer()
         tokenizer.save_to_preset(preset)
-        self.run_preset_test(cls=kgpt.GPTTokenizer, preset=preset, input_data=TEXTS,
-                             expected_output=tokenizer(TEXTS))
+        self.run_preset_test(cls=kgpt.GPTTokenizer, preset=preset, input_data=TEXTS, expected_output=tokenizer(TEXTS))
 
 
 class CausalLMPreprocessorTest(test_case.TestCase):
@@ -98,8 +103,9 @@ class CausalLMPreprocessorTest(test_case.TestCase):
     def test_preprocessor_basics(self):
         tokenizer = self.init_kwargs["tokenizer"]
         ids = tokenizer.encode(TEXTS[0])
-        x, y, sample_weight = self.run_preprocessor_test(cls=kgpt.GPTCausalLMPreprocessor,
-                                                         init_kwargs=self.init_kwargs, input_data=[TEXTS[0]])
+        x, y, sample_weight = self.run_preprocessor_test(
+            cls=kgpt.GPTCausalLMPreprocessor, init_kwargs=self.init_kwargs, input_data=[TEXTS[0]]
+        )
         # GPT-1 adds no start or end token by default (it was pre-trained on running text).
         padded = ids + [0] * (LENGTH + 1 - len(ids))
         self.assertAllEqual(x["token_ids"], [padded[:-1]])
@@ -125,8 +131,12 @@ class CausalLMTest(test_case.TestCase):
         # One block: nothing the helper checks depends on the depth, and each block adds to every program it
         # traces and compiles.
         init_kwargs = {**self.init_kwargs, "backbone": tiny_backbone(self.vocabulary_size, num_layers=1)}
-        self.run_task_test(cls=kgpt.GPTCausalLM, init_kwargs=init_kwargs, train_data=self.train_data,
-                           expected_output_shape=(2, LENGTH, self.vocabulary_size))
+        self.run_task_test(
+            cls=kgpt.GPTCausalLM,
+            init_kwargs=init_kwargs,
+            train_data=self.train_data,
+            expected_output_shape=(2, LENGTH, self.vocabulary_size),
+        )
 
     def test_generate(self):
         lm = kgpt.GPTCausalLM(**self.init_kwargs)
@@ -144,8 +154,9 @@ class CausalLMTest(test_case.TestCase):
         lm = kgpt.GPTCausalLM(**self.init_kwargs)
         preset = os.path.join(self.get_temp_dir(), "causal_lm")
         lm.save_to_preset(preset)
-        self.run_preset_test(cls=kgpt.GPTCausalLM, preset=preset, input_data=self.input_data,
-                             expected_output=lm(self.input_data))
+        self.run_preset_test(
+            cls=kgpt.GPTCausalLM, preset=preset, input_data=self.input_data, expected_output=lm(self.input_data)
+        )
 
     def _prompts(self):
         prompts = self.preprocessor.generate_preprocess(TEXTS)
@@ -173,8 +184,9 @@ class CausalLMTest(test_case.TestCase):
             seen[i] = ops.shape(x)
             return x
 
-        scores = lm.score(token_ids=token_ids, padding_mask=padding_mask, scoring_mode="logits",
-                          layer_intercept_fn=intercept)
+        scores = lm.score(
+            token_ids=token_ids, padding_mask=padding_mask, scoring_mode="logits", layer_intercept_fn=intercept
+        )
         self.assertEqual(seen, {i: (2, LENGTH, 4) for i in (-1, 0, 1)})
         self.assertEqual(ops.shape(scores), (2, LENGTH, self.vocabulary_size))
 
@@ -193,16 +205,21 @@ def task_preprocessor():
 
 class TaskPreprocessorTest(test_case.TestCase):
     def setUp(self):
-        self.init_kwargs = {"tokenizer": char_tokenizer(), "transform": transforms.Classification(),
-                            "sequence_length": LENGTH}
+        self.init_kwargs = {
+            "tokenizer": char_tokenizer(),
+            "transform": transforms.Classification(),
+            "sequence_length": LENGTH,
+        }
 
     # keras-hub's helper wants every output padded to sequence_length; kgpt pads each batch to its longest view
     # (length-bucketed batches are how fine-tuning stays fast), so the direct call and a ragged batch differ.
-    @pytest.mark.xfail(strict=True, reason="GPTTaskPreprocessor pads each batch to its longest view, not to "
-                                           "sequence_length")
+    @pytest.mark.xfail(
+        strict=True, reason="GPTTaskPreprocessor pads each batch to its longest view, not to sequence_length"
+    )
     def test_preprocessor_basics(self):
-        self.run_preprocessor_test(cls=kgpt.GPTTaskPreprocessor, init_kwargs=self.init_kwargs,
-                                   input_data=(TEXTS, np.array([1, 0])))
+        self.run_preprocessor_test(
+            cls=kgpt.GPTTaskPreprocessor, init_kwargs=self.init_kwargs, input_data=(TEXTS, np.array([1, 0]))
+        )
 
 
 class TaskModelTest(test_case.TestCase):
@@ -218,8 +235,9 @@ class TaskModelTest(test_case.TestCase):
         # train step, which the `classifier` fixture's test then loads), ~6 s on TensorFlow (tracing three fits).
         # One block, as in test_causal_lm_basics.
         init_kwargs = {**self.init_kwargs, "backbone": tiny_backbone(self.backbone.vocabulary_size, num_layers=1)}
-        self.run_task_test(cls=kgpt.GPTTaskModel, init_kwargs=init_kwargs, train_data=self.train_data,
-                           expected_output_shape=(2, 2))
+        self.run_task_test(
+            cls=kgpt.GPTTaskModel, init_kwargs=init_kwargs, train_data=self.train_data, expected_output_shape=(2, 2)
+        )
 
     def test_saved_model(self):
         input_data = self.preprocessor(TEXTS)
@@ -228,11 +246,14 @@ class TaskModelTest(test_case.TestCase):
 
 # --- kgpt's own checks beside keras-hub's: values, not only shapes -----------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def lm():
     tokenizer = char_tokenizer()
-    return kgpt.GPTCausalLM(tiny_backbone(tokenizer.vocabulary_size()),
-                            preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=LENGTH))
+    return kgpt.GPTCausalLM(
+        tiny_backbone(tokenizer.vocabulary_size()),
+        preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=LENGTH),
+    )
 
 
 def _ids(lm):
@@ -262,8 +283,9 @@ def test_layer_intercept_fn_changes_what_follows(lm):
         calls.append(i)
         return ops.zeros_like(x) if i == lm.backbone.num_layers - 1 else x
 
-    zeroed = ops.convert_to_numpy(lm.score(token_ids, padding_mask, scoring_mode="logits",
-                                           layer_intercept_fn=zero_last_block))
+    zeroed = ops.convert_to_numpy(
+        lm.score(token_ids, padding_mask, scoring_mode="logits", layer_intercept_fn=zero_last_block)
+    )
     assert calls == [-1, 0, 1]
     assert not np.allclose(plain, zeroed)
     np.testing.assert_allclose(zeroed, 0.0, atol=1e-6)  # zero states through the tied head: zero logits
@@ -277,35 +299,45 @@ def test_score_gradients_reach_the_intercepted_embeddings(lm):
 
         kept = {}
         with tf.GradientTape() as tape:
+
             def watch(x, i):
                 if i == -1:
                     tape.watch(x)
                     kept["embeddings"] = x
                 return x
 
-            loss = lm.score(token_ids, padding_mask, scoring_mode="loss", layer_intercept_fn=watch,
-                            target_ids=targets)
+            loss = lm.score(token_ids, padding_mask, scoring_mode="loss", layer_intercept_fn=watch, target_ids=targets)
         grads = tape.gradient(loss, kept["embeddings"])
     else:
         import jax
 
         def total(delta):
-            return ops.sum(lm.score(token_ids, padding_mask, scoring_mode="loss", target_ids=targets,
-                                    layer_intercept_fn=lambda x, i: x + delta if i == -1 else x))
+            return ops.sum(
+                lm.score(
+                    token_ids,
+                    padding_mask,
+                    scoring_mode="loss",
+                    target_ids=targets,
+                    layer_intercept_fn=lambda x, i: x + delta if i == -1 else x,
+                )
+            )
 
         grads = jax.jit(jax.grad(total))(np.zeros((2, LENGTH, 4), "float32"))  # one program: eager grad is slow
     grads = ops.convert_to_numpy(grads)
     assert grads.shape == (2, LENGTH, 4) and np.isfinite(grads).all() and np.abs(grads).sum() > 0
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(scoring_mode="probs"), r"scoring_mode must be 'log_probs' \(kgpt's\), 'logits' or 'loss'"),
-    (dict(scoring_mode="loss"), r"scoring_mode='loss' needs target_ids"),
-    (dict(scoring_mode="loss", target_ids=np.zeros((1, 3), "int32")), r"target_ids must have the shape"),
-    (dict(scoring_mode="loss", target_ids=np.full((2, LENGTH), 10**6)), r"target_ids"),
-    (dict(target_ids=np.zeros((2, LENGTH), "int32")), r"target_ids is for scoring_mode='logits' or 'loss'"),
-    (dict(scoring_mode="logits", layer_intercept_fn=3), r"layer_intercept_fn must be a function"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(scoring_mode="probs"), r"scoring_mode must be 'log_probs' \(kgpt's\), 'logits' or 'loss'"),
+        (dict(scoring_mode="loss"), r"scoring_mode='loss' needs target_ids"),
+        (dict(scoring_mode="loss", target_ids=np.zeros((1, 3), "int32")), r"target_ids must have the shape"),
+        (dict(scoring_mode="loss", target_ids=np.full((2, LENGTH), 10**6)), r"target_ids"),
+        (dict(target_ids=np.zeros((2, LENGTH), "int32")), r"target_ids is for scoring_mode='logits' or 'loss'"),
+        (dict(scoring_mode="logits", layer_intercept_fn=3), r"layer_intercept_fn must be a function"),
+    ],
+)
 def test_score_refuses_bad_keras_hub_arguments(lm, kwargs, message):
     token_ids, padding_mask = _ids(lm)
     with pytest.raises((ValueError, TypeError), match=message):
@@ -326,13 +358,17 @@ def test_quantization_pre_block_output_is_the_forward_passs(lm):
 
 # --- text in tf.data: the task model and the task preprocessor ---------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def classifier():
     preprocessor = task_preprocessor()
     # One block and the default compile, as test_classifier_basics: fit, evaluate and predict on batches of the
     # same two texts are the same XLA programs there, which JAX then loads from its compilation cache.
-    return kgpt.GPTTaskModel(tiny_backbone(preprocessor.tokenizer.vocabulary_size(), num_layers=1),
-                             heads.ClassificationHead(["neg", "pos"]), preprocessor=preprocessor)
+    return kgpt.GPTTaskModel(
+        tiny_backbone(preprocessor.tokenizer.vocabulary_size(), num_layers=1),
+        heads.ClassificationHead(["neg", "pos"]),
+        preprocessor=preprocessor,
+    )
 
 
 def test_task_model_fits_evaluates_and_predicts_on_a_dataset_of_strings(classifier):
@@ -344,8 +380,9 @@ def test_task_model_fits_evaluates_and_predicts_on_a_dataset_of_strings(classifi
     # Label indices work as label names do, and the loss is that of the same texts given as a list.
     by_index = tf.data.Dataset.from_tensor_slices((texts, [1, 0])).batch(2)
     loss = classifier.evaluate(by_index, verbose=0, return_dict=True)["loss"]
-    np.testing.assert_allclose(loss, classifier.evaluate(texts, names, batch_size=2, verbose=0,
-                                                         return_dict=True)["loss"], rtol=1e-5)
+    np.testing.assert_allclose(
+        loss, classifier.evaluate(texts, names, batch_size=2, verbose=0, return_dict=True)["loss"], rtol=1e-5
+    )
     logits = classifier.predict(tf.data.Dataset.from_tensor_slices(texts).batch(2), verbose=0)
     np.testing.assert_allclose(logits, classifier.predict(texts), atol=1e-6)
 
@@ -359,8 +396,11 @@ def test_a_dataset_of_strings_is_refused_when_it_cannot_train(classifier):
         classifier.fit(tf.data.Dataset.from_tensor_slices((TEXTS, [0, 1])))
     with pytest.raises(ValueError, match=r"dataset label 1: .*'maybe'"):
         classifier.fit(tf.data.Dataset.from_tensor_slices((TEXTS, ["pos", "maybe"])).batch(2))
-    pairs = kgpt.GPTTaskModel(classifier.backbone, heads.ClassificationHead(["a", "b"]), preprocessor=kgpt.GPTTaskPreprocessor(
-        char_tokenizer(), transforms.Entailment(), max_length=LENGTH))
+    pairs = kgpt.GPTTaskModel(
+        classifier.backbone,
+        heads.ClassificationHead(["a", "b"]),
+        preprocessor=kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Entailment(), max_length=LENGTH),
+    )
     with pytest.raises(ValueError, match=r"dataset example 0: entailment needs 2 text segments, got 1"):
         pairs.predict(tf.data.Dataset.from_tensor_slices(TEXTS).batch(2), verbose=0)
 
@@ -372,8 +412,11 @@ def test_task_preprocessor_runs_inside_tf_data_map():
     labels = np.array([1, 0])
     eager = preprocessor(TEXTS, labels)
     mapped = tf.data.Dataset.from_tensor_slices((TEXTS, labels)).batch(2).map(preprocessor).get_single_element()
-    keras.tree.map_structure(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), eager,
-                             keras.tree.map_structure(lambda t: t.numpy(), mapped))
+    keras.tree.map_structure(
+        lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)),
+        eager,
+        keras.tree.map_structure(lambda t: t.numpy(), mapped),
+    )
     # Unbatched: each example padded to its own length, as a batch of one is.
     for text, x in zip(TEXTS, tf.data.Dataset.from_tensor_slices(TEXTS).map(preprocessor)):
         np.testing.assert_array_equal(x["token_ids"].numpy(), preprocessor([text])["token_ids"][0])
@@ -385,6 +428,7 @@ def test_task_preprocessor_runs_inside_tf_data_map():
 
 
 # --- keras-hub's names: TextClassifier, num_classes, sequence_length ----------------------------------------------
+
 
 def test_keras_hub_text_classifier_loads_a_kgpt_task_preset(classifier, tmp_path):
     import keras_hub
@@ -398,8 +442,9 @@ def test_keras_hub_text_classifier_loads_a_kgpt_task_preset(classifier, tmp_path
 
 def test_num_classes_is_a_classifier_over_class_indices():
     preprocessor = task_preprocessor()
-    model = kgpt.GPTTaskModel(tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=3,
-                              preprocessor=preprocessor)
+    model = kgpt.GPTTaskModel(
+        tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=3, preprocessor=preprocessor
+    )
     assert model.head == heads.ClassificationHead(["0", "1", "2"])
     assert model.head.target(2) == 2  # integer labels are the classes
     backbone = model.backbone
@@ -422,8 +467,9 @@ def test_sequence_length_is_the_packed_length_and_max_length_still_loads(tmp_pat
     with pytest.raises(ValueError, match=r"name the same packed length: pass sequence_length only"):
         kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), sequence_length=6, max_length=8)
     # A preset saved before the rename holds max_length in preprocessor.json: it loads with that length.
-    model = kgpt.GPTTaskModel(tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=2,
-                              preprocessor=preprocessor)
+    model = kgpt.GPTTaskModel(
+        tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=2, preprocessor=preprocessor
+    )
     model.save_to_preset(str(tmp_path / "old"))
     path = tmp_path / "old" / "preprocessor.json"
     saved = json.loads(path.read_text())

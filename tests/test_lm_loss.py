@@ -29,11 +29,12 @@ def value_and_grads(fn):
         import jax
 
         (_, sums), grads = jax.value_and_grad(lambda h, t: (fn(h, t)[0], fn(h, t)), argnums=(0, 1), has_aux=True)(
-            HIDDEN, TABLE)
+            HIDDEN, TABLE
+        )
         return to_numpy(sums), *(to_numpy(g) for g in grads)
     import tensorflow as tf
 
-    hidden, table = tf.Variable(HIDDEN), tf.Variable(TABLE)
+    _hidden, table = tf.Variable(HIDDEN), tf.Variable(TABLE)
 
     @tf.function(input_signature=[tf.TensorSpec([None, 7, 8])])  # a dynamic batch, as in Keras' fit
     def step(h):
@@ -60,13 +61,15 @@ def test_chunked_loss_equals_plain_logits_in_value_and_gradient(chunk_size):
 @pytest.mark.parametrize("multiple", [16, 128])  # 13 rows padded to 16 (3 extra) and to 128
 def test_padding_the_vocabulary_changes_neither_value_nor_gradients(multiple):
     expected = value_and_grads(plain_sums)
-    got = value_and_grads(lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=5,
-                                                       pad_vocabulary_to=multiple))
+    got = value_and_grads(
+        lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=5, pad_vocabulary_to=multiple)
+    )
     assert got[2].shape == TABLE.shape  # the padded rows' gradient is cut off
     for e, g in zip(expected, got):
         np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
-    evaluation = chunked_lm_loss(HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=5, training=False,
-                                 pad_vocabulary_to=multiple)
+    evaluation = chunked_lm_loss(
+        HIDDEN, TABLE, TARGETS, WEIGHTS, chunk_size=5, training=False, pad_vocabulary_to=multiple
+    )
     np.testing.assert_allclose(to_numpy(evaluation), expected[0], rtol=1e-5)
     assert lm_loss.vocabulary_multiple() == 1  # on a CPU the loss pads nothing by default
     with pytest.raises(ValueError, match="pad_vocabulary_to must be an integer >= 1, got 0"):
@@ -93,9 +96,11 @@ def _train(chunk, dtype=None, validate=True):
     try:
         lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**{**TINY, "dropout": 0.0}))
         if chunk == "logits":  # Keras' own loss and metric on the full logits
-            lm.compile(optimizer=keras.optimizers.SGD(0.5),
-                       loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-                       weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()])
+            lm.compile(
+                optimizer=keras.optimizers.SGD(0.5),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()],
+            )
             assert lm._chunked_loss is None
         else:
             lm.compile(optimizer=keras.optimizers.SGD(0.5), lm_loss_chunk_size=chunk)
@@ -103,8 +108,16 @@ def _train(chunk, dtype=None, validate=True):
         mask = np.ones((10, 16), "float32")
         mask[:3, 10:] = 0
         x = {"token_ids": ids[:, :-1], "padding_mask": mask.astype("int32")}
-        history = lm.fit(x, ids[:, 1:], sample_weight=mask, batch_size=5, epochs=2, verbose=0, shuffle=False,
-                         validation_data=(x, ids[:, 1:], mask) if validate else None)
+        history = lm.fit(
+            x,
+            ids[:, 1:],
+            sample_weight=mask,
+            batch_size=5,
+            epochs=2,
+            verbose=0,
+            shuffle=False,
+            validation_data=(x, ids[:, 1:], mask) if validate else None,
+        )
         return history.history, lm.get_weights()
     finally:
         keras.config.set_dtype_policy("float32")
@@ -121,8 +134,11 @@ def test_causal_lm_trains_the_same_with_and_without_logits(trained_in_chunks_of_
     plain, plain_weights = _train("logits")
     for chunk in (7, None):  # batches of 5 x 16 tokens: 12 chunks of 7, padded by 4; or one chunk of 80
         chunked, chunked_weights = trained_in_chunks_of_7 if chunk == 7 else _train(chunk)
-        assert set(chunked) == set(plain) == {"loss", "sparse_categorical_accuracy", "val_loss",
-                                               "val_sparse_categorical_accuracy"}
+        assert (
+            set(chunked)
+            == set(plain)
+            == {"loss", "sparse_categorical_accuracy", "val_loss", "val_sparse_categorical_accuracy"}
+        )
         for key in plain:
             np.testing.assert_allclose(chunked[key], plain[key], rtol=1e-5, err_msg=f"{chunk}: {key}")
         for a, b in zip(plain_weights, chunked_weights):
@@ -137,9 +153,11 @@ def test_chunk_size_means_the_same_in_both_models():
         lm.compile(lm_loss_chunk_size=size)
         model.compile(lm_loss_chunk_size=size)
         assert lm._chunked_loss.chunk_size == model.loss["lm"].chunk_size == expected
-    for bad, error, message in ((0, ValueError, " >= 1, or None or 'auto', got 0"),
-                                (-3, ValueError, " >= 1, or None or 'auto', got -3"),
-                                (1.5, TypeError, ", or None or 'auto', got 1.5")):
+    for bad, error, message in (
+        (0, ValueError, " >= 1, or None or 'auto', got 0"),
+        (-3, ValueError, " >= 1, or None or 'auto', got -3"),
+        (1.5, TypeError, ", or None or 'auto', got 1.5"),
+    ):
         for compiled in (lm, model):
             with pytest.raises(error, match=f"lm_loss_chunk_size must be an integer{message}"):
                 compiled.compile(lm_loss_chunk_size=bad)
@@ -149,8 +167,9 @@ def test_evaluation_skips_the_lm_loss_gradients(monkeypatch):
     """Both models' compute_loss tell the LM loss whether a step trains (recorded when the step is traced)."""
     traced = []
     loop = kgpt.models.lm_loss._loop
-    monkeypatch.setattr(kgpt.models.lm_loss, "_loop", lambda *a, gradients: traced.append(gradients) or loop(
-        *a, gradients=gradients))
+    monkeypatch.setattr(
+        kgpt.models.lm_loss, "_loop", lambda *a, gradients: traced.append(gradients) or loop(*a, gradients=gradients)
+    )
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
     model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
     model.compile(optimizer=keras.optimizers.SGD(0.0), lm_loss_chunk_size=5)
@@ -210,7 +229,13 @@ def test_compile_chooses_chunking_only_with_the_default_loss():
 
 def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
-    model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), num_views=2, classifier_dropout=0.0, compile=False)
+    model = kgpt.GPTTaskModel(
+        backbone,
+        head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),
+        num_views=2,
+        classifier_dropout=0.0,
+        compile=False,
+    )
     ids = np.random.default_rng(1).integers(0, TINY["vocabulary_size"], (4, 2, 9)).astype("int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
     x["padding_mask"][0, 1, 5:] = 0
@@ -241,16 +266,18 @@ def test_padding_changes_nothing_in_bfloat16_nor_on_zero_or_already_padded_table
     """A mixed-precision step's loss (bfloat16 hidden, float32 variable), padded as on an accelerator or not."""
     rows = {"random": TABLE, "zeros": np.zeros_like(TABLE), "a multiple": np.concatenate([TABLE, TABLE[:3]])}[table]
     monkeypatch.setattr(__import__(__name__), "TABLE", rows)  # value_and_grads differentiates at TABLE
-    results = [value_and_grads(bf16_sums(lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=5,
-                                                                      pad_vocabulary_to=multiple)))
-               for multiple in (1, 8, 128)]
+    results = [
+        value_and_grads(
+            bf16_sums(lambda h, t: chunked_lm_loss(h, t, TARGETS, WEIGHTS, chunk_size=5, pad_vocabulary_to=multiple))  # noqa: B023 - called at once, in this iteration
+        )
+        for multiple in (1, 8, 128)
+    ]
     for got in results[1:]:
         assert got[2].shape == rows.shape and got[2].dtype == np.float32
         for e, g in zip(results[0], got):
             np.testing.assert_array_equal(g, e)  # the padded rows add exact zeros: not one bit differs
     if table == "zeros":  # every real logit 0: log(13) per weighted token; argmax 0, never a padded row
-        np.testing.assert_allclose(results[1][0], [WEIGHTS.sum() * np.log(13), WEIGHTS[TARGETS == 0].sum()],
-                                   rtol=1e-6)
+        np.testing.assert_allclose(results[1][0], [WEIGHTS.sum() * np.log(13), WEIGHTS[TARGETS == 0].sum()], rtol=1e-6)
 
 
 def test_models_train_the_same_with_the_vocabulary_padded_as_on_an_accelerator(monkeypatch, trained_in_chunks_of_7):
@@ -274,7 +301,11 @@ def test_a_target_off_the_vocabulary_is_nan_padded_not_a_padded_row_s_finite_los
     targets = TARGETS.copy()
     targets[1, 2] = target
     for training in (False, True):
-        sums = to_numpy(chunked_lm_loss(HIDDEN, TABLE, targets, WEIGHTS, chunk_size=5, training=training,
-                                        pad_vocabulary_to=np.int64(128)))  # a NumPy integer is a number of rows
+        sums = to_numpy(
+            chunked_lm_loss(
+                HIDDEN, TABLE, targets, WEIGHTS, chunk_size=5, training=training, pad_vocabulary_to=np.int64(128)
+            )
+        )  # a NumPy integer is a number of rows
         assert np.isnan(sums[0]) and sums[1] == to_numpy(plain_sums(HIDDEN, TABLE))[1] - (
-            WEIGHTS[1, 2] * (TARGETS[1, 2] == np.argmax(HIDDEN[1, 2] @ TABLE.T)))
+            WEIGHTS[1, 2] * (TARGETS[1, 2] == np.argmax(HIDDEN[1, 2] @ TABLE.T))
+        )

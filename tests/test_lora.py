@@ -57,8 +57,12 @@ def trained(tmp_path_factory):
 def test_enable_lora_trains_only_the_factors_and_the_head(trained):
     model, before, _ = trained
     trainable = {v.path for v in model.trainable_weights}
-    expected = {f"transformer_layer_{i}/{layer}/{name}" for i in range(TINY["num_layers"])
-                for layer in ("query", "value") for name in ("lora_kernel_a", "lora_kernel_b")}
+    expected = {
+        f"transformer_layer_{i}/{layer}/{name}"
+        for i in range(TINY["num_layers"])
+        for layer in ("query", "value")
+        for name in ("lora_kernel_a", "lora_kernel_b")
+    }
     assert {p for p in trainable if p.startswith("transformer_layer")} == expected
     assert {p for p in trainable if not p.startswith("transformer_layer")} == {"classifier/kernel", "classifier/bias"}
     for variable in model.weights:
@@ -201,20 +205,32 @@ def test_a_checkpoint_of_a_lora_model_resumes_exactly(tmp_path):
 
 def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, capsys, progress):
     preset, data_dir = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
-    fields = dict(task="scitail", data_dir=data_dir, init=preset, output_dir=str(tmp_path / "out"), epochs=1,
-                  batch_size=8, learning_rate=1e-2, max_length=64, seed=3, lora_rank=RANK)
+    fields = dict(
+        task="scitail",
+        data_dir=data_dir,
+        init=preset,
+        output_dir=str(tmp_path / "out"),
+        epochs=1,
+        batch_size=8,
+        learning_rate=1e-2,
+        max_length=64,
+        seed=3,
+        lora_rank=RANK,
+    )
     model, results = finetune_lib.finetune(FinetuneConfig(**fields))
     log = capsys.readouterr().out
     assert f"LoRA rank {RANK} on the query and value projections: {lora.count_trainable(model):,} of" in log
     base = kgpt.GPTBackbone.from_preset(preset)
     saved = kgpt.GPTTaskModel.from_preset(str(tmp_path / "out"))
     assert not lora.lora_layers(saved)
-    changed = {a.path for a, b in zip(saved.backbone.weights, base.weights) if not np.array_equal(to_numpy(a),
-                                                                                                   to_numpy(b))}
+    changed = {
+        a.path for a, b in zip(saved.backbone.weights, base.weights) if not np.array_equal(to_numpy(a), to_numpy(b))
+    }
     # The factors merged into the query and value kernels of every block; everything else (the embedding and the
     # biases included) is the pre-trained model's.
-    assert changed == {f"transformer_layer_{i}/{name}/kernel" for i in range(TINY["num_layers"])
-                       for name in ("query", "value")}
+    assert changed == {
+        f"transformer_layer_{i}/{name}/kernel" for i in range(TINY["num_layers"]) for name in ("query", "value")
+    }
     assert json.loads((tmp_path / "out" / "run.json").read_text())["settings"]["lora_rank"] == RANK
     # The same command again restores the LoRA run's last checkpoint and scores the same model.
     predictions = (tmp_path / "out" / "predictions" / "dev.tsv").read_bytes()
@@ -230,11 +246,19 @@ def test_a_bad_lora_rank_is_a_config_error(tmp_path):
 
 
 def test_cli_refuses_a_bad_lora_rank_by_flag_name():
-    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=scitail", "--lora_rank=0"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.train", "--task=scitail", "--lora_rank=0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0 and "--lora_rank" in result.stderr and "Traceback" not in result.stderr
-    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--task=lm", "--lora_rank=4"],
-                            capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.train", "--task=lm", "--lora_rank=4"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0 and "--lora_rank only applies to fine-tuning" in result.stderr
 
 
@@ -258,18 +282,25 @@ for line in json.loads(sys.argv[2]):
 BENCHMARK = os.path.join(os.path.dirname(__file__), os.pardir, "benchmarks", "lora_int8.py")
 
 
-@pytest.mark.parametrize("program, module", [("kgpt-train", "kgpt.cli.train"), ("kgpt-predict", "kgpt.cli.predict"),
-                                             ("benchmarks/lora_int8.py", BENCHMARK)])
+@pytest.mark.parametrize(
+    "program, module",
+    [("kgpt-train", "kgpt.cli.train"), ("kgpt-predict", "kgpt.cli.predict"), ("benchmarks/lora_int8.py", BENCHMARK)],
+)
 def test_the_guide_commands_parse_with_the_cli_flags(program, module):
     import re
     import shlex
 
     text = open(GUIDE, encoding="utf-8").read()
-    lines = [shlex.split(line.split(program, 1)[1]) for block in re.findall(r"```bash\n(.*?)```", text, re.S)
-             for line in block.splitlines() if program in line and not line.lstrip().startswith("#")]
+    lines = [
+        shlex.split(line.split(program, 1)[1])
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S)
+        for line in block.splitlines()
+        if program in line and not line.lstrip().startswith("#")
+    ]
     assert lines
-    result = subprocess.run([sys.executable, "-c", PARSE, module, json.dumps(lines)], capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", PARSE, module, json.dumps(lines)], capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     parsed = [json.loads(line) for line in result.stdout.strip().splitlines()]
     assert len(parsed) == len(lines)

@@ -5,14 +5,14 @@ import os
 import random
 import shutil
 
+import gpt1_reference
 import keras
 import numpy as np
 import pytest
+from conftest import TINY, char_tokenizer, to_numpy
 
 import kgpt
 from kgpt.models.converters.original import array_names
-import gpt1_reference
-from conftest import TINY, char_tokenizer, to_numpy
 
 SIZES = dict(vocab=120, n_ctx=16, hidden=24, inner=96, n_layer=2)
 HEADS = 3
@@ -113,16 +113,34 @@ def write_huggingface(directory, arrays, n_head=HEADS, prefix=""):
     from safetensors.numpy import save_file
 
     names = ["positions_embed.weight", "tokens_embed.weight"]
-    layer = ["attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_1.weight",
-             "ln_1.bias", "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight",
-             "ln_2.bias"]
+    layer = [
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "attn.c_proj.bias",
+        "ln_1.weight",
+        "ln_1.bias",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+        "mlp.c_proj.bias",
+        "ln_2.weight",
+        "ln_2.bias",
+    ]
     n_layer = (len(arrays) - 2) // 12
     names += [f"h.{i}.{n}" for i in range(n_layer) for n in layer]
     tensors = {prefix + n: (a[0] if a.ndim == 3 else a) for n, a in zip(names, arrays)}
     os.makedirs(directory, exist_ok=True)
     save_file(tensors, os.path.join(directory, "model.safetensors"))
-    config = {"model_type": "openai-gpt", "n_layer": n_layer, "n_head": n_head, "n_embd": arrays[1].shape[1],
-              "n_positions": arrays[0].shape[0], "vocab_size": arrays[1].shape[0], "afn": "gelu"}
+    config = {
+        "model_type": "openai-gpt",
+        "n_layer": n_layer,
+        "n_head": n_head,
+        "n_embd": arrays[1].shape[1],
+        "n_positions": arrays[0].shape[0],
+        "vocab_size": arrays[1].shape[0],
+        "afn": "gelu",
+    }
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config, f)
 
@@ -153,13 +171,14 @@ def test_original_tokenizer_loads_from_a_directory(tmp_path):
 
 # --- every corrupt-file case, with its message -------------------------------
 
+
 def corrupt(path, shapes, arrays, how):
     if how == "no files":
         for name in os.listdir(path):
             os.remove(os.path.join(path, name))
     elif how == "bad json":
         with open(os.path.join(path, "params_shapes.json"), "w") as f:
-            f.write('[[16, 24], [120, 24]')
+            f.write("[[16, 24], [120, 24]")
     elif how == "array count":
         write_original(path, shapes[:-1], arrays[:-1])
     elif how == "wrong shape":

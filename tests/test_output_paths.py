@@ -21,9 +21,20 @@ from kgpt.jobs import predict
 from kgpt.jobs.rundir import RunDirectory
 
 # A tiny pre-training, should a path wrongly pass its checks.
-TINY_LM = ("--task=lm", "--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32",
-           "--sequence_length=16", "--batch_size=2", "--max_steps=1", "--warmup_steps=1", "--evaluations=1",
-           "--num_merges=20", "--sample_tokens=0")
+TINY_LM = (
+    "--task=lm",
+    "--num_layers=1",
+    "--num_heads=2",
+    "--hidden_dim=16",
+    "--intermediate_dim=32",
+    "--sequence_length=16",
+    "--batch_size=2",
+    "--max_steps=1",
+    "--warmup_steps=1",
+    "--evaluations=1",
+    "--num_merges=20",
+    "--sample_tokens=0",
+)
 
 
 def one_line(code, err, prog):
@@ -32,7 +43,7 @@ def one_line(code, err, prog):
     assert "Traceback" not in err and "USAGE" not in err, err[-3000:]
     lines = [line for line in err.splitlines() if line.startswith(f"{prog}: error: ")]
     assert len(lines) == 1, err[-3000:]
-    return lines[0][len(f"{prog}: error: "):]
+    return lines[0][len(f"{prog}: error: ") :]
 
 
 OUTPUT_DIRS = [
@@ -42,15 +53,19 @@ OUTPUT_DIRS = [
     ("file://", "--output_dir file:// names no folder: add one after the scheme (file:///PATH)."),
     ("ram://", "--output_dir ram:// names no folder: add one after the scheme (ram://NAME)."),
     ("ram:///", "--output_dir ram:/// names no folder: add one after the scheme (ram://NAME)."),
-    ("file://relative/x", "--output_dir file://relative/x: a file:// path must be absolute, file:///PATH with three "
-                          "slashes (file://relative/x names host 'relative'); or pass the local path relative/x."),
+    (
+        "file://relative/x",
+        "--output_dir file://relative/x: a file:// path must be absolute, file:///PATH with three "
+        "slashes (file://relative/x names host 'relative'); or pass the local path relative/x.",
+    ),
 ]
 
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
 @pytest.mark.parametrize("path,message", OUTPUT_DIRS, ids=[p for p, _ in OUTPUT_DIRS])
-def test_an_output_dir_the_run_cannot_use_is_one_line_and_creates_nothing(path, message, dry, monkeypatch, capsys,
-                                                                         tmp_path):
+def test_an_output_dir_the_run_cannot_use_is_one_line_and_creates_nothing(
+    path, message, dry, monkeypatch, capsys, tmp_path
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("mine\n")
     args = (*TINY_LM, f"--output_dir={path}") + (("--dry_run",) if dry else ())
@@ -69,15 +84,18 @@ def test_a_shards_dir_under_a_file_is_named_before_the_corpus_is_read(dry, monke
 
 def test_kgpt_analyze_refuses_a_remote_output_dir_in_one_line(monkeypatch, capsys, tmp_path):
     code, _, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={tmp_path}", "--output_dir=ram://x")
-    assert one_line(code, err, "kgpt-analyze") == ("--output_dir ram://x: kgpt-analyze writes a local folder (or a "
-                                                   "mounted bucket).")
+    assert one_line(code, err, "kgpt-analyze") == (
+        "--output_dir ram://x: kgpt-analyze writes a local folder (or a mounted bucket)."
+    )
 
 
 def test_a_tilde_the_shell_left_is_named(monkeypatch, capsys, tmp_path):
     monkeypatch.chdir(tmp_path)
     code, _, err = cli(monkeypatch, capsys, train, *TINY_LM, "--output_dir=~/run", "--dry_run")
-    assert one_line(code, err, "kgpt-train") == (f"--output_dir ~/run: the shell does not expand ~ after '='; pass "
-                                                 f"{os.path.expanduser('~/run')} (or --output_dir ~/run, with a space).")
+    assert one_line(code, err, "kgpt-train") == (
+        f"--output_dir ~/run: the shell does not expand ~ after '='; pass "
+        f"{os.path.expanduser('~/run')} (or --output_dir ~/run, with a space)."
+    )
     assert os.listdir(tmp_path) == []
 
 
@@ -101,17 +119,28 @@ PREDICT_OUTPUTS = [
     ("adir", "text", True, "--output adir is a folder, not a file."),
     ("adir/", "text", False, "--output adir/ ends with /, as a folder does: name a file."),
     ("old.tsv", "text", False, "--output old.tsv exists: pass --overwrite to replace it."),
-    ("p.xyz", "csv", False, "--output p.xyz: a table's predictions are written as .csv, .tsv or .jsonl, by the "
-                            "extension; name the file with one of them (or pass - for standard output)."),
-    ("p.csv", "text", False, "--output p.csv: the predictions of a text file or a task's split are a TSV; name the "
-                             "file .tsv (or pass - for standard output)."),
+    (
+        "p.xyz",
+        "csv",
+        False,
+        "--output p.xyz: a table's predictions are written as .csv, .tsv or .jsonl, by the "
+        "extension; name the file with one of them (or pass - for standard output).",
+    ),
+    (
+        "p.csv",
+        "text",
+        False,
+        "--output p.csv: the predictions of a text file or a task's split are a TSV; name the "
+        "file .tsv (or pass - for standard output).",
+    ),
     ("ram://", "csv", False, "--output ram:// names no file: add one after the scheme (ram://NAME)."),
 ]
 
 
 @pytest.mark.parametrize("output,read,overwrite,message", PREDICT_OUTPUTS, ids=[o for o, *_ in PREDICT_OUTPUTS])
-def test_a_predict_output_it_cannot_write_is_refused_naming_the_flag(output, read, overwrite, message, monkeypatch,
-                                                                     tmp_path):
+def test_a_predict_output_it_cannot_write_is_refused_naming_the_flag(
+    output, read, overwrite, message, monkeypatch, tmp_path
+):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "afile").write_text("mine\n")
     (tmp_path / "old.tsv").write_text("old\n")
@@ -128,8 +157,14 @@ def test_predict_outputs_it_writes_pass():
 
 def run_predict(folder, *args):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "kgpt.cli.predict", "--model=no_model", *args], cwd=folder, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", "--model=no_model", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
@@ -137,8 +172,10 @@ def test_kgpt_predict_refuses_an_output_in_one_line_with_the_exit_code_of_every_
     (tmp_path / "in.txt").write_text("hello\n")
     (tmp_path / "old.tsv").write_text("old\n")
     done = run_predict(tmp_path, "--input=in.txt", "--output=old.tsv", *(("--dry_run",) if dry else ()))
-    assert one_line(done.returncode, done.stderr, "kgpt-predict") == "--output old.tsv exists: pass --overwrite to " \
-                                                                     "replace it."
+    assert (
+        one_line(done.returncode, done.stderr, "kgpt-predict") == "--output old.tsv exists: pass --overwrite to "
+        "replace it."
+    )
     assert (tmp_path / "old.tsv").read_text() == "old\n"
 
 

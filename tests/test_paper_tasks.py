@@ -11,8 +11,14 @@ from kgpt.jobs import finetune_data
 from kgpt.jobs.config import FinetuneConfig
 
 REGISTRY = kgpt.TaskRegistry()
-SENTENCES = ["the cat sat on the mat.", "a dog ran far away!", "rain falls in spring.", "why is the sky blue?",
-             "she wrote a long letter.", "the train was late again."]
+SENTENCES = [
+    "the cat sat on the mat.",
+    "a dog ran far away!",
+    "rain falls in spring.",
+    "why is the sky blue?",
+    "she wrote a long letter.",
+    "the train was late again.",
+]
 
 
 def pairs(n):
@@ -42,8 +48,11 @@ def write_glue(folder, name):
             else:
                 tsv(path, None, [("gj04", i % 2, "*" if i % 2 == 0 else "", a) for i, (a, _) in enumerate(p)])
         elif name == "sst2":
-            tsv(path, ["index", "sentence"] if test else ["sentence", "label"],
-                [(i, a) if test else (a + " ", i % 2) for i, (a, _) in enumerate(p)])
+            tsv(
+                path,
+                ["index", "sentence"] if test else ["sentence", "label"],
+                [(i, a) if test else (a + " ", i % 2) for i, (a, _) in enumerate(p)],
+            )
         elif name == "mrpc":
             head = ["index" if test else "Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"]
             tsv(path, head, [(i if test else i % 2, 100 + i, 200 + i, a, b) for i, (a, b) in enumerate(p)])
@@ -51,18 +60,30 @@ def write_glue(folder, name):
             if test:
                 tsv(path, ["id", "question1", "question2"], [(i, a, b) for i, (a, b) in enumerate(p)])
             else:
-                tsv(path, ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
-                    [(i, 2 * i, 2 * i + 1, a, b, i % 2) for i, (a, b) in enumerate(p)])
+                tsv(
+                    path,
+                    ["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                    [(i, 2 * i, 2 * i + 1, a, b, i % 2) for i, (a, b) in enumerate(p)],
+                )
         elif name == "stsb":
             head = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2"]
-            tsv(path, head + ([] if test else ["score"]),
-                [(i, "main-captions", "MSRvid", "2012test", i, "none", "none", a, b)
-                 + (() if test else (f"{i % 6:.3f}",)) for i, (a, b) in enumerate(p)])
+            tsv(
+                path,
+                head + ([] if test else ["score"]),
+                [
+                    (i, "main-captions", "MSRvid", "2012test", i, "none", "none", a, b)
+                    + (() if test else (f"{i % 6:.3f}",))
+                    for i, (a, b) in enumerate(p)
+                ],
+            )
         elif name in ("qnli", "rte"):
             cols = ["question", "sentence"] if name == "qnli" else ["sentence1", "sentence2"]
             labels = ["entailment", "not_entailment"]
-            tsv(path, ["index", *cols] + ([] if test else ["label"]),
-                [(i, a, b) + (() if test else (labels[i % 2],)) for i, (a, b) in enumerate(p)])
+            tsv(
+                path,
+                ["index", *cols] + ([] if test else ["label"]),
+                [(i, a, b) + (() if test else (labels[i % 2],)) for i, (a, b) in enumerate(p)],
+            )
     return d
 
 
@@ -70,25 +91,63 @@ def write_nli(folder, name):
     d, labels = str(folder), ["entailment", "neutral", "contradiction"]
     if name == "snli":
         for split, n in (("train", 12), ("dev", 6), ("test", 6)):
-            write(os.path.join(d, f"snli_1.0_{split}.jsonl"), "".join(
-                json.dumps({"gold_label": labels[i % 3], "sentence1": a, "sentence2": b, "pairID": f"p{i}",
-                            "annotator_labels": [labels[i % 3]]}) + "\n" for i, (a, b) in enumerate(pairs(n))))
+            write(
+                os.path.join(d, f"snli_1.0_{split}.jsonl"),
+                "".join(
+                    json.dumps(
+                        {
+                            "gold_label": labels[i % 3],
+                            "sentence1": a,
+                            "sentence2": b,
+                            "pairID": f"p{i}",
+                            "annotator_labels": [labels[i % 3]],
+                        }
+                    )
+                    + "\n"
+                    for i, (a, b) in enumerate(pairs(n))
+                ),
+            )
         return d
-    head = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
-            "sentence1_parse", "sentence2_parse", "sentence1", "sentence2"]
-    for split, n in (("train", 12), ("dev_matched", 6), ("dev_mismatched", 6), ("test_matched", 3),
-                     ("test_mismatched", 3)):
+    head = [
+        "index",
+        "promptID",
+        "pairID",
+        "genre",
+        "sentence1_binary_parse",
+        "sentence2_binary_parse",
+        "sentence1_parse",
+        "sentence2_parse",
+        "sentence1",
+        "sentence2",
+    ]
+    for split, n in (
+        ("train", 12),
+        ("dev_matched", 6),
+        ("dev_mismatched", 6),
+        ("test_matched", 3),
+        ("test_mismatched", 3),
+    ):
         test = split.startswith("test")
-        tsv(os.path.join(d, f"{split}.tsv"), head + ([] if test else ["label1", "gold_label"]),
-            [(i, i, f"{i}e", "fiction", "( x )", "( y )", "(ROOT x)", "(ROOT y)", a, b)
-             + (() if test else (labels[i % 3], labels[i % 3])) for i, (a, b) in enumerate(pairs(n))])
+        tsv(
+            os.path.join(d, f"{split}.tsv"),
+            head + ([] if test else ["label1", "gold_label"]),
+            [
+                (i, i, f"{i}e", "fiction", "( x )", "( y )", "(ROOT x)", "(ROOT y)", a, b)
+                + (() if test else (labels[i % 3], labels[i % 3]))
+                for i, (a, b) in enumerate(pairs(n))
+            ],
+        )
     return d
 
 
 def race_passage(i):
-    return {"id": f"{i}.txt", "article": " ".join(SENTENCES), "questions": ["what sat on the mat?", "what ran?"],
-            "options": [["the cat", "a dog", "rain", "sky"], ["a dog", "the cat", "a train", "rain"]],
-            "answers": ["A", "B"]}
+    return {
+        "id": f"{i}.txt",
+        "article": " ".join(SENTENCES),
+        "questions": ["what sat on the mat?", "what ran?"],
+        "options": [["the cat", "a dog", "rain", "sky"], ["a dog", "the cat", "a train", "rain"]],
+        "answers": ["A", "B"],
+    }
 
 
 def write_race(folder):
@@ -100,11 +159,16 @@ def write_race(folder):
 
 
 def write_story_cloze(folder):
-    head = ("InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
-            "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2,AnswerRightEnding\n")
+    head = (
+        "InputStoryid,InputSentence1,InputSentence2,InputSentence3,InputSentence4,"
+        "RandomFifthSentenceQuiz1,RandomFifthSentenceQuiz2,AnswerRightEnding\n"
+    )
     for split, n in (("val", 8), ("test", 4)):
-        rows = "".join(f'id{i},{SENTENCES[0]},"{SENTENCES[1]}, said she",{SENTENCES[2]},{SENTENCES[3]},'
-                       f"{SENTENCES[4]},{SENTENCES[5]},{1 + i % 2}\n" for i in range(n))
+        rows = "".join(
+            f'id{i},{SENTENCES[0]},"{SENTENCES[1]}, said she",{SENTENCES[2]},{SENTENCES[3]},'
+            f"{SENTENCES[4]},{SENTENCES[5]},{1 + i % 2}\n"
+            for i in range(n)
+        )
         name = f"cloze_test_{split}__spring2016 - cloze_test_ALL_{split}.csv"
         write(os.path.join(str(folder), name), head + rows)
     return str(folder)
@@ -120,16 +184,44 @@ def write_dataset(name, folder):
     return write_story_cloze(folder)
 
 
-PAPER_TASKS = ["cola", "sst2", "mrpc", "qqp", "stsb", "qnli", "rte", "snli", "mnli", "race", "race-middle",
-               "race-high", "story-cloze", "scitail"]
+PAPER_TASKS = [
+    "cola",
+    "sst2",
+    "mrpc",
+    "qqp",
+    "stsb",
+    "qnli",
+    "rte",
+    "snli",
+    "mnli",
+    "race",
+    "race-middle",
+    "race-high",
+    "story-cloze",
+    "scitail",
+]
 
 
 def test_the_paper_datasets_are_all_listed():
     assert set(PAPER_TASKS) <= set(REGISTRY.names())
     assert not REGISTRY.problems()
     table = REGISTRY.describe()
-    for score in ("45.4 mc", "91.3 acc", "82.3 F1", "70.3 F1", "82.0 pc", "88.1 acc", "56.0 acc", "89.9 acc",
-                  "82.1 / 81.4 acc (m/mm)", "59.0 acc", "62.9 acc", "57.4 acc", "86.5 acc", "88.3 acc"):
+    for score in (
+        "45.4 mc",
+        "91.3 acc",
+        "82.3 F1",
+        "70.3 F1",
+        "82.0 pc",
+        "88.1 acc",
+        "56.0 acc",
+        "89.9 acc",
+        "82.1 / 81.4 acc (m/mm)",
+        "59.0 acc",
+        "62.9 acc",
+        "57.4 acc",
+        "86.5 acc",
+        "88.3 acc",
+    ):
         assert score in table
 
 
@@ -137,19 +229,33 @@ def test_the_paper_datasets_are_all_listed():
 def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_path):
     task = REGISTRY.get(name)
     data = write_dataset(name, tmp_path / "data")
-    config = FinetuneConfig(task=name, data_dir=data, init=tiny_preset, output_dir=str(tmp_path / "out"),
-                                         epochs=1, batch_size=4, learning_rate=1e-3, max_length=96, predict_test=True)
+    config = FinetuneConfig(
+        task=name,
+        data_dir=data,
+        init=tiny_preset,
+        output_dir=str(tmp_path / "out"),
+        epochs=1,
+        batch_size=4,
+        learning_rate=1e-3,
+        max_length=96,
+        predict_test=True,
+    )
     _, results = finetune_lib.finetune(config, registry=REGISTRY)
     metric_names = list(task.metrics)
-    scored = [s for s in task.splits[1:] if not s.startswith("test") or name in ("snli", "story-cloze")
-              or name.startswith("race")]
+    scored = [
+        s
+        for s in task.splits[1:]
+        if not s.startswith("test") or name in ("snli", "story-cloze") or name.startswith("race")
+    ]
     for split in scored:
         assert set(metric_names) <= set(results["splits"][split]), (split, results["splits"][split])
     for split, file_name in (task.submissions or {}).items():
         lines = (tmp_path / "out" / "submission" / file_name).read_text().splitlines()
         assert lines[0] == "index\tprediction"
         assert len(lines) == 1 + results["splits"][split]["examples"]["used"]
-        assert {line.split("\t")[1] for line in lines[1:]} <= set(task.labels or ()) or task.head == kgpt.tasks.heads.RegressionHead()
+        assert {line.split("\t")[1] for line in lines[1:]} <= set(
+            task.labels or ()
+        ) or task.head == kgpt.tasks.heads.RegressionHead()
 
 
 def encode(name, data, split="train"):
@@ -162,12 +268,18 @@ def test_glue_errors_name_file_and_line(tmp_path):
     data = write_glue(tmp_path / "rte", "rte")
     with open(os.path.join(data, "train.tsv"), "a") as f:
         f.write("99\tonly one sentence\tentailment\n")
-    with pytest.raises(kgpt.DataError, match=r"rte/train.tsv:14: expected 4 tab-separated fields as in the header, "
-                                             r"got 3"):
+    with pytest.raises(
+        kgpt.DataError,
+        match=r"rte/train.tsv:14: expected 4 tab-separated fields as in the header, "
+        r"got 3",
+    ):
         encode("rte", data)
     tsv(os.path.join(data, "train.tsv"), ["index", "sentence1", "sentence2", "label"], [(0, "a b", "c d", "maybe")])
-    with pytest.raises(kgpt.DataError, match=r"train.tsv:2: label 'maybe' is not one of 'entailment', "
-                                             r"'not_entailment'"):
+    with pytest.raises(
+        kgpt.DataError,
+        match=r"train.tsv:2: label 'maybe' is not one of 'entailment', "
+        r"'not_entailment'",
+    ):
         encode("rte", data)
     tsv(os.path.join(data, "train.tsv"), ["index", "premise", "hypothesis", "label"], [(0, "a", "b", "entailment")])
     with pytest.raises(kgpt.DataError, match=r"train.tsv:1: the header lacks column\(s\) sentence1, sentence2"):

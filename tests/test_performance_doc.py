@@ -60,9 +60,13 @@ def defined_flags(script):
 
 def test_the_benchmark_commands_use_their_flags():
     benchmarks = [(program, args) for _, program, args in commands() if program.startswith("benchmarks/")]
-    assert {program for program, _ in benchmarks} == {"benchmarks/finetune.py", "benchmarks/execution.py",
-                                                      "benchmarks/profile_step.py", "benchmarks/backends.py",
-                                                      "benchmarks/model.py"}
+    assert {program for program, _ in benchmarks} == {
+        "benchmarks/finetune.py",
+        "benchmarks/execution.py",
+        "benchmarks/profile_step.py",
+        "benchmarks/backends.py",
+        "benchmarks/model.py",
+    }
     assert sum(program == "benchmarks/finetune.py" for program, _ in benchmarks) >= 4
     assert sum(program == "benchmarks/execution.py" for program, _ in benchmarks) >= 4
     # backends.py passes its --finetune_args and --pretrain_args on to finetune.py and model.py: theirs are checked too.
@@ -85,8 +89,13 @@ def test_the_benchmark_commands_use_their_flags():
 def test_the_cache_commands_parse_and_pick_their_folder(tmp_path):
     train = [(environ, args) for environ, program, args in commands() if program == "kgpt-train"]
     assert len(train) == 4
-    out = subprocess.run([sys.executable, "-c", PARSE, json.dumps([args for _, args in train])], capture_output=True,
-                         text=True, check=True, cwd=ROOT)
+    out = subprocess.run(
+        [sys.executable, "-c", PARSE, json.dumps([args for _, args in train])],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+    )
     values = json.loads(out.stdout.splitlines()[-1])
     assert values == [None, "xla-cache", "none", None]
     assert [environ for environ, _ in train] == [{}, {}, {}, {"KGPT_COMPILATION_CACHE": "xla-cache"}]
@@ -95,9 +104,30 @@ def test_the_cache_commands_parse_and_pick_their_folder(tmp_path):
 
 
 # The profile's shape shrunk to a tiny model (later flags override the command's own).
-TINY_PROFILE = ["--num_layers", "1", "--hidden_dim", "16", "--num_heads", "2", "--intermediate_dim", "32",
-                "--vocabulary_size", "97", "--sequence_length", "16", "--batch_size", "4", "--steps", "2",
-                "--rounds", "1", "--warmup_steps", "1", "--top", "3"]
+TINY_PROFILE = [
+    "--num_layers",
+    "1",
+    "--hidden_dim",
+    "16",
+    "--num_heads",
+    "2",
+    "--intermediate_dim",
+    "32",
+    "--vocabulary_size",
+    "97",
+    "--sequence_length",
+    "16",
+    "--batch_size",
+    "4",
+    "--steps",
+    "2",
+    "--rounds",
+    "1",
+    "--warmup_steps",
+    "1",
+    "--top",
+    "3",
+]
 
 
 def test_the_profile_command_runs_and_reads_its_trace(tmp_path):
@@ -106,22 +136,44 @@ def test_the_profile_command_runs_and_reads_its_trace(tmp_path):
     The other commands (--ab, --xla_options) are checked for their flags above: each adds a compilation.
     """
     backend = keras.config.backend()
-    found = [args for environ, program, args in commands()
-             if program == "benchmarks/profile_step.py" and environ.get("KERAS_BACKEND") == backend]
+    found = [
+        args
+        for environ, program, args in commands()
+        if program == "benchmarks/profile_step.py" and environ.get("KERAS_BACKEND") == backend
+    ]
     assert found, f"docs/performance.md has no profile_step.py command for {backend}"
-    env = {**os.environ, "KERAS_BACKEND": backend,
-           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    out = subprocess.run([sys.executable, "benchmarks/profile_step.py", *found[0], *TINY_PROFILE,
-                          "--trace_dir", str(tmp_path / "trace")], capture_output=True, text=True, cwd=ROOT, env=env,
-                         timeout=300)
+    env = {
+        **os.environ,
+        "KERAS_BACKEND": backend,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            "benchmarks/profile_step.py",
+            *found[0],
+            *TINY_PROFILE,
+            "--trace_dir",
+            str(tmp_path / "trace"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     text = out.stdout
     assert re.search(r"step, dropout masks kgpt: [\d.]+ ms", text)
     assert ("--ab" not in found[0]) or re.search(r"A/B: masks kgpt / masks keras, .*: [\d.]+x", text)
     rows = dict(re.findall(r"^\| ([^|]+?) \| [\d.]+ \| [\d.]+ \| [\d.]+ \| ([\d.]+) \|", text, re.M))
     # The model's work is attributed: the dense layers, attention, layer norm and the optimizer take time.
-    for name in ("dense layers: matmuls and biases", "attention: scores, mask, softmax, x values", "layer norm",
-                 "optimizer update"):
+    for name in (
+        "dense layers: matmuls and biases",
+        "attention: scores, mask, softmax, x values",
+        "layer norm",
+        "optimizer update",
+    ):
         assert name in rows, (name, text)
     assert sum(map(float, rows.values())) > 0
     assert list((tmp_path / "trace").glob("**/plugins/profile/*/*.xplane.pb"))
@@ -170,5 +222,6 @@ metadata={op_name="jit(train_step)/jvp(compile_loss)/while/body/reduce"}
     assert classes["copy.3"] == "dropout: random bits"  # a copy of the RNG loop's uint32 state
     assert classes["reduce_fusion"].startswith("LM loss")
     assert step_profile.direction("jit(train_step)/transpose(jvp(gpt_backbone))/x") == "backward"
-    assert step_profile.classify("StatefulPartitionedCall/m/gpt_backbone_1/transformer_layer_1_1/transpose_2",
-                                 "_MklTranspose").startswith("attention")
+    assert step_profile.classify(
+        "StatefulPartitionedCall/m/gpt_backbone_1/transformer_layer_1_1/transpose_2", "_MklTranspose"
+    ).startswith("attention")

@@ -34,7 +34,7 @@ def section(title):
     text = DOC.read_text()
     start = text.index(f"\n## {title}")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end > 0 else None]
+    return text[start : end if end > 0 else None]
 
 
 def first_column(text):
@@ -75,15 +75,23 @@ def test_the_example_plugin_passes_its_own_contract_test(installed, tmp_path):
 def test_the_pages_commands_list_and_train_the_example(installed, monkeypatch, capsys, tmp_path):
     import kgpt_sentiment
 
-    commands = [shlex.split(line, comments=True) for code in blocks("bash")[None] for line in code.splitlines()
-                if line.startswith("kgpt-train")]
+    commands = [
+        shlex.split(line, comments=True)
+        for code in blocks("bash")[None]
+        for line in code.splitlines()
+        if line.startswith("kgpt-train")
+    ]
     assert [c[:2] for c in commands] == [["kgpt-train", "--list_tasks"], ["kgpt-train", "--task"]]
     monkeypatch.chdir(tmp_path)
     kgpt_sentiment.write_demo("sentiment-data")
     code, out, err = cli(monkeypatch, capsys, train, *commands[0][1:])
     assert code in (0, None), err[-3000:]
-    assert re.search(r"^sentiment\s+sentiment\s+classification\s+classification\s+negative,positive\s+"
-                     r"accuracy,f1,balanced_accuracy$", out, re.M)
+    assert re.search(
+        r"^sentiment\s+sentiment\s+classification\s+classification\s+negative,positive\s+"
+        r"accuracy,f1,balanced_accuracy$",
+        out,
+        re.M,
+    )
     code, out, err = cli(monkeypatch, capsys, train, *commands[1][1:])
     assert code in (0, None), err[-3000:]
     assert "Skipped" not in err and "test: 2 read, 1 used, 1 skipped (deleted sentence: 1)" in out
@@ -107,21 +115,28 @@ def test_the_reference_tables_match_the_code():
     for module, table in ((transforms, text[:heads_start]), (heads, text[heads_start:])):
         listed = {n.split("(")[0] for n in first_column(table)} - {f"{module.__name__}."}
         base = module.Transform if module is transforms else module.Head
-        defined = {name for name, value in vars(module).items() if isinstance(value, type)
-                   and issubclass(value, base) and value is not base and not name.startswith("_")
-                   and value.__module__ == module.__name__ and name != "Categorical"}  # Categorical: a base
+        defined = {
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type)
+            and issubclass(value, base)
+            and value is not base
+            and not name.startswith("_")
+            and value.__module__ == module.__name__
+            and name != "Categorical"
+        }  # Categorical: a base
         assert listed == defined, module.__name__
 
 
 def test_the_errors_the_page_describes():
     read = lambda split, data_dir: []  # noqa: E731
     with pytest.raises(ValueError, match="metric 'f1' is binary F1 of the second label"):
-        kgpt.Task(name="three", transform=transforms.Classification(), read=read, labels=("a", "b", "c"),
-                  metrics=("f1",))
+        kgpt.Task(
+            name="three", transform=transforms.Classification(), read=read, labels=("a", "b", "c"), metrics=("f1",)
+        )
     with pytest.raises(ValueError, match="metric 'f1' is binary"):
         kgpt.Task(name="score", transform=transforms.Classification(), read=read, metrics=("f1",))
     with pytest.raises(ValueError, match="Unknown metric 'auc'. Built-in metrics: accuracy, f1, matthews"):
-        kgpt.Task(name="auc", transform=transforms.Classification(), read=read, labels=("a", "b"),
-                  metrics=("auc",))
+        kgpt.Task(name="auc", transform=transforms.Classification(), read=read, labels=("a", "b"), metrics=("auc",))
     with pytest.raises(ValueError, match="name must match"):
         kgpt.Task(name="1st", transform=transforms.Classification(), read=read)

@@ -10,7 +10,6 @@ import sys
 import textwrap
 
 import pytest
-
 from conftest import char_tokenizer
 
 import kgpt
@@ -25,8 +24,12 @@ def site(tmp_path_factory):
     target = tmp_path_factory.mktemp("site")
     # Offline when setuptools is at hand; otherwise pip fetches it for an isolated build.
     isolation = ["--no-build-isolation"] if importlib.util.find_spec("setuptools") else []
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation,
-                    "--target", str(target), PLUGIN], check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", *isolation, "--target", str(target), PLUGIN],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     assert not os.path.exists(os.path.join(str(target), "kgpt"))  # kgpt itself was not reinstalled
     return str(target)
 
@@ -34,8 +37,11 @@ def site(tmp_path_factory):
 def write_boolq(folder):
     os.makedirs(folder, exist_ok=True)
     rows = {
-        "train": [("the sky is blue on a clear day", "is the sky blue", True),
-                  ("fish live in water", "do fish live on land", False)] * 8,
+        "train": [
+            ("the sky is blue on a clear day", "is the sky blue", True),
+            ("fish live in water", "do fish live on land", False),
+        ]
+        * 8,
         "dev": [("ice is frozen water", "is ice frozen water", True), ("cats bark", "do cats meow", False)],
     }
     for split, items in rows.items():
@@ -56,20 +62,26 @@ def test_installed_plugin_passes_the_contract(site, monkeypatch, tmp_path):
     assert entry.plugin == "boolq" and "kgpt-boolq 0.1.0" in entry.origin
     assert registry.problems() == []
     # The contract over every other task runs in test_task_contract.py; here, the plugin's own.
-    kgpt.testing.check_task(registry.get("boolq"), data_dir=write_boolq(str(tmp_path / "boolq")),
-                            tokenizer=char_tokenizer())
+    kgpt.testing.check_task(
+        registry.get("boolq"), data_dir=write_boolq(str(tmp_path / "boolq")), tokenizer=char_tokenizer()
+    )
 
 
 def test_installed_plugin_lists_and_trains_from_the_cli(site, tiny_preset, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}
-    run = lambda *args: subprocess.run([sys.executable, "-m", "kgpt.cli.train", *args], capture_output=True,
-                                       text=True, env=env, timeout=600)
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "kgpt.cli.train", *args], capture_output=True, text=True, env=env, timeout=600
+        )
+
     listed = run("--list_tasks")
     assert listed.returncode == 0, listed.stderr[-3000:]
     assert re.search(r"boolq\s+boolq\s+entailment\s+classification\s+false,true\s+accuracy", listed.stdout)
     data = write_boolq(str(tmp_path / "boolq"))
-    trained = run("--task=boolq", f"--data_dir={data}", f"--init={tiny_preset}", "--epochs=1",
-                  f"--output_dir={tmp_path / 'out'}")
+    trained = run(
+        "--task=boolq", f"--data_dir={data}", f"--init={tiny_preset}", "--epochs=1", f"--output_dir={tmp_path / 'out'}"
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert "Split 'test' not evaluated: No BoolQ test file found" in trained.stdout
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
@@ -113,10 +125,15 @@ GLUE = {"cola", "sst2", "mrpc", "qqp", "stsb", "qnli", "rte"}
 def clashing_site(tmp_path, monkeypatch):
     """A third-party `glue` entry point (sorting before the built-in one) and another plugin, both claiming mrpc."""
     site = tmp_path / "clashing"
-    write_distribution(site, "kgpt-acme", {"glue": "kgpt_acme_glue"},
-                       {"kgpt_acme_glue": CLAIMS.format(names=("mrpc", "acme-extra"))})
-    write_distribution(site, "kgpt-other", {"other": "kgpt_other_tasks"},
-                       {"kgpt_other_tasks": CLAIMS.format(names=("mrpc", "other-extra"))})
+    write_distribution(
+        site, "kgpt-acme", {"glue": "kgpt_acme_glue"}, {"kgpt_acme_glue": CLAIMS.format(names=("mrpc", "acme-extra"))}
+    )
+    write_distribution(
+        site,
+        "kgpt-other",
+        {"other": "kgpt_other_tasks"},
+        {"kgpt_other_tasks": CLAIMS.format(names=("mrpc", "other-extra"))},
+    )
     monkeypatch.syspath_prepend(str(site))
     yield site
     for module in ("kgpt_acme_glue", "kgpt_other_tasks"):
@@ -147,22 +164,29 @@ def test_distribution_with_unreadable_entry_points_is_reported(tmp_path, monkeyp
     registry = kgpt.TaskRegistry()
     assert GLUE | {"scitail"} <= set(registry.names())
     [problem] = registry.problems()
-    assert problem.startswith("plugin 'kgpt-garbled' (distribution kgpt-garbled 0.1): its entry_points.txt cannot be "
-                              "read (TypeError: ")
+    assert problem.startswith(
+        "plugin 'kgpt-garbled' (distribution kgpt-garbled 0.1): its entry_points.txt cannot be read (TypeError: "
+    )
     assert problem.endswith("); reinstall or uninstall it")
 
 
 def test_cli_lists_tasks_and_broken_plugins(clashing_site):
-    write_distribution(clashing_site, "kgpt-quits", {"quits": "kgpt_test_quits"},
-                       {"kgpt_test_quits": "raise SystemExit(3)\n"})
+    write_distribution(
+        clashing_site, "kgpt-quits", {"quits": "kgpt_test_quits"}, {"kgpt_test_quits": "raise SystemExit(3)\n"}
+    )
     write_distribution(clashing_site, "kgpt-typo", {"typo": "kgpt_test_typo"}, {"kgpt_test_typo": MISSPELT})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(clashing_site), os.environ.get("PYTHONPATH", "")])}
-    listed = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--list_tasks"], capture_output=True, text=True,
-                            env=env, timeout=600)
+    listed = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.train", "--list_tasks"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert listed.returncode == 0, listed.stderr[-3000:]
     listed_tasks = set(re.findall(r"^(\S+)  ", listed.stdout, re.M))
     assert GLUE | {"scitail", "acme-extra", "other-extra"} <= listed_tasks
-    assert "plugin 'quits' (entry point quits = kgpt_test_quits (kgpt-quits 0.1)) failed in import: SystemExit: 3" \
+    assert (
+        "plugin 'quits' (entry point quits = kgpt_test_quits (kgpt-quits 0.1)) failed in import: SystemExit: 3"
         in listed.stdout
-    assert ("plugin 'typo' (entry point typo = kgpt_test_typo (kgpt-typo 0.1)): @kgpt.hookimpl register_task (did "
-            "you mean register_tasks?) is no kgpt hook") in listed.stdout
+    )
+    assert (
+        "plugin 'typo' (entry point typo = kgpt_test_typo (kgpt-typo 0.1)): @kgpt.hookimpl register_task (did "
+        "you mean register_tasks?) is no kgpt hook"
+    ) in listed.stdout

@@ -7,12 +7,14 @@ import sys
 import pytest
 
 import kgpt
+from kgpt.data.shards import build_shards
 from kgpt.jobs.config import PretrainConfig
 from kgpt.jobs.pretrain import corpus_files, prepare
-from kgpt.data.shards import build_shards
 
-PARAGRAPH = ("The keeper\u2019s log for 3 January: \u201cWind SW, force 6 \u2014 glass falling\u2026\u201d "
-             "Mrs. Marrow lit the lamp at 16:42.\n")
+PARAGRAPH = (
+    "The keeper\u2019s log for 3 January: \u201cWind SW, force 6 \u2014 glass falling\u2026\u201d "
+    "Mrs. Marrow lit the lamp at 16:42.\n"
+)
 
 
 def write_corpus(folder, files=3, repeats=40):
@@ -54,9 +56,20 @@ def test_cli_prepare_only_equals_a_one_process_build(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", files=4, repeats=2500)  # 0.3-1.1 MB: the last in two chunks
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     result = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.train", "--task=lm", "--prepare_only", f"--corpus={corpus}",
-         f"--output_dir={tmp_path / 'out'}"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "kgpt.cli.train",
+            "--task=lm",
+            "--prepare_only",
+            f"--corpus={corpus}",
+            f"--output_dir={tmp_path / 'out'}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tokens/s with" in result.stdout and "Prepared" in result.stdout

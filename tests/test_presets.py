@@ -89,6 +89,7 @@ def test_tokenizer_round_trip_keeps_the_splitter(tmp_path):
 
 # --- damaged, foreign and mismatched files ------------------------------------
 
+
 @pytest.fixture
 def saved(tmp_path):
     model = kgpt.GPTTaskModel(backbone(), head=kgpt.tasks.heads.ClassificationHead(["a", "b", "c"]), task_name="toy")
@@ -103,7 +104,9 @@ def test_missing_preset_directory(tmp_path):
 
 def test_missing_config(saved):
     os.remove(saved / "config.json")
-    with pytest.raises(kgpt.CheckpointError, match=r"Missing .*config.json: expected the Keras config of a GPTBackbone"):
+    with pytest.raises(
+        kgpt.CheckpointError, match=r"Missing .*config.json: expected the Keras config of a GPTBackbone"
+    ):
         kgpt.GPTBackbone.from_preset(str(saved))
 
 
@@ -150,16 +153,22 @@ def test_missing_head_weights(saved):
         kgpt.GPTTaskModel.from_preset(str(saved))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ({"num_layers": 3}, r"the file holds 50 arrays, the model has 34 weights"),  # Keras alone loads this silently
-    # Fewer weights than the config needs: refused from the sizes, before the model is built.
-    ({"vocabulary_size": 50}, r"describes a model of at least [\d,]+ weights, but .*model.weights.h5 holds [\d,]+"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"num_layers": 3}, r"the file holds 50 arrays, the model has 34 weights"),  # Keras alone loads this silently
+        # Fewer weights than the config needs: refused from the sizes, before the model is built.
+        ({"vocabulary_size": 50}, r"describes a model of at least [\d,]+ weights, but .*model.weights.h5 holds [\d,]+"),
+    ],
+)
 def test_weights_of_another_model_are_refused(saved, tmp_path, overrides, message):
     backbone(**overrides).save_to_preset(str(tmp_path / "other"))
     shutil.copy(tmp_path / "other" / "model.weights.h5", saved / "model.weights.h5")
-    with pytest.raises(kgpt.CheckpointError, match=r"model.weights.h5 (does not fit the model its config describes|"
-                                                   r"holds [\d,]+: the config and the weights do not belong)"):
+    with pytest.raises(
+        kgpt.CheckpointError,
+        match=r"model.weights.h5 (does not fit the model its config describes|"
+        r"holds [\d,]+: the config and the weights do not belong)",
+    ):
         kgpt.GPTBackbone.from_preset(str(saved))
     with pytest.raises(kgpt.CheckpointError, match=message):
         kgpt.GPTTaskModel.from_preset(str(saved))
@@ -180,12 +189,15 @@ def _edit_json(path, edit):
     path.write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c["config"].update(vocabulary_size=20_000_000), r"at least 320,[\d,]+ weights, but .* holds"),
-    (lambda c: c["config"].update(num_layers=10**9), r"at least [\d,]+ weights, but .*model.weights.h5 holds"),
-    (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be an integer, got 'abc'"),
-    (lambda c: c["config"].update(dropout=[1]), r"config.json: cannot build a GPTBackbone from it"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["config"].update(vocabulary_size=20_000_000), r"at least 320,[\d,]+ weights, but .* holds"),
+        (lambda c: c["config"].update(num_layers=10**9), r"at least [\d,]+ weights, but .*model.weights.h5 holds"),
+        (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be an integer, got 'abc'"),
+        (lambda c: c["config"].update(dropout=[1]), r"config.json: cannot build a GPTBackbone from it"),
+    ],
+)
 def test_tampered_config_is_refused_before_anything_is_built(tmp_path, edit, message):
     backbone().save_to_preset(str(tmp_path))
     _edit_json(tmp_path / "config.json", edit)
@@ -211,7 +223,9 @@ def test_hugging_face_config_with_more_layers_than_the_file_is_refused(tmp_path)
     model = backbone(intermediate_dim=4 * TINY["hidden_dim"])
     model.save_original(str(tmp_path / "hf"), format="huggingface")
     _edit_json(tmp_path / "hf" / "config.json", lambda c: c.update(n_layer=10**9))
-    with pytest.raises(kgpt.CheckpointError, match=r"says n_layer=1000000000, but .*model.safetensors holds blocks 0-1"):
+    with pytest.raises(
+        kgpt.CheckpointError, match=r"says n_layer=1000000000, but .*model.safetensors holds blocks 0-1"
+    ):
         kgpt.GPTBackbone.from_original(str(tmp_path / "hf"))
 
 

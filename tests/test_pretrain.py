@@ -22,9 +22,20 @@ def tiny_config(tmp_path, **overrides):
     corpus.mkdir(exist_ok=True)
     (corpus / "a.txt").write_text(TEXT, encoding="utf-8")
     values = dict(
-        corpus=str(corpus), output_dir=str(tmp_path / "out"), num_layers=1, num_heads=2,
-        hidden_dim=16, intermediate_dim=32, dropout=0.0, sequence_length=16, batch_size=8,
-        learning_rate=1e-2, warmup_steps=5, max_steps=60, evaluations=3, sample_tokens=5,
+        corpus=str(corpus),
+        output_dir=str(tmp_path / "out"),
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        dropout=0.0,
+        sequence_length=16,
+        batch_size=8,
+        learning_rate=1e-2,
+        warmup_steps=5,
+        max_steps=60,
+        evaluations=3,
+        sample_tokens=5,
     )
     values.update(overrides)
     return PretrainConfig(**values)
@@ -45,21 +56,20 @@ def test_pretrain_learns_and_saves(tmp_path, capsys, progress):
     again = kgpt.GPTTokenizer.from_preset(str(out))
     ids = np.asarray([again.encode("the keeper wrote the date")], "int32")
     x = {"token_ids": ids, "padding_mask": np.ones_like(ids)}
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)),
-                               keras.ops.convert_to_numpy(lm(x)), atol=1e-6)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(loaded(x)), keras.ops.convert_to_numpy(lm(x)), atol=1e-6)
     # The output directory is a preset: backbone and tokenizer load from it directly.
     backbone = kgpt.GPTBackbone.from_preset(str(out))
     assert kgpt.GPTTokenizer.from_preset(str(out)).encode("the keeper") == tokenizer.encode("the keeper")
-    np.testing.assert_allclose(keras.ops.convert_to_numpy(backbone(x)),
-                               keras.ops.convert_to_numpy(lm.backbone(x)), atol=1e-6)
+    np.testing.assert_allclose(
+        keras.ops.convert_to_numpy(backbone(x)), keras.ops.convert_to_numpy(lm.backbone(x)), atol=1e-6
+    )
     # ... and fine-tuning starts from it (--init).
     from kgpt.jobs.config import FinetuneConfig
     from kgpt.jobs.finetune import finetune
 
     _, results = finetune(FinetuneConfig(init=str(out), epochs=1, batch_size=32, lm_coef=0.0, max_length=16))
     lines = capsys.readouterr().out.splitlines()
-    assert any(line.startswith("Task scitail (entailment") and f"model from preset {out}" in line
-               for line in lines)
+    assert any(line.startswith("Task scitail (entailment") and f"model from preset {out}" in line for line in lines)
     assert "accuracy" in results["splits"]["test"]
 
 
@@ -75,7 +85,12 @@ def test_every_requested_step_is_trained(tmp_path, capsys, progress):
 def test_evaluation_count():
     from kgpt.jobs.pretrain import evaluation_count
 
-    assert [evaluation_count(200, 5), evaluation_count(10, 3), evaluation_count(7, 3), evaluation_count(3, 10)] == [5, 2, 1, 3]
+    assert [evaluation_count(200, 5), evaluation_count(10, 3), evaluation_count(7, 3), evaluation_count(3, 10)] == [
+        5,
+        2,
+        1,
+        3,
+    ]
     with pytest.raises(ValueError, match="max_steps must be an integer >= 1, got 0"):
         evaluation_count(0, 3)
 
@@ -106,10 +121,11 @@ def test_empty_files_are_counted(tmp_path, capsys, progress):
 def test_a_non_finite_loss_stops_pretraining_and_keeps_the_last_good_checkpoint(tmp_path):
     # The first step's loss is always finite (the initial weights): its checkpoint is written; this
     # learning rate then breaks the weights within a few steps.
-    config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, learning_rate=1e30,
-                         checkpoint_every=1)
-    with pytest.raises(kgpt.train.callbacks.NonFiniteLossError,
-                       match=r"The training loss is (nan|inf) at step (\d+).*the last checkpoint \(.*\) is kept") as e:
+    config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, learning_rate=1e30, checkpoint_every=1)
+    with pytest.raises(
+        kgpt.train.callbacks.NonFiniteLossError,
+        match=r"The training loss is (nan|inf) at step (\d+).*the last checkpoint \(.*\) is kept",
+    ) as e:
         pretrain(config)
     failed = int(re.search(r"at step (\d+)", str(e.value)).group(1))
     out = tmp_path / "out"
@@ -129,33 +145,55 @@ def test_corpus_smaller_than_a_window(tmp_path):
 
 def run_cli(*args, cwd):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "kgpt.cli.train", *args],
-                          capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.train", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=600
+    )
 
 
 def test_cli_trains_and_writes_outputs(tmp_path):
     config = tiny_config(tmp_path)
     result = run_cli(
-        "--task=lm", f"--corpus={config.corpus}", f"--output_dir={tmp_path / 'cli'}",
-        "--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32",
-        "--sequence_length=16", "--batch_size=4", "--max_steps=8", "--warmup_steps=2",
-        "--evaluations=2", cwd=tmp_path,
+        "--task=lm",
+        f"--corpus={config.corpus}",
+        f"--output_dir={tmp_path / 'cli'}",
+        "--num_layers=1",
+        "--num_heads=2",
+        "--hidden_dim=16",
+        "--intermediate_dim=32",
+        "--sequence_length=16",
+        "--batch_size=4",
+        "--max_steps=8",
+        "--warmup_steps=2",
+        "--evaluations=2",
+        cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "Training loss:" in result.stdout and "Sample:" in result.stdout
     assert kgpt.GPTBackbone.from_preset(str(tmp_path / "cli")).num_layers == 1
 
 
-
 def test_killed_run_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys):
     config = tiny_config(tmp_path)
-    args = ["--task=lm", f"--corpus={config.corpus}", f"--output_dir={tmp_path / 'run'}", "--num_layers=1",
-            "--hidden_dim=16", "--intermediate_dim=32", "--num_heads=2", "--sequence_length=16",
-            "--batch_size=4", "--max_steps=200", "--evaluations=4", "--warmup_steps=10", "--learning_rate=0.01",
-            "--checkpoint_every=10"]
+    args = [
+        "--task=lm",
+        f"--corpus={config.corpus}",
+        f"--output_dir={tmp_path / 'run'}",
+        "--num_layers=1",
+        "--hidden_dim=16",
+        "--intermediate_dim=32",
+        "--num_heads=2",
+        "--sequence_length=16",
+        "--batch_size=4",
+        "--max_steps=200",
+        "--evaluations=4",
+        "--warmup_steps=10",
+        "--learning_rate=0.01",
+        "--checkpoint_every=10",
+    ]
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    first = subprocess.Popen([sys.executable, "-m", "kgpt.cli.train", *args], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, env=env)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "kgpt.cli.train", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+    )
     saved = kill_at_step(first, tmp_path / "run" / "checkpoint", 20)
     assert 20 <= saved < 200
 
@@ -180,15 +218,19 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys):
     assert "Resuming from the checkpoint at step 200" in out
     again = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert again["validation_perplexity"] == metrics["validation_perplexity"]
-    assert all(np.array_equal(a, b) for a, b in
-               zip(weights, kgpt.GPTBackbone.from_preset(str(tmp_path / "run")).get_weights()))
+    assert all(
+        np.array_equal(a, b) for a, b in zip(weights, kgpt.GPTBackbone.from_preset(str(tmp_path / "run")).get_weights())
+    )
 
 
 def test_checkpoint_of_other_settings_is_refused(tmp_path):
     config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, checkpoint_every=5)
     pretrain(config)
-    with pytest.raises(ValueError, match=r"holds a pretrain run with other settings \(batch_size: 8 there, "
-                                         r"4 now\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds a pretrain run with other settings \(batch_size: 8 there, "
+        r"4 now\)",
+    ):
         pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4))
 
 
@@ -202,22 +244,32 @@ def test_pretrain_with_a_tokenizer_learned_from_the_corpus(tmp_path):
     assert kgpt.GPTBackbone.from_preset(str(tmp_path / "out")).vocabulary_size == tokenizer.vocabulary_size()
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--task=lm", "--hidden_dim=32", "--num_heads=3"], "hidden_dim 32 must be a multiple of num_heads 3"),
-    (["--task=lm", "--max_steps=30"], "warmup_steps 50 is more than max_steps 30: .* Pass warmup_steps 3"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--task=lm", "--hidden_dim=32", "--num_heads=3"], "hidden_dim 32 must be a multiple of num_heads 3"),
+        (["--task=lm", "--max_steps=30"], "warmup_steps 50 is more than max_steps 30: .* Pass warmup_steps 3"),
+    ],
+)
 def test_settings_that_cannot_train_end_in_one_line_before_anything_is_built(tmp_path, args, message):
     out = tmp_path / "out"
     result = run_cli(*args, f"--output_dir={out}", cwd=tmp_path)
     lines = result.stderr.strip().splitlines()
-    assert result.returncode == 1 and re.search(message, lines[-1]) and "Traceback" not in result.stderr, \
-        result.stderr[-2000:]
+    assert result.returncode == 1 and re.search(message, lines[-1]) and "Traceback" not in result.stderr, result.stderr[
+        -2000:
+    ]
     assert not out.exists() or os.listdir(out) == []  # no tokenizer learned, no shards built
 
 
 def test_analyze_names_a_bad_layers_flag(tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run([sys.executable, "-m", "kgpt.cli.analyze", "transfer", "--layers=0,x", "--init=demo"],
-                            capture_output=True, text=True, cwd=tmp_path, env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.analyze", "transfer", "--layers=0,x", "--init=demo"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=600,
+    )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--layers takes block counts" in result.stderr, result.stderr[-2000:]

@@ -36,16 +36,34 @@ def top_level_definitions(path):
 
 
 def test_the_facade_takes_each_name_from_the_module_that_defines_it():
-    wrong = {name: module for name, module in kgpt._NAMES.items()
-             if name not in top_level_definitions(module_path(module))}
+    wrong = {
+        name: module for name, module in kgpt._NAMES.items() if name not in top_level_definitions(module_path(module))
+    }
     assert not wrong, f"names the facade takes from a module that only imports them: {wrong}"
     modules = [name for name in kgpt.__all__ if name != "log" and isinstance(getattr(kgpt, name), types.ModuleType)]
     assert not modules, f"modules offered by the facade (use them by their own path): {modules}"
 
 
 # Every module of kgpt but the facade, whose imports are its public names.
-LOWER = ("errors.py", "checks.py", "log.py", "_quiet.py", "_children.py", "testing.py", "io", "data", "tokenizers",
-         "tasks", "parallel", "layers", "models", "train", "analysis", "jobs", "cli")
+LOWER = (
+    "errors.py",
+    "checks.py",
+    "log.py",
+    "_quiet.py",
+    "_children.py",
+    "testing.py",
+    "io",
+    "data",
+    "tokenizers",
+    "tasks",
+    "parallel",
+    "layers",
+    "models",
+    "train",
+    "analysis",
+    "jobs",
+    "cli",
+)
 
 
 def lower_modules():
@@ -67,8 +85,11 @@ def unused_imports(path):
 
 
 def test_no_module_passes_on_a_name_it_imports():
-    found = {f"{path.relative_to(ROOT.parent)}:{line}": name
-             for path in lower_modules() for name, line in unused_imports(path).items()}
+    found = {
+        f"{path.relative_to(ROOT.parent)}:{line}": name
+        for path in lower_modules()
+        for name, line in unused_imports(path).items()
+    }
     assert not found, f"kgpt names imported and never used (a second path to them): {found}"
 
 

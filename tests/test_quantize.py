@@ -60,14 +60,20 @@ def test_quantizing_collects_garbage_once_not_once_per_layer(monkeypatch):
 
 def test_quantizing_twice_is_refused_in_one_line():
     """Keras' own error was "Layer 'feedforward_output_dense' is already quantized with dtype_policy=..."."""
-    for model in (kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY)), kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), num_classes=2)):
+    for model in (
+        kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY)),
+        kgpt.GPTTaskModel(kgpt.GPTBackbone(**TINY), num_classes=2),
+    ):
         x = random_inputs()
         if isinstance(model, kgpt.GPTTaskModel):
             x = {k: v[:, None] for k, v in x.items()}
         model.quantize("int8")
         before = model.predict(x, verbose=0)
-        with pytest.raises(ValueError, match=rf"^This {type(model).__name__} is already quantized \(int8, \d+ layers "
-                                             rf"such as '\w+'\): quantize\(\) runs once; load the float model again"):
+        with pytest.raises(
+            ValueError,
+            match=rf"^This {type(model).__name__} is already quantized \(int8, \d+ layers "
+            rf"such as '\w+'\): quantize\(\) runs once; load the float model again",
+        ):
             model.quantize("int8")
         np.testing.assert_array_equal(model.predict(x, verbose=0), before)  # left as it was
         assert int8.quantize(model) is model  # kgpt-predict's helper: an int8 model is left unchanged
@@ -78,8 +84,17 @@ def finetuned(tmp_path_factory):
     """A tiny fine-tuned SciTail preset: `(preset, data_dir)`."""
     root = tmp_path_factory.mktemp("quantize")
     preset, data = make_preset(root / "preset"), write_data(root / "data")
-    config = FinetuneConfig(task="scitail", data_dir=data, init=preset, output_dir=str(root / "out"),
-                                         epochs=1, batch_size=8, learning_rate=1e-3, max_length=64, seed=1)
+    config = FinetuneConfig(
+        task="scitail",
+        data_dir=data,
+        init=preset,
+        output_dir=str(root / "out"),
+        epochs=1,
+        batch_size=8,
+        learning_rate=1e-3,
+        max_length=64,
+        seed=1,
+    )
     finetune_lib.finetune(config)
     return str(root / "out"), data
 
@@ -106,15 +121,17 @@ def test_a_quantized_task_model_saves_and_loads_with_the_same_predictions(finetu
 
 
 def predict_cli(*args):
-    return subprocess.run([sys.executable, "-m", "kgpt.cli.predict", *args], capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", *args], capture_output=True, text=True, timeout=600
+    )
 
 
 def test_kgpt_predict_quantize_int8(finetuned, tmp_path):
     preset, data = finetuned
     plain, quantized = os.path.join(preset, "predictions", "dev.tsv"), tmp_path / "int8.tsv"  # float: the run's
-    result = predict_cli(f"--model={preset}", f"--data_dir={data}", "--split=dev", f"--output={quantized}",
-                         "--quantize=int8")
+    result = predict_cli(
+        f"--model={preset}", f"--data_dir={data}", "--split=dev", f"--output={quantized}", "--quantize=int8"
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split("\t") for line in open(plain, encoding="utf-8").read().splitlines()]
     rows_int8 = [line.split("\t") for line in quantized.read_text().splitlines()]
@@ -122,6 +139,5 @@ def test_kgpt_predict_quantize_int8(finetuned, tmp_path):
     p, q = (np.array([r[2:4] for r in table[1:]], float) for table in (rows, rows_int8))
     np.testing.assert_allclose(q, p, atol=0.05)
     assert np.abs(q - p).max() > 0  # the int8 kernels were used
-    result = predict_cli(f"--model={preset}", f"--data_dir={data}", f"--output={tmp_path / 'x.tsv'}",
-                         "--quantize=int4")
+    result = predict_cli(f"--model={preset}", f"--data_dir={data}", f"--output={tmp_path / 'x.tsv'}", "--quantize=int4")
     assert result.returncode != 0 and "--quantize" in result.stderr and "Traceback" not in result.stderr

@@ -6,14 +6,17 @@ import subprocess
 import sys
 import textwrap
 
-NOISE_LINE = ("E0000 00:00:1795426191.985508   11303 util.cc:131] oneDNN supports DT_INT64 only on platforms with "
-              "AVX-512. Falling back to the default Eigen-based implementation if present.")
+NOISE_LINE = (
+    "E0000 00:00:1795426191.985508   11303 util.cc:131] oneDNN supports DT_INT64 only on platforms with "
+    "AVX-512. Falling back to the default Eigen-based implementation if present."
+)
 
 
 def run_python(code):
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def test_live_filter_drops_noise_and_keeps_every_other_line():
@@ -47,11 +50,14 @@ def test_lines_written_just_before_a_crash_still_come_out():
 
 def test_a_command_that_starts_the_backend_prints_no_tensorflow_log_lines():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    result = subprocess.run([sys.executable, "-m", "kgpt.cli.train", "--list_tasks"], capture_output=True, text=True,
-                            env=env, timeout=600)
+    result = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.train", "--list_tasks"], capture_output=True, text=True, env=env, timeout=600
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "scitail" in result.stdout
-    tf_lines = [line for line in result.stderr.splitlines()
-                if re.match(r"[IWEF]\d{4} |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", line)
-                or "absl::InitializeLog" in line]
+    tf_lines = [
+        line
+        for line in result.stderr.splitlines()
+        if re.match(r"[IWEF]\d{4} |\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+: [IWEF] ", line) or "absl::InitializeLog" in line
+    ]
     assert not tf_lines, "\n".join(tf_lines)

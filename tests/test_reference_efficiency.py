@@ -23,8 +23,12 @@ def test_training_windows_tile_the_stream(bench):
     tokens = np.arange(23)
     windows = bench.training_windows(tokens, 5)
     # Each window's inputs start where the last one's ended; its last token is the next one's first.
-    assert windows.tolist() == [[0, 1, 2, 3, 4, 5], [5, 6, 7, 8, 9, 10], [10, 11, 12, 13, 14, 15],
-                                [15, 16, 17, 18, 19, 20]]
+    assert windows.tolist() == [
+        [0, 1, 2, 3, 4, 5],
+        [5, 6, 7, 8, 9, 10],
+        [10, 11, 12, 13, 14, 15],
+        [15, 16, 17, 18, 19, 20],
+    ]
     assert windows.dtype == np.int32
     with pytest.raises(ValueError, match="no window"):
         bench.training_windows(np.arange(5), 5)
@@ -69,8 +73,14 @@ def test_unigram_loss(bench):
 
 
 def _curve(losses):
-    return {"curve": [{"step": 50 * i, "val_loss": v} for i, v in enumerate(losses)], "tokens_per_s": 1000.0,
-            "steps_per_s": 1.0, "train_seconds": 1.0, "wall_seconds": 2.0, "versions": "test"}
+    return {
+        "curve": [{"step": 50 * i, "val_loss": v} for i, v in enumerate(losses)],
+        "tokens_per_s": 1000.0,
+        "steps_per_s": 1.0,
+        "train_seconds": 1.0,
+        "wall_seconds": 2.0,
+        "versions": "test",
+    }
 
 
 def test_table_of_kgpt_runs_alone_and_beside_the_reference(bench, tmp_path, capsys):
@@ -90,14 +100,22 @@ def test_table_of_kgpt_runs_alone_and_beside_the_reference(bench, tmp_path, caps
 def test_several_seeds_compare_means_and_report_only_reads_runs_of_the_saved_settings(bench, tmp_path, capsys):
     settings = {"unigram_val_loss": 7.0, "max_steps": 50}
     bench.write_json(str(tmp_path / "config.json"), settings)
-    curves = {("kgpt-tensorflow", 0): [9.0, 7.50], ("kgpt-tensorflow", 1): [9.0, 7.40],
-              ("reference", 0): [9.1, 7.40], ("reference", 1): [9.1, 7.44]}
+    curves = {
+        ("kgpt-tensorflow", 0): [9.0, 7.50],
+        ("kgpt-tensorflow", 1): [9.0, 7.40],
+        ("reference", 0): [9.1, 7.40],
+        ("reference", 1): [9.1, 7.44],
+    }
     for (name, seed), losses in curves.items():
-        bench.write_json(str(tmp_path / f"curve_{name}_seed{seed}.json"),
-                         {**_curve(losses), "implementation": name, "seed": seed, "settings": settings})
+        bench.write_json(
+            str(tmp_path / f"curve_{name}_seed{seed}.json"),
+            {**_curve(losses), "implementation": name, "seed": seed, "settings": settings},
+        )
     # A run with other settings, and one from before curves recorded theirs: both left out, and said.
-    bench.write_json(str(tmp_path / "curve_kgpt-jax_seed0.json"),
-                     {**_curve([1.0, 1.0]), "implementation": "kgpt-jax", "seed": 0, "settings": {"max_steps": 9}})
+    bench.write_json(
+        str(tmp_path / "curve_kgpt-jax_seed0.json"),
+        {**_curve([1.0, 1.0]), "implementation": "kgpt-jax", "seed": 0, "settings": {"max_steps": 9}},
+    )
     bench.write_json(str(tmp_path / "curve_kgpt-jax_seed1.json"), _curve([1.0, 1.0]))
     bench.write_json(str(tmp_path / "config.json"), {**settings, "reference_threads": 3})  # speed only: kept
     runs = bench.saved_runs(str(tmp_path))

@@ -113,15 +113,20 @@ def test_plugin_whose_hook_raises_is_reported():
 def test_plugin_that_exits_is_reported_and_others_work(module_file, fake_module):
     quits = module_file("kgpt_test_quits", "raise SystemExit(3)\n")
     good = fake_module("kgpt_test_good", register_tasks=plugin("g", make_task("good")).register_tasks)
-    registry = kgpt.TaskRegistry(plugins=[plugin("halts", error=SystemExit())],
-                                 entry_points=[entry_point("quits", quits), entry_point("good", good)])
+    registry = kgpt.TaskRegistry(
+        plugins=[plugin("halts", error=SystemExit())],
+        entry_points=[entry_point("quits", quits), entry_point("good", good)],
+    )
     assert registry.names() == ["good"]
     assert registry.problems() == [
         "plugin 'quits' (entry point quits = kgpt_test_quits) failed in import: SystemExit: 3",
         "plugin 'halts' (registered directly (halts)) failed in register_tasks: SystemExit",
     ]
-    with pytest.raises(kgpt.RegistryError, match=r"Task 'quits' is unavailable: plugin 'quits' .*SystemExit: 3\. "
-                                                  r"Fix or uninstall that plugin\."):
+    with pytest.raises(
+        kgpt.RegistryError,
+        match=r"Task 'quits' is unavailable: plugin 'quits' .*SystemExit: 3\. "
+        r"Fix or uninstall that plugin\.",
+    ):
         registry.get("quits")
 
 
@@ -155,21 +160,33 @@ def test_registering_something_else_than_a_task():
 
 def test_two_plugins_claiming_one_name_is_an_error_naming_both():
     registry = kgpt.TaskRegistry(
-        plugins=[plugin("first", make_task("twin")), plugin("second", make_task("twin")), plugin("x", make_task("solo"))],
+        plugins=[
+            plugin("first", make_task("twin")),
+            plugin("second", make_task("twin")),
+            plugin("x", make_task("solo")),
+        ],
         entry_points=[],
     )
     assert registry.names() == ["solo"]
-    with pytest.raises(kgpt.RegistryError, match=r"Task 'twin' is registered by two plugins: plugin 'first' .* and "
-                                                  r"plugin 'second'"):
+    with pytest.raises(
+        kgpt.RegistryError,
+        match=r"Task 'twin' is registered by two plugins: plugin 'first' .* and "
+        r"plugin 'second'",
+    ):
         registry.get("twin")
-    assert ("task 'twin' is claimed by 'first' (registered directly (first)) and 'second' (registered directly "
-            "(second)); uninstall one") in registry.problems()
+    assert (
+        "task 'twin' is claimed by 'first' (registered directly (first)) and 'second' (registered directly "
+        "(second)); uninstall one"
+    ) in registry.problems()
 
 
 def test_unknown_task_suggests_the_closest():
     registry = kgpt.TaskRegistry(plugins=[plugin("p", make_task("scitail"), make_task("snli"))], entry_points=[])
-    with pytest.raises(kgpt.RegistryError, match=r"Unknown task 'scitial'. Did you mean 'scitail'\? "
-                                                  r"Available: scitail, snli."):
+    with pytest.raises(
+        kgpt.RegistryError,
+        match=r"Unknown task 'scitial'. Did you mean 'scitail'\? "
+        r"Available: scitail, snli.",
+    ):
         registry.get("scitial")
 
 
@@ -188,8 +205,9 @@ def test_entry_points_sharing_a_name_both_load(fake_module):
 
 
 def test_duplicate_plugin_names():
-    registry = kgpt.TaskRegistry(plugins=[plugin("same", make_task("a1")), plugin("same", make_task("b1"))],
-                                 entry_points=[])
+    registry = kgpt.TaskRegistry(
+        plugins=[plugin("same", make_task("a1")), plugin("same", make_task("b1"))], entry_points=[]
+    )
     assert registry.names() == ["a1"]
     assert "two plugins are named 'same'" in registry.problems()[0]
 
@@ -212,8 +230,9 @@ def test_misspelt_hook_refuses_its_plugin():
         register(make_task("lost"))
 
     misspelt = hooks_module("misspelt", register_task=register_task)
-    extra = hooks_module("extra", register_tasks=plugin("x", make_task("kept")).register_tasks,
-                         kgpt_setup=kgpt.hookimpl(lambda: None))
+    extra = hooks_module(
+        "extra", register_tasks=plugin("x", make_task("kept")).register_tasks, kgpt_setup=kgpt.hookimpl(lambda: None)
+    )
     registry = kgpt.TaskRegistry(plugins=[misspelt, extra, plugin("fine", make_task("fine"))], entry_points=[])
     assert registry.names() == ["fine"]
     assert registry.problems() == [
@@ -227,8 +246,11 @@ def test_misspelt_hook_refuses_its_plugin():
 
 
 def test_optional_hooks_of_other_kgpt_versions_are_allowed():
-    newer = hooks_module("newer", register_tasks=plugin("n", make_task("new")).register_tasks,
-                         kgpt_register_metrics=kgpt.hookimpl(optionalhook=True)(lambda register: None))
+    newer = hooks_module(
+        "newer",
+        register_tasks=plugin("n", make_task("new")).register_tasks,
+        kgpt_register_metrics=kgpt.hookimpl(optionalhook=True)(lambda register: None),
+    )
     registry = kgpt.TaskRegistry(plugins=[newer], entry_points=[])
     assert registry.names() == ["new"] and not registry.problems()
 
@@ -269,11 +291,16 @@ def test_list_table_shows_tasks_and_problems():
         (dict(labels=("a", "a")), "labels repeat"),
         (dict(metrics=("bleu",)), "Unknown metric 'bleu'"),
         (dict(transform="entailment"), "transform must be a kgpt.tasks.transforms.Transform"),
-        (dict(head=kgpt.tasks.heads.MultipleChoiceHead(2)), "scores answer choices, which the classification transform has not"),
+        (
+            dict(head=kgpt.tasks.heads.MultipleChoiceHead(2)),
+            "scores answer choices, which the classification transform has not",
+        ),
         (dict(head="classification"), "head must be a kgpt.tasks.heads.Head"),
         (dict(head=kgpt.tasks.heads.ClassificationHead(["x", "y"])), r"labels \('no', 'yes'\) differ from the head's"),
-        (dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.tasks.heads.MultipleChoiceHead(4)),
-         "the head has 4 choices but the transform makes 3 views"),
+        (
+            dict(labels=None, transform=transforms.MultipleChoice(3), head=kgpt.tasks.heads.MultipleChoiceHead(4)),
+            "the head has 4 choices but the transform makes 3 views",
+        ),
     ],
 )
 def test_task_validation(overrides, message):
@@ -325,29 +352,63 @@ ADVICE = " Report it to the plugin's authors, with the file if it is the cause."
 @pytest.mark.parametrize(
     "rows, overrides, error, message, cause",
     [
-        (['{"text": "fine", "label": "yes"}', '{"txt": "typo", "label": "no"}'], {}, kgpt.DataError,
-         READ + " raised KeyError: 'text' (split 'dev' of {data}, file {data}/dev.jsonl, last row read "
-         "{data}/dev.jsonl:1)." + ADVICE, KeyError),
-        (['{"txt": "typo"}'], {}, kgpt.DataError,
-         READ + " raised KeyError: 'text' (split 'dev' of {data}, file {data}/dev.jsonl)." + ADVICE, KeyError),
-        ([], dict(read=read_none), TypeError,
-         READ + " returned NoneType, not an iterable of kgpt.Example/Skipped (split 'dev' of {data})." + ADVICE, None),
-        ([], dict(read=read_dicts), kgpt.DataError,
-         READ + " yielded dict, not kgpt.Example/Skipped (split 'dev' of {data})." + ADVICE, None),
-        ([], dict(read=read_and_exit), kgpt.DataError,
-         READ + " raised SystemExit: 2 (split 'dev' of {data})." + ADVICE, SystemExit),
-        (['{"text": null, "label": "yes"}'], dict(transform=PickyTransform()), kgpt.DataError,
-         "Task 'bad' of plugin 'mine' (registered directly (mine)): PickyTransform.check() raised AttributeError: "
-         "'NoneType' object has no attribute 'startswith' (split 'dev' of {data}, file {data}/dev.jsonl, last row "
-         "read {data}/dev.jsonl:1)." + ADVICE, AttributeError),
-        (['{"text": "fine", "label": 1}'], dict(head=StrictHead(("no", "yes"))), kgpt.DataError,
-         "{data}/dev.jsonl:1: StrictHead.target() raised AttributeError: 'int' object has no attribute 'strip' on "
-         "label 1 (task 'bad' of plugin 'mine' (registered directly (mine))).", AttributeError),
+        (
+            ['{"text": "fine", "label": "yes"}', '{"txt": "typo", "label": "no"}'],
+            {},
+            kgpt.DataError,
+            READ + " raised KeyError: 'text' (split 'dev' of {data}, file {data}/dev.jsonl, last row read "
+            "{data}/dev.jsonl:1)." + ADVICE,
+            KeyError,
+        ),
+        (
+            ['{"txt": "typo"}'],
+            {},
+            kgpt.DataError,
+            READ + " raised KeyError: 'text' (split 'dev' of {data}, file {data}/dev.jsonl)." + ADVICE,
+            KeyError,
+        ),
+        (
+            [],
+            dict(read=read_none),
+            TypeError,
+            READ + " returned NoneType, not an iterable of kgpt.Example/Skipped (split 'dev' of {data})." + ADVICE,
+            None,
+        ),
+        (
+            [],
+            dict(read=read_dicts),
+            kgpt.DataError,
+            READ + " yielded dict, not kgpt.Example/Skipped (split 'dev' of {data})." + ADVICE,
+            None,
+        ),
+        (
+            [],
+            dict(read=read_and_exit),
+            kgpt.DataError,
+            READ + " raised SystemExit: 2 (split 'dev' of {data})." + ADVICE,
+            SystemExit,
+        ),
+        (
+            ['{"text": null, "label": "yes"}'],
+            dict(transform=PickyTransform()),
+            kgpt.DataError,
+            "Task 'bad' of plugin 'mine' (registered directly (mine)): PickyTransform.check() raised AttributeError: "
+            "'NoneType' object has no attribute 'startswith' (split 'dev' of {data}, file {data}/dev.jsonl, last row "
+            "read {data}/dev.jsonl:1)." + ADVICE,
+            AttributeError,
+        ),
+        (
+            ['{"text": "fine", "label": 1}'],
+            dict(head=StrictHead(("no", "yes"))),
+            kgpt.DataError,
+            "{data}/dev.jsonl:1: StrictHead.target() raised AttributeError: 'int' object has no attribute 'strip' on "
+            "label 1 (task 'bad' of plugin 'mine' (registered directly (mine))).",
+            AttributeError,
+        ),
     ],
     ids=["raises", "raises-on-first-row", "returns-none", "yields-dict", "exits", "transform-check", "head-target"],
 )
-def test_plugin_code_failing_on_data_names_task_plugin_split_and_file(tmp_path, rows, overrides, error, message,
-                                                                      cause):
+def test_plugin_code_failing_on_data_names_task_plugin_split_and_file(tmp_path, rows, overrides, error, message, cause):
     data = tmp_path / "data"
     data.mkdir()
     (data / "dev.jsonl").write_text("".join(row + "\n" for row in rows))

@@ -40,10 +40,25 @@ def tiny_lm_config(tmp_path, output_dir, **overrides):
     corpus = tmp_path / "corpus"
     corpus.mkdir(exist_ok=True)
     (corpus / "a.txt").write_text(TEXT, encoding="utf-8")
-    values = dict(corpus=str(corpus), output_dir=output_dir, num_layers=1, num_heads=2, hidden_dim=16,
-                  intermediate_dim=32, dropout=0.0, sequence_length=16, batch_size=8, learning_rate=1e-2,
-                  warmup_steps=1, max_steps=6, evaluations=2, sample_tokens=2, checkpoint_every=3,
-                  tokenizer="train", num_merges=20)
+    values = dict(
+        corpus=str(corpus),
+        output_dir=output_dir,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        dropout=0.0,
+        sequence_length=16,
+        batch_size=8,
+        learning_rate=1e-2,
+        warmup_steps=1,
+        max_steps=6,
+        evaluations=2,
+        sample_tokens=2,
+        checkpoint_every=3,
+        tokenizer="train",
+        num_merges=20,
+    )
     values.update(overrides)
     return PretrainConfig(**values)
 
@@ -64,12 +79,18 @@ def test_paths_with_a_scheme_are_remote():
 
 
 def test_an_unusable_output_dir_is_one_line_naming_the_flag(tmp_path, monkeypatch):
-    with pytest.raises(storage.StorageError, match=r"^--output_dir zz://b/run: no file system for zz:// is installed "
-                                                   r"here \(TensorFlow has .*ram://"):
+    with pytest.raises(
+        storage.StorageError,
+        match=r"^--output_dir zz://b/run: no file system for zz:// is installed "
+        r"here \(TensorFlow has .*ram://",
+    ):
         RunDirectory("zz://b/run", "pretrain", {}).__enter__()
     (tmp_path / "file").write_text("x")
-    with pytest.raises(storage.StorageError, match=r"^--output_dir file://.*/file/run (cannot be created|cannot be "
-                                                   r"reached|is not a folder)"):
+    with pytest.raises(
+        storage.StorageError,
+        match=r"^--output_dir file://.*/file/run (cannot be created|cannot be "
+        r"reached|is not a folder)",
+    ):
         RunDirectory(f"file://{tmp_path}/file/run", "pretrain", {}).__enter__()
 
     class Hanging:  # a storage service that never answers
@@ -101,14 +122,20 @@ def test_the_lock_object_names_its_holder_and_is_taken_over_when_stale():
     # A lock whose process of this host is gone, and one not refreshed for longer than stale_s, are taken over.
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     for pid, age in ((int(gone.stdout), 0), (os.getppid(), 1000)):
-        storage.write_text(folder + "/.lock", json.dumps({"host": socket.gethostname(), "pid": pid, "token": "old",
-                                                          "time": time.time() - age}))
+        storage.write_text(
+            folder + "/.lock",
+            json.dumps({"host": socket.gethostname(), "pid": pid, "token": "old", "time": time.time() - age}),
+        )
         with remote_lock.RemoteLock(folder) as lock:
             lock.check()
-            storage.write_text(folder + "/.lock", json.dumps({"host": "elsewhere", "pid": 1, "token": "new",
-                                                              "time": time.time()}))
-            with pytest.raises(storage.StorageError, match=r"another run took over this run's lock \(pid 1 on "
-                                                           r"elsewhere\)"):
+            storage.write_text(
+                folder + "/.lock", json.dumps({"host": "elsewhere", "pid": 1, "token": "new", "time": time.time()})
+            )
+            with pytest.raises(
+                storage.StorageError,
+                match=r"another run took over this run's lock \(pid 1 on "
+                r"elsewhere\)",
+            ):
                 lock.check()
         assert gfile.exists(folder + "/.lock")  # the new holder's lock stays
 
@@ -125,7 +152,7 @@ def test_a_mirror_copies_changes_pointers_last_and_leaves_other_files_alone(monk
             return getattr(gfile, name)
 
         def rename(self, source, target, overwrite=False):
-            renamed.append(target[len(remote) + 1:])
+            renamed.append(target[len(remote) + 1 :])
             gfile.rename(source, target, overwrite)
 
     with storage.Mirror(remote, names=("checkpoint",)) as mirror:
@@ -134,8 +161,12 @@ def test_a_mirror_copies_changes_pointers_last_and_leaves_other_files_alone(monk
         assert open(os.path.join(local, "checkpoint", "latest.json")).read() == "step-1"
         monkeypatch.setattr(storage, "_gfile", Recording)
         os.makedirs(os.path.join(local, "checkpoint", "step-2"))
-        for name, text in (("checkpoint/step-2/w", "2"), ("checkpoint/latest.json", "step-2"), ("metrics.json", "{}"),
-                           ("checkpoint/.latest.json.x.tmp", "half")):
+        for name, text in (
+            ("checkpoint/step-2/w", "2"),
+            ("checkpoint/latest.json", "step-2"),
+            ("metrics.json", "{}"),
+            ("checkpoint/.latest.json.x.tmp", "half"),
+        ):
             with open(os.path.join(local, *name.split("/")), "w") as f:
                 f.write(text)
         import shutil
@@ -180,13 +211,22 @@ def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_pa
 
 def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, tmp_path):
     out = f"file://{tmp_path}/remote/rte"
-    config = FinetuneConfig(task="scitail", init=tiny_preset, output_dir=out, epochs=1,
-                                               batch_size=32, learning_rate=1e-3, max_length=32,
-                                               data_dir=scitail_demo.write(str(tmp_path / "data")))
+    config = FinetuneConfig(
+        task="scitail",
+        init=tiny_preset,
+        output_dir=out,
+        epochs=1,
+        batch_size=32,
+        learning_rate=1e-3,
+        max_length=32,
+        data_dir=scitail_demo.write(str(tmp_path / "data")),
+    )
     model, results = finetune_lib.finetune(config)
     folder = tmp_path / "remote" / "rte"
-    assert json.loads((folder / "metrics.json").read_text())["splits"]["dev"]["accuracy"] == \
-        results["splits"]["dev"]["accuracy"]
+    assert (
+        json.loads((folder / "metrics.json").read_text())["splits"]["dev"]["accuracy"]
+        == results["splits"]["dev"]["accuracy"]
+    )
     assert (folder / "predictions" / "dev.tsv").read_text().startswith("id\tprediction")
     assert (folder / "checkpoint" / "latest.json").exists() and not (folder / ".lock").exists()
     texts = (["A dog runs in the park."], ["An animal is outside."])
@@ -205,9 +245,22 @@ def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, 
 def test_a_killed_run_resumes_from_the_remote_checkpoint(tmp_path):
     (tmp_path / "corpus.txt").write_text(TEXT, encoding="utf-8")
     remote = tmp_path / "bucket" / "run"
-    args = ["--task=lm", f"--corpus={tmp_path / 'corpus.txt'}", f"--output_dir=file://{remote}", "--num_layers=1",
-            "--hidden_dim=16", "--intermediate_dim=32", "--num_heads=2", "--sequence_length=16", "--batch_size=4",
-            "--max_steps=120", "--evaluations=2", "--warmup_steps=2", "--checkpoint_every=4", "--sample_tokens=2"]
+    args = [
+        "--task=lm",
+        f"--corpus={tmp_path / 'corpus.txt'}",
+        f"--output_dir=file://{remote}",
+        "--num_layers=1",
+        "--hidden_dim=16",
+        "--intermediate_dim=32",
+        "--num_heads=2",
+        "--sequence_length=16",
+        "--batch_size=4",
+        "--max_steps=120",
+        "--evaluations=2",
+        "--warmup_steps=2",
+        "--checkpoint_every=4",
+        "--sample_tokens=2",
+    ]
 
     first = run_cli(*args, cwd=tmp_path, background=True)
     saved = kill_at_step(first, remote / "checkpoint", 8)
@@ -234,8 +287,11 @@ def test_storage_errors_are_user_mistakes_the_command_line_prints_in_one_line():
 def test_the_command_line_names_an_unknown_scheme_in_one_line(tmp_path):
     bad = run_cli("--task=lm", "--output_dir=zz://bucket/run", "--max_steps=1", "--warmup_steps=0", cwd=tmp_path)
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip().splitlines()[-1].startswith("kgpt-train: error: --output_dir zz://bucket/run: no file "
-                                                          "system for zz://")
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .startswith("kgpt-train: error: --output_dir zz://bucket/run: no file system for zz://")
+    )
 
 
 @pytest.mark.large  # two runs of two processes and one of one (minutes on a 2-core machine)
@@ -246,10 +302,25 @@ def test_two_processes_write_a_remote_folder_like_one_process_and_resume_from_it
     remote, reference = tmp_path / "bucket" / "run", tmp_path / "reference"
 
     def args(out):
-        return ["--task=lm", f"--corpus={tmp_path / 'corpus.txt'}", f"--output_dir={out}", "--tokenizer=train",
-                "--num_merges=30", "--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32",
-                "--sequence_length=16", "--batch_size=8", "--warmup_steps=2", "--learning_rate=3e-3", "--dropout=0",
-                "--max_steps=8", "--evaluations=2", "--checkpoint_every=4"]
+        return [
+            "--task=lm",
+            f"--corpus={tmp_path / 'corpus.txt'}",
+            f"--output_dir={out}",
+            "--tokenizer=train",
+            "--num_merges=30",
+            "--num_layers=1",
+            "--num_heads=2",
+            "--hidden_dim=16",
+            "--intermediate_dim=32",
+            "--sequence_length=16",
+            "--batch_size=8",
+            "--warmup_steps=2",
+            "--learning_rate=3e-3",
+            "--dropout=0",
+            "--max_steps=8",
+            "--evaluations=2",
+            "--checkpoint_every=4",
+        ]
 
     logs = [tmp_path / "p0.log", tmp_path / "p1.log"]
     assert finish(start_all(args(f"file://{remote}"), logs)) == [0, 0], logs[1].read_text()[-3000:]

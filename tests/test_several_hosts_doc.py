@@ -48,15 +48,17 @@ def test_the_guide_has_its_commands():
     assert len(commands()) >= 6
 
 
-@pytest.mark.parametrize("environ, args", commands(), ids=lambda value: " ".join(value)[:60] if isinstance(
-    value, list) else None)
+@pytest.mark.parametrize(
+    "environ, args", commands(), ids=lambda value: " ".join(value)[:60] if isinstance(value, list) else None
+)
 def test_a_command_of_the_guide_parses_and_its_processes_can_run(environ, args):
     result = subprocess.run([sys.executable, "-c", PARSE, *args], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     values = json.loads(result.stdout.strip().splitlines()[-1])
     backend = "tensorflow" if environ.get("KERAS_BACKEND") == "tensorflow" else "jax"
-    found = placement.resolve(values["coordinator_address"], values["num_processes"], values["process_id"],
-                            environ=environ, backend=backend)
+    found = placement.resolve(
+        values["coordinator_address"], values["num_processes"], values["process_id"], environ=environ, backend=backend
+    )
     flags_or_environment = environ.get("TF_CONFIG") or values["coordinator_address"]
     if flags_or_environment:  # the line says where the processes are: they are several (or JAX finds them)
         assert found.several or found.coordinator == "auto", found

@@ -206,7 +206,9 @@ def test_shards_hold_the_token_stream(tokenizer, tmp_path, capsys, progress):
     assert any("Skipped 1 empty file(s)" in line and "empty.txt" in line for line in lines)
     on_disk = json.loads((tmp_path / "shards" / "index.json").read_text())
     assert on_disk["total_tokens"] == len(expected)
-    assert [s["tokens"] for s in on_disk["sources"]] == [len(tokenizer.encode(open(f, newline="").read())) for f in files]
+    assert [s["tokens"] for s in on_disk["sources"]] == [
+        len(tokenizer.encode(open(f, newline="").read())) for f in files
+    ]
 
 
 def test_shards_are_reused_until_the_corpus_changes(tokenizer, tmp_path, capsys, progress):

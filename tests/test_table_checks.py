@@ -55,16 +55,24 @@ def test_a_key_given_twice_in_a_json_line_is_refused_at_its_line(tmp_path):
 
 def test_labels_spelled_two_ways_stay_apart_with_a_counted_warning(tmp_path, warnings):
     rows = ["text,label"] + [f"t{i},pos" for i in range(4)] + ["u1,Pos", "u2, pos ", "v1,neg", "v2,neg"]
-    task = with_files("text-classification", write(tmp_path / "t.csv", "\n".join(rows) + "\n"),
-                      text_columns="text", label_column="label")
+    task = with_files(
+        "text-classification",
+        write(tmp_path / "t.csv", "\n".join(rows) + "\n"),
+        text_columns="text",
+        label_column="label",
+    )
     assert task.labels == ("Pos", "neg", "pos")  # " pos " is "pos": spaces alone are dropped, and said so
     [warning] = [w for w in warnings() if "more than one way" in w]
-    assert warning == (f"{tmp_path / 't.csv'}: label(s) in column 'label' spelled more than one way: 'pos' (4 rows), "
-                       f"'Pos' (1 row), ' pos ' (1 row). Surrounding spaces are dropped (one label); a difference in "
-                       f"case or number format makes separate classes: if they are one, spell them one way in your "
-                       f"files.")
-    numbers = [{"text": f"t{i}", "label": 1} for i in range(3)] + [{"text": "u", "label": 1.0},
-                                                                    {"text": "v", "label": "0"}]
+    assert warning == (
+        f"{tmp_path / 't.csv'}: label(s) in column 'label' spelled more than one way: 'pos' (4 rows), "
+        f"'Pos' (1 row), ' pos ' (1 row). Surrounding spaces are dropped (one label); a difference in "
+        f"case or number format makes separate classes: if they are one, spell them one way in your "
+        f"files."
+    )
+    numbers = [{"text": f"t{i}", "label": 1} for i in range(3)] + [
+        {"text": "u", "label": 1.0},
+        {"text": "v", "label": "0"},
+    ]
     path = tmp_path / "n.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in numbers))
     task = with_files("text-classification", str(path), text_columns="text", label_column="label")
@@ -74,29 +82,48 @@ def test_labels_spelled_two_ways_stay_apart_with_a_counted_warning(tmp_path, war
 
 def test_one_spelling_each_gives_no_warning_and_another_spelling_in_dev_is_named(tmp_path, warnings):
     train = write(tmp_path / "t.csv", "text,label\na,pos\nb,neg\nc,pos\nd,neg\n")
-    task = with_files("text-classification", train, text_columns="text", label_column="label",
-                      validation_file=write(tmp_path / "d.csv", "text,label\na,Pos\n"))
+    task = with_files(
+        "text-classification",
+        train,
+        text_columns="text",
+        label_column="label",
+        validation_file=write(tmp_path / "d.csv", "text,label\na,Pos\n"),
+    )
     assert not [w for w in warnings() if "more than one way" in w]
-    with pytest.raises(DataError, match=r"d\.csv:2: label 'Pos' is not one of the training file's labels \('neg', "
-                                        r"'pos'\); it spells 'pos' another way\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"d\.csv:2: label 'Pos' is not one of the training file's labels \('neg', "
+        r"'pos'\); it spells 'pos' another way\.$",
+    ):
         task.examples("validation", None)
 
 
 def test_an_answer_that_is_an_index_and_another_choices_text_is_counted(tmp_path, warnings):
-    rows = ["q\ta\tb\tanswer", "two minus one?\t1\t0\t1", "one minus one?\t1\t0\t0", "one?\t1\t0\t1",
-            "x?\tyes\tno\t1"]
-    task = with_files("multiple-choice", write(tmp_path / "mc.tsv", "\n".join(rows) + "\n"), text_columns="q",
-                      choice_columns="a,b", label_column="answer")
+    rows = ["q\ta\tb\tanswer", "two minus one?\t1\t0\t1", "one minus one?\t1\t0\t0", "one?\t1\t0\t1", "x?\tyes\tno\t1"]
+    task = with_files(
+        "multiple-choice",
+        write(tmp_path / "mc.tsv", "\n".join(rows) + "\n"),
+        text_columns="q",
+        choice_columns="a,b",
+        label_column="answer",
+    )
     examples = task.examples("train", None)[0]
     assert [e.label for e in examples] == [1, 0, 1, 1]  # read as indices, as documented
     [warning] = [w for w in warnings() if "index and another" in w]
-    assert warning == (f"{tmp_path / 'mc.tsv'}: 3 answer(s) in 'answer' are a choice's index and another choice's "
-                       f"text: read as indices from 0 (0 is 'a'); write them as indices if they were texts (first at "
-                       f"{tmp_path / 'mc.tsv'}:2).")
+    assert warning == (
+        f"{tmp_path / 'mc.tsv'}: 3 answer(s) in 'answer' are a choice's index and another choice's "
+        f"text: read as indices from 0 (0 is 'a'); write them as indices if they were texts (first at "
+        f"{tmp_path / 'mc.tsv'}:2)."
+    )
     write(tmp_path / "mc.tsv", "q\ta\tb\tanswer\nx?\tsame\tsame\tsame\ny?\tyes\tno\tno\n")
     assert [e.label for e in task.examples("train", None)[0]] == [0, 1]
-    assert any(w.endswith("1 answer(s) in 'answer' are the text of two or more choices: the first of them taken as "
-                          f"the answer (first at {tmp_path / 'mc.tsv'}:2).") for w in warnings())
+    assert any(
+        w.endswith(
+            "1 answer(s) in 'answer' are the text of two or more choices: the first of them taken as "
+            f"the answer (first at {tmp_path / 'mc.tsv'}:2)."
+        )
+        for w in warnings()
+    )
     write(tmp_path / "mc.tsv", "q\ta\tb\tanswer\nx?\tyes\tno\t\u00b2\n")  # a digit to str.isdigit, not to int()
     with pytest.raises(DataError, match=r"mc\.tsv:2: answer '\u00b2' in 'answer' is neither a choice index"):
         task.examples("train", None)
@@ -104,8 +131,9 @@ def test_an_answer_that_is_an_index_and_another_choices_text_is_counted(tmp_path
 
 def test_a_regression_value_is_a_plainly_written_finite_number(tmp_path):
     path = tmp_path / "r.csv"
-    task = with_files("text-regression", write(path, "text,score\na,1\nb,2\n"), text_columns="text",
-                      label_column="score")
+    task = with_files(
+        "text-regression", write(path, "text,score\na,1\nb,2\n"), text_columns="text", label_column="score"
+    )
     for good, value in (("-1.5e2", -150.0), (" .5 ", 0.5), ("+3", 3.0)):
         write(path, f"text,score\na,{good}\n")
         assert task.examples("train", None)[0][0].label == value
@@ -115,8 +143,9 @@ def test_a_regression_value_is_a_plainly_written_finite_number(tmp_path):
             task.examples("train", None)
     path = tmp_path / "r.jsonl"
     path.write_text('{"text": "a", "score": NaN}\n')
-    task = with_files("text-regression", str(tmp_path / "r.csv"), text_columns="text", label_column="score",
-                      validation_file=str(path))
+    task = with_files(
+        "text-regression", str(tmp_path / "r.csv"), text_columns="text", label_column="score", validation_file=str(path)
+    )
     with pytest.raises(DataError, match=r"r\.jsonl:1: 'score' holds 'NaN', not a finite number"):
         task.examples("validation", None)
 
@@ -126,8 +155,11 @@ def test_a_regression_value_is_a_plainly_written_finite_number(tmp_path):
 
 def test_a_quote_left_open_to_the_end_names_the_line_it_opens_on(tmp_path):
     path = write(tmp_path / "t.csv", 'text,label\nok,pos\n"a good film,pos\nbad,neg\nok,pos\nfine,neg\n')
-    with pytest.raises(DataError, match=r"^.*t\.csv:3: a quoted field opens here and is never closed \(it runs to "
-                                        r"the end of the file, line 6\)\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"^.*t\.csv:3: a quoted field opens here and is never closed \(it runs to "
+        r"the end of the file, line 6\)\.$",
+    ):
         list(tables.read_table(path).rows)
     write(tmp_path / "t.csv", 'text,label\nok,pos\n"x"y,neg\n')  # other malformed rows: the line of the fault
     with pytest.raises(DataError, match=r"t\.csv:3: malformed CSV \(',' expected after '\"'\)"):
@@ -138,9 +170,11 @@ def test_a_quote_that_swallows_rows_is_counted_by_the_line_it_opens_on(tmp_path,
     path = write(tmp_path / "t.csv", 'text,label\n"a good film,pos\nbad,neg\nok",pos\nfine,neg\n')
     rows = list(tables.read_table(path).rows)
     assert [line for line, _ in rows] == [2, 5]
-    assert warnings() == [f"{path}: 1 row(s) hold, inside a quoted field, whole lines with the header's 2 fields "
-                          f"(5 lines read as 3 rows); the first such quote opens at {path}:2. If a quote was left "
-                          f"open there, close it."]
+    assert warnings() == [
+        f"{path}: 1 row(s) hold, inside a quoted field, whole lines with the header's 2 fields "
+        f"(5 lines read as 3 rows); the first such quote opens at {path}:2. If a quote was left "
+        f"open there, close it."
+    ]
     list(tables.read_table(path).rows)
     assert len(warnings()) == 1  # a table read twice in a run (labels, then examples) says it once
     # A text that holds line breaks is no such row: the guide's own example.
@@ -160,20 +194,39 @@ def test_a_field_over_pythons_csv_limit_is_read_whole(tmp_path):
 # --- the hostile pass: encodings, headers, column names ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name,data,error", [
-    ("u.csv", "text,label\na,b\n".encode("utf-16"), r"u\.csv:1: the file is UTF-16 or UTF-32 \(its byte-order mark "
-                                                     r"says\), not UTF-8: save it as UTF-8\.$"),
-    ("z.csv", gzip.compress(b"text,label\na,b\n"), r"z\.csv:1: the file is gzip-compressed, not text: decompress it"),
-    ("z.jsonl", b"PK\x03\x04\x14\x00rest\n", r"z\.jsonl:1: the file is a zip archive \(or a spreadsheet\), not text"),
-    ("b.tsv", b"text\tlabel\na\tb\n\x80\tc\n", r"b\.tsv:3: byte 0 of the line \(0x80\) is not valid UTF-8"),
-    ("j.csv", b"text,label\na,b\n\xef\xbb\xbftext,label\nc,d\n", r"j\.csv:3: a byte-order mark starts this line"),
-    ("j.tsv", b"text\tlabel\na\tb\ntext\tlabel\nc\td\n", r"j\.tsv:3: the header row again \(line 1 is the "
-                                                              r"first\): were files joined here\? Remove it\.$"),
-    ("n.csv", b"text,label\na\x00b,c\n", r"n\.csv:2: byte 1 of the line is a NUL: a binary file, or UTF-16 "),
-    ("w.tsv", "text\tlabel\n".encode("utf-16-le"), r"w\.tsv:1: byte 1 of the line is a NUL"),
-    ("h.tsv", b"text\tlabel\ttext\nx\ty\tz\n", r"h\.tsv:1: the header names column 'text' twice"),
-    ("e.csv", b"\xef\xbb\xbftext,label\na,\n", r"e\.csv:2: empty label in column 'label'"),
-])
+@pytest.mark.parametrize(
+    "name,data,error",
+    [
+        (
+            "u.csv",
+            "text,label\na,b\n".encode("utf-16"),
+            r"u\.csv:1: the file is UTF-16 or UTF-32 \(its byte-order mark "
+            r"says\), not UTF-8: save it as UTF-8\.$",
+        ),
+        (
+            "z.csv",
+            gzip.compress(b"text,label\na,b\n"),
+            r"z\.csv:1: the file is gzip-compressed, not text: decompress it",
+        ),
+        (
+            "z.jsonl",
+            b"PK\x03\x04\x14\x00rest\n",
+            r"z\.jsonl:1: the file is a zip archive \(or a spreadsheet\), not text",
+        ),
+        ("b.tsv", b"text\tlabel\na\tb\n\x80\tc\n", r"b\.tsv:3: byte 0 of the line \(0x80\) is not valid UTF-8"),
+        ("j.csv", b"text,label\na,b\n\xef\xbb\xbftext,label\nc,d\n", r"j\.csv:3: a byte-order mark starts this line"),
+        (
+            "j.tsv",
+            b"text\tlabel\na\tb\ntext\tlabel\nc\td\n",
+            r"j\.tsv:3: the header row again \(line 1 is the "
+            r"first\): were files joined here\? Remove it\.$",
+        ),
+        ("n.csv", b"text,label\na\x00b,c\n", r"n\.csv:2: byte 1 of the line is a NUL: a binary file, or UTF-16 "),
+        ("w.tsv", "text\tlabel\n".encode("utf-16-le"), r"w\.tsv:1: byte 1 of the line is a NUL"),
+        ("h.tsv", b"text\tlabel\ttext\nx\ty\tz\n", r"h\.tsv:1: the header names column 'text' twice"),
+        ("e.csv", b"\xef\xbb\xbftext,label\na,\n", r"e\.csv:2: empty label in column 'label'"),
+    ],
+)
 def test_files_that_are_not_what_they_claim_are_named_in_one_line(tmp_path, name, data, error):
     (tmp_path / name).write_bytes(data)
     with pytest.raises(DataError, match=error):
@@ -188,11 +241,17 @@ def test_a_tsv_header_naming_a_column_twice_is_refused_by_the_task_readers_too(t
 
 def test_a_column_name_that_is_almost_right_is_suggested(tmp_path):
     path = write(tmp_path / "t.csv", "Review,Sentiment label\na,b\nc,d\n")
-    with pytest.raises(DataError, match=r"t\.csv: no column 'review' \(--text_columns; did you mean 'Review'\?\); "
-                                        r"it has 'Review', 'Sentiment label'\.$"):
+    with pytest.raises(
+        DataError,
+        match=r"t\.csv: no column 'review' \(--text_columns; did you mean 'Review'\?\); "
+        r"it has 'Review', 'Sentiment label'\.$",
+    ):
         with_files("text-classification", path, text_columns="review", label_column="Sentiment label")
-    with pytest.raises(DataError, match=r"no column 'sentiment_label' \(--label_column; did you mean 'Sentiment "
-                                        r"label'\?\)"):
+    with pytest.raises(
+        DataError,
+        match=r"no column 'sentiment_label' \(--label_column; did you mean 'Sentiment "
+        r"label'\?\)",
+    ):
         with_files("text-classification", path, text_columns="Review", label_column="sentiment_label")
     with pytest.raises(DataError, match=r"no column 'stars' \(--label_column\); it has"):
         with_files("text-classification", path, text_columns="Review", label_column="stars")
@@ -209,15 +268,26 @@ def test_a_task_preset_saved_from_python_predicts_on_the_columns_it_was_trained_
     from kgpt.jobs import predict as predict_lib
     from kgpt.jobs.config import FinetuneConfig
 
-    rows = [["id", "text", "note", "label"]] + [[str(i), "good fun" if i % 2 else "dull", "a note", "ab"[i % 2]]
-                                                for i in range(8)]
+    rows = [["id", "text", "note", "label"]] + [
+        [str(i), "good fun" if i % 2 else "dull", "a note", "ab"[i % 2]] for i in range(8)
+    ]
     train = tmp_path / "t.csv"
     with open(train, "w", newline="", encoding="utf-8") as f:
         csv.writer(f).writerows(rows)
     run = str(tmp_path / "run")
-    finetune_lib.finetune(FinetuneConfig(task="text-classification", init=tiny_preset, train_file=str(train),
-                                         text_columns=["text"], label_column="label", output_dir=run, epochs=1, max_length=16,
-                                         batch_size=4))
+    finetune_lib.finetune(
+        FinetuneConfig(
+            task="text-classification",
+            init=tiny_preset,
+            train_file=str(train),
+            text_columns=["text"],
+            label_column="label",
+            output_dir=run,
+            epochs=1,
+            max_length=16,
+            batch_size=4,
+        )
+    )
     saved = str(tmp_path / "saved")
     kgpt.GPTTaskModel.from_preset(run).save_to_preset(saved)
     assert json.loads((tmp_path / "saved" / "preprocessor.json").read_text())["config"]["columns"] == ["text"]
@@ -228,8 +298,9 @@ def test_a_task_preset_saved_from_python_predicts_on_the_columns_it_was_trained_
     outputs = []
     for path in (run, saved):  # as kgpt-predict --model PATH --input t.csv reads and writes it
         model = kgpt.GPTTaskModel.from_preset(path)
-        inputs = predict_lib.read_inputs(str(train), model.preprocessor.transform,
-                                         columns=predict_lib.columns_for(path, str(train)))
+        inputs = predict_lib.read_inputs(
+            str(train), model.preprocessor.transform, columns=predict_lib.columns_for(path, str(train))
+        )
         assert inputs.columns == ["text"] and inputs.examples[0] == (("dull",), ())
         predict_lib.write(model, inputs, str(tmp_path / "p.csv"))
         outputs.append((tmp_path / "p.csv").read_text())
@@ -248,18 +319,28 @@ def test_a_vocabulary_giving_two_tokens_one_id_is_refused_by_name(monkeypatch, c
     vocabulary = {chr(c): i for i, c in enumerate(range(ord("a"), ord("z") + 1))}
     vocabulary.update({"Ġ": 26, "th": 27, "the": 27})
     folder = tmp_path / "tok"
-    keras_hub.tokenizers.BytePairTokenizer(vocabulary={**vocabulary, "the": 28}, merges=["t h", "th e"]) \
-        .save_to_preset(str(folder))
+    keras_hub.tokenizers.BytePairTokenizer(vocabulary={**vocabulary, "the": 28}, merges=["t h", "th e"]).save_to_preset(
+        str(folder)
+    )
     (folder / "assets" / "tokenizer" / "vocabulary.json").write_text(json.dumps(vocabulary))
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.txt").write_text("the the\n")
-    code, _, err = cli(monkeypatch, capsys, train, "--task=lm", f"--corpus={corpus}", f"--tokenizer={folder}",
-                       "--dry_run" if dry_run else "--prepare_only")
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        "--task=lm",
+        f"--corpus={corpus}",
+        f"--tokenizer={folder}",
+        "--dry_run" if dry_run else "--prepare_only",
+    )
     assert code == 1 and "Traceback" not in err, err[-3000:]
     [line] = [line for line in err.splitlines() if "error" in line.lower()]
-    assert line == (f"kgpt-train: error: --tokenizer={folder}: {folder}/assets/tokenizer/vocabulary.json: id 27 is "
-                    f"given to two tokens, 'th' and 'the'; each token needs an id of its own.")
+    assert line == (
+        f"kgpt-train: error: --tokenizer={folder}: {folder}/assets/tokenizer/vocabulary.json: id 27 is "
+        f"given to two tokens, 'th' and 'the'; each token needs an id of its own."
+    )
 
 
 def test_a_wordpiece_vocabulary_listing_a_token_twice_is_refused_at_its_line(tmp_path):
@@ -270,6 +351,9 @@ def test_a_wordpiece_vocabulary_listing_a_token_twice_is_refused_at_its_line(tmp
     folder = tmp_path / "wp"
     keras_hub.tokenizers.WordPieceTokenizer(vocabulary=["[UNK]", "a", "b"]).save_to_preset(str(folder))
     (folder / "assets" / "tokenizer" / "vocabulary.txt").write_text("[UNK]\na\nb\na\n")
-    with pytest.raises(kgpt.CheckpointError, match=r"vocabulary\.txt:4: the token 'a' again \(line 2 has it "
-                                                          r"too\)"):
+    with pytest.raises(
+        kgpt.CheckpointError,
+        match=r"vocabulary\.txt:4: the token 'a' again \(line 2 has it "
+        r"too\)",
+    ):
         load_tokenizer(str(folder))

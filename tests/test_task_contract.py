@@ -21,14 +21,22 @@ def test_task_contract(name):
 
 
 def test_contract_catches_a_reader_without_sources():
-    task = kgpt.Task(name="careless", transform=transforms.Entailment(), labels=("a", "b"),
-                     read=lambda split, data_dir: [kgpt.Example(segments=("p", "h"), label="a")])
+    task = kgpt.Task(
+        name="careless",
+        transform=transforms.Entailment(),
+        labels=("a", "b"),
+        read=lambda split, data_dir: [kgpt.Example(segments=("p", "h"), label="a")],
+    )
     with pytest.raises(AssertionError, match="Task 'careless': example without a source"):
         kgpt.testing.check_task(task, data_dir="unused")
 
 
 def test_contract_catches_labels_outside_the_label_set():
-    task = kgpt.Task(name="wrong", transform=transforms.Classification(), labels=("a", "b"),
-                     read=lambda split, data_dir: [kgpt.Example(segments=("t",), label="c", source="f:1")])
+    task = kgpt.Task(
+        name="wrong",
+        transform=transforms.Classification(),
+        labels=("a", "b"),
+        read=lambda split, data_dir: [kgpt.Example(segments=("t",), label="c", source="f:1")],
+    )
     with pytest.raises(kgpt.DataError, match="f:1: label 'c' is not one of 'a', 'b'"):
         kgpt.testing.check_task(task, data_dir="unused")

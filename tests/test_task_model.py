@@ -70,8 +70,13 @@ def test_multiple_choice_scores_each_answer_and_softmax_sums_to_one():
 
 
 def _sgd_step(lm_coef, x, y, sample_weight, weights):
-    model = kgpt.GPTTaskModel(tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),
-                              lm_coef=lm_coef, classifier_dropout=0.0, compile=False)
+    model = kgpt.GPTTaskModel(
+        tiny_backbone(dropout=0.0),
+        head=kgpt.tasks.heads.ClassificationHead(["a", "b"]),
+        lm_coef=lm_coef,
+        classifier_dropout=0.0,
+        compile=False,
+    )
     model.set_weights(weights)
     model.compile(optimizer=keras.optimizers.SGD(1.0))
     if lm_coef == 0:
@@ -83,8 +88,15 @@ def _sgd_step(lm_coef, x, y, sample_weight, weights):
 def test_lm_coef_scales_the_lm_gradient_and_zero_removes_it():
     x = packed(transforms.Entailment(), [([[1, 2, 3], [4, 5]], ()), ([[6], [7, 8, 9]], ())])
     y, sample_weight = targets(x, [0, 1])
-    start = kgpt.GPTTaskModel(tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False).get_weights()
-    assert "lm" not in kgpt.GPTTaskModel(tiny_backbone(), kgpt.tasks.heads.ClassificationHead(["a", "b"]), lm_coef=0, compile=False).output
+    start = kgpt.GPTTaskModel(
+        tiny_backbone(dropout=0.0), head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False
+    ).get_weights()
+    assert (
+        "lm"
+        not in kgpt.GPTTaskModel(
+            tiny_backbone(), kgpt.tasks.heads.ClassificationHead(["a", "b"]), lm_coef=0, compile=False
+        ).output
+    )
     after = {c: _sgd_step(c, x, y, sample_weight, start) for c in (0.0, 0.5, 1.0)}
     # With SGD(lr=1) each update is minus the gradient of task + c * LM.
     lm_half = [h - z for h, z in zip(after[0.5], after[0.0])]

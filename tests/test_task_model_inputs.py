@@ -41,57 +41,97 @@ def targets(x, task=(0, 1, 1, 0)):
 KEYS = "token-id inputs are a dict {'token_ids': ..., 'padding_mask': ...}"
 
 
-@pytest.mark.parametrize("x, error, match", [
-    # Keras matched the keys by position on JAX and returned logits of the wrong arrays.
-    ({"ids": inputs()["token_ids"], "mask": inputs()["padding_mask"]}, ValueError,
-     r"x has keys \['ids', 'mask'\] \(missing \['token_ids', 'padding_mask'\]; unknown \['ids', 'mask'\]\): " + KEYS),
-    ({"token_ids": inputs()["token_ids"]}, ValueError, r"missing \['padding_mask'\]\): " + KEYS),  # JAX: "not connected"
-    ({**inputs(), "segment_ids": inputs()["token_ids"]}, ValueError, r"unknown \['segment_ids'\]"),
-    ({}, ValueError, r"x has keys \[\] \(missing \['token_ids', 'padding_mask'\]\)"),  # KeyError: pop from an empty set
-    ([None], TypeError, r"x is a list of NoneType: pass texts, a dict"),  # KeyError: pop from an empty set
-    ([1, 2, 3], TypeError, r"x is a list of int: pass texts, a dict .* \[batch, num_views, length\]"),
-    (np.ones((2, 1, 4), "int32"), TypeError, "x is a ndarray: pass texts, a dict"),
-    (7, TypeError, "x is a int: pass texts"),
-    ({"token_ids": inputs()["token_ids"] * 1.0, "padding_mask": inputs()["padding_mask"]}, TypeError,
-     r"x\['token_ids'\] must hold integer token ids, got dtype float64"),
-    ({"token_ids": inputs()["token_ids"][:0], "padding_mask": inputs()["padding_mask"][:0]}, ValueError,
-     r"x\['token_ids'\] is empty"),
-    # Two views for a one-view model came back as two rows of logits per example.
-    (inputs(batch=2, views=2), ValueError, r"x\['token_ids'\] has 2 views per example .* takes num_views=1"),
-    ({**inputs(), "padding_mask": np.concatenate([np.ones((4, 1, 4)), np.zeros((4, 1, 4))], -1)[::-1, :, ::-1]},
-     ValueError, r"x\['padding_mask'\]\[0, 0\] is not right-padded"),
-    ({**inputs(), "padding_mask": np.zeros((4, 1, L))}, ValueError, r"x\['padding_mask'\]\[0, 0\] has no real token"),
-    ([b"a cab"], TypeError, r"x is a list of bytes \(decode bytes to str\)"),
-])
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        # Keras matched the keys by position on JAX and returned logits of the wrong arrays.
+        (
+            {"ids": inputs()["token_ids"], "mask": inputs()["padding_mask"]},
+            ValueError,
+            r"x has keys \['ids', 'mask'\] \(missing \['token_ids', 'padding_mask'\]; unknown \['ids', 'mask'\]\): "
+            + KEYS,
+        ),
+        (
+            {"token_ids": inputs()["token_ids"]},
+            ValueError,
+            r"missing \['padding_mask'\]\): " + KEYS,
+        ),  # JAX: "not connected"
+        ({**inputs(), "segment_ids": inputs()["token_ids"]}, ValueError, r"unknown \['segment_ids'\]"),
+        (
+            {},
+            ValueError,
+            r"x has keys \[\] \(missing \['token_ids', 'padding_mask'\]\)",
+        ),  # KeyError: pop from an empty set
+        ([None], TypeError, r"x is a list of NoneType: pass texts, a dict"),  # KeyError: pop from an empty set
+        ([1, 2, 3], TypeError, r"x is a list of int: pass texts, a dict .* \[batch, num_views, length\]"),
+        (np.ones((2, 1, 4), "int32"), TypeError, "x is a ndarray: pass texts, a dict"),
+        (7, TypeError, "x is a int: pass texts"),
+        (
+            {"token_ids": inputs()["token_ids"] * 1.0, "padding_mask": inputs()["padding_mask"]},
+            TypeError,
+            r"x\['token_ids'\] must hold integer token ids, got dtype float64",
+        ),
+        (
+            {"token_ids": inputs()["token_ids"][:0], "padding_mask": inputs()["padding_mask"][:0]},
+            ValueError,
+            r"x\['token_ids'\] is empty",
+        ),
+        # Two views for a one-view model came back as two rows of logits per example.
+        (inputs(batch=2, views=2), ValueError, r"x\['token_ids'\] has 2 views per example .* takes num_views=1"),
+        (
+            {**inputs(), "padding_mask": np.concatenate([np.ones((4, 1, 4)), np.zeros((4, 1, 4))], -1)[::-1, :, ::-1]},
+            ValueError,
+            r"x\['padding_mask'\]\[0, 0\] is not right-padded",
+        ),
+        (
+            {**inputs(), "padding_mask": np.zeros((4, 1, L))},
+            ValueError,
+            r"x\['padding_mask'\]\[0, 0\] has no real token",
+        ),
+        ([b"a cab"], TypeError, r"x is a list of bytes \(decode bytes to str\)"),
+    ],
+)
 def test_task_predict_names_what_is_wrong_with_x(task, x, error, match):
     with pytest.raises(error, match=match):
         task.predict(x, verbose=0)
 
 
-@pytest.mark.parametrize("x, error, match", [
-    ({"ids": np.ones((2, L), "int32")}, ValueError, r"missing \['token_ids', 'padding_mask'\]; unknown \['ids'\]"),
-    ({"token_ids": np.ones((2, L), "int32")}, ValueError, r"missing \['padding_mask'\]\): " + KEYS),
-    ({}, ValueError, r"x has keys \[\]"),
-    ([None], TypeError, "x is a list of NoneType: pass texts"),
-    ([1, 2, 3], TypeError, r"x is a list of int: pass texts, .* \[batch, length\]"),
-])
+@pytest.mark.parametrize(
+    "x, error, match",
+    [
+        ({"ids": np.ones((2, L), "int32")}, ValueError, r"missing \['token_ids', 'padding_mask'\]; unknown \['ids'\]"),
+        ({"token_ids": np.ones((2, L), "int32")}, ValueError, r"missing \['padding_mask'\]\): " + KEYS),
+        ({}, ValueError, r"x has keys \[\]"),
+        ([None], TypeError, "x is a list of NoneType: pass texts"),
+        ([1, 2, 3], TypeError, r"x is a list of int: pass texts, .* \[batch, length\]"),
+    ],
+)
 def test_lm_predict_names_what_is_wrong_with_x(lm, x, error, match):
     with pytest.raises(error, match=match):
         lm.predict(x, verbose=0)
 
 
-@pytest.mark.parametrize("y, match", [
-    ({"task": np.array([0, 1, 7, 0])}, r"y has keys \['task'\]; the model's outputs are \['lm', 'task'\], so y on "
-                                       r"token ids is \{'task': targets \[batch\], 'lm': x\['token_ids'\]\[..., 1:\]\}"),
-    (np.array([0, 1, 1, 0]), r"y is a ndarray; the model's outputs are \['lm', 'task'\]"),
-    ("task_lm_extra", r"unknown|has keys \['extra', 'lm', 'task'\]"),
-    ("task_7", r"y\['task'\]\[2\] is 7: class indices must be in \[0, 2\) \(the head's 2 classes\)"),
-    ("task_-1", r"y\['task'\]\[0\] is -1: class indices must be in \[0, 2\)"),
-    ("task_0.5", r"y\['task'\] must hold integer class indices, got dtype float64"),
-    ("lm_past_vocabulary", rf"y\['lm'\]\[1, 0, 3\] is {V}: token ids must be in \[0, {V}\)"),  # NaN loss on JAX
-    ("lm_shape", r"y\['lm'\] must have shape \(4, 1, 7\) \(x\['token_ids'\]\[..., 1:\]"),
-    ("task_rows", rf"y\['task'\] has 3 rows, x\['token_ids'\] has 4: {ONE_PER_EXAMPLE}"),  # Keras' cardinality message
-])
+@pytest.mark.parametrize(
+    "y, match",
+    [
+        (
+            {"task": np.array([0, 1, 7, 0])},
+            r"y has keys \['task'\]; the model's outputs are \['lm', 'task'\], so y on "
+            r"token ids is \{'task': targets \[batch\], 'lm': x\['token_ids'\]\[..., 1:\]\}",
+        ),
+        (np.array([0, 1, 1, 0]), r"y is a ndarray; the model's outputs are \['lm', 'task'\]"),
+        ("task_lm_extra", r"unknown|has keys \['extra', 'lm', 'task'\]"),
+        ("task_7", r"y\['task'\]\[2\] is 7: class indices must be in \[0, 2\) \(the head's 2 classes\)"),
+        ("task_-1", r"y\['task'\]\[0\] is -1: class indices must be in \[0, 2\)"),
+        ("task_0.5", r"y\['task'\] must hold integer class indices, got dtype float64"),
+        ("lm_past_vocabulary", rf"y\['lm'\]\[1, 0, 3\] is {V}: token ids must be in \[0, {V}\)"),  # NaN loss on JAX
+        ("lm_shape", r"y\['lm'\] must have shape \(4, 1, 7\) \(x\['token_ids'\]\[..., 1:\]"),
+        (
+            "task_rows",
+            rf"y\['task'\] has 3 rows, x\['token_ids'\] has 4: {ONE_PER_EXAMPLE}",
+        ),  # Keras' cardinality message
+    ],
+)
 @pytest.mark.parametrize("method", ["fit", "evaluate", "train_on_batch"])
 def test_targets_on_token_ids_are_checked(task, method, y, match):
     x = inputs()
@@ -119,7 +159,9 @@ def test_targets_on_token_ids_are_checked(task, method, y, match):
 def test_sample_weights_and_validation_data_are_checked_too(task):
     x = inputs()
     weights = {"task": np.ones(3, "float32"), "lm": x["padding_mask"][..., 1:]}
-    with pytest.raises(ValueError, match=rf"sample_weight\['task'\] has 3 rows, x\['token_ids'\] has 4: {ONE_PER_EXAMPLE}"):
+    with pytest.raises(
+        ValueError, match=rf"sample_weight\['task'\] has 3 rows, x\['token_ids'\] has 4: {ONE_PER_EXAMPLE}"
+    ):
         task.fit(x, targets(x), sample_weight=weights, verbose=0)
     with pytest.raises(ValueError, match=r"y\['task'\]\[2\] is 9"):
         task.fit(x, targets(x), validation_data=(x, targets(x, (0, 1, 9, 0))), verbose=0)
@@ -138,7 +180,9 @@ def test_any_targets_evaluate_finitely_or_are_refused(task, classes, next_token)
     if min(classes) >= 0 and max(classes) < 2 and 0 <= next_token < V:
         assert np.isfinite(task.evaluate(x, y, verbose=0)).all()
     else:
-        with pytest.raises(ValueError, match=r"y\['(task|lm)'\]\[[\d, ]+\] is -?\d+: (class indices|token ids) must be"):
+        with pytest.raises(
+            ValueError, match=r"y\['(task|lm)'\]\[[\d, ]+\] is -?\d+: (class indices|token ids) must be"
+        ):
             task.evaluate(x, y, verbose=0)
 
 

@@ -7,9 +7,9 @@ import keras_hub
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import TINY, char_tokenizer, to_numpy
 
 import kgpt
-from conftest import TINY, char_tokenizer, to_numpy
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 
 TEXTS = ["a cab", "the dog ran to the cab!"]
@@ -36,9 +36,11 @@ def test_preprocessor_packs_shifts_and_weights():
     with pytest.raises(ValueError, match="at least one token in every prompt"):
         preprocessor.generate_preprocess(["a", ""])
     # tf.data, unbatched and batched, gives the same arrays on every backend.
-    for ds in (tf.data.Dataset.from_tensor_slices(TEXTS).map(preprocessor).batch(2),
-               tf.data.Dataset.from_tensor_slices(TEXTS).batch(2).map(preprocessor)):
-        (dx, dy, dw), = ds.as_numpy_iterator()
+    for ds in (
+        tf.data.Dataset.from_tensor_slices(TEXTS).map(preprocessor).batch(2),
+        tf.data.Dataset.from_tensor_slices(TEXTS).batch(2).map(preprocessor),
+    ):
+        ((dx, dy, dw),) = ds.as_numpy_iterator()
         np.testing.assert_array_equal(dx["token_ids"], expected[:, :-1])
         np.testing.assert_array_equal(dy, expected[:, 1:])
         np.testing.assert_array_equal(dw.astype(int), to_numpy(sample_weight).astype(int))
@@ -64,9 +66,23 @@ def tiny_pretrained_preset(tmp_path, **overrides):
     corpus.mkdir()
     (corpus / "a.txt").write_text("The keeper climbed the steps of the tower.\n" * 20, encoding="utf-8")
     config = PretrainConfig(
-        corpus=str(corpus), output_dir=str(tmp_path / "out"), tokenizer="train", num_merges=20, num_layers=1,
-        num_heads=2, hidden_dim=16, intermediate_dim=32, dropout=0.0, sequence_length=16, batch_size=4,
-        learning_rate=1e-2, warmup_steps=1, max_steps=2, evaluations=1, sample_tokens=3, checkpoint_every=0,
+        corpus=str(corpus),
+        output_dir=str(tmp_path / "out"),
+        tokenizer="train",
+        num_merges=20,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=16,
+        intermediate_dim=32,
+        dropout=0.0,
+        sequence_length=16,
+        batch_size=4,
+        learning_rate=1e-2,
+        warmup_steps=1,
+        max_steps=2,
+        evaluations=1,
+        sample_tokens=3,
+        checkpoint_every=0,
         validation_fraction=0.0,
         **overrides,
     )
@@ -93,8 +109,9 @@ def test_a_pretrained_preset_generates_text(tmp_path):
 
 
 def tiny_lm(tokenizer=None, length=16):
-    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": (tokenizer or char_tokenizer()).vocabulary_size(),
-                                   "max_sequence_length": length})
+    backbone = kgpt.GPTBackbone(
+        **{**TINY, "vocabulary_size": (tokenizer or char_tokenizer()).vocabulary_size(), "max_sequence_length": length}
+    )
     return kgpt.GPTCausalLM(backbone)
 
 

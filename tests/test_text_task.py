@@ -11,8 +11,8 @@ import kgpt
 import kgpt.testing
 from kgpt.tasks import heads, transforms
 
-
 # --- heads -------------------------------------------------------------------
+
 
 def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
     head = heads.ClassificationHead(["negative", "positive"])
@@ -49,8 +49,14 @@ def test_bad_labels_name_their_source(head, label, message):
 
 
 def test_heads_and_transforms_serialize_to_themselves():
-    for obj in (heads.ClassificationHead(["x", "y", "z"]), heads.RegressionHead(), heads.MultipleChoiceHead(3),
-                transforms.Classification(), transforms.Similarity(), transforms.MultipleChoice(5)):
+    for obj in (
+        heads.ClassificationHead(["x", "y", "z"]),
+        heads.RegressionHead(),
+        heads.MultipleChoiceHead(3),
+        transforms.Classification(),
+        transforms.Similarity(),
+        transforms.MultipleChoice(5),
+    ):
         config = json.loads(json.dumps(keras.saving.serialize_keras_object(obj)))
         assert keras.saving.deserialize_keras_object(config) == obj
 
@@ -63,12 +69,18 @@ def test_a_plugin_can_bring_its_own_head():
         def decode(self, outputs):
             return np.clip(np.round(outputs), 1, 5)
 
-    task = kgpt.Task(name="stars", transform=transforms.Classification(), head=Stars(), metrics=("pearson",),
-                     read=lambda split, data_dir: [])
+    task = kgpt.Task(
+        name="stars",
+        transform=transforms.Classification(),
+        head=Stars(),
+        metrics=("pearson",),
+        read=lambda split, data_dir: [],
+    )
     kgpt.testing.check_task(task, tokenizer=char_tokenizer())
 
 
 # --- the task preprocessor ---------------------------------------------------
+
 
 def test_preprocessor_takes_keras_hub_style_inputs():
     tokenizer = char_tokenizer()
@@ -119,24 +131,33 @@ def test_truncation_is_counted_and_reported():
     assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
     assert split.view_lengths.ravel().tolist() == [8, 4]
     model = kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]), preprocessor=preprocessor)
-    with pytest.warns(UserWarning, match=r"1 of 2 examples in inputs are longer than sequence_length=8 tokens: 4 tokens"):
+    with pytest.warns(
+        UserWarning, match=r"1 of 2 examples in inputs are longer than sequence_length=8 tokens: 4 tokens"
+    ):
         model.encode(["abcdefghij", "ab"])
 
 
 # --- GPTTaskModel on raw text ------------------------------------------------
 
 TASKS = {
-    "one segment": (kgpt.Task(name="tone", transform=transforms.Classification(), labels=("calm", "loud"),
-                              read=lambda s, d: []),
-                    ["quiet now", "LOUD!!!", "so calm", "yes!!"], ["calm", "loud", "calm", "loud"]),
-    "two segments": (kgpt.Task(name="pairs", transform=transforms.Entailment(), labels=("same", "different"),
-                               read=lambda s, d: []),
-                     (["a cat", "a dog", "the sun", "ice"], ["a cat", "a bird", "the sun", "fire"]),
-                     ["same", "different", "same", "different"]),
-    "multiple choice": (kgpt.Task(name="pick", transform=transforms.MultipleChoice(2), read=lambda s, d: []),
-                        (["2 + 2 =", "the sky is", "ice is", "fire is"], [["4", "5"], ["blue", "green"],
-                                                                            ["hot", "cold"], ["hot", "cold"]]),
-                        [0, 0, 1, 0]),
+    "one segment": (
+        kgpt.Task(name="tone", transform=transforms.Classification(), labels=("calm", "loud"), read=lambda s, d: []),
+        ["quiet now", "LOUD!!!", "so calm", "yes!!"],
+        ["calm", "loud", "calm", "loud"],
+    ),
+    "two segments": (
+        kgpt.Task(name="pairs", transform=transforms.Entailment(), labels=("same", "different"), read=lambda s, d: []),
+        (["a cat", "a dog", "the sun", "ice"], ["a cat", "a bird", "the sun", "fire"]),
+        ["same", "different", "same", "different"],
+    ),
+    "multiple choice": (
+        kgpt.Task(name="pick", transform=transforms.MultipleChoice(2), read=lambda s, d: []),
+        (
+            ["2 + 2 =", "the sky is", "ice is", "fire is"],
+            [["4", "5"], ["blue", "green"], ["hot", "cold"], ["hot", "cold"]],
+        ),
+        [0, 0, 1, 0],
+    ),
 }
 
 
@@ -169,8 +190,14 @@ def test_fit_and_predict_on_raw_strings(tiny_preset, tmp_path, kind):
 
 def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_path):
     tokenizer = char_tokenizer()
-    base = kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size() - 3, num_layers=1, num_heads=2, hidden_dim=8,
-                            intermediate_dim=16, max_sequence_length=32)
+    base = kgpt.GPTBackbone(
+        vocabulary_size=tokenizer.vocabulary_size() - 3,
+        num_layers=1,
+        num_heads=2,
+        hidden_dim=8,
+        intermediate_dim=16,
+        max_sequence_length=32,
+    )
     base.save_to_preset(str(tmp_path / "lm"))
     tokenizer.save_to_preset(str(tmp_path / "lm"))
     task = TASKS["one segment"][0]
@@ -190,8 +217,11 @@ def test_a_table_task_built_in_python_saves_its_columns(tiny_preset, tmp_path):
 
     train = tmp_path / "train.csv"
     train.write_text("review,title,stars\ngood film,a,1\nbad film,b,0\n")
-    task = kgpt.TaskRegistry().get("text-classification").with_files(
-        train_file=str(train), text_columns=["review", "title"], label_column="stars")
+    task = (
+        kgpt.TaskRegistry()
+        .get("text-classification")
+        .with_files(train_file=str(train), text_columns=["review", "title"], label_column="stars")
+    )
     model = kgpt.GPTTaskModel.from_preset(tiny_preset, task=task)
     model.save_to_preset(str(tmp_path / "tuned"))
     assert trained_columns(str(tmp_path / "tuned")) == ["review", "title"]
@@ -204,15 +234,24 @@ def test_text_needs_a_preprocessor_that_fits(backbone):
         model.predict(["some text"])
     tokenizer = char_tokenizer()
     with pytest.raises(ValueError, match="tokenizer has 98 ids, more than the backbone's vocabulary_size=97"):
-        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]),
-                          preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16))
+        kgpt.GPTTaskModel(
+            backbone,
+            heads.ClassificationHead(["a", "b"]),
+            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16),
+        )
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     with pytest.raises(ValueError, match=r"sequence_length=512 exceeds the model's context max_sequence_length=16"):
-        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]),
-                          preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification()))
+        kgpt.GPTTaskModel(
+            backbone,
+            heads.ClassificationHead(["a", "b"]),
+            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification()),
+        )
     with pytest.raises(ValueError, match=r"similarity transform makes 2 view\(s\), the model takes 1"):
-        kgpt.GPTTaskModel(backbone, heads.ClassificationHead(["a", "b"]),
-                          preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Similarity(), max_length=16))
+        kgpt.GPTTaskModel(
+            backbone,
+            heads.ClassificationHead(["a", "b"]),
+            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Similarity(), max_length=16),
+        )
 
 
 def test_fit_labels_are_checked(tiny_preset):
@@ -220,8 +259,10 @@ def test_fit_labels_are_checked(tiny_preset):
     model = kgpt.GPTTaskModel.from_preset(tiny_preset, task=task)
     with pytest.raises(ValueError, match="Training or evaluating on text needs labels: pass y"):
         model.fit(texts, verbose=0)
-    examples = [kgpt.Example(segments=("so calm",), label="calm", source="mine.tsv:2"),
-                kgpt.Example(segments=("so loud",), label="noisy", source="mine.tsv:3")]
+    examples = [
+        kgpt.Example(segments=("so calm",), label="calm", source="mine.tsv:2"),
+        kgpt.Example(segments=("so loud",), label="noisy", source="mine.tsv:3"),
+    ]
     with pytest.raises(kgpt.DataError, match=r"mine.tsv:3: label 'noisy' is not one of 'calm', 'loud'"):
         model.fit(examples, verbose=0)
     with pytest.raises(kgpt.DataError, match=r"inputs label 1: label 'medium' is not one of 'calm', 'loud'"):

@@ -46,7 +46,15 @@ def test_bpe_merges_lowest_rank_first():
 
 def test_words_split_like_spacy_for_common_cases(gpt1):
     assert gpt1.words("I don't think it's 3.5 miles...") == [
-        "i", "do", "n't", "think", "it", "'s", "3.5", "miles", "...",
+        "i",
+        "do",
+        "n't",
+        "think",
+        "it",
+        "'s",
+        "3.5",
+        "miles",
+        "...",
     ]
 
 
@@ -113,8 +121,9 @@ def test_train_learns_a_vocabulary_in_the_original_layout(tmp_path, capsys, prog
     assert decoder[0] == "<unk>" and decoder[len(tokenizer.encoder) - 4] == "\n</w>"
     assert {"z", "z</w>", "!", "!</w>"} <= set(tokenizer.encoder)  # every character, in both forms
     # The files are the original formats: from_original() reads them back to the same tokenizer.
-    again = kgpt.GPTTokenizer.from_original(str(tmp_path / "bpe" / "encoder_bpe_40000.json"),
-                                            str(tmp_path / "bpe" / "vocab_40000.bpe"))
+    again = kgpt.GPTTokenizer.from_original(
+        str(tmp_path / "bpe" / "encoder_bpe_40000.json"), str(tmp_path / "bpe" / "vocab_40000.bpe")
+    )
     sample = "The keeper climbed the tower. Zebra!"
     assert again.encode(sample) == tokenizer.encode(sample)
     assert tokenizer.decode(tokenizer.encode(sample)) == "the keeper climbed the tower . zebra !"
@@ -164,8 +173,11 @@ def test_a_merges_file_cut_short_is_refused(tmp_path):
     shutil.copy(os.path.join(ASSETS, "encoder_bpe_40000.json"), tmp_path)
     lines = open(os.path.join(ASSETS, "vocab_40000.bpe"), encoding="utf-8").read().split("\n")
     (tmp_path / "vocab_40000.bpe").write_text("\n".join(lines[:20001]) + "\n", encoding="utf-8")  # a line end
-    with pytest.raises(kgpt.CheckpointError, match=r"vocab_40000.bpe:20001: the merges end here, after 20,000, "
-                                                   r"but 20,000 symbol\(s\) of .*encoder_bpe_40000.json come from no merge"):
+    with pytest.raises(
+        kgpt.CheckpointError,
+        match=r"vocab_40000.bpe:20001: the merges end here, after 20,000, "
+        r"but 20,000 symbol\(s\) of .*encoder_bpe_40000.json come from no merge",
+    ):
         GPTTokenizer.from_original(str(tmp_path))
     (tmp_path / "vocab_40000.bpe").write_text("\n".join(lines[:20001] + ["bachel"]), encoding="utf-8")
     with pytest.raises(kgpt.CheckpointError, match="vocab_40000.bpe:20002: expected two symbols"):
@@ -354,7 +366,9 @@ def test_save_to_preset_loads_through_keras_hub_and_kgpt(tmp_path):
     config = json.loads((tmp_path / "tokenizer.json").read_text())
     assert config["registered_name"] == "kgpt>GPTTokenizer" and config["config"]["splitter"] == "regex"
     assert sorted(p.name for p in (tmp_path / "assets" / "tokenizer").iterdir()) == [
-        "encoder_bpe_40000.json", "vocab_40000.bpe"]
+        "encoder_bpe_40000.json",
+        "vocab_40000.bpe",
+    ]
     text = "a cab, 12 dogs!"
     for loaded in (keras_hub.tokenizers.Tokenizer.from_preset(str(tmp_path)), GPTTokenizer.from_preset(tmp_path)):
         assert type(loaded) is GPTTokenizer
@@ -374,7 +388,8 @@ def test_preset_files_missing_or_corrupt_name_the_path(tmp_path):
     encoder.unlink()
     with pytest.raises(FileNotFoundError, match="encoder_bpe_40000.json"):
         GPTTokenizer.from_preset(str(tmp_path))
-    (tmp_path / "tokenizer.json").write_text(json.dumps({"module": "keras.layers", "class_name": "Dense",
-                                                          "config": {}, "registered_name": "Dense"}))
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"module": "keras.layers", "class_name": "Dense", "config": {}, "registered_name": "Dense"})
+    )
     with pytest.raises(kgpt.CheckpointError, match="tokenizer.json: expected a kgpt GPTTokenizer config"):
         GPTTokenizer.from_preset(str(tmp_path))

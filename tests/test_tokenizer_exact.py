@@ -75,8 +75,28 @@ def test_the_regex_splitter_differs_on_abbreviations_only_in_part(prose):
 
 
 SAFE = "\t\n !\"#$%'()*+,-./0123456789:;<=>?@ABCXYZabcxyz[\\]^_`{|}~\u2013\u2014\u2018\u2019\u201c\u201d\u2026"
-TRICKY = ["&amp;", "&lt;", "<b>", "\r", "\r\n", "\u2028", "\x1b[31m", "\x00", "\x07", "\u00e9", "e\u0301", "\u00a0",
-          "\u00c3\u00a9", "\u00e2\u20ac\u2122", "\ufb01", "\uff21", "\u201e", "\u00b4", "\ufeff", "\u0085"]
+TRICKY = [
+    "&amp;",
+    "&lt;",
+    "<b>",
+    "\r",
+    "\r\n",
+    "\u2028",
+    "\x1b[31m",
+    "\x00",
+    "\x07",
+    "\u00e9",
+    "e\u0301",
+    "\u00a0",
+    "\u00c3\u00a9",
+    "\u00e2\u20ac\u2122",
+    "\ufb01",
+    "\uff21",
+    "\u201e",
+    "\u00b4",
+    "\ufeff",
+    "\u0085",
+]
 
 
 def test_fix_text_equals_ftfy():
@@ -117,8 +137,13 @@ def test_spacy_keeps_plain_ascii_words_whole():
     plain = sorted(w for w in words if w.isascii() and w.isalpha() and w not in rules)
     assert len(plain) > 50_000
     assert [t.text for t in tokenizer(" ".join(plain))] == plain
-    letters = [(left, right) for pairs in joins.values() for left, rights in pairs for right in rights
-               if left.isalpha() and right.isalpha()]
+    letters = [
+        (left, right)
+        for pairs in joins.values()
+        for left, rights in pairs
+        for right in rights
+        if left.isalpha() and right.isalpha()
+    ]
     assert not letters  # no special case spans two all-letter tokens
 
 
@@ -128,17 +153,29 @@ def test_words_that_spacy_reads_together_are_grouped():
     # Texts built to do that, and runs of special-case pieces, checked
     # against spaCy on the whole standardised text.
     tokenizer = spacy.blank("en").tokenizer
-    plain = type(tokenizer)(tokenizer.vocab, rules={}, prefix_search=tokenizer.prefix_search,
-                            suffix_search=tokenizer.suffix_search, infix_finditer=tokenizer.infix_finditer,
-                            token_match=tokenizer.token_match, url_match=tokenizer.url_match)
+    plain = type(tokenizer)(
+        tokenizer.vocab,
+        rules={},
+        prefix_search=tokenizer.prefix_search,
+        suffix_search=tokenizer.suffix_search,
+        infix_finditer=tokenizer.infix_finditer,
+        token_match=tokenizer.token_match,
+        url_match=tokenizer.url_match,
+    )
     rules, joins = special_cases()
     starting = {}  # first token of a special case -> the special cases
     for rule in sorted(rules):  # sorted: a frozenset's order changes with PYTHONHASHSEED
         if not any(c.isspace() for c in rule):
             starting.setdefault(plain(rule)[0].text, []).append(rule)
     pairs = [(left, right) for ends in joins.values() for left, rights in ends for right in rights if right in starting]
-    pieces = sorted({p for rule in rules for p in (rule, rule[:1], rule[1:], rule[:-1], rule[-1:])
-                     if p and not any(c.isspace() for c in p)})
+    pieces = sorted(
+        {
+            p
+            for rule in rules
+            for p in (rule, rule[:1], rule[1:], rule[:-1], rule[-1:])
+            if p and not any(c.isspace() for c in p)
+        }
+    )
     encoder = TextEncoder({}, [], "spacy")
     rng = random.Random(3)
     context = 0  # texts where spaCy on each word alone gives other tokens
@@ -158,8 +195,11 @@ def test_words_that_spacy_reads_together_are_grouped():
 def test_words_and_encode_agree(gpt1, prose):
     lines, _ = prose
     text = "\n".join(lines)
-    ids = [i for word in gpt1.words(text) for i in ([gpt1.encoder["\n</w>"]] if word == "\n" else
-                                                     [gpt1.encoder.get(s, 0) for s in gpt1.bpe(word)])]
+    ids = [
+        i
+        for word in gpt1.words(text)
+        for i in ([gpt1.encoder["\n</w>"]] if word == "\n" else [gpt1.encoder.get(s, 0) for s in gpt1.bpe(word)])
+    ]
     assert gpt1.encode(text) == ids
 
 

@@ -53,21 +53,27 @@ def test_keras_need_not_sync_each_step_for_the_callbacks(tmp_path):
     backend is not thread-safe, so there they run on the main thread, as every callback does)."""
     model, threads = linear(1), Threads()
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=4, every=2)
-    model.fit(*data(4), batch_size=2, epochs=2, verbose=0, shuffle=False,
-              callbacks=[callbacks.StopOnNonFiniteLoss(), progress, callbacks.ProgressLog("2", 8), threads])
+    model.fit(
+        *data(4),
+        batch_size=2,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        callbacks=[callbacks.StopOnNonFiniteLoss(), progress, callbacks.ProgressLog("2", 8), threads],
+    )
     assert threads.threads == ({False} if keras.config.backend() == "jax" else {True})
     assert progress.step == 8 and len(progress.epochs) == 2
 
 
 @pytest.mark.parametrize("steps_per_execution, where", [(1, "at step 6:"), (4, r"at step 8 \(steps 5-8 ran as one")])
-def test_a_nan_stops_training_naming_its_step_and_no_checkpoint_after_it_is_written(tmp_path, steps_per_execution,
-                                                                                       where):
+def test_a_nan_stops_training_naming_its_step_and_no_checkpoint_after_it_is_written(
+    tmp_path, steps_per_execution, where
+):
     model = linear(steps_per_execution)
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=12, every=1)
     guard = callbacks.StopOnNonFiniteLoss("Lower it.")
     with pytest.raises(NonFiniteLossError, match=f"The training loss is nan {where}.*Lower it."):
-        model.fit(*data(12, bad_batch=5), batch_size=2, epochs=1, verbose=0, shuffle=False,
-                  callbacks=[guard, progress])
+        model.fit(*data(12, bad_batch=5), batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=[guard, progress])
     latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())["checkpoint"]
     state = json.loads((tmp_path / "ckpt" / latest / "state.json").read_text())
     assert state["step"] == (5 if steps_per_execution == 1 else 4)  # the last step before the NaN one checked
@@ -138,16 +144,31 @@ def test_epoch_tensorboard_writes_what_keras_tensorboard_writes_with_no_batch_ho
     board = callbacks.EpochTensorBoard(str(tmp_path / "kgpt"))
     assert async_dispatch([board]) and not async_dispatch([keras.callbacks.TensorBoard("x")])
     x, y = data(4)
-    model.fit(x, y, batch_size=2, epochs=2, verbose=0, shuffle=False, validation_data=(x, y),
-              callbacks=[keras.callbacks.TensorBoard(str(tmp_path / "keras")), board])
+    model.fit(
+        x,
+        y,
+        batch_size=2,
+        epochs=2,
+        verbose=0,
+        shuffle=False,
+        validation_data=(x, y),
+        callbacks=[keras.callbacks.TensorBoard(str(tmp_path / "keras")), board],
+    )
     written = events(str(tmp_path / "kgpt"))
     assert written == events(str(tmp_path / "keras"))  # tags, steps and values, in the same order
     assert [(tag, step) for tag, step, _ in written["train"]] == [("keras", 0)] + [  # a Sequential's summary
-        (f"epoch_{name}", epoch) for epoch in (0, 1) for name in ("loss", "mae", "learning_rate")]
+        (f"epoch_{name}", epoch) for epoch in (0, 1) for name in ("loss", "mae", "learning_rate")
+    ]
     assert [(tag, step) for tag, step, _ in written["validation"]] == [
-        (tag, step) for epoch in (0, 1) for tag, step in [("evaluation_loss_vs_iterations", 4 * epoch + 4),
-                                                          ("evaluation_mae_vs_iterations", 4 * epoch + 4),
-                                                          ("epoch_loss", epoch), ("epoch_mae", epoch)]]
+        (tag, step)
+        for epoch in (0, 1)
+        for tag, step in [
+            ("evaluation_loss_vs_iterations", 4 * epoch + 4),
+            ("evaluation_mae_vs_iterations", 4 * epoch + 4),
+            ("epoch_loss", epoch),
+            ("epoch_mae", epoch),
+        ]
+    ]
     with pytest.raises(ValueError, match="update_freq must be 'epoch', got 'batch'"):
         callbacks.EpochTensorBoard(str(tmp_path), update_freq="batch")
 
@@ -165,18 +186,30 @@ class Evaluations(ZeroShotCallback):
         super().evaluate_now(step)
 
 
-@pytest.mark.parametrize("steps_per_execution, accumulation, expected", [
-    (1, None, [3, 6, 9, 12]),  # every 3 steps, at each epoch end (6 and 12) too, and at the end (12 again: once)
-    (4, None, [4, 8, 12]),  # Keras reports steps 4, 8, 12: the first report past each multiple of 3
-    (1, 2, [3, 6]),  # 12 batches, 6 optimizer steps
-])
+@pytest.mark.parametrize(
+    "steps_per_execution, accumulation, expected",
+    [
+        (1, None, [3, 6, 9, 12]),  # every 3 steps, at each epoch end (6 and 12) too, and at the end (12 again: once)
+        (4, None, [4, 8, 12]),  # Keras reports steps 4, 8, 12: the first report past each multiple of 3
+        (1, 2, [3, 6]),  # 12 batches, 6 optimizer steps
+    ],
+)
 def test_zero_shot_evaluates_on_the_main_thread_at_its_steps(steps_per_execution, accumulation, expected):
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
-    model.compile(optimizer=keras.optimizers.SGD(0.01, gradient_accumulation_steps=accumulation), loss="mse",
-                  steps_per_execution=steps_per_execution)
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.01, gradient_accumulation_steps=accumulation),
+        loss="mse",
+        steps_per_execution=steps_per_execution,
+    )
     zero_shot = Evaluations(every=3)
     assert async_dispatch([zero_shot])
-    model.fit(*data(12), batch_size=2, epochs=2 if steps_per_execution == 1 and accumulation is None else 1,
-              steps_per_epoch=6 if steps_per_execution == 1 and accumulation is None else None, verbose=0,
-              shuffle=False, callbacks=[zero_shot])
+    model.fit(
+        *data(12),
+        batch_size=2,
+        epochs=2 if steps_per_execution == 1 and accumulation is None else 1,
+        steps_per_epoch=6 if steps_per_execution == 1 and accumulation is None else None,
+        verbose=0,
+        shuffle=False,
+        callbacks=[zero_shot],
+    )
     assert zero_shot.at == [(step, True) for step in expected]

@@ -45,8 +45,17 @@ def make_preset(path):
 
 
 def config(preset, data, out, **overrides):
-    fields = dict(task="scitail", data_dir=data, init=preset, output_dir=out, epochs=2, batch_size=8,
-                  learning_rate=1e-3, max_length=64, seed=3)
+    fields = dict(
+        task="scitail",
+        data_dir=data,
+        init=preset,
+        output_dir=out,
+        epochs=2,
+        batch_size=8,
+        learning_rate=1e-3,
+        max_length=64,
+        seed=3,
+    )
     return FinetuneConfig(**{**fields, **overrides})
 
 
@@ -68,16 +77,20 @@ def test_epochs_0_on_the_fine_tuned_preset_reproduces_its_scores_and_predictions
     assert again["splits"]["dev"]["accuracy"] == results["splits"]["dev"]["accuracy"]
     assert "history" not in again and again["init_dir"] == os.path.abspath(out)
     for split in ("dev", "test"):
-        assert (tmp_path / "eval" / "predictions" / f"{split}.tsv").read_text() == \
-            open(os.path.join(out, "predictions", f"{split}.tsv")).read()
+        assert (tmp_path / "eval" / "predictions" / f"{split}.tsv").read_text() == open(
+            os.path.join(out, "predictions", f"{split}.tsv")
+        ).read()
 
 
 def test_init_must_be_fine_tuned_for_epochs_0_and_for_the_same_task(trained, tmp_path):
     preset, data, out, _ = trained
     with pytest.raises(ValueError, match="epochs=0 evaluates a fine-tuned model, but --init .* is not one"):
         finetune_lib.finetune(config(preset, data, None, epochs=0))
-    with pytest.raises(ValueError, match=r"fine-tuned for task 'scitail', not 'snli': pass --task scitail .* "
-                                         rf"\(it was fine-tuned from {preset}\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"fine-tuned for task 'scitail', not 'snli': pass --task scitail .* "
+        rf"\(it was fine-tuned from {preset}\)",
+    ):
         finetune_lib.finetune(config(out, data, None, task="snli"))
     with pytest.raises(ValueError, match="is the --init model"):
         finetune_lib.finetune(config(out, data, out, epochs=0))
@@ -101,8 +114,13 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
     text.write_text("".join(f"{p}\t{h}\n" for p, h in pairs))
     output = tmp_path / "p.tsv"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--input={text}",
-                           f"--output={output}"], capture_output=True, text=True, env=env, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--input={text}", f"--output={output}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr
     lines = output.read_text().splitlines()
     assert lines[0] == "id\tprediction\tp_entails\tp_neutral"
@@ -114,8 +132,20 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
     assert [r[1] for r in rows] == model.predict_labels(tuple(map(list, zip(*pairs))))
     # A line with one segment for a two-segment task: one line naming the file and line, exit 1.
     text.write_text("the sun is hot.\tthe sun is hot.\nonly one segment\n")
-    bad = subprocess.run([sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--input={text}",
-                          f"--output={tmp_path / 'q.tsv'}"], capture_output=True, text=True, env=env, timeout=600)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kgpt.cli.predict",
+            f"--model={out}",
+            f"--input={text}",
+            f"--output={tmp_path / 'q.tsv'}",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert f"{text}:2: entailment needs 2 text segments, got 1" in bad.stderr
     assert not (tmp_path / "q.tsv").exists()
@@ -124,12 +154,16 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
 def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     transform = kgpt.tasks.transforms.Entailment()
     jsonl = tmp_path / "x.jsonl"
-    jsonl.write_text('{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n{"id": "b", "premise": "q"}\n')
+    jsonl.write_text(
+        '{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n{"id": "b", "premise": "q"}\n'
+    )
     with pytest.raises(kgpt.DataError, match=r"x.jsonl:2: missing 'hypothesis'"):
         predict_lib.read_inputs(str(jsonl), transform)
     jsonl.write_text('{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n')
     inputs = predict_lib.read_inputs(str(jsonl), transform)
-    assert inputs.examples == [(("p", "h"), ())] and inputs.ids == ["a7"] and inputs.columns == ["premise", "hypothesis"]
+    assert (
+        inputs.examples == [(("p", "h"), ())] and inputs.ids == ["a7"] and inputs.columns == ["premise", "hypothesis"]
+    )
     tsv = tmp_path / "x.tsv"
     tsv.write_text("index\tq\tctx\tans\n3\tq?\tc\tyes\n")
     inputs = predict_lib.read_inputs(str(tsv), transform, columns=["ctx", "ans"])
@@ -173,8 +207,18 @@ finetune.finetune(config)
 
 def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(tmp_path, capsys, progress):
     preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
-    fields = dict(task="scitail", data_dir=data, init=preset, epochs=3, batch_size=8, learning_rate=1e-3,
-                  max_length=64, seed=5, checkpoint_every=2, classifier_dropout=0.3)
+    fields = dict(
+        task="scitail",
+        data_dir=data,
+        init=preset,
+        epochs=3,
+        batch_size=8,
+        learning_rate=1e-3,
+        max_length=64,
+        seed=5,
+        checkpoint_every=2,
+        classifier_dropout=0.3,
+    )
     reference = tmp_path / "reference"
     finetune_lib.finetune(FinetuneConfig(**fields, output_dir=str(reference)))
 
@@ -189,25 +233,29 @@ def test_a_run_killed_mid_training_resumes_to_the_same_weights_and_predictions(t
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert pointer.exists() and not (killed / "metrics.json").exists(), "killed before the end"
-    step = json.loads((killed / "checkpoint" / json.loads(pointer.read_text())["checkpoint"] / "state.json").read_text())
+    step = json.loads(
+        (killed / "checkpoint" / json.loads(pointer.read_text())["checkpoint"] / "state.json").read_text()
+    )
     assert 0 < step["step"] < 9
 
     finetune_lib.finetune(FinetuneConfig(**fields, output_dir=str(killed)))
     lines = capsys.readouterr().out.splitlines()
     assert any(line.startswith(f"Resuming from the checkpoint at step {step['step']}") for line in lines)
     for split in ("dev", "test"):
-        assert (killed / "predictions" / f"{split}.tsv").read_bytes() == \
-            (reference / "predictions" / f"{split}.tsv").read_bytes()
+        assert (killed / "predictions" / f"{split}.tsv").read_bytes() == (
+            reference / "predictions" / f"{split}.tsv"
+        ).read_bytes()
     a = kgpt.GPTTaskModel.from_preset(str(reference)).get_weights()
     b = kgpt.GPTTaskModel.from_preset(str(killed)).get_weights()
     assert all(np.array_equal(x, y) for x, y in zip(a, b))
     history = json.loads((killed / "metrics.json").read_text())["history"]
     assert len(history["loss"]) == 3
-    assert (killed / "history.csv").read_text().splitlines()[0] == (reference / "history.csv").read_text().splitlines()[0]
+    assert (killed / "history.csv").read_text().splitlines()[0] == (reference / "history.csv").read_text().splitlines()[
+        0
+    ]
     # Another learning rate with this checkpoint: refused, naming the difference.
     with pytest.raises(OutputDirError, match=r"learning_rate: 0.001 there, 0.002 now"):
-        finetune_lib.finetune(FinetuneConfig(**{**fields, "learning_rate": 2e-3},
-                                                          output_dir=str(killed)))
+        finetune_lib.finetune(FinetuneConfig(**{**fields, "learning_rate": 2e-3}, output_dir=str(killed)))
 
 
 def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):

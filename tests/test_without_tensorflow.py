@@ -8,6 +8,7 @@ import sys
 import keras
 import numpy as np
 import pytest
+
 from kgpt import checks as inputs
 
 BENCHMARKS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
@@ -52,14 +53,30 @@ try:
 finally:
     print("tensorflow imported" if "tensorflow" in sys.modules else "tensorflow never imported", flush=True)
 """
-TINY = ["--num_layers=1", "--hidden_dim=16", "--num_heads=2", "--intermediate_dim=32", "--vocabulary_size=97",
-        "--sequence_length=16", "--batch_size=4", "--steps=2", "--rounds=1", "--warmup_steps=1", "--notrace"]
+TINY = [
+    "--num_layers=1",
+    "--hidden_dim=16",
+    "--num_heads=2",
+    "--intermediate_dim=32",
+    "--vocabulary_size=97",
+    "--sequence_length=16",
+    "--batch_size=4",
+    "--steps=2",
+    "--rounds=1",
+    "--warmup_steps=1",
+    "--notrace",
+]
 
 
 def _profile_step(*args):
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-c", CHILD, os.path.join(BENCHMARKS, "profile_step.py"), *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", CHILD, os.path.join(BENCHMARKS, "profile_step.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def test_profile_step_refuses_a_chunk_size_or_dtype_it_would_not_measure():

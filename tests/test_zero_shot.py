@@ -95,8 +95,7 @@ def test_race_picks_the_highest_average_not_the_highest_sum():
         ("doc question?", "green"): [-5.0],
         ("doc question?", "gold"): [-1.5, -0.6],  # average -1.05
     }
-    predictions = race.zero_shot.predict(FakeScorer(table), race,
-                                         [example("doc", "question?", choices=choices)])
+    predictions = race.zero_shot.predict(FakeScorer(table), race, [example("doc", "question?", choices=choices)])
     assert predictions.tolist() == [0]
 
 
@@ -121,12 +120,15 @@ def test_dprd_reads_blocks_and_substitutes_each_candidate(tmp_path):
     assert predictions.tolist() == [1, 0]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("A sentence with it .\nit\nx,y\n", "expected 4 lines"),
-    ("A sentence with it .\nit\nx,y\nz\n", "answer 'z' is not one of the candidates"),
-    ("A sentence .\nit\nx,y\nx\n", "pronoun 'it' does not occur in the sentence"),
-    ("A sentence with it .\nit\nx y\nx\n", "expected two candidates separated by a comma"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("A sentence with it .\nit\nx,y\n", "expected 4 lines"),
+        ("A sentence with it .\nit\nx,y\nz\n", "answer 'z' is not one of the candidates"),
+        ("A sentence .\nit\nx,y\nx\n", "pronoun 'it' does not occur in the sentence"),
+        ("A sentence with it .\nit\nx y\nx\n", "expected two candidates separated by a comma"),
+    ],
+)
 def test_dprd_malformed_blocks_name_the_line(tmp_path, text, message):
     (tmp_path / "train.c.txt").write_text(text)
     with pytest.raises(kgpt.DataError, match=message) as error:
@@ -150,8 +152,11 @@ def test_scorer_reads_the_right_positions_of_the_lm():
         ctx, cont = tokenizer.encode(context), tokenizer.encode(continuation)
         ids = np.asarray([ctx + cont], "int32")
         logits = keras.ops.convert_to_numpy(lm({"token_ids": ids, "padding_mask": np.ones_like(ids)}))[0]
-        log_probs = logits - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True)) \
+        log_probs = (
+            logits
+            - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
             - logits.max(-1, keepdims=True)
+        )
         want = [log_probs[len(ctx) - 1 + k, t] for k, t in enumerate(cont)]
         np.testing.assert_allclose(values, want, atol=1e-4)
     # The char vocabulary has no newline token: an empty context makes the first token context.
@@ -184,30 +189,53 @@ def test_tasks_without_a_heuristic_say_so(tmp_path):
     with pytest.raises(ValueError, match="'rte' offers no zero-shot heuristic"):
         zero_shot.evaluate(lm, tokenizer, task("rte"), str(tmp_path))
     assert {"cola", "sst2", "race", "race-middle", "race-high", "story-cloze", "dprd"} <= set(
-        zero_shot.zero_shot_tasks(kgpt.TaskRegistry()))
+        zero_shot.zero_shot_tasks(kgpt.TaskRegistry())
+    )
 
 
 def test_callback_logs_zero_shot_metrics_during_pretraining(tmp_path, capsys, progress):
     lm, tokenizer = tiny_lm()
     lm.compile(optimizer=keras.optimizers.Adam(1e-3))
     data = task("sst2").default_data(str(tmp_path / "sst2"))
-    callback = ModelReads({"sst2": (task("sst2"), data)}, tokenizer, every=3, csv_path=str(tmp_path / "zero_shot.csv"),
-                          log_dir=str(tmp_path / "logs"), max_examples=20)
+    callback = ModelReads(
+        {"sst2": (task("sst2"), data)},
+        tokenizer,
+        every=3,
+        csv_path=str(tmp_path / "zero_shot.csv"),
+        log_dir=str(tmp_path / "logs"),
+        max_examples=20,
+    )
     ids = np.random.default_rng(0).integers(1, 40, (16, 17)).astype("int32")
-    lm.fit({"token_ids": ids[:, :-1], "padding_mask": np.ones((16, 16), "int32")}, ids[:, 1:],
-           batch_size=2, epochs=1, verbose=0, callbacks=[callback])
+    lm.fit(
+        {"token_ids": ids[:, :-1], "padding_mask": np.ones((16, 16), "int32")},
+        ids[:, 1:],
+        batch_size=2,
+        epochs=1,
+        verbose=0,
+        callbacks=[callback],
+    )
     rows = list(csv.DictReader(open(tmp_path / "zero_shot.csv")))
     assert [int(r["step"]) for r in rows] == [3, 6, 8]  # every 3 steps, and at the end
     assert {r["task"] for r in rows} == {"sst2"} and {r["metric"] for r in rows} == {"accuracy"}
     assert (tmp_path / "logs" / "zero_shot").exists()
     logged = capsys.readouterr().out  # kgpt's logger prints to the current stdout
-    assert [int(line.split()[3][:-1]) for line in logged.splitlines() if line.startswith("Zero-shot at step")] == [3, 6, 8]
+    assert [int(line.split()[3][:-1]) for line in logged.splitlines() if line.startswith("Zero-shot at step")] == [
+        3,
+        6,
+        8,
+    ]
     # The model (on JAX: the whole training state, synced) is touched only where an evaluation runs: when the
     # batch after its step begins (batch b begins after step b).
     assert [batch for batch, reads in enumerate(callback.reads_per_batch) if reads] == [3, 6]
     # A second fit() continues from the optimizer's step.
-    lm.fit({"token_ids": ids[:4, :-1], "padding_mask": np.ones((4, 16), "int32")}, ids[:4, 1:],
-           batch_size=2, epochs=1, verbose=0, callbacks=[callback])
+    lm.fit(
+        {"token_ids": ids[:4, :-1], "padding_mask": np.ones((4, 16), "int32")},
+        ids[:4, 1:],
+        batch_size=2,
+        epochs=1,
+        verbose=0,
+        callbacks=[callback],
+    )
     assert [int(r["step"]) for r in csv.DictReader(open(tmp_path / "zero_shot.csv"))][-1] == 10
 
 

@@ -35,8 +35,9 @@ def check_tasks(tasks, registry, directories=True):
     for name, data_dir in tasks.items():
         task = registry.get(name)
         if task.zero_shot is None:
-            raise ConfigError(f"Task {name!r} offers no zero-shot heuristic; tasks that do: "
-                              f"{', '.join(zero_shot_tasks(registry))}.")
+            raise ConfigError(
+                f"Task {name!r} offers no zero-shot heuristic; tasks that do: {', '.join(zero_shot_tasks(registry))}."
+            )
         if data_dir is None and task.default_data is None:
             raise ConfigError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
         if directories and data_dir is not None and not os.path.isdir(data_dir):
@@ -95,11 +96,18 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
     examples = examples[:max_examples]
     labels = [task.label_value(e) for e in examples if e.label is not None]
     if len(labels) != len(examples):
-        raise DataError(f"Task {task.name!r}: split {split!r} in {data_dir} is unlabeled; zero-shot evaluation needs labels.")
+        raise DataError(
+            f"Task {task.name!r}: split {split!r} in {data_dir} is unlabeled; zero-shot evaluation needs labels."
+        )
     predictions = heuristic.predict(scorer, task, examples)
     results = {name: float(fn(np.array(labels), predictions)) for name, fn in map(metrics_lib.resolve, task.metrics)}
-    results["examples"] = {"read": read, "used": len(examples), "skipped": sum(skipped.values()),
-                           "skipped_reasons": dict(skipped), "context_truncated": scorer.truncated}
+    results["examples"] = {
+        "read": read,
+        "used": len(examples),
+        "skipped": sum(skipped.values()),
+        "skipped_reasons": dict(skipped),
+        "context_truncated": scorer.truncated,
+    }
     return results
 
 
@@ -168,8 +176,9 @@ class ZeroShotCallback(keras.callbacks.Callback):
 
     def rows(self):
         """Every evaluation so far as `[step, task, metric, value]` rows (a checkpoint keeps them)."""
-        return sorted([step, name, metric, value] for (name, metric), points in self.history.items()
-                      for step, value in points)
+        return sorted(
+            [step, name, metric, value] for (name, metric), points in self.history.items() for step, value in points
+        )
 
     def restore(self, rows):
         """Continues a resumed run: its evaluations before the checkpoint, and the CSV rewritten to hold only those."""
@@ -177,7 +186,9 @@ class ZeroShotCallback(keras.callbacks.Callback):
         for step, name, metric, value in rows:
             self.history[(name, metric)].append((step, value))
         if self.csv_path:
-            lines = ["step,task,metric,value"] + [f"{step},{name},{metric},{value!r}" for step, name, metric, value in rows]
+            lines = ["step,task,metric,value"] + [
+                f"{step},{name},{metric},{value!r}" for step, name, metric, value in rows
+            ]
             write_text(self.csv_path, "\n".join(lines) + "\n")
 
     async_safe = True  # its on_train_batch_end only counts (in Keras' callback thread on JAX)

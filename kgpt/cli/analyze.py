@@ -29,22 +29,41 @@ from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
 logger = logging.getLogger(__name__)
 
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
-DEFAULT_TASKS = {"zero-shot": ["sst2", "cola"], "zero-shot-curve": ["sst2", "cola"], "transfer": ["scitail"],
-                 "ablations": ["cola", "sst2"]}
+DEFAULT_TASKS = {
+    "zero-shot": ["sst2", "cola"],
+    "zero-shot-curve": ["sst2", "cola"],
+    "transfer": ["scitail"],
+    "ablations": ["cola", "sst2"],
+}
 # kgpt.jobs.experiments.TABLE5's rows, named here so that --help imports no Keras (a test checks they agree).
 TABLE5_ROWS = ("full", "no_pretraining", "no_aux_lm", "lstm")
 
-flags.DEFINE_list("tasks", None, "Tasks as NAME or NAME=DATA_DIR (NAME alone: its embedded data). Default: "
-                  "sst2,cola for the zero-shot modes and ablations, scitail for transfer (which uses the first).")
+flags.DEFINE_list(
+    "tasks",
+    None,
+    "Tasks as NAME or NAME=DATA_DIR (NAME alone: its embedded data). Default: "
+    "sst2,cola for the zero-shot modes and ablations, scitail for transfer (which uses the first).",
+)
 flags.DEFINE_list("layers", None, "transfer: numbers of blocks to transfer (default 0..all).")
-flags.register_validator("layers", lambda v: v is None or all(n.strip().isdigit() for n in v),
-                         "--layers takes block counts, whole numbers >= 0 separated by commas (e.g. 0,2,4).")
+flags.register_validator(
+    "layers",
+    lambda v: v is None or all(n.strip().isdigit() for n in v),
+    "--layers takes block counts, whole numbers >= 0 separated by commas (e.g. 0,2,4).",
+)
 flags.DEFINE_list("rows", list(TABLE5_ROWS), "ablations: Table 5 rows to run.")
-flags.DEFINE_string("lstm_init", None, "ablations: the pre-trained LSTM preset for the lstm row "
-                    "(kgpt-train --task lm --architecture lstm); pre-trained on the demo text without --init.")
+flags.DEFINE_string(
+    "lstm_init",
+    None,
+    "ablations: the pre-trained LSTM preset for the lstm row "
+    "(kgpt-train --task lm --architecture lstm); pre-trained on the demo text without --init.",
+)
 flags.DEFINE_list("architectures", ["transformer", "lstm"], "zero-shot-curve: architectures to pre-train.")
-flags.DEFINE_list("seeds", None, "ablations: fine-tune every row once per seed (e.g. 0,1,2); the table gives the mean, "
-                  "ablations_seeds.csv each seed (default: --seed alone).")
+flags.DEFINE_list(
+    "seeds",
+    None,
+    "ablations: fine-tune every row once per seed (e.g. 0,1,2); the table gives the mean, "
+    "ablations_seeds.csv each seed (default: --seed alone).",
+)
 
 FLAGS = flags.FLAGS
 
@@ -67,20 +86,23 @@ def main(argv):
         raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
     import keras
 
-    from kgpt.jobs.rundir import RunDirectory
-    from kgpt.tasks.registry import TaskRegistry
-
     from kgpt.io import hub
     from kgpt.jobs import run
     from kgpt.jobs.finetune_model import with_local_init
+    from kgpt.jobs.rundir import RunDirectory
     from kgpt.parallel import cluster
+    from kgpt.tasks.registry import TaskRegistry
 
-    logger.info(f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; "
-                f"outputs in {output_dir}")
+    logger.info(
+        f"kgpt-analyze {mode} on Keras {keras.__version__}, backend {keras.config.backend()}; outputs in {output_dir}"
+    )
     several = not FLAGS.dry_run and train.several_processes()
     if several and mode in ("zero-shot", "zero-shot-curve"):
-        raise app.UsageError(f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
-                             "run it without --num_processes.", exitcode=2)
+        raise app.UsageError(
+            f"{mode} scores tasks with the model's predictions, which kgpt runs on one process: "
+            "run it without --num_processes.",
+            exitcode=2,
+        )
     config = _config(mode, tasks)
     if getattr(config, "init", None) is not None and hub.is_hub(config.init):
         # A Hub --init: the whole preset (converted once); its dry run checks the files as for a folder.
@@ -89,8 +111,11 @@ def main(argv):
         _dry_run(mode, config, tasks, output_dir, seeds)
         return
     if several:  # before any model is loaded: the processes join before the backend computes anything
-        run.join(dataclasses.replace(config, output_dir=output_dir), "analyze",
-                 {"mode": mode, "tasks": tasks, "seeds": seeds})
+        run.join(
+            dataclasses.replace(config, output_dir=output_dir),
+            "analyze",
+            {"mode": mode, "tasks": tasks, "seeds": seeds},
+        )
     # The modes share the directory (zero-shot reads the model that transfer pre-trained there); each
     # experiment's own run under runs/ is claimed with its settings by its job.
     claim = RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite)
@@ -124,22 +149,43 @@ def _run(mode, config, tasks, output_dir, registry, seeds):
         experiments.zero_shot_table(config.init, tasks, output_dir=output_dir, registry=registry)
     elif mode == "zero-shot-curve":
         lstm = train.lstm_settings() if "lstm" in FLAGS.architectures else None
-        experiments.zero_shot_curve(config, architectures=FLAGS.architectures, output_dir=output_dir,
-                                    registry=registry, lstm=lstm)
+        experiments.zero_shot_curve(
+            config, architectures=FLAGS.architectures, output_dir=output_dir, registry=registry, lstm=lstm
+        )
     elif mode == "transfer":
         name, data_dir = next(iter(tasks.items()))
-        experiments.transfer_depth(dataclasses.replace(config, task=name, data_dir=data_dir), layers=_layers(),
-                                   output_dir=output_dir, registry=registry)
+        experiments.transfer_depth(
+            dataclasses.replace(config, task=name, data_dir=data_dir),
+            layers=_layers(),
+            output_dir=output_dir,
+            registry=registry,
+        )
     else:
-        experiments.ablations(config, tasks, rows=FLAGS.rows, lstm_init=FLAGS.lstm_init, output_dir=output_dir,
-                              registry=registry, seeds=seeds)
+        experiments.ablations(
+            config,
+            tasks,
+            rows=FLAGS.rows,
+            lstm_init=FLAGS.lstm_init,
+            output_dir=output_dir,
+            registry=registry,
+            seeds=seeds,
+        )
 
 
 def _dry_run(mode, config, tasks, output_dir, seeds):
     from kgpt.jobs import dry_run
 
-    dry_run.analyze(mode, config, tasks, output_dir, layers=_layers(), rows=FLAGS.rows, lstm_init=FLAGS.lstm_init,
-                    seeds=seeds, architectures=FLAGS.architectures)
+    dry_run.analyze(
+        mode,
+        config,
+        tasks,
+        output_dir,
+        layers=_layers(),
+        rows=FLAGS.rows,
+        lstm_init=FLAGS.lstm_init,
+        seeds=seeds,
+        architectures=FLAGS.architectures,
+    )
 
 
 def _seeds():
@@ -148,10 +194,13 @@ def _seeds():
     try:
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
-        raise app.UsageError(f"--seeds: expected integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.", exitcode=2)
+        raise app.UsageError(
+            f"--seeds: expected integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.", exitcode=2
+        ) from None
     if not seeds or len(set(seeds)) != len(seeds):
-        raise app.UsageError(f"--seeds: expected distinct integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.",
-                             exitcode=2)
+        raise app.UsageError(
+            f"--seeds: expected distinct integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.", exitcode=2
+        )
     return seeds
 
 

@@ -20,9 +20,13 @@ from kgpt import log
 from kgpt._quiet import LiveFilter, quiet_stderr
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and TensorFlow's start-up log lines.")
-flags.DEFINE_bool("dry_run", False, "Check the flags, the files, the first rows of the data, the starting model, the "
-                  "tokenizer and the output directory, print what would run, and exit without training, predicting "
-                  "or writing anything (kgpt.jobs.dry_run).")
+flags.DEFINE_bool(
+    "dry_run",
+    False,
+    "Check the flags, the files, the first rows of the data, the starting model, the "
+    "tokenizer and the output directory, print what would run, and exit without training, predicting "
+    "or writing anything (kgpt.jobs.dry_run).",
+)
 
 
 def user_errors():
@@ -38,8 +42,16 @@ def user_errors():
     )
 
     # Plain ValueErrors and TypeErrors keep their traceback: they are more often bugs than mistakes.
-    return (DataError, ConfigError, CheckpointError, RegistryError, OutputDirError, NonFiniteLossError, OSError,
-            ClusterError)
+    return (
+        DataError,
+        ConfigError,
+        CheckpointError,
+        RegistryError,
+        OutputDirError,
+        NonFiniteLossError,
+        OSError,
+        ClusterError,
+    )
 
 
 def several_processes(coordinator_address, num_processes, process_id):
@@ -167,8 +179,13 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
                 if not mistake:
                     traceback.print_exc()
                 where = f"process {cluster.current().process_id}"
-                cluster.fail(e if mistake else f"{type(e).__name__} on {where} (its traceback is above); the other "
-                             f"processes stop when they notice.", code=130 if isinstance(e, KeyboardInterrupt) else 1)
+                cluster.fail(
+                    e
+                    if mistake
+                    else f"{type(e).__name__} on {where} (its traceback is above); the other "
+                    f"processes stop when they notice.",
+                    code=130 if isinstance(e, KeyboardInterrupt) else 1,
+                )
             if not mistake:
                 raise
             print(f"{prog}: error: {e}", file=sys.stderr)

@@ -17,32 +17,54 @@ import logging
 import os
 import sys
 
-from kgpt.cli import common  # first: quiet TensorFlow start-up
-
 from absl import app, flags
+
+from kgpt.cli import common  # first: quiet TensorFlow start-up
 
 logger = logging.getLogger(__name__)
 
-flags.DEFINE_string("model", None, "A fine-tuned preset: the --output_dir of kgpt-train --task NAME, or "
-                    "hf://OWNER/REPO[@REVISION] where one was uploaded (kgpt.upload_preset).")
-flags.DEFINE_string("input", None, "Examples to predict: a text file (one per line, tabs between segments), "
-                    "or a table: a .csv or .tsv with a header row, or a .jsonl.")
+flags.DEFINE_string(
+    "model",
+    None,
+    "A fine-tuned preset: the --output_dir of kgpt-train --task NAME, or "
+    "hf://OWNER/REPO[@REVISION] where one was uploaded (kgpt.upload_preset).",
+)
+flags.DEFINE_string(
+    "input",
+    None,
+    "Examples to predict: a text file (one per line, tabs between segments), "
+    "or a table: a .csv or .tsv with a header row, or a .jsonl.",
+)
 flags.DEFINE_enum("format", None, ["text", "csv", "tsv", "jsonl"], "Input format (default: from the extension).")
-flags.DEFINE_list("columns", None, "Table columns holding the segments, in order, answer choices last (default: "
-                  "the columns the model was trained on with --text_columns/--choice_columns, else all but "
-                  "id/index/idx/label/gold_label).")
+flags.DEFINE_list(
+    "columns",
+    None,
+    "Table columns holding the segments, in order, answer choices last (default: "
+    "the columns the model was trained on with --text_columns/--choice_columns, else all but "
+    "id/index/idx/label/gold_label).",
+)
 flags.DEFINE_string("data_dir", None, "Instead of --input: the task's data in its own format (needs its plugin).")
 flags.DEFINE_string("split", "test", "With --data_dir: the split to predict.")
-flags.DEFINE_string("output", None, "The predictions ('-': standard output): a table's rows with the predictions "
-                    "added, as .csv, .tsv or .jsonl by the extension (default: the input's format); a TSV for a "
-                    "text file.")
+flags.DEFINE_string(
+    "output",
+    None,
+    "The predictions ('-': standard output): a table's rows with the predictions "
+    "added, as .csv, .tsv or .jsonl by the extension (default: the input's format); a TSV for a "
+    "text file.",
+)
 flags.DEFINE_bool("overwrite", False, "Replace an existing --output file.")
 flags.DEFINE_integer("batch_size", 32, "Examples per batch (batches are formed by length).", lower_bound=1)
-flags.DEFINE_integer("max_length", None, "Tokens per view (default: the model's own); longer ones are cut and "
-                     "counted.", lower_bound=4)
+flags.DEFINE_integer(
+    "max_length", None, "Tokens per view (default: the model's own); longer ones are cut and counted.", lower_bound=4
+)
 
-flags.DEFINE_enum("quantize", None, ["int8"], "Quantize the model's kernels after loading (an int8 preset "
-                  "loads quantized without it); docs/lora-int8.md has what it changes in speed and score.")
+flags.DEFINE_enum(
+    "quantize",
+    None,
+    ["int8"],
+    "Quantize the model's kernels after loading (an int8 preset "
+    "loads quantized without it); docs/lora-int8.md has what it changes in speed and score.",
+)
 
 FLAGS = flags.FLAGS
 
@@ -71,24 +93,42 @@ def main(argv):
 
     model_dir = hub.local(FLAGS.model, kgpt.GPTBackbone)  # a Hub preset's local folder, downloaded once
     if FLAGS.dry_run:
-        dry_run.predict(model_dir, FLAGS.output, FLAGS.overwrite, FLAGS.input, FLAGS.format, FLAGS.columns,
-                        FLAGS.data_dir, FLAGS.split)
+        dry_run.predict(
+            model_dir,
+            FLAGS.output,
+            FLAGS.overwrite,
+            FLAGS.input,
+            FLAGS.format,
+            FLAGS.columns,
+            FLAGS.data_dir,
+            FLAGS.split,
+        )
         return
     from kgpt.models.gpt.gpt_task_model import is_task_preset
 
     if not os.path.isdir(model_dir) or not is_task_preset(model_dir):
-        raise kgpt.ConfigError(f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
-                               f"pass the --output_dir of a kgpt-train --task NAME run.")
+        raise kgpt.ConfigError(
+            f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
+            f"pass the --output_dir of a kgpt-train --task NAME run."
+        )
     model = kgpt.GPTTaskModel.from_preset(model_dir, max_length=FLAGS.max_length)
     if FLAGS.quantize:
         from kgpt.layers import int8
 
         already = int8.is_quantized(model)
         int8.quantize(model, FLAGS.quantize)
-        logger.info(f"--quantize {FLAGS.quantize}: " + ("the model was saved quantized already." if already else
-                    "the attention, MLP and head kernels are now int8 (the embeddings stay float32)."))
-    logger.info(f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
-        f"{model.preprocessor.transform.kind} input).")
+        logger.info(
+            f"--quantize {FLAGS.quantize}: "
+            + (
+                "the model was saved quantized already."
+                if already
+                else "the attention, MLP and head kernels are now int8 (the embeddings stay float32)."
+            )
+        )
+    logger.info(
+        f"kgpt-predict: {model.task_name} model from {FLAGS.model} ({model.head.kind} head, "
+        f"{model.preprocessor.transform.kind} input)."
+    )
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
     if FLAGS.input:
         columns = predict.columns_for(model_dir, FLAGS.input, FLAGS.format, FLAGS.columns)
@@ -99,8 +139,10 @@ def main(argv):
     else:
         task = kgpt.TaskRegistry().get(model.task_name)
         if hasattr(task, "with_files"):  # its registered form reads only its embedded demo's files
-            raise kgpt.ConfigError(f"--data_dir reads a task's own format; a {model.task_name} model reads your "
-                                   f"tables: pass --input FILE (.csv, .tsv or .jsonl).")
+            raise kgpt.ConfigError(
+                f"--data_dir reads a task's own format; a {model.task_name} model reads your "
+                f"tables: pass --input FILE (.csv, .tsv or .jsonl)."
+            )
         split = finetune_data.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
         evaluation = finetune_outputs.evaluate_split(task, model, split, FLAGS.batch_size)
         if evaluation.metrics:

@@ -66,8 +66,12 @@ def define_flags():
         elif choices:
             flags.DEFINE_enum(name, default, choices, help_text)
         elif _flag_type(field) in (bool, int, float, str):
-            define = {bool: flags.DEFINE_bool, int: flags.DEFINE_integer, float: flags.DEFINE_float,
-                      str: flags.DEFINE_string}[_flag_type(field)]
+            define = {
+                bool: flags.DEFINE_bool,
+                int: flags.DEFINE_integer,
+                float: flags.DEFINE_float,
+                str: flags.DEFINE_string,
+            }[_flag_type(field)]
             define(name, default, help_text, **spec)
         else:
             raise TypeError(f"Config field {name!r} of type {field.type} has no flag type: add one here.")
@@ -75,13 +79,23 @@ def define_flags():
 
 flags.DEFINE_string("task", "lm", "'lm' to pre-train, or a task name (see --list_tasks).")
 flags.DEFINE_bool("list_tasks", False, "List every task with its plugin, kind, labels and metrics, then exit.")
-flags.DEFINE_bool("list_presets", False, "List the named pre-trained models (--init NAME) and where they come from, "
-                  "then exit.")
-flags.DEFINE_bool("prepare_only", False, "lm: learn or load the tokenizer, build the token shards (on every core), "
-                  "print tokens and tokens/s, and exit without training.")
-flags.DEFINE_enum("recipe", None, list(config_lib.RECIPES), "Named settings that fill the flags not given: "
-                  "cpu-small pre-trains (--task lm, on your --corpus) a 4 x 256 model for ~30 minutes on 2 CPU cores, "
-                  "and fine-tunes (--task NAME) the model it pre-trained; README 'A recipe for a CPU'.")
+flags.DEFINE_bool(
+    "list_presets", False, "List the named pre-trained models (--init NAME) and where they come from, then exit."
+)
+flags.DEFINE_bool(
+    "prepare_only",
+    False,
+    "lm: learn or load the tokenizer, build the token shards (on every core), "
+    "print tokens and tokens/s, and exit without training.",
+)
+flags.DEFINE_enum(
+    "recipe",
+    None,
+    list(config_lib.RECIPES),
+    "Named settings that fill the flags not given: "
+    "cpu-small pre-trains (--task lm, on your --corpus) a 4 x 256 model for ~30 minutes on 2 CPU cores, "
+    "and fine-tunes (--task NAME) the model it pre-trained; README 'A recipe for a CPU'.",
+)
 define_flags()
 
 FLAGS = flags.FLAGS
@@ -89,8 +103,11 @@ FLAGS = flags.FLAGS
 
 def _values(config_cls, skip=()):
     """The flags given or defaulted for `config_cls`'s fields (not `task`, nor the fields in `skip`)."""
-    values = {f.name: FLAGS[f.name].value for f in dataclasses.fields(config_cls)
-              if f.name != "task" and f.name not in skip and FLAGS[f.name].value is not None}
+    values = {
+        f.name: FLAGS[f.name].value
+        for f in dataclasses.fields(config_cls)
+        if f.name != "task" and f.name not in skip and FLAGS[f.name].value is not None
+    }
     if values.get("zero_shot") is not None:
         values["zero_shot"] = parse_task_dirs(values["zero_shot"])
     return values
@@ -117,8 +134,10 @@ def pretrain_config_from_flags(**overrides):
     """
     values = _values(config_lib.PretrainConfig, skip=overrides)
     if FLAGS.recipe is not None and FLAGS.corpus is None:
-        raise app.UsageError(f"--recipe {FLAGS.recipe} pre-trains on your text: give --corpus (a glob or folder of "
-                             "UTF-8 text files).", exitcode=2)
+        raise app.UsageError(
+            f"--recipe {FLAGS.recipe} pre-trains on your text: give --corpus (a glob or folder of UTF-8 text files).",
+            exitcode=2,
+        )
     _apply_recipe(values, "lm")
     if FLAGS.corpus is None:
         _fill_unset(values, config_lib.DEMO_PRETRAIN, "No --corpus: training on the embedded demo text with")
@@ -160,18 +179,27 @@ def finetune_config_from_flags():
     values = _values(config_lib.FinetuneConfig)
     if (FLAGS.data_dir is not None or FLAGS.train_file is not None) and FLAGS.init is None:
         given = "--data_dir" if FLAGS.data_dir is not None else "--train_file"
-        raise app.UsageError(f"With {given}, pass --init PRESET_DIR (the --output_dir of kgpt-train --task lm), "
-                             "--init scratch (no pre-training) or --init demo (the small demo model).", exitcode=2)
+        raise app.UsageError(
+            f"With {given}, pass --init PRESET_DIR (the --output_dir of kgpt-train --task lm), "
+            "--init scratch (no pre-training) or --init demo (the small demo model).",
+            exitcode=2,
+        )
     sizes = [f"--{n}" for n in ("num_layers", "hidden_dim", "intermediate_dim") if FLAGS[n].present]
     if sizes and FLAGS.init != "scratch":
-        raise app.UsageError(f"{', '.join(sizes)} set(s) the size of a new model (--init scratch); --init "
-                             f"{FLAGS.init or 'demo'} has its own.", exitcode=2)
+        raise app.UsageError(
+            f"{', '.join(sizes)} set(s) the size of a new model (--init scratch); --init "
+            f"{FLAGS.init or 'demo'} has its own.",
+            exitcode=2,
+        )
     values["init"] = values.get("init", "demo")
     values["task"] = FLAGS.task if FLAGS.task != "lm" else config_lib.FinetuneConfig.task
     if values["init"] == "demo":
         what = "--init demo" if FLAGS.init else "No --init: --init demo"
-        _fill_unset(values, config_lib.DEMO_FINETUNE, f"{what} (the small demo model, pre-trained on the embedded "
-                    "text first), fine-tuned with")
+        _fill_unset(
+            values,
+            config_lib.DEMO_FINETUNE,
+            f"{what} (the small demo model, pre-trained on the embedded text first), fine-tuned with",
+        )
     _apply_recipe(values, "finetune")  # after the demo's: a recipe's settings win over them
     return config_lib.FinetuneConfig(**values)
 
@@ -183,15 +211,23 @@ _COMMON = {"task", "list_tasks", "list_presets", "recipe", "seed", "output_dir",
 def check_stage_flags(config_cls, job):
     """Refuses flags given on the command line that the chosen job would ignore."""
     fields = {f.name for f in dataclasses.fields(config_cls)} | ({"prepare_only"} if job == "lm" else set())
-    ignored = [f"--{flag.name}" for flag in FLAGS.get_flags_for_module(__name__)
-               if flag.present and flag.name not in fields and flag.name not in _COMMON]
+    ignored = [
+        f"--{flag.name}"
+        for flag in FLAGS.get_flags_for_module(__name__)
+        if flag.present and flag.name not in fields and flag.name not in _COMMON
+    ]
     if ignored:
         other = "fine-tuning (--task NAME)" if job == "lm" else "pre-training (--task lm)"
-        hint = {"--sequence_length": " (a fine-tuned model's context is --max_length)",
-                "--max_length": " (pre-training's context is --sequence_length)"}
+        hint = {
+            "--sequence_length": " (a fine-tuned model's context is --max_length)",
+            "--max_length": " (pre-training's context is --sequence_length)",
+        }
         hints = "".join(hint.get(name, "") for name in ignored)
-        raise app.UsageError(f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} to {other}; "
-                             f"remove {'them' if len(ignored) > 1 else 'it'}{hints}.", exitcode=2)
+        raise app.UsageError(
+            f"{', '.join(ignored)} only appl{'y' if len(ignored) > 1 else 'ies'} to {other}; "
+            f"remove {'them' if len(ignored) > 1 else 'it'}{hints}.",
+            exitcode=2,
+        )
 
 
 def main(argv):
@@ -214,8 +250,10 @@ def main(argv):
         print(registry.describe())
         if FLAGS.verbose:  # each broken plugin's traceback, for its authors
             for broken in registry.broken:
-                print(f"\nTraceback of plugin {broken.plugin!r} ({broken.origin}):\n"
-                      f"{registry.format_traceback(broken.plugin).rstrip()}")
+                print(
+                    f"\nTraceback of plugin {broken.plugin!r} ({broken.origin}):\n"
+                    f"{registry.format_traceback(broken.plugin).rstrip()}"
+                )
         return
     if FLAGS.task != "lm":
         try:
@@ -224,7 +262,9 @@ def main(argv):
             if FLAGS.verbose:
                 raise  # with the plugin's own error chained below it
             cause = f"\n  caused by {type(e.__cause__).__name__}: {e.__cause__}" if e.__cause__ else ""
-            raise app.UsageError(f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)", exitcode=2)
+            raise app.UsageError(
+                f"{e}{cause}\n(lm is pre-training; kgpt-train --list_tasks lists the rest.)", exitcode=2
+            ) from None
     import keras
 
     from kgpt.jobs import dry_run, finetune, pretrain
@@ -244,12 +284,26 @@ def main(argv):
         (dry_run.finetune if FLAGS.dry_run else finetune.finetune)(finetune_config_from_flags(), registry)
 
 
-_DEVICES = ["distribution", "model_parallel", "dtype", "gradient_accumulation_steps", "coordinator_address",
-            "num_processes", "process_id", "startup_timeout"]
+_DEVICES = [
+    "distribution",
+    "model_parallel",
+    "dtype",
+    "gradient_accumulation_steps",
+    "coordinator_address",
+    "num_processes",
+    "process_id",
+    "startup_timeout",
+]
 GROUPS = {
-    "Common": ["task", "list_tasks", "list_presets", "recipe",
-               *(n for n in config_lib.own_fields(config_lib.RunConfig) if n not in _DEVICES),
-               "dry_run", "verbose"],
+    "Common": [
+        "task",
+        "list_tasks",
+        "list_presets",
+        "recipe",
+        *(n for n in config_lib.own_fields(config_lib.RunConfig) if n not in _DEVICES),
+        "dry_run",
+        "verbose",
+    ],
     "Pre-training (--task lm)": [*config_lib.own_fields(config_lib.PretrainConfig), "prepare_only"],
     "Fine-tuning (--task NAME)": [n for n in config_lib.own_fields(config_lib.FinetuneConfig) if n != "task"],
     "Model (lm, and fine-tuning --init scratch)": config_lib.own_fields(config_lib.ModelConfig),
@@ -259,8 +313,11 @@ GROUPS = {
 
 def several_processes():
     """Whether this run joins other processes (checked before the backends start; the job joins them)."""
-    return not FLAGS.list_tasks and not FLAGS.list_presets and common.several_processes(FLAGS.coordinator_address, FLAGS.num_processes,
-                                                             FLAGS.process_id)
+    return (
+        not FLAGS.list_tasks
+        and not FLAGS.list_presets
+        and common.several_processes(FLAGS.coordinator_address, FLAGS.num_processes, FLAGS.process_id)
+    )
 
 
 def run():

@@ -132,7 +132,7 @@ class EncodedSplit:
         for row in range(len(indices)):
             for view in range(self.num_views):
                 n, start = lengths[row, view], starts[row, view]
-                token_ids[row, view, :n] = self.tokens[start:start + n]
+                token_ids[row, view, :n] = self.tokens[start : start + n]
         padding_mask = (np.arange(length) < lengths[..., None]).astype("int32")
         return {"token_ids": token_ids, "padding_mask": padding_mask}
 
@@ -201,9 +201,16 @@ class SplitBuilder:
             first = labelled.index(False)
             raise DataError(f"{self.uids[first]}: unlabeled example in the labeled split {self.name!r}.")
         targets = np.asarray(self.targets, target_dtype) if labelled and all(labelled) else None
-        return EncodedSplit(self.name, np.frombuffer(self.tokens, "int32").copy(),
-                            np.frombuffer(self.offsets, "int64").copy(), self.num_views, targets, list(self.uids),
-                            dict(counts or {}), self.limit)
+        return EncodedSplit(
+            self.name,
+            np.frombuffer(self.tokens, "int32").copy(),
+            np.frombuffer(self.offsets, "int64").copy(),
+            self.num_views,
+            targets,
+            list(self.uids),
+            dict(counts or {}),
+            self.limit,
+        )
 
 
 def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BATCHES):
@@ -223,15 +230,15 @@ def batch_indices(lengths, batch_size, seed=None, epoch=0, pool_batches=POOL_BAT
     batch_size = checks.batch_size(batch_size, allow_none=False)
     if seed is None:
         order = np.argsort(lengths, kind="stable")
-        return [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+        return [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
     rng = np.random.default_rng([int(seed), int(epoch)])
     permutation = rng.permutation(len(lengths))
     pool = pool_batches * batch_size
     batches = []
     for start in range(0, len(permutation), pool):
-        chunk = permutation[start:start + pool]
+        chunk = permutation[start : start + pool]
         chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches.extend(chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size))
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
     return [batches[i] for i in rng.permutation(len(batches))]
 
 
@@ -266,8 +273,17 @@ def max_lengths_for(jit_compile, num_batches, epochs=1, compile_batches=COMPILE_
     """
     if not jit_compile:
         return None
-    return max(1, int(COMPILE_SHARE / (1 - COMPILE_SHARE) * num_batches * max(1, epochs) * max(dearest, 1.0)
-                      / max(compile_batches, 1)))
+    return max(
+        1,
+        int(
+            COMPILE_SHARE
+            / (1 - COMPILE_SHARE)
+            * num_batches
+            * max(1, epochs)
+            * max(dearest, 1.0)
+            / max(compile_batches, 1)
+        ),
+    )
 
 
 def max_lengths_of(jit_compile, split, batch_size, epochs=1, compile_batches=COMPILE_BATCHES, attention_length=None):
@@ -286,8 +302,9 @@ def dearest_batch(lengths, batch_size, limit=None, attention_length=None):
         return 1.0
     lengths = np.asarray(lengths)
     batches = batch_indices(lengths, batch_size)
-    average = sum(len(b) * row_cost(bucket_length(lengths[b].max(), limit), attention_length)
-                  for b in batches) / len(batches)
+    average = sum(len(b) * row_cost(bucket_length(lengths[b].max(), limit), attention_length) for b in batches) / len(
+        batches
+    )
     return min(batch_size, len(lengths)) * row_cost(int(lengths.max()), attention_length) / max(average, 1e-9)
 
 
@@ -306,15 +323,24 @@ def compile_batches(compile_seconds, step_seconds, step_rows, step_length, split
     ```
     """
     batches = batch_indices(split.lengths, batch_size)
-    average = sum(len(b) * split.num_views * row_cost(split.padded_length(b), attention_length)
-                  for b in batches) / len(batches)
+    average = sum(len(b) * split.num_views * row_cost(split.padded_length(b), attention_length) for b in batches) / len(
+        batches
+    )
     step_cost = step_rows * split.num_views * row_cost(step_length, attention_length)
     steps = compile_seconds / max(step_seconds, 1e-9) * step_cost / max(average, 1)
     return 2 ** max(0, round(math.log2(max(steps, 1))))
 
 
-def length_plan(lengths, batch_size, seed=None, limit=None, max_lengths=None, compile_batches=COMPILE_BATCHES,
-                epochs=1, attention_length=None):
+def length_plan(
+    lengths,
+    batch_size,
+    seed=None,
+    limit=None,
+    max_lengths=None,
+    compile_batches=COMPILE_BATCHES,
+    epochs=1,
+    attention_length=None,
+):
     """The padded lengths a feed's batches are rounded up to, at most `max_lengths` of them.
 
     Takes the bucket lengths an epoch's batches need (epoch 0's order with a
@@ -386,9 +412,22 @@ def filled(indices, multiple):
     return (np.concatenate([indices, np.repeat(indices[:1], extra)]) if extra else indices), len(indices)
 
 
-def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, max_lengths=None, skip=0,
-            shards=(0, 1, 1), pad_to=1, micro_batches=1, epochs=1, compile_batches=COMPILE_BATCHES,
-            attention_length=None):
+def dataset(
+    split,
+    batch_size,
+    seed=None,
+    lm=True,
+    targets=True,
+    first_epoch=0,
+    max_lengths=None,
+    skip=0,
+    shards=(0, 1, 1),
+    pad_to=1,
+    micro_batches=1,
+    epochs=1,
+    compile_batches=COMPILE_BATCHES,
+    attention_length=None,
+):
     """A `tf.data.Dataset` of length-bucketed batches of `split` (see `EncodedSplit.batch`).
 
     With a `seed`, every complete pass over the dataset (every Keras epoch)
@@ -427,8 +466,9 @@ def dataset(split, batch_size, seed=None, lm=True, targets=True, first_epoch=0, 
     num_batches = math.ceil(len(split) / batch_size)  # the same count in every order
     if not 0 <= skip < num_batches:
         raise ValueError(f"skip must be in 0..{num_batches - 1} (batches per epoch), got {skip}.")
-    plan = length_plan(split.lengths, batch_size, seed, split.limit, max_lengths, compile_batches, epochs,
-                       attention_length)
+    plan = length_plan(
+        split.lengths, batch_size, seed, split.limit, max_lengths, compile_batches, epochs, attention_length
+    )
     first, stop, total = shards
 
     def generate():
@@ -463,14 +503,16 @@ def predict_outputs(predictor, split, batch_size, verbose=0, feed=None, pad_to=1
     max_lengths = max_lengths_for(getattr(predictor, "jit_compile", False), math.ceil(len(split) / batch_size))
 
     def make(first, stop, total):
-        return dataset(split, batch_size, targets=False, max_lengths=max_lengths, shards=(first, stop, total),
-                       pad_to=pad_to)
+        return dataset(
+            split, batch_size, targets=False, max_lengths=max_lengths, shards=(first, stop, total), pad_to=pad_to
+        )
 
     outputs = predictor.predict(feed(make) if feed else make(0, 1, 1), verbose=verbose)
     kept = np.concatenate([np.arange(len(filled(b, pad_to)[0])) < len(b) for b in batches])
     if len(kept) != len(outputs):
-        raise ValueError(f"The predictor gave {len(outputs)} rows for {len(kept)} (filled batches of {len(split)} "
-                         f"examples).")
+        raise ValueError(
+            f"The predictor gave {len(outputs)} rows for {len(kept)} (filled batches of {len(split)} examples)."
+        )
     result = np.empty_like(outputs[kept])
     result[np.concatenate(batches)] = outputs[kept]
     return result

@@ -113,8 +113,10 @@ class _Workers:
                 break
             except queue.Empty:
                 if not self.processes[w].is_alive():
-                    raise RuntimeError(f"A tokenizer worker process died (exit code {self.processes[w].exitcode}); "
-                                       "if the machine ran out of memory, try fewer workers.") from None
+                    raise RuntimeError(
+                        f"A tokenizer worker process died (exit code {self.processes[w].exitcode}); "
+                        "if the machine ran out of memory, try fewer workers."
+                    ) from None
         if kind == "error":
             raise value
         piece, journal = value

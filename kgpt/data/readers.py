@@ -78,22 +78,29 @@ def decoded_lines(path):
             try:
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                raise DataError(f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid "
-                                f"UTF-8.") from None
+                raise DataError(
+                    f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid UTF-8."
+                ) from None
             if line_no > 1 and line.startswith("\ufeff"):
-                raise DataError(f"{path}:{line_no}: a byte-order mark starts this line, as it starts a file: were "
-                                f"files joined here? Remove it (and a second header row).")
+                raise DataError(
+                    f"{path}:{line_no}: a byte-order mark starts this line, as it starts a file: were "
+                    f"files joined here? Remove it (and a second header row)."
+                )
             if "\0" in line:  # valid UTF-8, but no text holds it: Python's csv would read it into a field
-                raise DataError(f"{path}:{line_no}: byte {raw.index(0)} of the line is a NUL: a binary file, or "
-                                f"UTF-16 without a byte-order mark? Save it as UTF-8 text.")
+                raise DataError(
+                    f"{path}:{line_no}: byte {raw.index(0)} of the line is a NUL: a binary file, or "
+                    f"UTF-16 without a byte-order mark? Save it as UTF-8 text."
+                )
             yield line_no, line
 
 
 # First bytes that say what a file is when it is not UTF-8 text.
-_NOT_UTF8 = ((b"\xff\xfe", "UTF-16 or UTF-32 (its byte-order mark says), not UTF-8: save it as UTF-8"),
-             (b"\xfe\xff", "UTF-16 (its byte-order mark says), not UTF-8: save it as UTF-8"),
-             (b"\x1f\x8b", "gzip-compressed, not text: decompress it first"),
-             (b"PK\x03\x04", "a zip archive (or a spreadsheet), not text: extract or export it first"))
+_NOT_UTF8 = (
+    (b"\xff\xfe", "UTF-16 or UTF-32 (its byte-order mark says), not UTF-8: save it as UTF-8"),
+    (b"\xfe\xff", "UTF-16 (its byte-order mark says), not UTF-8: save it as UTF-8"),
+    (b"\x1f\x8b", "gzip-compressed, not text: decompress it first"),
+    (b"PK\x03\x04", "a zip archive (or a spreadsheet), not text: extract or export it first"),
+)
 
 
 def check_header(path, line_no, columns):
@@ -154,15 +161,17 @@ def read_tsv_columns(path, required, skip_malformed=False):
             check_header(path, line_no, columns)
             missing = [c for c in required if c not in columns]
             if missing:
-                raise DataError(f"{path}:{line_no}: the header lacks column(s) {', '.join(missing)}; "
-                                f"it has {', '.join(columns)}.")
+                raise DataError(
+                    f"{path}:{line_no}: the header lacks column(s) {', '.join(missing)}; it has {', '.join(columns)}."
+                )
             continue
         if len(fields) != len(columns):
             if skip_malformed:
                 yield line_no, None
                 continue
-            raise DataError(f"{path}:{line_no}: expected {len(columns)} tab-separated fields as in the header, "
-                            f"got {len(fields)}.")
+            raise DataError(
+                f"{path}:{line_no}: expected {len(columns)} tab-separated fields as in the header, got {len(fields)}."
+            )
         yield line_no, dict(zip(columns, fields))
     if columns is None:
         raise DataError(f"{path}: the file is empty (no header row).")
@@ -179,14 +188,14 @@ def read_jsonl(path):
             obj = json.loads(line, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
-        except _RepeatedKey as e:
+        except _RepeatedKeyError as e:
             raise DataError(f"{path}:{line_no}: the key {e.args[0]!r} is given twice in one object.") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}.")
         yield line_no, obj
 
 
-class _RepeatedKey(Exception):
+class _RepeatedKeyError(Exception):
     pass
 
 
@@ -194,7 +203,7 @@ def _unique_keys(pairs):
     obj = {}
     for key, value in pairs:
         if key in obj:
-            raise _RepeatedKey(key)
+            raise _RepeatedKeyError(key)
         obj[key] = value
     return obj
 

@@ -192,4 +192,3 @@ class ShardWriter:
         if self._file is not None:
             self._file.close()
             self._file = None
-

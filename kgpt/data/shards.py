@@ -68,8 +68,16 @@ class Team:
         return flag if self.count == 1 else bool(self.agree(flag))
 
 
-def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers=None,
-                 chunk_bytes=CHUNK_BYTES, line_bytes=LINE_BYTES, team=None):
+def build_shards(
+    files,
+    tokenizer,
+    directory,
+    shard_tokens=SHARD_TOKENS,
+    workers=None,
+    chunk_bytes=CHUNK_BYTES,
+    line_bytes=LINE_BYTES,
+    team=None,
+):
     """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
 
     Args:
@@ -95,7 +103,9 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     fingerprint = tokenizer.fingerprint()
     index = matching_index(directory, sources, fingerprint)
     if team.all(index is not None):
-        logger.info(f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked).")
+        logger.info(
+            f"Reusing {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in {directory} (CRC-32 checked)."
+        )
         return index
     index_path = os.path.join(directory, INDEX_FILE)
     parts = os.path.join(directory, PARTS)
@@ -111,28 +121,54 @@ def build_shards(files, tokenizer, directory, shard_tokens=SHARD_TOKENS, workers
     used = {"workers": 1}
     chunks = jobs(files, engine, chunk_bytes, line_bytes, cuts)
     if team.count == 1:
-        index = _write_shards(encoded(chunks, engine, workers, used), files, sources, fingerprint, cuts, directory,
-                              dtype, shard_tokens, engine, line_bytes)
+        index = _write_shards(
+            encoded(chunks, engine, workers, used),
+            files,
+            sources,
+            fingerprint,
+            cuts,
+            directory,
+            dtype,
+            shard_tokens,
+            engine,
+            line_bytes,
+        )
     else:
         mine = (job for k, job in enumerate(chunks) if k % team.count == team.index)
         _write_part(encoded(mine, engine, workers, used), parts, team.index, dtype)
         team.all(True)  # every part is written
         if team.index == 0:
-            index = _write_shards(_read_parts(parts, team.count, dtype), files, sources, fingerprint, cuts,
-                                  directory, dtype, shard_tokens, engine, line_bytes)
+            index = _write_shards(
+                _read_parts(parts, team.count, dtype),
+                files,
+                sources,
+                fingerprint,
+                cuts,
+                directory,
+                dtype,
+                shard_tokens,
+                engine,
+                line_bytes,
+            )
             shutil.rmtree(parts, ignore_errors=True)
         team.all(True)  # the index is written
         if team.index:
             index = matching_index(directory, sources, fingerprint)
             if index is None:
-                raise ConfigError(f"{directory} holds no shards of these {len(files)} corpus file(s) as this "
-                                  f"process sees them (their sizes and modification times are part of the index): "
-                                  f"every process must see the same files at the same paths.")
+                raise ConfigError(
+                    f"{directory} holds no shards of these {len(files)} corpus file(s) as this "
+                    f"process sees them (their sizes and modification times are part of the index): "
+                    f"every process must see the same files at the same paths."
+                )
     seconds = time.perf_counter() - start
-    logger.info(f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in "
+    logger.info(
+        f"Tokenized {len(files)} file(s) into {index.total_tokens:,} tokens in {len(index.shards)} shard(s) in "
         f"{directory}: {seconds:.1f} s, {index.total_tokens / max(seconds, 1e-9):,.0f} tokens/s with "
-        f"{used['workers']} worker(s)" + (f" ({workers} allowed; one chunk needs no more)" if used["workers"] < workers else "")
-        + (f" on each of {team.count} processes" if team.count > 1 else "") + ".")
+        f"{used['workers']} worker(s)"
+        + (f" ({workers} allowed; one chunk needs no more)" if used["workers"] < workers else "")
+        + (f" on each of {team.count} processes" if team.count > 1 else "")
+        + "."
+    )
     return index
 
 
@@ -141,7 +177,9 @@ def _write_shards(pieces, files, sources, fingerprint, cuts, directory, dtype, s
     counts = [0] * len(files)
     writer = ShardWriter(directory, dtype, shard_tokens)
     try:
-        for source, group in itertools.groupby(_counting(pieces, cuts, engine.cut_label), key=lambda piece: piece.source):
+        for source, group in itertools.groupby(
+            _counting(pieces, cuts, engine.cut_label), key=lambda piece: piece.source
+        ):
             for ids in file_ids(group, engine.newline_id):
                 writer.write(ids)
                 counts[source] += len(ids)
@@ -172,23 +210,33 @@ def _write_part(pieces, directory, index, dtype):
     with open(os.path.join(directory, f"part-{index:05d}.bin"), "wb") as f:
         for piece in pieces:
             f.write(np.asarray(piece.ids, dtype).tobytes())
-            rows.append([piece.source, len(piece.ids), piece.starts_line, piece.ends_line, piece.has_newline,
-                         piece.cut_words])
+            rows.append(
+                [piece.source, len(piece.ids), piece.starts_line, piece.ends_line, piece.has_newline, piece.cut_words]
+            )
     np.save(os.path.join(directory, f"part-{index:05d}.npy"), np.asarray(rows, np.int64).reshape(-1, _PIECE_FIELDS))
 
 
 def _read_parts(directory, count, dtype):
     """Yields every process's pieces in corpus order (chunk k came from process k mod `count`)."""
     rows = [np.load(os.path.join(directory, f"part-{i:05d}.npy")) for i in range(count)]
-    ids = [np.memmap(os.path.join(directory, f"part-{i:05d}.bin"), dtype=dtype, mode="r")
-           if os.path.getsize(os.path.join(directory, f"part-{i:05d}.bin")) else np.zeros(0, dtype)
-           for i in range(count)]
+    ids = [
+        np.memmap(os.path.join(directory, f"part-{i:05d}.bin"), dtype=dtype, mode="r")
+        if os.path.getsize(os.path.join(directory, f"part-{i:05d}.bin"))
+        else np.zeros(0, dtype)
+        for i in range(count)
+    ]
     at, offset = [0] * count, [0] * count
     for k in range(sum(len(r) for r in rows)):
         i = k % count
         source, n, starts_line, ends_line, has_newline, cut_words = (int(v) for v in rows[i][at[i]])
-        yield Piece(source, np.asarray(ids[i][offset[i]:offset[i] + n]), bool(starts_line), bool(ends_line),
-                     bool(has_newline), cut_words)
+        yield Piece(
+            source,
+            np.asarray(ids[i][offset[i] : offset[i] + n]),
+            bool(starts_line),
+            bool(ends_line),
+            bool(has_newline),
+            cut_words,
+        )
         at[i] += 1
         offset[i] += n
 
@@ -207,8 +255,11 @@ def _report(files, counts, cuts, line_bytes):
         logger.info(f"Skipped {len(empty)} empty file(s): {', '.join(empty[:5])}" + (" ..." if len(empty) > 5 else ""))
     lines = {kind: n for kind, n in cuts.items() if kind in ("at a space", "mid-word")}
     if lines:
-        logger.info(f"Cut lines longer than {line_bytes:,} bytes: " + ", ".join(f"{n:,} {kind}" for kind, n in lines.items())
-            + " (a cut at a space changes no token).")
+        logger.info(
+            f"Cut lines longer than {line_bytes:,} bytes: "
+            + ", ".join(f"{n:,} {kind}" for kind, n in lines.items())
+            + " (a cut at a space changes no token)."
+        )
     words = {kind: n for kind, n in cuts.items() if kind not in lines}
     for kind, n in words.items():
         logger.info(f"Cut {n:,} {kind} into pieces of that length (the original tokenizes them whole).")

@@ -50,8 +50,10 @@ def table_format(path, format=None):
         return format
     extension = os.path.splitext(path)[1].lower()
     if extension not in EXTENSIONS:
-        raise ConfigError(f"{path}: cannot tell the format from the extension {extension or '(none)'!r}; name it "
-                          f".csv, .tsv or .jsonl.")
+        raise ConfigError(
+            f"{path}: cannot tell the format from the extension {extension or '(none)'!r}; name it "
+            f".csv, .tsv or .jsonl."
+        )
     return EXTENSIONS[extension]
 
 
@@ -71,9 +73,11 @@ class Table:
         missing = [c for c in wanted if c not in self.columns]
         if missing:
             near = [n for c in missing for n in _near(c, self.columns)]
-            raise DataError(f"{self.path}: no column {', '.join(map(repr, missing))} ({what}"
-                            f"{'; did you mean ' + ', '.join(map(repr, near)) + '?' if near else ''}); it has "
-                            f"{', '.join(map(repr, self.columns)) or 'none'}.")
+            raise DataError(
+                f"{self.path}: no column {', '.join(map(repr, missing))} ({what}"
+                f"{'; did you mean ' + ', '.join(map(repr, near)) + '?' if near else ''}); it has "
+                f"{', '.join(map(repr, self.columns)) or 'none'}."
+            )
 
     def value(self, row, column, line):
         """`row[column]` as text; a JSON line lacking it, or holding null, a list or an object there, is a `DataError`."""
@@ -124,11 +128,14 @@ def _named(path, header_line, columns, rows):
     found = False
     for line_no, fields in rows:
         if len(fields) != len(columns):
-            raise DataError(f"{path}:{line_no}: {len(fields)} field(s), but the header (line {header_line}) names "
-                            f"{len(columns)}.")
+            raise DataError(
+                f"{path}:{line_no}: {len(fields)} field(s), but the header (line {header_line}) names {len(columns)}."
+            )
         if [f.strip() for f in fields] == columns:
-            raise DataError(f"{path}:{line_no}: the header row again (line {header_line} is the first): were files "
-                            f"joined here? Remove it.")
+            raise DataError(
+                f"{path}:{line_no}: the header row again (line {header_line} is the first): were files "
+                f"joined here? Remove it."
+            )
         found = True
         yield line_no, dict(zip(columns, fields))
     if not found:
@@ -157,8 +164,10 @@ def _csv_rows(path):
         except csv.Error as e:
             opened = _open_quote(start, lines)
             if opened is not None and "end of data" in str(e):
-                raise DataError(f"{path}:{opened}: a quoted field opens here and is never closed (it runs to the "
-                                f"end of the file, line {reader.line_num}).") from None
+                raise DataError(
+                    f"{path}:{opened}: a quoted field opens here and is never closed (it runs to the "
+                    f"end of the file, line {reader.line_num})."
+                ) from None
             raise DataError(f"{path}:{reader.line_num}: malformed CSV ({e}).") from None
         if not fields:
             blank = blank or start
@@ -171,9 +180,12 @@ def _csv_rows(path):
             swallowed.append(_open_quote(start, lines[:-1]) or start)
         yield start, [f.strip() for f in fields] if start == 1 else fields
     if swallowed:
-        _warn_once(path, f"{path}: {len(swallowed)} row(s) hold, inside a quoted field, whole lines with the "
-                         f"header's {width} fields ({reader.line_num} lines read as {rows} rows); the first such "
-                         f"quote opens at {path}:{swallowed[0]}. If a quote was left open there, close it.")
+        _warn_once(
+            path,
+            f"{path}: {len(swallowed)} row(s) hold, inside a quoted field, whole lines with the "
+            f"header's {width} fields ({reader.line_num} lines read as {rows} rows); the first such "
+            f"quote opens at {path}:{swallowed[0]}. If a quote was left open there, close it.",
+        )
 
 
 def _kept(lines, kept):
@@ -221,8 +233,10 @@ def write_table(path, format, columns, rows):
             values = [str(row[c]) for c in columns]
             bad = next((v for v in values if "\t" in v or "\n" in v or "\r" in v), None)
             if bad is not None:
-                raise DataError(f"{path}: row {i} holds a tab or a line break ({bad!r:.60}), which TSV cannot; "
-                                f"write a .csv or .jsonl instead.")
+                raise DataError(
+                    f"{path}: row {i} holds a tab or a line break ({bad!r:.60}), which TSV cannot; "
+                    f"write a .csv or .jsonl instead."
+                )
             lines.append("\t".join(values) + "\n")
     else:
         import io

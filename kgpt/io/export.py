@@ -14,8 +14,12 @@ ENDPOINT = "serve"
 
 def serving_signature(num_views):
     """The `serve` endpoint's inputs: int32 `[batch, num_views, length]`, batch and length dynamic."""
-    return [{name: keras.InputSpec(shape=(None, num_views, None), dtype="int32", name=name)
-             for name in ("token_ids", "padding_mask")}]
+    return [
+        {
+            name: keras.InputSpec(shape=(None, num_views, None), dtype="int32", name=name)
+            for name in ("token_ids", "padding_mask")
+        }
+    ]
 
 
 def _jax2tf_kwargs(num_views, max_length):
@@ -25,9 +29,12 @@ def _jax2tf_kwargs(num_views, max_length):
     # The module is lowered per platform; by default only for the exporting one,
     # which would leave a GPU export unservable on a CPU.
     shape = "(batch, length)" if num_views is None else f"(batch, {num_views}, length)"
-    return {"polymorphic_shapes": [{"token_ids": shape, "padding_mask": shape}],
-            "polymorphic_constraints": [f"length <= {max_length}"], "with_gradient": False,
-            "native_serialization_platforms": ("cpu", "cuda")}
+    return {
+        "polymorphic_shapes": [{"token_ids": shape, "padding_mask": shape}],
+        "polymorphic_constraints": [f"length <= {max_length}"],
+        "with_gradient": False,
+        "native_serialization_platforms": ("cpu", "cuda"),
+    }
 
 
 def export_task_model(model, filepath, format="tf_saved_model", verbose=True, **kwargs):

@@ -34,7 +34,7 @@ PRESETS = {
     "gpt1_base_en": {
         "uri": "hf://openai-community/openai-gpt",
         "description": "GPT-1 as released by OpenAI (Radford et al., 2018): 12 layers, 768 hidden, 12 heads, "
-                       "512 tokens of context, 40,478 BPE tokens, pre-trained on BooksCorpus; 116.5M weights.",
+        "512 tokens of context, 40,478 BPE tokens, pre-trained on BooksCorpus; 116.5M weights.",
     },
 }
 # The files of an openai-gpt repository that kgpt reads, weights by preference: both formats are free of pickle.
@@ -44,8 +44,16 @@ PICKLED = re.compile(r".*\.(bin|pt|pth|ckpt|pkl|msgpack|ot)$")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
 # What upload_preset sends of a folder: keras-hub's preset layout (presets.MODEL_FILES, shards, the tokenizer's
 # tokenizer.json and assets/), the BPE files of a converted preset, and a run's scores.
-UPLOADED = [*sorted(MODEL_FILES), "model_*.weights.h5", "tokenizer.json", "assets/*", "vocab.json", "merges.txt",
-            "metrics.json", "README.md"]
+UPLOADED = [
+    *sorted(MODEL_FILES),
+    "model_*.weights.h5",
+    "tokenizer.json",
+    "assets/*",
+    "vocab.json",
+    "merges.txt",
+    "metrics.json",
+    "README.md",
+]
 _WEIGHTS = (".h5", ".safetensors")
 _READY = "kgpt-converted.json"  # written last into a converted preset: its presence means the folder is whole
 
@@ -60,13 +68,19 @@ def is_hub(preset):
 def parse(preset):
     """`(repo_id, revision)` of `hf://OWNER/REPO[@REVISION]` or a named preset; revision None is the main branch."""
     uri = PRESETS[preset]["uri"] if preset in PRESETS else preset
-    handle = uri[len(PREFIX):]
+    handle = uri[len(PREFIX) :]
     repo_id, _, revision = handle.partition("@")
     parts = repo_id.split("/")
-    if not (1 <= len(parts) <= 2) or not all(re.fullmatch(r"[\w.-]+", p) for p in parts) or "@" in revision or (
-            _ and not revision):
-        raise CheckpointError(f"{preset!r} is not a Hub preset: write hf://OWNER/REPO, or hf://OWNER/REPO@REVISION "
-                              f"for a branch, tag or commit.")
+    if (
+        not (1 <= len(parts) <= 2)
+        or not all(re.fullmatch(r"[\w.-]+", p) for p in parts)
+        or "@" in revision
+        or (_ and not revision)
+    ):
+        raise CheckpointError(
+            f"{preset!r} is not a Hub preset: write hf://OWNER/REPO, or hf://OWNER/REPO@REVISION "
+            f"for a branch, tag or commit."
+        )
     from huggingface_hub.utils import HFValidationError, validate_repo_id
 
     try:
@@ -98,17 +112,25 @@ def _hub_errors(preset, repo_id, revision):
         elif isinstance(error, errors.RevisionNotFoundError):
             message = f"{where}: no revision {revision!r} (a branch, tag or commit of {repo_id})."
         elif isinstance(error, errors.RepositoryNotFoundError):
-            message = (f"{where}: no such repository, or it is private: check the name, or log in "
-                       f"(`hf auth login`) or set HF_TOKEN for a private one.")
+            message = (
+                f"{where}: no such repository, or it is private: check the name, or log in "
+                f"(`hf auth login`) or set HF_TOKEN for a private one."
+            )
         elif isinstance(error, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)):
-            message = (f"{preset}: a file of it is not in the local cache and HF_HUB_OFFLINE is set (or the Hub "
-                       f"cannot be reached): load it once online, or pass a local preset folder.")
+            message = (
+                f"{preset}: a file of it is not in the local cache and HF_HUB_OFFLINE is set (or the Hub "
+                f"cannot be reached): load it once online, or pass a local preset folder."
+            )
         elif _unreachable(error):
-            message = (f"{where}: cannot reach the Hub ({type(error).__name__}: {str(error)[:120]}). Check the "
-                       f"network or HF_ENDPOINT; HF_HUB_OFFLINE=1 uses presets already downloaded.")
+            message = (
+                f"{where}: cannot reach the Hub ({type(error).__name__}: {str(error)[:120]}). Check the "
+                f"network or HF_ENDPOINT; HF_HUB_OFFLINE=1 uses presets already downloaded."
+            )
         elif _server_error(error):
-            message = (f"{where}: the Hub failed on its side (HTTP {error.response.status_code}) and nothing of it is "
-                       f"cached: try again later.")
+            message = (
+                f"{where}: the Hub failed on its side (HTTP {error.response.status_code}) and nothing of it is "
+                f"cached: try again later."
+            )
         elif isinstance(error, errors.HfHubHTTPError):
             message = f"{where}: the Hub answered {str(error).splitlines()[0][:200]}"
         else:
@@ -132,8 +154,10 @@ def _commit_and_files(preset, repo_id, revision, offline):
             with open(ref, encoding="utf-8") as f:
                 return f.read().strip(), None
         except OSError:
-            raise CheckpointError(f"{preset} is not in the local cache and HF_HUB_OFFLINE is set (or the Hub "
-                                  f"cannot be reached): load it once online, or pass a local preset folder.") from None
+            raise CheckpointError(
+                f"{preset} is not in the local cache and HF_HUB_OFFLINE is set (or the Hub "
+                f"cannot be reached): load it once online, or pass a local preset folder."
+            ) from None
     info = HfApi().model_info(repo_id, revision=revision, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     try:
         os.makedirs(os.path.dirname(ref), exist_ok=True)
@@ -161,12 +185,15 @@ def _download(repo_id, commit, name, sha256=None):
     path = hf_hub_download(repo_id, name, revision=commit)
     if sha256 is None or _sha256(path) == sha256:
         return path
-    log.warning(f"{name} of {repo_id}@{commit[:12]} in the cache does not match the Hub's checksum: downloading it "
-                f"again.")
+    log.warning(
+        f"{name} of {repo_id}@{commit[:12]} in the cache does not match the Hub's checksum: downloading it again."
+    )
     path = hf_hub_download(repo_id, name, revision=commit, force_download=True)
     if _sha256(path) != sha256:
-        raise CheckpointError(f"hf://{repo_id}@{commit}: {name} does not match the sha256 the Hub lists for it "
-                              f"(corrupt or incomplete download); nothing was loaded.")
+        raise CheckpointError(
+            f"hf://{repo_id}@{commit}: {name} does not match the sha256 the Hub lists for it "
+            f"(corrupt or incomplete download); nothing was loaded."
+        )
     return path
 
 
@@ -187,23 +214,32 @@ def _layout(preset, config_path, files):
     if isinstance(name, str):
         if name.startswith("kgpt>"):
             return "kgpt"
-        raise CheckpointError(f"{preset} is a keras-hub preset of {name!r}, not a kgpt model: load it with keras-hub "
-                              f"(e.g. keras_hub.models.Backbone.from_preset).")
+        raise CheckpointError(
+            f"{preset} is a keras-hub preset of {name!r}, not a kgpt model: load it with keras-hub "
+            f"(e.g. keras_hub.models.Backbone.from_preset)."
+        )
     kind = config.get("model_type")
     if kind == "openai-gpt":
         return "openai-gpt"
     if kind is not None:
         architectures = ", ".join(config.get("architectures") or []) or "no architectures listed"
-        raise CheckpointError(f"{preset} holds a {kind!r} model ({architectures}), not GPT-1: kgpt loads openai-gpt "
-                              f"repositories and kgpt presets.")
-    raise CheckpointError(f"{preset}: its {CONFIG_FILE} names neither a kgpt class (registered_name) nor a "
-                          f"transformers model_type; it is not a preset kgpt can load.")
+        raise CheckpointError(
+            f"{preset} holds a {kind!r} model ({architectures}), not GPT-1: kgpt loads openai-gpt "
+            f"repositories and kgpt presets."
+        )
+    raise CheckpointError(
+        f"{preset}: its {CONFIG_FILE} names neither a kgpt class (registered_name) nor a "
+        f"transformers model_type; it is not a preset kgpt can load."
+    )
 
 
 def _kgpt_files(files):
     """The files of a kgpt preset repository that loading reads (keras-hub's layout)."""
-    return {name: sha for name, sha in files.items()  # top level only: never a pushed run's checkpoints
-            if ("/" not in name and name.endswith((".json", ".h5"))) or name.startswith("assets/")}
+    return {
+        name: sha
+        for name, sha in files.items()  # top level only: never a pushed run's checkpoints
+        if ("/" not in name and name.endswith((".json", ".h5"))) or name.startswith("assets/")
+    }
 
 
 def _openai_files(preset, files, cached_only=False):
@@ -219,9 +255,11 @@ def _openai_files(preset, files, cached_only=False):
     if weights is None:
         pickled = sorted(name for name in files if PICKLED.match(name))
         if pickled:
-            raise CheckpointError(f"{preset} holds its weights only as {', '.join(pickled)} (pickle, which can run "
-                                  f"code when read): kgpt reads model.safetensors or tf_model.h5. Convert the "
-                                  f"weights to safetensors, or load a repository that has them.")
+            raise CheckpointError(
+                f"{preset} holds its weights only as {', '.join(pickled)} (pickle, which can run "
+                f"code when read): kgpt reads model.safetensors or tf_model.h5. Convert the "
+                f"weights to safetensors, or load a repository that has them."
+            )
         raise CheckpointError(f"{preset} holds no weights kgpt reads (model.safetensors or tf_model.h5).")
     missing = [name for name in OPENAI_TOKENIZER if name not in files]
     if missing:
@@ -252,8 +290,10 @@ def fetch(preset, convert):
     if plan["layout"] == "kgpt":
         return snapshot
     if convert is None:
-        raise CheckpointError(f"{preset} holds openai-gpt files, which kgpt converts for its GPT classes: load it "
-                              f"with kgpt.GPTBackbone, GPTTokenizer, GPTCausalLM or GPTTaskModel.")
+        raise CheckpointError(
+            f"{preset} holds openai-gpt files, which kgpt converts for its GPT classes: load it "
+            f"with kgpt.GPTBackbone, GPTTokenizer, GPTCausalLM or GPTTaskModel."
+        )
     _convert_once(preset, snapshot, plan["converted"], convert, plan["commit"])
     return plan["converted"]
 
@@ -274,8 +314,9 @@ def check(preset):
         paths = {name: _download(plan["repo_id"], plan["commit"], name, sha) for name, sha in small.items()}
     weights = ", ".join(sorted(name for name in plan["wanted"] if name.endswith(_WEIGHTS)))
     kind = "a kgpt preset" if plan["layout"] == "kgpt" else "openai-gpt files"
-    return (f"{where}: {kind} ({weights}), downloaded{' and converted' if kind != 'a kgpt preset' else ''} on first "
-            f"use"), os.path.dirname(paths[CONFIG_FILE])
+    return (
+        f"{where}: {kind} ({weights}), downloaded{' and converted' if kind != 'a kgpt preset' else ''} on first use"
+    ), os.path.dirname(paths[CONFIG_FILE])
 
 
 def _plan(preset):
@@ -294,22 +335,33 @@ def _plan(preset):
                 commit, files = _commit_and_files(preset, repo_id, revision, offline=True)
             except CheckpointError:
                 raise e from None
-            log.warning(f"{preset}: the Hub cannot be reached ({type(e).__name__}: {str(e).splitlines()[0][:80]}); "
-                        f"using the cached commit {commit[:12]}.")
-        plan = {"repo_id": repo_id, "revision": revision, "commit": commit,
-                "converted": os.path.join(_repo_cache(repo_id), commit)}
+            log.warning(
+                f"{preset}: the Hub cannot be reached ({type(e).__name__}: {str(e).splitlines()[0][:80]}); "
+                f"using the cached commit {commit[:12]}."
+            )
+        plan = {
+            "repo_id": repo_id,
+            "revision": revision,
+            "commit": commit,
+            "converted": os.path.join(_repo_cache(repo_id), commit),
+        }
         plan["ready"] = os.path.isfile(os.path.join(plan["converted"], _READY))
         if plan["ready"]:
             return plan
         if files is not None and CONFIG_FILE not in files:
-            raise CheckpointError(f"{preset} (commit {commit[:12]}) has no {CONFIG_FILE}: it holds no model kgpt "
-                                  f"can load ({', '.join(sorted(files)[:8]) or 'no files'}).")
+            raise CheckpointError(
+                f"{preset} (commit {commit[:12]}) has no {CONFIG_FILE}: it holds no model kgpt "
+                f"can load ({', '.join(sorted(files)[:8]) or 'no files'})."
+            )
         config = _download(repo_id, commit, CONFIG_FILE)
         cached_only = files is None
         if cached_only:  # offline: the snapshot's cached files are all there is to read
             snapshot = os.path.dirname(config)
-            files = {os.path.relpath(os.path.join(d, f), snapshot).replace(os.sep, "/"): None
-                     for d, _, names in os.walk(snapshot) for f in names}
+            files = {
+                os.path.relpath(os.path.join(d, f), snapshot).replace(os.sep, "/"): None
+                for d, _, names in os.walk(snapshot)
+                for f in names
+            }
         plan["layout"] = _layout(preset, config, files)
         plan["wanted"] = _kgpt_files(files) if plan["layout"] == "kgpt" else _openai_files(preset, files, cached_only)
     return plan
@@ -323,8 +375,9 @@ def _server_error(error):
 
 def _unreachable(error):
     """A network failure, whichever HTTP client huggingface_hub runs on (httpx, httpx2 or requests)."""
-    return bool({c.__name__ for c in type(error).__mro__} & {"TransportError", "ConnectionError", "TimeoutError",
-                                                             "Timeout"})
+    return bool(
+        {c.__name__ for c in type(error).__mro__} & {"TransportError", "ConnectionError", "TimeoutError", "Timeout"}
+    )
 
 
 def _convert_once(preset, snapshot, converted, convert, commit):
@@ -335,10 +388,12 @@ def _convert_once(preset, snapshot, converted, convert, commit):
         os.makedirs(parent, exist_ok=True)
         partial = tempfile.mkdtemp(prefix=f"{stem}{socket.gethostname()}-{os.getpid()}-", dir=parent)
     except OSError as e:
-        raise CheckpointError(f"Cannot write the converted preset of {preset} under {parent} ({e.strerror}): set "
-                              f"KGPT_CACHE to a writable folder.") from None
+        raise CheckpointError(
+            f"Cannot write the converted preset of {preset} under {parent} ({e.strerror}): set "
+            f"KGPT_CACHE to a writable folder."
+        ) from None
     for name in os.listdir(parent):  # what a killed conversion left
-        if name.startswith(stem) and os.path.join(parent, name) != partial and _abandoned(name[len(stem):]):
+        if name.startswith(stem) and os.path.join(parent, name) != partial and _abandoned(name[len(stem) :]):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     try:
         log.info(f"Converting {preset} (commit {commit[:12]}) into a kgpt preset in {converted}")
@@ -397,31 +452,38 @@ def upload_preset(uri, preset_dir, private=None):
     repo_id, revision = parse(uri)
     config = os.path.join(os.fspath(preset_dir), CONFIG_FILE)
     if not os.path.isfile(config):
-        raise CheckpointError(f"{preset_dir} is not a kgpt preset folder (no {CONFIG_FILE}): save one with "
-                              f"save_to_preset or kgpt-train --output_dir first.")
+        raise CheckpointError(
+            f"{preset_dir} is not a kgpt preset folder (no {CONFIG_FILE}): save one with "
+            f"save_to_preset or kgpt-train --output_dir first."
+        )
     name = read_json(config, "a kgpt preset's config").get("registered_name", "")
     if not str(name).startswith("kgpt>"):
         raise CheckpointError(f"{config} describes {name!r}, not a kgpt model: upload_preset uploads kgpt presets.")
     if not os.path.isfile(os.path.join(os.fspath(preset_dir), MODEL_WEIGHTS_FILE)):
-        raise CheckpointError(f"{preset_dir} has no {MODEL_WEIGHTS_FILE}: a preset without its weights would load "
-                              f"as nothing; save it again with save_to_preset.")
+        raise CheckpointError(
+            f"{preset_dir} has no {MODEL_WEIGHTS_FILE}: a preset without its weights would load "
+            f"as nothing; save it again with save_to_preset."
+        )
     api = HfApi()
     folder = os.fspath(preset_dir)
-    local = [os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/") for d, _, names in os.walk(folder)
-             for f in names]
+    local = [
+        os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
+        for d, _, names in os.walk(folder)
+        for f in names
+    ]
     local = sorted(filter_repo_objects(local, allow_patterns=UPLOADED, ignore_patterns=[f"{PARTIAL_DIR}/*"]))
     with _hub_errors(uri, repo_id, revision):
         repo_id = api.create_repo(repo_id, exist_ok=True, private=private).repo_id
         # An earlier upload's preset files that this preset lacks (a task.json over a backbone) go in the same
         # commit: the repository then holds one preset, never one preset's head on another's backbone.
-        stale = sorted(set(filter_repo_objects(_repo_files(api, repo_id, revision), allow_patterns=UPLOADED))
-                       - set(local))
+        stale = sorted(
+            set(filter_repo_objects(_repo_files(api, repo_id, revision), allow_patterns=UPLOADED)) - set(local)
+        )
         operations = [CommitOperationAdd(name, os.path.join(folder, name)) for name in local]
         operations += [CommitOperationDelete(name) for name in stale]
         commit = api.create_commit(repo_id, operations, revision=revision, commit_message="Upload kgpt preset")
     if stale:
-        log.info(f"{uri}: removed {len(stale)} file(s) of an earlier upload that this preset lacks: "
-                 f"{', '.join(stale)}")
+        log.info(f"{uri}: removed {len(stale)} file(s) of an earlier upload that this preset lacks: {', '.join(stale)}")
     return commit.oid
 
 

@@ -53,8 +53,16 @@ def deserialize(config, path, what):
     re-raised as one `CheckpointError` naming the file."""
     try:
         return keras.saving.deserialize_keras_object(config, safe_mode=True)
-    except (TypeError, ValueError, KeyError, AttributeError, IndexError, RecursionError, MemoryError,
-            OverflowError) as e:
+    except (
+        TypeError,
+        ValueError,
+        KeyError,
+        AttributeError,
+        IndexError,
+        RecursionError,
+        MemoryError,
+        OverflowError,
+    ) as e:
         raise CheckpointError(f"{path}: cannot build {what} from it ({type(e).__name__}: {str(e)[:300]}).") from e
 
 
@@ -74,8 +82,10 @@ def check_sizes(config, path, weights_path):
         raise CheckpointError(f"{path}: {e}") from None
     held = sum(math.prod(shape) for shape in file_shapes(weights_path))
     if needed > held:
-        raise CheckpointError(f"{path} describes a model of at least {needed:,} weights, but {weights_path} holds "
-                              f"{held:,}: the config and the weights do not belong together.")
+        raise CheckpointError(
+            f"{path} describes a model of at least {needed:,} weights, but {weights_path} holds "
+            f"{held:,}: the config and the weights do not belong together."
+        )
 
 
 def check_preset_dir(preset, config_file, expected_class):
@@ -107,6 +117,7 @@ def file_shapes(path):
     shapes = []
     try:
         with h5py.File(path, "r") as f:
+
             def visit(name, obj):
                 if isinstance(obj, h5py.Dataset) and not name.startswith("optimizer/"):
                     shapes.append(tuple(obj.shape))
@@ -146,14 +157,22 @@ def _load_weights(load, path):
 
 def check_overrides(cls, overrides):
     """Refuses `from_preset` keyword arguments that `cls`'s constructor does not take (Keras would drop them)."""
-    allowed = {name for name, p in inspect.signature(cls.__init__).parameters.items()
-               if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"} | {"name", "dtype", "trainable"}
+    allowed = {
+        name
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
+    } | {"name", "dtype", "trainable"}
     unknown = sorted(set(overrides) - allowed)
     if unknown:
-        hint = (" The packed length is the preprocessor's: set model.preprocessor.sequence_length after loading."
-                if "sequence_length" in unknown else "")
-        raise TypeError(f"{cls.__name__}.from_preset() got {', '.join(map(repr, unknown))}, which {cls.__name__} "
-                        f"does not take; it takes load_weights and {', '.join(sorted(allowed))}.{hint}")
+        hint = (
+            " The packed length is the preprocessor's: set model.preprocessor.sequence_length after loading."
+            if "sequence_length" in unknown
+            else ""
+        )
+        raise TypeError(
+            f"{cls.__name__}.from_preset() got {', '.join(map(repr, unknown))}, which {cls.__name__} "
+            f"does not take; it takes load_weights and {', '.join(sorted(allowed))}.{hint}"
+        )
 
 
 def check_save_target(preset_dir):
@@ -169,8 +188,15 @@ def check_save_target(preset_dir):
 PARTIAL_DIR = ".preset.partial"
 # What a save replaces: the files of keras-hub's preset layout that belong to one model. The tokenizer
 # stays when the new model has none (a pre-training run writes it first, the model later).
-MODEL_FILES = {CONFIG_FILE, MODEL_WEIGHTS_FILE, "model.weights.json", TASK_CONFIG_FILE, TASK_WEIGHTS_FILE,
-                "preprocessor.json", METADATA_FILE}
+MODEL_FILES = {
+    CONFIG_FILE,
+    MODEL_WEIGHTS_FILE,
+    "model.weights.json",
+    TASK_CONFIG_FILE,
+    TASK_WEIGHTS_FILE,
+    "preprocessor.json",
+    METADATA_FILE,
+}
 _SHARD_FILE = re.compile(r"model_\d+\.weights\.h5$")
 
 
@@ -244,10 +270,12 @@ def tokenizer_fits(preprocessor, backbone):
         return  # a preset's tokenizer before its files are read: checked once they are
     size = tokenizer.vocabulary_size()
     if isinstance(size, int) and size > backbone.vocabulary_size:
-        raise ValueError(f"The preprocessor's tokenizer has {size} ids, more than the backbone's vocabulary_size="
-                         f"{backbone.vocabulary_size}: its ids past {backbone.vocabulary_size - 1} have no embedding. "
-                         f"Use the tokenizer the backbone was trained with (backbone.with_added_tokens(n) makes rows for "
-                         f"n added tokens).")
+        raise ValueError(
+            f"The preprocessor's tokenizer has {size} ids, more than the backbone's vocabulary_size="
+            f"{backbone.vocabulary_size}: its ids past {backbone.vocabulary_size - 1} have no embedding. "
+            f"Use the tokenizer the backbone was trained with (backbone.with_added_tokens(n) makes rows for "
+            f"n added tokens)."
+        )
 
 
 def load_task_preset(cls, preset, load_weights=True, **kwargs):
@@ -300,8 +328,13 @@ def _holds_int8(path):
     try:
         with h5py.File(path, "r") as f:
             found = []
-            f.visititems(lambda name, obj: found.append(name) if isinstance(obj, h5py.Dataset)
-                         and obj.dtype == "int8" and not name.startswith("optimizer/") else None)
+            f.visititems(
+                lambda name, obj: (
+                    found.append(name)
+                    if isinstance(obj, h5py.Dataset) and obj.dtype == "int8" and not name.startswith("optimizer/")
+                    else None
+                )
+            )
             return bool(found)
     except OSError:  # missing or corrupt: check_weights_file names it
         return False

@@ -75,20 +75,27 @@ class RemoteLock:
         self._thread.start()
 
     def in_use(self, found):
-        return (f"{self.folder} is in use by another kgpt run ({_describe(found)}): wait for it to finish, or pass "
-                f"another --output_dir (a lock left by a process that died is taken over after {self.stale_s:.0f} s "
-                f"without refresh, or delete {self.path}).")
+        return (
+            f"{self.folder} is in use by another kgpt run ({_describe(found)}): wait for it to finish, or pass "
+            f"another --output_dir (a lock left by a process that died is taken over after {self.stale_s:.0f} s "
+            f"without refresh, or delete {self.path})."
+        )
 
     def _write(self):
-        write_text(self.path, json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token,
-                                          "time": time.time()}) + "\n")
+        write_text(
+            self.path,
+            json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "token": self.token, "time": time.time()})
+            + "\n",
+        )
 
     def _refresh(self):
         while not self._stop.wait(self.refresh_s):
             try:
                 if (self.holder() or {}).get("token") != self.token:
-                    logger.error(f"The lock of {self.folder} was taken over by another run: this run's outputs "
-                                 f"there are no longer its own.")
+                    logger.error(
+                        f"The lock of {self.folder} was taken over by another run: this run's outputs "
+                        f"there are no longer its own."
+                    )
                     return
                 self._write()
             except StorageError as e:
@@ -98,8 +105,10 @@ class RemoteLock:
         """Raises `StorageError` when another run has taken the folder over."""
         found = self.holder() or {}
         if found.get("token") != self.token:
-            raise StorageError(f"{self.folder}: another run took over this run's lock ({_describe(found)}); this "
-                               f"run stops writing there.")
+            raise StorageError(
+                f"{self.folder}: another run took over this run's lock ({_describe(found)}); this "
+                f"run stops writing there."
+            )
 
     def release(self):
         self._stop.set()

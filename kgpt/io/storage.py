@@ -101,8 +101,9 @@ def _bounded(fn, what, timeout):
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise StorageError(f"{what}: no answer within {timeout:g} s (no network, or the storage service is "
-                           f"unreachable from here).")
+        raise StorageError(
+            f"{what}: no answer within {timeout:g} s (no network, or the storage service is unreachable from here)."
+        )
     if "error" in box:
         raise box["error"]
     return box.get("value")
@@ -125,8 +126,10 @@ def check_folder(path, flag="--output_dir", create=True, timeout=None):
         registered = None
     if registered is not None and name not in registered:
         known = ", ".join(f"{s}://" for s in sorted(s for s in registered if s))
-        raise StorageError(f"{what}: no file system for {name}:// is installed here (TensorFlow has {known}; "
-                           f"s3:// and others need a TensorFlow file-system plugin).")
+        raise StorageError(
+            f"{what}: no file system for {name}:// is installed here (TensorFlow has {known}; "
+            f"s3:// and others need a TensorFlow file-system plugin)."
+        )
 
     def probe():
         gfile = _gfile()
@@ -148,8 +151,10 @@ def check_folder(path, flag="--output_dir", create=True, timeout=None):
     except errors.NotFoundError as e:
         raise StorageError(f"{what} cannot be created: {_first_line(e)} (does the bucket exist?).") from None
     except (errors.PermissionDeniedError, errors.UnauthenticatedError) as e:
-        raise StorageError(f"{what}: access refused ({_first_line(e)}); check the credentials "
-                           f"(GOOGLE_APPLICATION_CREDENTIALS for gs://).") from None
+        raise StorageError(
+            f"{what}: access refused ({_first_line(e)}); check the credentials "
+            f"(GOOGLE_APPLICATION_CREDENTIALS for gs://)."
+        ) from None
     except errors.OpError as e:
         raise StorageError(f"{what} cannot be reached ({type(e).__name__}: {_first_line(e)}).") from None
 
@@ -169,18 +174,23 @@ def check_path(path, flag="--output_dir", folder=True):
     path = os.fspath(path)
     name = scheme(path)
     if name is not None:
-        rest = path[len(name) + 3:]
+        rest = path[len(name) + 3 :]
         if not rest.strip("/"):
             example = "file:///PATH" if name == "file" else f"{name}://NAME"
-            raise StorageError(f"{flag} {path} names no {'folder' if folder else 'file'}: add one after the scheme "
-                               f"({example}).")
+            raise StorageError(
+                f"{flag} {path} names no {'folder' if folder else 'file'}: add one after the scheme ({example})."
+            )
         if name == "file" and not rest.startswith("/"):
-            raise StorageError(f"{flag} {path}: a file:// path must be absolute, file:///PATH with three slashes "
-                               f"(file://{rest} names host {rest.split('/')[0]!r}); or pass the local path {rest}.")
+            raise StorageError(
+                f"{flag} {path}: a file:// path must be absolute, file:///PATH with three slashes "
+                f"(file://{rest} names host {rest.split('/')[0]!r}); or pass the local path {rest}."
+            )
         return
     if path.startswith("~") and os.path.expanduser(path) != path:
-        raise StorageError(f"{flag} {path}: the shell does not expand ~ after '='; pass {os.path.expanduser(path)} "
-                           f"(or {flag} {path}, with a space).")
+        raise StorageError(
+            f"{flag} {path}: the shell does not expand ~ after '='; pass {os.path.expanduser(path)} "
+            f"(or {flag} {path}, with a space)."
+        )
     what, local = ("folder" if folder else "file"), os.path.normpath(path)  # `afile/` is no folder either
     if not folder and path.endswith(os.sep):
         raise StorageError(f"{flag} {path} ends with {os.sep}, as a folder does: name a file.")
@@ -372,8 +382,10 @@ class Mirror:
             shutil.rmtree(self.local, ignore_errors=True)
             raise
         if self.writer:
-            logger.info(f"Writing {self.remote} through the local folder {self.local} (copied there after each "
-                        f"checkpoint and save).")
+            logger.info(
+                f"Writing {self.remote} through the local folder {self.local} (copied there after each "
+                f"checkpoint and save)."
+            )
         return self
 
     def __exit__(self, kind, error, trace):
@@ -442,7 +454,7 @@ class Mirror:
         """Removes remote folders that are gone locally (an old checkpoint's, emptied above)."""
         local_dirs = {os.path.relpath(f, self.local).replace(os.sep, "/") for f, _, _ in os.walk(self.local)}
         for folder, _, _ in reversed(list(_call(self.remote, gfile.walk, self.remote))):
-            rel = folder[len(self.remote):].strip("/")
+            rel = folder[len(self.remote) :].strip("/")
             if rel and rel not in local_dirs and not _call(folder, gfile.listdir, folder):
                 _call(folder, gfile.rmtree, folder)
 

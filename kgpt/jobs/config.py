@@ -35,73 +35,120 @@ class ModelConfig:
     """The size of a new model (pre-training, or fine-tuning `init="scratch"`)."""
 
     num_layers: int = option(12, "Transformer blocks (with --architecture lstm, LSTM layers: 1 unless given).")
-    num_heads: int = option(12, "Attention heads; also the head count of an original-format --init, whose "
-                            "shapes cannot tell it.")
+    num_heads: int = option(
+        12, "Attention heads; also the head count of an original-format --init, whose shapes cannot tell it."
+    )
     hidden_dim: int = option(768, "Hidden size.")
     intermediate_dim: int = option(3072, "Feed-forward inner size.")
     dropout: float = option(0.1, "Embedding, attention and residual dropout.")
-    initializer_range: float = option(0.02, "Standard deviation of the normal initialisation of every embedding and "
-                                      "kernel: the paper's 0.02 (for width 768); about hidden_dim**-0.5 lets a "
-                                      "narrow model learn from context sooner (README, 'A recipe for a CPU'). The "
-                                      "transformer's: an LSTM keeps 0.02 and Keras's LSTM initialisers.")
-    attention_dropout: float | None = option(None, "Dropout on attention probabilities if not --dropout; 0 runs "
-                                             "attention through keras.ops.dot_product_attention (flash attention on "
-                                             "GPUs) in training.")
+    initializer_range: float = option(
+        0.02,
+        "Standard deviation of the normal initialisation of every embedding and "
+        "kernel: the paper's 0.02 (for width 768); about hidden_dim**-0.5 lets a "
+        "narrow model learn from context sooner (README, 'A recipe for a CPU'). The "
+        "transformer's: an LSTM keeps 0.02 and Keras's LSTM initialisers.",
+    )
+    attention_dropout: float | None = option(
+        None,
+        "Dropout on attention probabilities if not --dropout; 0 runs "
+        "attention through keras.ops.dot_product_attention (flash attention on "
+        "GPUs) in training.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
     """What every training run takes: where it writes, its devices, and its optimisation."""
 
-    output_dir: str | None = option(None, "Where the model, logs and metrics go (default: keep nothing). A directory "
-                                    "holding another run's outputs is refused unless --overwrite; the same command "
-                                    "again resumes.")
+    output_dir: str | None = option(
+        None,
+        "Where the model, logs and metrics go (default: keep nothing). A directory "
+        "holding another run's outputs is refused unless --overwrite; the same command "
+        "again resumes.",
+    )
     overwrite: bool = option(False, "Replace the outputs of another run in --output_dir (other files stay).")
     seed: int = option(0, "Random seed.")
-    distribution: str = option("none", "data_parallel: split every batch over every GPU/TPU core (CPUs without them) "
-                               "of every process: keras.distribution.DataParallel on JAX, tf.distribute's "
-                               "MirroredStrategy (one host) or MultiWorkerMirroredStrategy (several) on TensorFlow. "
-                               "model_parallel (JAX): split each model over --model_parallel devices, the batch over "
-                               "the rest. With several processes, none means data_parallel.",
-                               choices=["none", "data_parallel", "model_parallel"])
-    model_parallel: int = option(2, "Devices each model is split over with --distribution model_parallel (a divisor "
-                                 "of all the run's devices).", lower_bound=1)
-    coordinator_address: str | None = option(None, "Several processes (hosts): process 0's HOST:PORT, the same on "
-                                             "every process, with --num_processes and --process_id; 'auto' lets "
-                                             "jax.distributed find them (Cloud TPU, SLURM, Open MPI, Kubernetes). "
-                                             "Default: SLURM, Open MPI or Cloud TPU variables (JAX), TF_CONFIG "
-                                             "(TensorFlow), else one process. TensorFlow puts process i at PORT + i "
-                                             "of that host, or takes every process's address, comma-separated.")
+    distribution: str = option(
+        "none",
+        "data_parallel: split every batch over every GPU/TPU core (CPUs without them) "
+        "of every process: keras.distribution.DataParallel on JAX, tf.distribute's "
+        "MirroredStrategy (one host) or MultiWorkerMirroredStrategy (several) on TensorFlow. "
+        "model_parallel (JAX): split each model over --model_parallel devices, the batch over "
+        "the rest. With several processes, none means data_parallel.",
+        choices=["none", "data_parallel", "model_parallel"],
+    )
+    model_parallel: int = option(
+        2,
+        "Devices each model is split over with --distribution model_parallel (a divisor of all the run's devices).",
+        lower_bound=1,
+    )
+    coordinator_address: str | None = option(
+        None,
+        "Several processes (hosts): process 0's HOST:PORT, the same on "
+        "every process, with --num_processes and --process_id; 'auto' lets "
+        "jax.distributed find them (Cloud TPU, SLURM, Open MPI, Kubernetes). "
+        "Default: SLURM, Open MPI or Cloud TPU variables (JAX), TF_CONFIG "
+        "(TensorFlow), else one process. TensorFlow puts process i at PORT + i "
+        "of that host, or takes every process's address, comma-separated.",
+    )
     num_processes: int | None = option(None, "Processes in the run (with --coordinator_address).", lower_bound=1)
-    process_id: int | None = option(None, "This process, 0..num_processes - 1; process 0 writes the outputs.",
-                                    lower_bound=0)
-    startup_timeout: int = option(300, "Seconds a process waits for the others to join before it stops with an "
-                                  "error naming the coordinator.", lower_bound=1)
-    dtype: str | None = option(None, "Dtype policy (default: Keras' global one, float32): mixed_bfloat16 / "
-                               "mixed_float16 compute in 16 bits with float32 weights, attention softmax and losses "
-                               "(mixed_float16 adds loss scaling).",
-                               choices=["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"])
-    batch_size: int | None = option(None, "Sequences (lm) or examples per update; None in fine-tuning: 32, or what "
-                                    "a fine-tuned --init was trained with.", lower_bound=1)
+    process_id: int | None = option(
+        None, "This process, 0..num_processes - 1; process 0 writes the outputs.", lower_bound=0
+    )
+    startup_timeout: int = option(
+        300,
+        "Seconds a process waits for the others to join before it stops with an error naming the coordinator.",
+        lower_bound=1,
+    )
+    dtype: str | None = option(
+        None,
+        "Dtype policy (default: Keras' global one, float32): mixed_bfloat16 / "
+        "mixed_float16 compute in 16 bits with float32 weights, attention softmax and losses "
+        "(mixed_float16 adds loss scaling).",
+        choices=["float32", "mixed_bfloat16", "mixed_float16", "bfloat16"],
+    )
+    batch_size: int | None = option(
+        None,
+        "Sequences (lm) or examples per update; None in fine-tuning: 32, or what a fine-tuned --init was trained with.",
+        lower_bound=1,
+    )
     learning_rate: float = option(6.25e-5, "Peak learning rate (warm-up, then cosine (lm) or linear decay to 0).")
     weight_decay: float = option(0.01, "Decoupled weight decay, not on biases/gains.")
-    checkpoint_every: int = option(0, "Steps between checkpoints in OUTPUT_DIR/checkpoint; rerunning the same command "
-                                   "resumes (fine-tuning also checkpoints at every epoch end). 0: lm none, "
-                                   "fine-tuning epoch ends only.", lower_bound=0)
-    lm_loss_chunk_size: int = option(1024, "Tokens whose logits the LM loss holds at once, so training never keeps "
-                                     "the whole [batch, length, vocabulary] array (kgpt.models.lm_loss); 0: all at "
-                                     "once.", lower_bound=0)
-    gradient_accumulation_steps: int = option(1, "Micro-batches each update is accumulated over: --batch_size is "
-                                               "still the update's batch, computed in pieces of batch_size / N "
-                                               "(the paper's 64 x 512 tokens on a small device).", lower_bound=1)
-    compilation_cache: str | None = option(None, "Folder where JAX keeps the XLA programs a run compiles, so the next "
-                                           "run with the same shapes loads them instead of compiling (they are "
-                                           "checked against JAX's version and the program); 'none': off. Default: "
-                                           "$KGPT_COMPILATION_CACHE, else $JAX_COMPILATION_CACHE_DIR, else "
-                                           "$XDG_CACHE_HOME/kgpt/xla (~/.cache/kgpt/xla). TensorFlow ignores it.")
-    log_every: str = option("auto", "A progress line (step, loss, tokens/s, time left) every N steps ('100') or "
-                            "seconds ('60s'); 'auto': every 60 s when the output is not a terminal (a terminal "
-                            "shows Keras' progress bar); '0': none.")
+    checkpoint_every: int = option(
+        0,
+        "Steps between checkpoints in OUTPUT_DIR/checkpoint; rerunning the same command "
+        "resumes (fine-tuning also checkpoints at every epoch end). 0: lm none, "
+        "fine-tuning epoch ends only.",
+        lower_bound=0,
+    )
+    lm_loss_chunk_size: int = option(
+        1024,
+        "Tokens whose logits the LM loss holds at once, so training never keeps "
+        "the whole [batch, length, vocabulary] array (kgpt.models.lm_loss); 0: all at "
+        "once.",
+        lower_bound=0,
+    )
+    gradient_accumulation_steps: int = option(
+        1,
+        "Micro-batches each update is accumulated over: --batch_size is "
+        "still the update's batch, computed in pieces of batch_size / N "
+        "(the paper's 64 x 512 tokens on a small device).",
+        lower_bound=1,
+    )
+    compilation_cache: str | None = option(
+        None,
+        "Folder where JAX keeps the XLA programs a run compiles, so the next "
+        "run with the same shapes loads them instead of compiling (they are "
+        "checked against JAX's version and the program); 'none': off. Default: "
+        "$KGPT_COMPILATION_CACHE, else $JAX_COMPILATION_CACHE_DIR, else "
+        "$XDG_CACHE_HOME/kgpt/xla (~/.cache/kgpt/xla). TensorFlow ignores it.",
+    )
+    log_every: str = option(
+        "auto",
+        "A progress line (step, loss, tokens/s, time left) every N steps ('100') or "
+        "seconds ('60s'); 'auto': every 60 s when the output is not a terminal (a terminal "
+        "shows Keras' progress bar); '0': none.",
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,12 +159,19 @@ class PretrainConfig(RunConfig, ModelConfig):
     learning_rate: float = default(RunConfig, "learning_rate", 2.5e-4)
     checkpoint_every: int = default(RunConfig, "checkpoint_every", 500)
     corpus: str | None = option(None, "Glob or folder of UTF-8 text files (default: embedded demo text).")
-    tokenizer: str | None = option(None, "'train' to learn a BPE vocabulary from the corpus, or a folder holding one "
-                                   "(default: the original GPT-1 vocabulary).")
+    tokenizer: str | None = option(
+        None,
+        "'train' to learn a BPE vocabulary from the corpus, or a folder holding one "
+        "(default: the original GPT-1 vocabulary).",
+    )
     num_merges: int = option(40_000, "Merges to learn with --tokenizer train.")
-    architecture: str = option("transformer", "'lstm' pre-trains the Table 5 ablation: --num_layers LSTM layers of "
-                               "--lstm_units (the paper's 1 x 2048; the demo's and a --recipe's own sizes where "
-                               "those flags are not given).", choices=["transformer", "lstm"])
+    architecture: str = option(
+        "transformer",
+        "'lstm' pre-trains the Table 5 ablation: --num_layers LSTM layers of "
+        "--lstm_units (the paper's 1 x 2048; the demo's and a --recipe's own sizes where "
+        "those flags are not given).",
+        choices=["transformer", "lstm"],
+    )
     lstm_units: int = option(2048, "Units per LSTM layer with --architecture lstm.")
     sequence_length: int = option(512, "Tokens per training window (and the model's context).")
     warmup_steps: int = option(2000, "Linear warm-up updates.")
@@ -125,13 +179,20 @@ class PretrainConfig(RunConfig, ModelConfig):
     evaluations: int = option(10, "Validation passes during training.")
     validation_fraction: float = option(0.1, "Share of tokens held out ...")
     validation_tokens: int = option(262_144, "... but at most this many tokens (512 windows of 512).")
-    shards_dir: str | None = option(None, "Token shards folder (default: OUTPUT_DIR/shards, or a temporary one); "
-                                    "reused when the corpus and tokenizer are unchanged.")
+    shards_dir: str | None = option(
+        None,
+        "Token shards folder (default: OUTPUT_DIR/shards, or a temporary one); "
+        "reused when the corpus and tokenizer are unchanged.",
+    )
     sample_tokens: int = option(40, "Length of the generated sample printed at the end (0: none).")
     prompt: str | None = option(None, "Prompt for that sample (default: the first words of the held-out text).")
-    zero_shot: dict | None = option(None, "Tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
-                                    "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "
-                                    "OUTPUT_DIR/zero_shot.csv and TensorBoard.", kind="task_dirs")
+    zero_shot: dict | None = option(
+        None,
+        "Tasks evaluated zero-shot during training, as NAME or NAME=DATA_DIR "
+        "(NAME alone uses the task's embedded data), e.g. sst2,cola=glue/CoLA. Written to "
+        "OUTPUT_DIR/zero_shot.csv and TensorBoard.",
+        kind="task_dirs",
+    )
     zero_shot_every: int | None = option(None, "Steps between zero-shot evaluations (default: at each validation).")
     zero_shot_examples: int | None = option(None, "Examples per split in those evaluations (default: all).")
 
@@ -142,49 +203,87 @@ class FinetuneConfig(RunConfig, ModelConfig):
 
     task: str = option("scitail", "A registered task (kgpt-train --list_tasks).")
     data_dir: str | None = option(None, "Task data in its distributed format (default: the task's embedded data).")
-    init: str | None = option("demo", "Preset dir (a --task lm --output_dir, or a fine-tuned --output_dir of the same "
-                              "task, whose head is kept), gpt1_base_en (the released GPT-1, from the Hugging Face "
-                              "Hub; --list_presets), hf://OWNER/REPO[@REVISION], the original GPT-1 release's model/ "
-                              "dir (params_*.npy; --num_heads gives its head count), Hugging Face openai-gpt files, "
-                              "'scratch' for no "
-                              "pre-training, or 'demo': pre-train the small demo model on the embedded text first "
-                              "(the default without --data_dir).", default=None)
-    transfer_layers: int | None = option(None, "Transfer the embeddings and only the first N blocks (default: all; "
-                                         "paper Figure 2 left).")
-    pretrained_weights: bool = option(True, "--nopretrained_weights: --init's architecture and tokenizer with fresh "
-                                      "weights (the Table 5 'no pre-training' ablation).")
-    epochs: int = option(3, "Fine-tuning epochs; 0 with a fine-tuned --init evaluates it and writes metrics.json and "
-                         "predictions without training.", lower_bound=0)
+    init: str | None = option(
+        "demo",
+        "Preset dir (a --task lm --output_dir, or a fine-tuned --output_dir of the same "
+        "task, whose head is kept), gpt1_base_en (the released GPT-1, from the Hugging Face "
+        "Hub; --list_presets), hf://OWNER/REPO[@REVISION], the original GPT-1 release's model/ "
+        "dir (params_*.npy; --num_heads gives its head count), Hugging Face openai-gpt files, "
+        "'scratch' for no "
+        "pre-training, or 'demo': pre-train the small demo model on the embedded text first "
+        "(the default without --data_dir).",
+        default=None,
+    )
+    transfer_layers: int | None = option(
+        None, "Transfer the embeddings and only the first N blocks (default: all; paper Figure 2 left)."
+    )
+    pretrained_weights: bool = option(
+        True,
+        "--nopretrained_weights: --init's architecture and tokenizer with fresh "
+        "weights (the Table 5 'no pre-training' ablation).",
+    )
+    epochs: int = option(
+        3,
+        "Fine-tuning epochs; 0 with a fine-tuned --init evaluates it and writes metrics.json and "
+        "predictions without training.",
+        lower_bound=0,
+    )
     warmup_fraction: float = option(0.002, "Share of updates for linear warm-up (then linear decay to 0).")
     lm_coef: float = option(0.5, "Weight of the auxiliary LM loss, lambda in L3 = L2 + lambda L1 (0 disables it).")
     classifier_dropout: float = option(0.1, "Dropout before the task head.")
-    max_length: int | None = option(None, "Tokens per view; longer ones are truncated and counted (default: the "
-                                    "model's context, or a fine-tuned --init's own).")
-    predict_test: bool = option(False, "Also write test predictions in the benchmark's submission format (GLUE: "
-                                "OUTPUT_DIR/submission/RTE.tsv, ...).")
-    scratch_baseline: bool | None = option(None, "Also fine-tune the same model from fresh weights (Table 5's 'no "
-                                           "pre-training') and print both results side by side; its outputs go to "
-                                           "OUTPUT_DIR/no_pretraining. Default: on with --init demo, off otherwise.")
-    lora_rank: int | None = option(None, "Train rank-R LoRA factors on the attention's query and value projections "
-                                   "(and the task head) instead of every weight; the saved model has them merged "
-                                   "(docs/lora-int8.md).", lower_bound=1)
-    keep: str = option("last", "The weights saved and scored: from the last epoch (the paper) or the epoch with the "
-                       "best dev score on the task's first metric.", choices=["last", "best"])
+    max_length: int | None = option(
+        None,
+        "Tokens per view; longer ones are truncated and counted (default: the "
+        "model's context, or a fine-tuned --init's own).",
+    )
+    predict_test: bool = option(
+        False,
+        "Also write test predictions in the benchmark's submission format (GLUE: OUTPUT_DIR/submission/RTE.tsv, ...).",
+    )
+    scratch_baseline: bool | None = option(
+        None,
+        "Also fine-tune the same model from fresh weights (Table 5's 'no "
+        "pre-training') and print both results side by side; its outputs go to "
+        "OUTPUT_DIR/no_pretraining. Default: on with --init demo, off otherwise.",
+    )
+    lora_rank: int | None = option(
+        None,
+        "Train rank-R LoRA factors on the attention's query and value projections "
+        "(and the task head) instead of every weight; the saved model has them merged "
+        "(docs/lora-int8.md).",
+        lower_bound=1,
+    )
+    keep: str = option(
+        "last",
+        "The weights saved and scored: from the last epoch (the paper) or the epoch with the "
+        "best dev score on the task's first metric.",
+        choices=["last", "best"],
+    )
     # Your own files, for the tasks that take them (text-classification, text-regression, multiple-choice):
     # docs/your-data.md. Relative paths are under --data_dir when it is given.
-    train_file: str | None = option(None, "Your training table (.csv, .tsv or .jsonl; a header row names the "
-                                    "columns) for --task text-classification, text-regression or multiple-choice.")
+    train_file: str | None = option(
+        None,
+        "Your training table (.csv, .tsv or .jsonl; a header row names the "
+        "columns) for --task text-classification, text-regression or multiple-choice.",
+    )
     validation_file: str | None = option(None, "Your validation table, scored after every epoch (same columns).")
     test_file: str | None = option(None, "Your test table: predicted, and scored when it has the label column.")
-    text_columns: list | None = option(None, "The text column (or the pair, A,B; multiple-choice: the context "
-                                       "column(s)) of the tables.", kind="list")
-    label_column: str | None = option(None, "The label (text-classification: any strings, the set read from "
-                                      "--train_file), number (text-regression) or answer (multiple-choice: a "
-                                      "choice index from 0, or the right choice's text) column.")
-    choice_columns: list | None = option(None, "multiple-choice: the answer-choice columns, two or more.",
-                                         kind="list")
-    metrics: list | None = option(None, "Those tasks' metrics instead of their defaults, the first the headline "
-                                  "(--keep best): accuracy, f1, matthews, pearson, spearman.", kind="list")
+    text_columns: list | None = option(
+        None, "The text column (or the pair, A,B; multiple-choice: the context column(s)) of the tables.", kind="list"
+    )
+    label_column: str | None = option(
+        None,
+        "The label (text-classification: any strings, the set read from "
+        "--train_file), number (text-regression) or answer (multiple-choice: a "
+        "choice index from 0, or the right choice's text) column.",
+    )
+    choice_columns: list | None = option(None, "multiple-choice: the answer-choice columns, two or more.", kind="list")
+    metrics: list | None = option(
+        None,
+        "Those tasks' metrics instead of their defaults, the first the headline "
+        "(--keep best): accuracy, f1, matthews, pearson, spearman.",
+        kind="list",
+    )
 
 
 # The embedded runs: small models a 2-core CPU trains in a couple of minutes, not the paper's 117M one.
@@ -192,9 +291,21 @@ class FinetuneConfig(RunConfig, ModelConfig):
 # (kgpt.data.demo_world) has a few hundred words, so a vocabulary learned from it keeps the softmax
 # small; N(0, 128**-0.5) instead of the paper's 0.02 gets a model this narrow off the unigram loss
 # (README, 'A recipe for a CPU').
-DEMO_PRETRAIN = dict(tokenizer="train", num_merges=1000, num_layers=2, num_heads=4, hidden_dim=128,
-                     intermediate_dim=512, initializer_range=0.088, sequence_length=64, batch_size=16,
-                     learning_rate=1e-3, warmup_steps=50, max_steps=800, evaluations=5)
+DEMO_PRETRAIN = dict(
+    tokenizer="train",
+    num_merges=1000,
+    num_layers=2,
+    num_heads=4,
+    hidden_dim=128,
+    intermediate_dim=512,
+    initializer_range=0.088,
+    sequence_length=64,
+    batch_size=16,
+    learning_rate=1e-3,
+    warmup_steps=50,
+    max_steps=800,
+    evaluations=5,
+)
 DEMO_FINETUNE = dict(learning_rate=5e-4, batch_size=16, epochs=5)
 # The LSTM that kgpt-analyze pre-trains beside the demo transformer (the paper's has 2048 units).
 DEMO_LSTM = dict(num_layers=1, lstm_units=512)
@@ -211,9 +322,21 @@ PAPER_LSTM = dict(num_layers=1, lstm_units=2048)
 # docs/results/cpu-small/README.md has what it gave and the commands.
 RECIPES = {
     "cpu-small": {
-        "lm": dict(tokenizer="train", num_merges=8000, num_layers=4, num_heads=4, hidden_dim=256,
-                   intermediate_dim=1024, initializer_range=0.0625, sequence_length=64, batch_size=32,
-                   learning_rate=1e-3, warmup_steps=100, max_steps=1600, evaluations=8),
+        "lm": dict(
+            tokenizer="train",
+            num_merges=8000,
+            num_layers=4,
+            num_heads=4,
+            hidden_dim=256,
+            intermediate_dim=1024,
+            initializer_range=0.0625,
+            sequence_length=64,
+            batch_size=32,
+            learning_rate=1e-3,
+            warmup_steps=100,
+            max_steps=1600,
+            evaluations=8,
+        ),
         "finetune": dict(learning_rate=1e-3, batch_size=32, epochs=6),
         # Table 5's LSTM beside it: one layer like the paper's. 512 units fit the same 30 minutes (1.2 s a
         # step against the transformer's 1.4 here; 1,024 units took 2.5 s) with 1.6M LSTM weights against
@@ -230,8 +353,15 @@ def demo_pretrain_config(**overrides):
 
 # Where and how a run executes, not what it computes: never recorded, so a run resumes on another number of
 # processes or devices (its batches are the same global batches).
-PLACEMENT_FIELDS = ("coordinator_address", "num_processes", "process_id", "startup_timeout", "model_parallel",
-                    "log_every", "compilation_cache")
+PLACEMENT_FIELDS = (
+    "coordinator_address",
+    "num_processes",
+    "process_id",
+    "startup_timeout",
+    "model_parallel",
+    "log_every",
+    "compilation_cache",
+)
 
 
 def recorded_settings(config, drop):

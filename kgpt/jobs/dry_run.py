@@ -33,7 +33,6 @@ import numpy as np
 
 from kgpt.data.text import text_chunks
 from kgpt.errors import CheckpointError, ConfigError
-from kgpt.models.converters import original
 from kgpt.io import hub, storage
 from kgpt.io.presets import check_sizes, file_shapes, read_json
 from kgpt.jobs import finetune as finetune_lib
@@ -43,11 +42,12 @@ from kgpt.jobs.finetune_data import encode_split
 from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, starting_tokenizer, untrained_head
 from kgpt.jobs.finetune_outputs import baselines
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
+from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.gpt.gpt_task_model import is_task_preset
+from kgpt.parallel import placement
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.parallel import placement
 
 logger = logging.getLogger(__name__)
 
@@ -73,8 +73,11 @@ class Plan:
 
 def settings(config):
     """The config's settings that are not the paper's defaults (`name=value, ...`)."""
-    changed = [f"{f.name}={getattr(config, f.name)}" for f in dataclasses.fields(config)
-               if getattr(config, f.name) != f.default and f.name not in ("output_dir", "corpus", "data_dir", "init")]
+    changed = [
+        f"{f.name}={getattr(config, f.name)}"
+        for f in dataclasses.fields(config)
+        if getattr(config, f.name) != f.default and f.name not in ("output_dir", "corpus", "data_dir", "init")
+    ]
     return ", ".join(changed) or "the paper's defaults"
 
 
@@ -85,16 +88,21 @@ def output_dir(path, job, settings, overwrite=False):
     storage.check_path(path, "--output_dir")  # the run's own checks (RunDirectory makes them too)
     if storage.is_remote(path):  # reached within a bounded time, read but never written
         there = storage.check_folder(path, create=False)
-        return (f"{path} (remote, {'exists' if there else 'new'}: the run works in a local copy of its kgpt outputs "
-                f"and copies them back after every checkpoint and save)")
+        return (
+            f"{path} (remote, {'exists' if there else 'new'}: the run works in a local copy of its kgpt outputs "
+            f"and copies them back after every checkpoint and save)"
+        )
     if not os.path.isdir(path):
         return f"{path} (new)"
     claim = RunDirectory(path, job, settings, overwrite=overwrite)
     claim.check_free()
     action, foreign = claim.inspect()  # raises what the run's claim would raise
     if action == "same":
-        found = checkpoint_lib.latest(os.path.join(path, "checkpoint")) \
-            if os.path.isdir(os.path.join(path, "checkpoint")) else None
+        found = (
+            checkpoint_lib.latest(os.path.join(path, "checkpoint"))
+            if os.path.isdir(os.path.join(path, "checkpoint"))
+            else None
+        )
         step = f"resumes from its checkpoint at step {found[1]['step']:,}" if found else "starts again (no checkpoint)"
         return f"{path}: the same run as before, which {step}"
     if action == "new":
@@ -115,6 +123,7 @@ def processes(config):
 
 # Pre-training.
 
+
 def pretrain(config):
     """Checks a `PretrainConfig` as `kgpt-train --task lm` would run it; returns the findings."""
     plan = Plan("kgpt-train --task lm")
@@ -129,19 +138,28 @@ def pretrain(config):
     vocabulary = tokenizer(config, plan)
     plan.add("shards", shards(config))
     if config.architecture == "lstm":
-        plan.add("model", f"LSTM, {config.num_layers} layer(s) of {config.lstm_units} units, context "
-                          f"{config.sequence_length}")
+        plan.add(
+            "model",
+            f"LSTM, {config.num_layers} layer(s) of {config.lstm_units} units, context {config.sequence_length}",
+        )
     else:
-        count = vocabulary and original.weight_count(vocabulary, config.sequence_length, config.hidden_dim,
-                                                     config.intermediate_dim, config.num_layers)
+        count = vocabulary and original.weight_count(
+            vocabulary, config.sequence_length, config.hidden_dim, config.intermediate_dim, config.num_layers
+        )
         size = f"{count:,} weights" if count else "its weights counted once the vocabulary is learned"
-        plan.add("model", f"{config.num_layers} x {config.hidden_dim}, {config.num_heads} heads, inner "
-                          f"{config.intermediate_dim}, context {config.sequence_length}: {size}")
+        plan.add(
+            "model",
+            f"{config.num_layers} x {config.hidden_dim}, {config.num_heads} heads, inner "
+            f"{config.intermediate_dim}, context {config.sequence_length}: {size}",
+        )
     tokens = config.max_steps * config.batch_size * config.sequence_length
-    plan.add("training", f"{config.max_steps:,} steps of {config.batch_size} x {config.sequence_length} tokens "
-                         f"({tokens:,} tokens), peak rate {config.learning_rate:g} after {config.warmup_steps:,} "
-                         f"warm-up steps, {config.evaluations} validation passes, checkpoint every "
-                         f"{config.checkpoint_every or 'never'}")
+    plan.add(
+        "training",
+        f"{config.max_steps:,} steps of {config.batch_size} x {config.sequence_length} tokens "
+        f"({tokens:,} tokens), peak rate {config.learning_rate:g} after {config.warmup_steps:,} "
+        f"warm-up steps, {config.evaluations} validation passes, checkpoint every "
+        f"{config.checkpoint_every or 'never'}",
+    )
     if config.zero_shot:
         registry = TaskRegistry()
         for name, data_dir in config.zero_shot.items():
@@ -158,8 +176,11 @@ def corpus(pattern):
     empty = sum(1 for s in sizes if s == 0)
     if empty == len(files):
         raise ConfigError(f"Every file matching {pattern!r} is empty.")
-    return (f"{len(files):,} file(s) ({sum(sizes):,} bytes)" + (f", {empty} empty (skipped)" if empty else "")
-            + "; the start of each is UTF-8")
+    return (
+        f"{len(files):,} file(s) ({sum(sizes):,} bytes)"
+        + (f", {empty} empty (skipped)" if empty else "")
+        + "; the start of each is UTF-8"
+    )
 
 
 def tokenizer(config, plan):
@@ -194,13 +215,18 @@ def shards(config):
 
 # Fine-tuning.
 
+
 def finetune(config, registry=None):
     """Checks a `FinetuneConfig` as `kgpt-train --task NAME` would run it; returns the findings."""
     plan = Plan(f"kgpt-train --task {config.task}")
     finetune_lib.check_config(config)
     task = finetune_lib.resolve_task(config, registry)
-    plan.add("task", f"{task.name} ({task.transform.kind} input, {task.head.kind} head"
-                     + (f", labels {', '.join(task.labels)}" if task.labels else "") + ")")
+    plan.add(
+        "task",
+        f"{task.name} ({task.transform.kind} input, {task.head.kind} head"
+        + (f", labels {', '.join(task.labels)}" if task.labels else "")
+        + ")",
+    )
     plan.add("settings", settings(config))
     plan.add("processes", processes(config))
     plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
@@ -215,17 +241,34 @@ def finetune(config, registry=None):
     start = starting_tokenizer(config)  # the run's tokenizer and view length, so the rows it cuts are counted
     preprocessor = finetune_lib.task_preprocessor(config, task, *start) if start else None
     encoded = {}
-    plan.add("data", task_data(task, data_dir, splits, required=task.splits[0] if config.epochs else None,
-                               rows=TOKENIZED_ROWS if start else ROWS, preprocessor=preprocessor, encoded=encoded))
+    plan.add(
+        "data",
+        task_data(
+            task,
+            data_dir,
+            splits,
+            required=task.splits[0] if config.epochs else None,
+            rows=TOKENIZED_ROWS if start else ROWS,
+            preprocessor=preprocessor,
+            encoded=encoded,
+        ),
+    )
     if preprocessor is None:
-        plan.add("tokens", "not counted: --init demo learns its tokenizer when it pre-trains the demo model (kept "
-                           "in OUTPUT_DIR/pretrained, where a later dry run finds it)")
+        plan.add(
+            "tokens",
+            "not counted: --init demo learns its tokenizer when it pre-trains the demo model (kept "
+            "in OUTPUT_DIR/pretrained, where a later dry run finds it)",
+        )
     else:
         plan.add("tokens", tokens(encoded, preprocessor.max_length, start[1]))
         plan.add("labels", labels(task, encoded))
     batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
-    training = f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef " \
-               f"{config.lm_coef:g}, keep {config.keep}" if config.epochs else "none (--epochs 0 evaluates --init)"
+    training = (
+        f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef "
+        f"{config.lm_coef:g}, keep {config.keep}"
+        if config.epochs
+        else "none (--epochs 0 evaluates --init)"
+    )
     plan.add("training", training)
     if finetune_lib.runs_baseline(config):
         plan.add("baseline", "the same fine-tuning from fresh weights beside it (--scratch_baseline)")
@@ -240,8 +283,11 @@ def init(config, task=None):
         kept = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
         if kept and os.path.exists(os.path.join(kept, "metrics.json")):
             return f"the demo model pre-trained earlier in {kept}"
-        return ("the small demo model, pre-trained on the embedded text first ("
-                + ", ".join(f"{k}={v}" for k, v in DEMO_PRETRAIN.items()) + ")")
+        return (
+            "the small demo model, pre-trained on the embedded text first ("
+            + ", ".join(f"{k}={v}" for k, v in DEMO_PRETRAIN.items())
+            + ")"
+        )
     if task is not None and is_task_preset(config.init):
         saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
         check_finetuned_init(config, task, saved.get("task_name"))
@@ -265,7 +311,8 @@ def pretrained(path, sizes=None):
         raise FileNotFoundError(
             f"{path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
             f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
-            f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)")
+            f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
+        )
     config_path = os.path.join(path, "config.json")
     config = read_json(config_path, "the Keras config of a backbone")
     if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
@@ -275,8 +322,9 @@ def pretrained(path, sizes=None):
     count = sum(int(np.prod(s)) for s in file_shapes(weights))
     for name in ("tokenizer.json", os.path.join("assets", "tokenizer")):
         if not os.path.exists(os.path.join(path, name)):
-            raise CheckpointError(f"Missing {os.path.join(path, name)}: a preset holds its tokenizer (saved with "
-                                  f"save_to_preset).")
+            raise CheckpointError(
+                f"Missing {os.path.join(path, name)}: a preset holds its tokenizer (saved with save_to_preset)."
+            )
     inner = config["config"]
     sizes.update(inner)
     kind = config.get("registered_name", "?").rsplit(">", 1)[-1]
@@ -294,8 +342,10 @@ def _original_release(path, sizes):
 def _huggingface(path, sizes):
     found, _, _ = original.read_huggingface(path)
     sizes.update(found)
-    return (f"Hugging Face openai-gpt files, {found['num_layers']} x {found['hidden_dim']}, "
-            f"{original.weight_count(**found):,} weights")
+    return (
+        f"Hugging Face openai-gpt files, {found['num_layers']} x {found['hidden_dim']}, "
+        f"{original.weight_count(**found):,} weights"
+    )
 
 
 @contextlib.contextmanager
@@ -343,20 +393,30 @@ def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocesso
                 raise task.no_examples(split, folder, tally)
             more = "+" if tally["read"] >= rows else ""
             skipped = sum(tally["skipped"].values())
-            found.append(f"{split}: {tally['read']:,}{more} rows read, {used:,} used"
-                         + (f", {skipped} skipped ({', '.join(f'{r}: {n}' for r, n in tally['skipped'].items())})"
-                            if skipped else ""))
+            found.append(
+                f"{split}: {tally['read']:,}{more} rows read, {used:,} used"
+                + (
+                    f", {skipped} skipped ({', '.join(f'{r}: {n}' for r, n in tally['skipped'].items())})"
+                    if skipped
+                    else ""
+                )
+            )
     where = data_dir or "embedded data"
     checked = "tokenized" if preprocessor is not None else "checked"
-    return f"{where}: " + "; ".join(found) + (f" (the first {rows:,} rows of each split {checked})"
-                                              if any("+" in f for f in found) else "")
+    return (
+        f"{where}: "
+        + "; ".join(found)
+        + (f" (the first {rows:,} rows of each split {checked})" if any("+" in f for f in found) else "")
+    )
 
 
 def tokens(encoded, max_length, context):
     """The rows of each encoded split the run cuts to `max_length` tokens a view, as its log counts them."""
-    cut = [f"{name}: {split.counts['truncated']:,} of {split.counts['used']:,} rows cut"
-           + (f" ({split.counts['tokens_cut']:,} tokens)" if split.counts["truncated"] else "")
-           for name, split in encoded.items()]
+    cut = [
+        f"{name}: {split.counts['truncated']:,} of {split.counts['used']:,} rows cut"
+        + (f" ({split.counts['tokens_cut']:,} tokens)" if split.counts["truncated"] else "")
+        for name, split in encoded.items()
+    ]
     return f"views of up to {max_length:,} tokens (the model's context: {context:,}): " + "; ".join(cut)
 
 
@@ -371,45 +431,62 @@ def labels(task, encoded):
             values = np.asarray(split.targets, "float64")
             found.append(f"{name}: values {values.min():g} to {values.max():g}, mean {values.mean():g}")
             continue
-        found.append(f"{name}: " + ", ".join(f"{k} {v:,}" for k, v in counts["label_counts"].items())
-                     + f" (majority {counts['majority_label']} {counts['majority_share']:.1%}, chance "
-                       f"{counts['chance']:.1%})")
+        found.append(
+            f"{name}: "
+            + ", ".join(f"{k} {v:,}" for k, v in counts["label_counts"].items())
+            + f" (majority {counts['majority_label']} {counts['majority_share']:.1%}, chance "
+            f"{counts['chance']:.1%})"
+        )
     return "; ".join(found) or "none labeled"
 
 
 # Prediction.
 
-def predict(model, output, overwrite=False, input=None, format=None, columns=None, data_dir=None, split="test",
-            registry=None):
+
+def predict(
+    model, output, overwrite=False, input=None, format=None, columns=None, data_dir=None, split="test", registry=None
+):
     """Checks what `kgpt-predict` would read and write; returns the findings."""
-    from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
     from kgpt.jobs import predict as predict_lib
+    from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 
     plan = Plan("kgpt-predict")
     if not os.path.isdir(model) or not is_task_preset(model):
-        raise ConfigError(f"--model {model} is not a fine-tuned model (no task.json of a GPTTaskModel): pass the "
-                          f"--output_dir of a kgpt-train --task NAME run.")
+        raise ConfigError(
+            f"--model {model} is not a fine-tuned model (no task.json of a GPTTaskModel): pass the "
+            f"--output_dir of a kgpt-train --task NAME run."
+        )
     saved = read_json(os.path.join(model, "task.json"), "a kgpt task config").get("config", {})
     plan.add("model", f"{model}: fine-tuned for {saved.get('task_name')} ({pretrained(model)})")
     preprocessor = GPTTaskPreprocessor.from_preset(model)
     if input:
-        inputs = predict_lib.read_inputs(input, preprocessor.transform, format,
-                                         predict_lib.columns_for(model, input, format, columns))
-        plan.add("input", f"{input}: {len(inputs.examples):,} example(s)"
-                 + (f" from column(s) {', '.join(inputs.columns)}" if inputs.columns else ""))
+        inputs = predict_lib.read_inputs(
+            input, preprocessor.transform, format, predict_lib.columns_for(model, input, format, columns)
+        )
+        plan.add(
+            "input",
+            f"{input}: {len(inputs.examples):,} example(s)"
+            + (f" from column(s) {', '.join(inputs.columns)}" if inputs.columns else ""),
+        )
     else:
         task = (registry or TaskRegistry()).get(saved.get("task_name"))
         plan.add("input", task_data(task, data_dir, [split], required=split))
     predict_lib.check_output(output, "text" if not input else format or predict_lib.guess_format(input), overwrite)
-    plan.add("output", "standard output" if output == "-" else f"{output}"
-             + (" (replaced: --overwrite)" if storage.exists(output) else ""))
+    plan.add(
+        "output",
+        "standard output"
+        if output == "-"
+        else f"{output}" + (" (replaced: --overwrite)" if storage.exists(output) else ""),
+    )
     return plan.done()
 
 
 # Analyses.
 
-def analyze(mode, config, tasks, output, layers=None, rows=None, lstm_init=None, seeds=None, architectures=None,
-            registry=None):
+
+def analyze(
+    mode, config, tasks, output, layers=None, rows=None, lstm_init=None, seeds=None, architectures=None, registry=None
+):
     """Checks what `kgpt-analyze MODE` would run: its tasks' data, the models, the output directory."""
     registry = registry or TaskRegistry()
     plan = Plan(f"kgpt-analyze {mode}")
@@ -419,8 +496,11 @@ def analyze(mode, config, tasks, output, layers=None, rows=None, lstm_init=None,
         plan.add(f"task {name}", task_data(task, data_dir))
     if mode == "zero-shot-curve":
         pretrain_lib.check_config(config)
-        plan.add("pre-training", f"{', '.join(architectures)}: {config.max_steps:,} steps each on "
-                                 f"{corpus(config.corpus) if config.corpus else 'the embedded demo text'}")
+        plan.add(
+            "pre-training",
+            f"{', '.join(architectures)}: {config.max_steps:,} steps each on "
+            f"{corpus(config.corpus) if config.corpus else 'the embedded demo text'}",
+        )
         return plan.done()
     if mode == "zero-shot":
         plan.add("model", f"{config.init}: {pretrained(config.init)}")
@@ -438,13 +518,18 @@ def analyze(mode, config, tasks, output, layers=None, rows=None, lstm_init=None,
         wanted = layers if layers is not None else list(range(depth + 1))
         if any(n > depth for n in wanted):
             raise ConfigError(f"--layers {','.join(map(str, wanted))}: the model has {depth} blocks.")
-        plan.add("runs", f"{len(wanted)} fine-tuning run(s) of {next(iter(tasks))}, transferring "
-                         f"{', '.join(map(str, wanted))} block(s)")
+        plan.add(
+            "runs",
+            f"{len(wanted)} fine-tuning run(s) of {next(iter(tasks))}, transferring "
+            f"{', '.join(map(str, wanted))} block(s)",
+        )
     else:
         if "lstm" in rows:
-            plan.add("LSTM", f"{lstm_init}: {pretrained(lstm_init)}" if lstm_init else
-                     "none given: pre-trained on the embedded text first")
-        plan.add("runs", f"{len(rows)} row(s) ({', '.join(rows)}) x {len(tasks)} task(s) x {len(seeds or [0])} "
-                         f"seed(s)")
+            plan.add(
+                "LSTM",
+                f"{lstm_init}: {pretrained(lstm_init)}"
+                if lstm_init
+                else "none given: pre-trained on the embedded text first",
+            )
+        plan.add("runs", f"{len(rows)} row(s) ({', '.join(rows)}) x {len(tasks)} task(s) x {len(seeds or [0])} seed(s)")
     return plan.done()
-

@@ -15,12 +15,12 @@ import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.errors import ConfigError, DataError
-from kgpt.models import pretrained as pretrained_lib
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_LSTM, DEMO_PRETRAIN, demo_pretrain_config
-from kgpt.tasks.registry import TaskRegistry
+from kgpt.models import pretrained as pretrained_lib
 from kgpt.parallel import cluster
+from kgpt.tasks.registry import TaskRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,7 @@ def _demo_pretrained(output_dir, architecture, seed):
 
 # --- Figure 2 (left): transfer depth ------------------------------------------
 
+
 def _init(base, output_dir):
     """`base.init`, or with `init="demo"` the demo transformer pre-trained in `output_dir/pretrained` (once)."""
     return _demo_pretrained(output_dir, "transformer", base.seed) if base.init in (None, "demo") else base.init
@@ -129,8 +130,9 @@ def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
     rows = []
     for n in layers:
         logger.info(f"--- transfer depth: embeddings + {n} of {total} block(s) ---")
-        config = dataclasses.replace(base, init=init, transfer_layers=n,
-                                  output_dir=os.path.join(output_dir, "runs", f"transfer_{n}"))
+        config = dataclasses.replace(
+            base, init=init, transfer_layers=n, output_dir=os.path.join(output_dir, "runs", f"transfer_{n}")
+        )
         _, results = finetune_lib.finetune(config, registry)
         metric, value = headline(task, results)
         rows.append((n, metric, value))
@@ -141,8 +143,11 @@ def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot([r[0] for r in rows], [r[2] for r in rows], marker="o", label=f"{task.name} dev")
-    ax.set(xlabel="# of layers transferred", ylabel=f"{rows[0][1]} (x100)",
-           title=f"Transfer depth: {task.name} (paper Figure 2, left)")
+    ax.set(
+        xlabel="# of layers transferred",
+        ylabel=f"{rows[0][1]} (x100)",
+        title=f"Transfer depth: {task.name} (paper Figure 2, left)",
+    )
     ax.set_xticks([r[0] for r in rows])
     ax.grid(alpha=0.3)
     ax.legend()
@@ -154,6 +159,7 @@ def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
 
 
 # --- Figure 2 (right): zero-shot performance during pre-training ---------------
+
 
 def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="analysis", registry=None, lstm=None):
     """Pre-trains each architecture with zero-shot evaluations every `base.zero_shot_every` steps.
@@ -183,8 +189,11 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
             task, metric = key.split("/")
             rows += [(architecture, step, task, metric, value) for step, value in points]
     stem = os.path.join(output_dir, "zero_shot_curve")
-    markdown = write_table(stem, ["architecture", "step", "task", "metric", "value (x100)"],
-                           [(a, s, t, m, round(100 * v, 2)) for a, s, t, m, v in rows])
+    markdown = write_table(
+        stem,
+        ["architecture", "step", "task", "metric", "value (x100)"],
+        [(a, s, t, m, round(100 * v, 2)) for a, s, t, m, v in rows],
+    )
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
     tasks = sorted({(r[2], r[3]) for r in rows})
@@ -193,8 +202,13 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
         for task, metric in tasks:
             points = [(r[1], r[4]) for r in rows if r[0] == architecture and r[2] == task]
             if points:
-                ax.plot(*zip(*points), style, marker="o", color=colours[(task, metric)],
-                        label=f"{task} {metric} ({architecture})")
+                ax.plot(
+                    *zip(*points),
+                    style,
+                    marker="o",
+                    color=colours[(task, metric)],
+                    label=f"{task} {metric} ({architecture})",
+                )
     ax.set(xlabel="pre-training updates", ylabel="zero-shot metric (accuracy, Matthews, ...)")
     ax.set_title("Zero-shot performance during pre-training (paper Figure 2, right)", fontsize=10)  # fits 6 in
     ax.grid(alpha=0.3)
@@ -221,8 +235,11 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
         results[name] = result
         for metric in task.metric_names:
             rows.append((name, metric, round(100 * result[metric], 2), task.zero_shot.description))
-        logger.info(f"{name}: " + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
-                    + f" ({result['examples']['used']} examples)")
+        logger.info(
+            f"{name}: "
+            + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
+            + f" ({result['examples']['used']} examples)"
+        )
     if output_dir:
         write_table(os.path.join(output_dir, "zero_shot"), ["task", "metric", "value (x100)", "heuristic"], rows)
         with open(os.path.join(output_dir, "zero_shot.json"), "w") as f:
@@ -231,6 +248,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
 
 
 # --- Table 5: ablations --------------------------------------------------------
+
 
 def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analysis", registry=None, seeds=None):
     """Runs the chosen Table 5 rows over `tasks` (`{name: data_dir or None}`).
@@ -257,8 +275,10 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     init = _init(base, output_dir)
     if "lstm" in rows and lstm_init is None:
         if base.init not in (None, "demo"):
-            raise ConfigError("The lstm row needs --lstm_init: an LSTM pre-trained on the same corpus "
-                             "(kgpt-train --task lm --architecture lstm --output_dir DIR).")
+            raise ConfigError(
+                "The lstm row needs --lstm_init: an LSTM pre-trained on the same corpus "
+                "(kgpt-train --task lm --architecture lstm --output_dir DIR)."
+            )
         lstm_init = _demo_pretrained(output_dir, "lstm", base.seed)
     settings = {
         "full": {"init": init},
@@ -276,12 +296,19 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
             for row in rows:
                 run = f"{row}_{name}" + (f"_seed{seed}" if len(seeds) > 1 else "")
                 logger.info(f"--- ablation {row} on {name}" + (f", seed {seed}" if len(seeds) > 1 else "") + " ---")
-                config = dataclasses.replace(base, task=name, data_dir=data_dir, seed=seed, **settings[row],
-                                          output_dir=os.path.join(output_dir, "runs", run))
+                config = dataclasses.replace(
+                    base,
+                    task=name,
+                    data_dir=data_dir,
+                    seed=seed,
+                    **settings[row],
+                    output_dir=os.path.join(output_dir, "runs", run),
+                )
                 _, results = finetune_lib.finetune(config, registry)
                 by_seed[row][name].append(headline(task, results)[1])
-    scores = {row: {name: float(np.mean(values)) for name, values in by_task.items()}
-              for row, by_task in by_seed.items()}
+    scores = {
+        row: {name: float(np.mean(values)) for name, values in by_task.items()} for row, by_task in by_seed.items()
+    }
     if len(seeds) > 1:
         _write_seed_table(os.path.join(output_dir, "ablations_seeds"), by_seed, seeds, registry)
     header = ["method", "avg"] + [f"{n} ({registry.get(n).metric_names[0]})" for n in tasks]
@@ -294,16 +321,26 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
             average = TABLE5[row][0] if set(tasks) == set(TABLE5_COLUMNS) else None
             table.append([f"  paper: {ROW_TITLES[row]}", average] + paper)
     markdown = write_table(os.path.join(output_dir, "ablations"), header, table)
-    logger.info(markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev "
-                "sets; '-' where the paper has no number).")
+    logger.info(
+        markdown + f"Wrote {os.path.join(output_dir, 'ablations')}.csv and .md (paper rows: Table 5, dev "
+        "sets; '-' where the paper has no number)."
+    )
     return scores
 
 
 def _write_seed_table(stem, by_seed, seeds, registry):
     """Each seed's value of every row and task, with their mean and (sample) standard deviation."""
     header = ["method", "task"] + [f"seed {s}" for s in seeds] + ["mean", "sd"]
-    table = [[ROW_TITLES[row], f"{name} ({registry.get(name).metric_names[0]})", *values, float(np.mean(values)),
-              float(np.std(values, ddof=1))]
-             for row, by_task in by_seed.items() for name, values in by_task.items()]
+    table = [
+        [
+            ROW_TITLES[row],
+            f"{name} ({registry.get(name).metric_names[0]})",
+            *values,
+            float(np.mean(values)),
+            float(np.std(values, ddof=1)),
+        ]
+        for row, by_task in by_seed.items()
+        for name, values in by_task.items()
+    ]
     markdown = write_table(stem, header, table)
     logger.info(markdown + f"Wrote {stem}.csv and .md ({len(seeds)} seeds).")

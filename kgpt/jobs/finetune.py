@@ -83,11 +83,14 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
-    run.check_integers(config, optional=("batch_size", "max_length"), batch_size=1, max_length=1, epochs=0,
-                       checkpoint_every=0)
+    run.check_integers(
+        config, optional=("batch_size", "max_length"), batch_size=1, max_length=1, epochs=0, checkpoint_every=0
+    )
     if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
-        raise ConfigError(f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
-                          f"of text), got {config.max_length}.")
+        raise ConfigError(
+            f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
+            f"of text), got {config.max_length}."
+        )
     run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
     if config.keep not in KEEP:
         raise ConfigError(f"keep must be one of {', '.join(KEEP)}, got {config.keep!r}.")
@@ -96,23 +99,34 @@ def check_config(config):
         if not math.isfinite(value) or value < 0:
             raise ConfigError(f"{name} must be a finite number >= 0, got {value}.")
     if config.init is None:
-        raise ConfigError("init is required: a pre-trained preset directory, the original release or Hugging Face "
-                          "files, a fine-tuned preset of the task, 'scratch' (no pre-training), or 'demo' (pre-train "
-                          "the small demo model on the embedded text first).")
+        raise ConfigError(
+            "init is required: a pre-trained preset directory, the original release or Hugging Face "
+            "files, a fine-tuned preset of the task, 'scratch' (no pre-training), or 'demo' (pre-train "
+            "the small demo model on the embedded text first)."
+        )
     if config.init not in SPECIAL_INITS and not hub.is_hub(config.init) and not os.path.exists(config.init):
         raise ConfigError(f"--init {config.init}: no such preset, release folder or file.")
     if config.scratch_baseline:
-        why = ("--init scratch has no pre-training to compare" if config.init == "scratch" else
-               "--nopretrained_weights is the baseline itself" if not config.pretrained_weights else
-               "epochs=0 trains nothing" if config.epochs == 0 else
-               f"--init {config.init} is already fine-tuned" if config.init not in SPECIAL_INITS
-               and is_task_preset(config.init) else None)
+        why = (
+            "--init scratch has no pre-training to compare"
+            if config.init == "scratch"
+            else "--nopretrained_weights is the baseline itself"
+            if not config.pretrained_weights
+            else "epochs=0 trains nothing"
+            if config.epochs == 0
+            else f"--init {config.init} is already fine-tuned"
+            if config.init not in SPECIAL_INITS and is_task_preset(config.init)
+            else None
+        )
         if why:
-            raise ConfigError(f"scratch_baseline fine-tunes the same model from fresh weights beside a pre-trained "
-                              f"one, but {why}.")
+            raise ConfigError(
+                f"scratch_baseline fine-tunes the same model from fresh weights beside a pre-trained one, but {why}."
+            )
     if config.output_dir and config.init not in SPECIAL_INITS and same_path(config.output_dir, config.init):
-        raise ConfigError(f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
-                         f"another --output_dir.")
+        raise ConfigError(
+            f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
+            f"another --output_dir."
+        )
 
 
 def finetune(config, registry=None):
@@ -126,9 +140,14 @@ def finetune(config, registry=None):
     run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
     with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
         with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
-            data_dir = config.data_dir or files_dir(config) or work.for_all(
-                lambda: _embedded_data(task, os.path.join(work.directory, "data")),
-                f"writing {task.name}'s embedded data")
+            data_dir = (
+                config.data_dir
+                or files_dir(config)
+                or work.for_all(
+                    lambda: _embedded_data(task, os.path.join(work.directory, "data")),
+                    f"writing {task.name}'s embedded data",
+                )
+            )
             model, results, start = _finetune(config, work, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, work, task, data_dir, start, results)
@@ -144,14 +163,22 @@ def resolve_task(config, registry=None):
     if config.data_dir is None and config.train_file is None and task.default_data is None:
         raise ConfigError(f"Task {task.name!r} has no embedded data; pass --data_dir.")
     if config.keep == "best" and not any(s != task.splits[0] for s in task.splits):
-        raise ConfigError(f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides "
-                          f"{task.splits[0]!r}.")
+        raise ConfigError(
+            f"keep='best' picks the epoch by dev score, but task {task.name!r} has no split besides {task.splits[0]!r}."
+        )
     return task
 
 
 # Options of the tasks that read your own table files (`kgpt_tasks.generic`: docs/your-data.md).
-FILE_OPTIONS = ("train_file", "validation_file", "test_file", "text_columns", "label_column", "choice_columns",
-                "metrics")
+FILE_OPTIONS = (
+    "train_file",
+    "validation_file",
+    "test_file",
+    "text_columns",
+    "label_column",
+    "choice_columns",
+    "metrics",
+)
 
 
 def with_files(task, config):
@@ -164,8 +191,10 @@ def with_files(task, config):
     if not options:
         return task
     if not hasattr(task, "with_files"):
-        raise ConfigError(f"--{', --'.join(options)}: task {task.name!r} reads --data_dir in its own format; your "
-                          f"own tables go with --task text-classification, text-regression or multiple-choice.")
+        raise ConfigError(
+            f"--{', --'.join(options)}: task {task.name!r} reads --data_dir in its own format; your "
+            f"own tables go with --task text-classification, text-regression or multiple-choice."
+        )
     return task.with_files(data_dir=config.data_dir, **options)
 
 
@@ -185,11 +214,18 @@ def _baseline(config, work, task, data_dir, start, results):
     """Fine-tunes the same model from fresh weights (in the `Run`'s no_pretraining/) and logs both results."""
     output_dir = os.path.join(work.directory, "no_pretraining") if work.kept else None
     # With your own files, data_dir stays as given: their relative paths are under it.
-    base = dataclasses.replace(config, pretrained_weights=False, scratch_baseline=False, output_dir=output_dir,
-                               data_dir=config.data_dir if config.train_file else data_dir)
+    base = dataclasses.replace(
+        config,
+        pretrained_weights=False,
+        scratch_baseline=False,
+        output_dir=output_dir,
+        data_dir=config.data_dir if config.train_file else data_dir,
+    )
     with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-", work) as inner:
-        logger.info(f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
-                    f"{f', in {inner.location}' if inner.kept else ''}:")
+        logger.info(
+            f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
+            f"{f', in {inner.location}' if inner.kept else ''}:"
+        )
         with run.scope(base, base.batch_size or DEFAULT_BATCH_SIZE):
             _, baseline, _ = _finetune(base, inner, task, data_dir, initial=start.initial)
     logger.info(comparison(task, results, baseline))
@@ -197,18 +233,25 @@ def _baseline(config, work, task, data_dir, start, results):
 
 def comparison(task, pretrained, baseline):
     """A table of each scored split's metrics with and without pre-training (`metrics.json` results)."""
-    rows = [(split, metric, value, baseline["splits"].get(split, {}).get(metric))
-            for split, scores in pretrained["splits"].items() for metric, value in scores.items()]
+    rows = [
+        (split, metric, value, baseline["splits"].get(split, {}).get(metric))
+        for split, scores in pretrained["splits"].items()
+        for metric, value in scores.items()
+    ]
     rows = [r for r in rows if r[1] != "examples" and all(isinstance(v, (int, float)) for v in r[2:])]
     # Columns as wide as their longest name, and a space between: a split called "validation" ran into its metric.
     split_width = max([len("split"), *(len(r[0]) for r in rows)]) + 2
     metric_width = max([len("metric"), *(len(r[1]) for r in rows)]) + 2
-    lines = [f"Pre-training's effect on {task.name}: the same fine-tuning from the pre-trained model and from "
-             f"fresh weights.", f"  {'split':<{split_width}}{'metric':<{metric_width}}{'pre-trained':>12}"
-             f"{'no pre-training':>17}{'difference':>12}"]
+    lines = [
+        f"Pre-training's effect on {task.name}: the same fine-tuning from the pre-trained model and from "
+        f"fresh weights.",
+        f"  {'split':<{split_width}}{'metric':<{metric_width}}{'pre-trained':>12}"
+        f"{'no pre-training':>17}{'difference':>12}",
+    ]
     for split, metric, value, other in rows:
-        lines.append(f"  {split:<{split_width}}{metric:<{metric_width}}{value:>12.4f}{other:>17.4f}"
-                     f"{value - other:>+12.4f}")
+        lines.append(
+            f"  {split:<{split_width}}{metric:<{metric_width}}{value:>12.4f}{other:>17.4f}{value - other:>+12.4f}"
+        )
     return "\n".join(lines)
 
 
@@ -226,8 +269,9 @@ def _batch_size(config, start):
     if start.finetuned is not None:
         saved = recorded(config.init, "batch_size")
         if isinstance(saved, int) and saved > 0:
-            logger.info(f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced "
-                        f"exactly).")
+            logger.info(
+                f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced exactly)."
+            )
             return saved
     return DEFAULT_BATCH_SIZE
 
@@ -237,11 +281,17 @@ def task_preprocessor(config, task, tokenizer, context, saved_length=None, origi
     `--init`'s `saved_length`, else the model's `context`, and never more than `context` (`--dry_run` counts the
     rows it cuts with it too)."""
     if config.max_length and config.max_length > context:
-        logger.warning(f"Warning: max_length {config.max_length} is longer than the model's context ({context} "
-                       f"tokens, {origin}): views are cut to {context} tokens.")
+        logger.warning(
+            f"Warning: max_length {config.max_length} is longer than the model's context ({context} "
+            f"tokens, {origin}): views are cut to {context} tokens."
+        )
     columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
-    return GPTTaskPreprocessor(tokenizer, task.transform, max_length=min(config.max_length or saved_length or context,
-                                                                         context), columns=columns)
+    return GPTTaskPreprocessor(
+        tokenizer,
+        task.transform,
+        max_length=min(config.max_length or saved_length or context, context),
+        columns=columns,
+    )
 
 
 def _finetune(config, work, task, data_dir, initial=None):
@@ -251,29 +301,43 @@ def _finetune(config, work, task, data_dir, initial=None):
     start = starting_point(config, task, initial, work)
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
     saved_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else None
-    preprocessor = task_preprocessor(config, task, start.tokenizer, start.backbone.max_sequence_length, saved_length,
-                                     start.origin)
+    preprocessor = task_preprocessor(
+        config, task, start.tokenizer, start.backbone.max_sequence_length, saved_length, start.origin
+    )
     splits = read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
     # Every process must read the same examples: each feeds its rows of the same batches.
-    cluster.check_agreement({"data": {name: split_fingerprint(split) for name, split in splits.items()}},
-                            hint=f"Every process must read the same data ({data_dir}).")
+    cluster.check_agreement(
+        {"data": {name: split_fingerprint(split) for name, split in splits.items()}},
+        hint=f"Every process must read the same data ({data_dir}).",
+    )
     batch_size = _batch_size(config, start)
     model = build_model(config, task, start, preprocessor)
     settings = run_settings(config)
-    results = {"task": task.name, "init": start.origin, "init_dir": settings["init"],
-               "lm_coef": config.lm_coef, "batch_size": batch_size, "keep": config.keep}
+    results = {
+        "task": task.name,
+        "init": start.origin,
+        "init_dir": settings["init"],
+        "lm_coef": config.lm_coef,
+        "batch_size": batch_size,
+        "keep": config.keep,
+    }
     if hasattr(task, "inputs"):  # the columns kgpt-predict reads by default
         results["inputs"] = task.inputs()
     if config.epochs > 0:
         results.update(train(config, work, task, model, splits, batch_size, start.origin, settings))
     else:
         model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)
-    results["splits"] = evaluate_splits(task, model, splits, batch_size, work.directory if work.kept else None,
-                                        config.predict_test)
+    results["splits"] = evaluate_splits(
+        task, model, splits, batch_size, work.directory if work.kept else None, config.predict_test
+    )
     check = baseline_check(task, results["splits"])
     if check is not None:
         results["baseline_check"] = check
     # GPTTaskModel.from_preset(output_dir) predicts on text again.
-    work.save_outputs(model, results, "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
-                     "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv")
+    work.save_outputs(
+        model,
+        results,
+        "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
+        "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv",
+    )
     return model, results, start

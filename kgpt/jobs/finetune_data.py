@@ -65,7 +65,7 @@ def relative_id(uid, data_dir):
     for prefix in {data_dir, os.path.abspath(data_dir), os.path.realpath(data_dir)}:
         prefix = os.path.join(prefix, "")
         if uid.startswith(prefix):
-            return uid[len(prefix):]
+            return uid[len(prefix) :]
     return uid
 
 
@@ -93,16 +93,22 @@ def _warn_single_target(task, split, targets):
     """Warns when every training example has one label: the model could only learn to predict it."""
     values = np.unique(np.asarray(targets))
     if len(values) == 1 and len(targets) > 1:
-        logger.warning(f"Warning: every one of the {len(targets):,} examples of task {task.name!r}'s training split "
-                       f"{split!r} has the label {task.prediction_name(values[0].item())!r}: the model can only "
-                       f"learn to predict it. Check the data (a filtered or sorted file?).")
+        logger.warning(
+            f"Warning: every one of the {len(targets):,} examples of task {task.name!r}'s training split "
+            f"{split!r} has the label {task.prediction_name(values[0].item())!r}: the model can only "
+            f"learn to predict it. Check the data (a filtered or sorted file?)."
+        )
 
 
 def describe_counts(name, counts):
     """A split's row counts (`EncodedSplit.counts`) as one line: read, used, skipped by reason, truncated."""
     text = f"{name}: {counts['read']:,} read, {counts['used']:,} used"
     if counts["skipped"]:
-        text += f", {counts['skipped']:,} skipped (" + ", ".join(f"{r}: {n}" for r, n in counts["skipped_reasons"].items()) + ")"
+        text += (
+            f", {counts['skipped']:,} skipped ("
+            + ", ".join(f"{r}: {n}" for r, n in counts["skipped_reasons"].items())
+            + ")"
+        )
     if counts["truncated"]:
         text += f", {counts['truncated']:,} truncated ({counts['tokens_cut']:,} tokens cut)"
     return text + "."

@@ -23,10 +23,10 @@ from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.layers import lora
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
-from kgpt.models.pretrained import load_pretrained, with_special_tokens
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
 from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.models.pretrained import load_pretrained, with_special_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -115,12 +115,16 @@ def _demo_model(config, work):
     out = os.path.join(work.directory, "pretrained") if work.kept else None
     origin = "the demo model pre-trained on the embedded text"
     if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete
-        logger.info(f"--init demo: using the demo model pre-trained in {work.location}/pretrained by an earlier run "
-                    f"of this command.")
+        logger.info(
+            f"--init demo: using the demo model pre-trained in {work.location}/pretrained by an earlier run "
+            f"of this command."
+        )
         backbone, tokenizer, _ = load_pretrained(out, dtype=config.dtype)
         return backbone, tokenizer, origin
-    logger.info("--init demo: pre-training the small demo model on the embedded text first "
-                f"({', '.join(f'{k}={v}' for k, v in DEMO_PRETRAIN.items())}).")
+    logger.info(
+        "--init demo: pre-training the small demo model on the embedded text first "
+        f"({', '.join(f'{k}={v}' for k, v in DEMO_PRETRAIN.items())})."
+    )
     lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=config.seed), within=work)
     return lm.backbone, tokenizer, origin
 
@@ -135,11 +139,15 @@ def starting_point(config, task, initial=None, work=None):
     """
     if config.init not in SPECIAL_INITS and is_task_preset(config.init):
         model = _finetuned_init(config, task)
-        action = "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
-        logger.info(f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, "
-                    f"{action}.")
-        return Start(model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model,
-                     None)
+        action = (
+            "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
+        )
+        logger.info(
+            f"--init {config.init} is fine-tuned for {task.name}: keeping its {model.head.kind} head, {action}."
+        )
+        return Start(
+            model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model, None
+        )
     if config.epochs == 0:
         raise untrained_head(config, task)
     initial = initial or initial_model(config, work)
@@ -165,22 +173,31 @@ def check_finetuned_init(config, task, saved_task, saved_head=None):
     `pretrained_weights` ask for a pre-trained model. `--dry_run` checks with it (without the head: it builds none)."""
     if saved_task != task.name:
         source = recorded(config.init, "init_dir")
-        raise ConfigError(f"--init {config.init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
-                         f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
-                         f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else "."))
-    if saved_head is not None and \
-            keras.saving.serialize_keras_object(saved_head) != keras.saving.serialize_keras_object(task.head):
-        raise ConfigError(f"--init {config.init}: its head ({saved_head.get_config()}) differs from task "
-                         f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved.")
+        raise ConfigError(
+            f"--init {config.init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
+            f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
+            f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else ".")
+        )
+    if saved_head is not None and keras.saving.serialize_keras_object(
+        saved_head
+    ) != keras.saving.serialize_keras_object(task.head):
+        raise ConfigError(
+            f"--init {config.init}: its head ({saved_head.get_config()}) differs from task "
+            f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved."
+        )
     if config.transfer_layers is not None or not config.pretrained_weights:
-        raise ConfigError(f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
-                         f"{config.init} is fine-tuned.")
+        raise ConfigError(
+            f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
+            f"{config.init} is fine-tuned."
+        )
 
 
 def untrained_head(config, task):
     """The `ConfigError` of `epochs=0` (evaluate without training) with an `--init` that is not fine-tuned."""
-    return ConfigError(f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
-                       f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run.")
+    return ConfigError(
+        f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
+        f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run."
+    )
 
 
 def recorded(preset, key):
@@ -192,12 +209,18 @@ def recorded(preset, key):
         return None
 
 
-
 def build_model(config, task, start, preprocessor):
     """The `GPTTaskModel` (uncompiled) on `start`'s backbone, with a fine-tuned `--init`'s head weights and LoRA."""
-    model = GPTTaskModel(start.backbone, head=task.head, num_views=task.transform.num_views, lm_coef=config.lm_coef,
-                         classifier_dropout=config.classifier_dropout, task_name=task.name,
-                         preprocessor=preprocessor, compile=False)
+    model = GPTTaskModel(
+        start.backbone,
+        head=task.head,
+        num_views=task.transform.num_views,
+        lm_coef=config.lm_coef,
+        classifier_dropout=config.classifier_dropout,
+        task_name=task.name,
+        preprocessor=preprocessor,
+        compile=False,
+    )
     if start.finetuned is not None:
         model.classifier.set_weights(start.finetuned.classifier.get_weights())
     if config.lora_rank is not None:
@@ -211,7 +234,7 @@ def enable_lora(model, rank):
     if not isinstance(model.backbone, lora.LoraMixin):
         raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
     model.backbone.enable_lora(rank)
-    logger.info(f"LoRA rank {rank} on the query and value projections: {lora.count_trainable(model):,} of "
-                f"{model.count_params():,} weights train (the factors and the task head).")
-
-
+    logger.info(
+        f"LoRA rank {rank} on the query and value projections: {lora.count_trainable(model):,} of "
+        f"{model.count_params():,} weights train (the factors and the task head)."
+    )

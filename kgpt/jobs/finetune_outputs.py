@@ -63,8 +63,9 @@ def predictions_tsv(task, split, evaluation):
     """The text of a predictions file: `id, prediction, p_<label>...[, label]`, one row per example."""
     labeled = split.targets is not None
     header = ["id", "prediction", *prediction_columns(task.head), *(["label"] if labeled else [])]
-    rows = prediction_rows(task.head, split.uids, evaluation.predictions, evaluation.probabilities,
-                           split.targets if labeled else None)
+    rows = prediction_rows(
+        task.head, split.uids, evaluation.predictions, evaluation.probabilities, split.targets if labeled else None
+    )
     return "\n".join(["\t".join(header), *rows]) + "\n"
 
 
@@ -112,9 +113,8 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     return results
 
 
-
-
 # What a run that learned nothing scores, and the warning it ends with when it did no better.
+
 
 def label_counts(task, values):
     """`{label name: count}` of class or choice indices, in index order."""
@@ -132,8 +132,13 @@ def baselines(task, targets):
     """
     names = task.head.output_names()
     targets = None if targets is None else np.asarray(targets)
-    if not names or targets is None or targets.ndim != 1 or not targets.size or \
-            not np.issubdtype(targets.dtype, np.integer):
+    if (
+        not names
+        or targets is None
+        or targets.ndim != 1
+        or not targets.size
+        or not np.issubdtype(targets.dtype, np.integer)
+    ):
         return None
     values, counts = np.unique(targets, return_counts=True)
     majority = values[np.argmax(counts)]
@@ -144,9 +149,13 @@ def baselines(task, targets):
             scores[name] = fn(targets, np.full_like(targets, majority))
         except Exception:  # noqa: BLE001 - a plugin's metric may refuse one class; the run's own scores stand
             scores[name] = None
-    return {"label_counts": label_counts(task, targets), "majority_label": task.prediction_name(majority.item()),
-            "majority_share": float(counts.max() / targets.size), "majority_scores": scores,
-            "chance": 1.0 / len(names)}
+    return {
+        "label_counts": label_counts(task, targets),
+        "majority_label": task.prediction_name(majority.item()),
+        "majority_share": float(counts.max() / targets.size),
+        "majority_scores": scores,
+        "chance": 1.0 / len(names),
+    }
 
 
 def baseline_check(task, results):
@@ -157,8 +166,9 @@ def baseline_check(task, results):
     predicting the majority label. `learned` is False when the score is at or
     below that baseline or one label was predicted for every example.
     """
-    split = next((n for n in task.splits[1:] if "baselines" in results.get(n, {}) and
-                  "prediction_counts" in results[n]), None)
+    split = next(
+        (n for n in task.splits[1:] if "baselines" in results.get(n, {}) and "prediction_counts" in results[n]), None
+    )
     if split is None:
         return None
     scores, found = results[split], results[split]["baselines"]
@@ -168,9 +178,17 @@ def baseline_check(task, results):
     predicted = scores["prediction_counts"]
     one_label = next(iter(predicted)) if len(predicted) == 1 and sum(predicted.values()) > 1 else None
     below = isinstance(score, float) and isinstance(majority, float) and score <= majority + 1e-9
-    return {"split": split, "metric": metric, "score": score, "majority": majority,
-            "majority_label": found["majority_label"], "majority_share": found["majority_share"],
-            "chance": found["chance"], "one_label_predicted": one_label, "learned": not (below or one_label)}
+    return {
+        "split": split,
+        "metric": metric,
+        "score": score,
+        "majority": majority,
+        "majority_label": found["majority_label"],
+        "majority_share": found["majority_share"],
+        "chance": found["chance"],
+        "one_label_predicted": one_label,
+        "learned": not (below or one_label),
+    }
 
 
 def _label(task, name):
@@ -190,10 +208,12 @@ def learned_nothing(config, task, check):
     if check is None or check["learned"]:
         return None
     split = check["split"]
-    text = (f"Warning: this fine-tuning learned nothing measurable. On {split}: {check['metric']} "
-            f"{_number(check['score'])}, the majority-class baseline {_number(check['majority'])} (always predicting "
-            f"{_label(task, check['majority_label'])}, {check['majority_share']:.1%} of {split}), chance "
-            f"{check['chance']:.4f}")
+    text = (
+        f"Warning: this fine-tuning learned nothing measurable. On {split}: {check['metric']} "
+        f"{_number(check['score'])}, the majority-class baseline {_number(check['majority'])} (always predicting "
+        f"{_label(task, check['majority_label'])}, {check['majority_share']:.1%} of {split}), chance "
+        f"{check['chance']:.4f}"
+    )
     if check["one_label_predicted"] is not None:
         text += f"; the model predicts {_label(task, check['one_label_predicted'])} for every example"
     if check["majority_share"] == 1.0:
@@ -202,10 +222,13 @@ def learned_nothing(config, task, check):
     if config.epochs == 0:
         tries = [f"--init {config.init} was evaluated without training (--epochs 0): fine-tune it (--epochs N)"]
     else:
-        tries = ["--learning_rate is 0, so no weight changed: give one, such as 6.25e-05" if rate == 0 else
-                 f"another --learning_rate (this run {rate:g}: try {rate * 3:.3g} or {rate / 3:.3g})",
-                 f"more --epochs (this run {config.epochs})",
-                 "a pre-trained start instead of fresh weights: --init PRESET (the --output_dir of kgpt-train --task "
-                 "lm)" if config.init == "scratch" or not config.pretrained_weights else
-                 f"a larger pre-trained model than --init {config.init} (the --output_dir of kgpt-train --task lm)"]
+        tries = [
+            "--learning_rate is 0, so no weight changed: give one, such as 6.25e-05"
+            if rate == 0
+            else f"another --learning_rate (this run {rate:g}: try {rate * 3:.3g} or {rate / 3:.3g})",
+            f"more --epochs (this run {config.epochs})",
+            "a pre-trained start instead of fresh weights: --init PRESET (the --output_dir of kgpt-train --task lm)"
+            if config.init == "scratch" or not config.pretrained_weights
+            else f"a larger pre-trained model than --init {config.init} (the --output_dir of kgpt-train --task lm)",
+        ]
     return f"{text}.\n  To try: {'; '.join(tries)}; and check that the labels follow from the texts."

@@ -58,29 +58,40 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
     steps_per_epoch = math.ceil(len(train_split) / batch_size)
     total_steps = steps_per_epoch * config.epochs
     model.compile(
-        optimizer=gpt_adamw(config.learning_rate, warmup_steps=math.ceil(config.warmup_fraction * total_steps),
-                            total_steps=total_steps, decay="linear", weight_decay=config.weight_decay,
-                            gradient_accumulation_steps=config.gradient_accumulation_steps),
+        optimizer=gpt_adamw(
+            config.learning_rate,
+            warmup_steps=math.ceil(config.warmup_fraction * total_steps),
+            total_steps=total_steps,
+            decay="linear",
+            weight_decay=config.weight_decay,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+        ),
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
     dev_name = next((n for n, s in splits.items() if n != train_name and s.targets is not None), None)
     if config.keep == "best" and dev_name is None:
-        raise ConfigError(f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} "
-                         f"was found.")
+        raise ConfigError(
+            f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} was found."
+        )
     if config.keep == "best" and distribute.spread_over_processes(model):
-        raise ConfigError("keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
-                          "across processes does not fit in: use keep='last'.")
-    logger.info(f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
-                f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
-                f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
-                f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}.")
+        raise ConfigError(
+            "keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
+            "across processes does not fit in: use keep='last'."
+        )
+    logger.info(
+        f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
+        f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
+        f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
+        f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}."
+    )
     training = Training(config, work, task, model, splits, train_name, dev_name, batch_size, settings)
     history, kept = training.fit()
     return {"kept_epoch": kept, "history": history, "real_token_share": training.real_token_share}
 
 
-def max_padded_lengths(model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES,
-                       attention_length=None):
+def max_padded_lengths(
+    model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES, attention_length=None
+):
     """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
     return batching.max_lengths_of(model.jit_compile, split, batch_size, epochs, compile_batches, attention_length)
 
@@ -112,12 +123,14 @@ class Training:
         progress = FinetuneProgress(self, state)
         if progress.step < self.config.epochs * self.steps_per_epoch:
             metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
-            callbacks = self.work.callbacks(progress, f"Lower --learning_rate ({self.config.learning_rate:g}) or "
-                                            "check the data", before=metrics,
-                                            total_steps=self.config.epochs * self.steps_per_epoch,
-                                            examples_per_step=self.batch_size,
-                                            after=[callbacks_lib.EpochBar(self.config.epochs)] if cluster.is_chief()
-                                            else [])
+            callbacks = self.work.callbacks(
+                progress,
+                f"Lower --learning_rate ({self.config.learning_rate:g}) or check the data",
+                before=metrics,
+                total_steps=self.config.epochs * self.steps_per_epoch,
+                examples_per_step=self.batch_size,
+                after=[callbacks_lib.EpochBar(self.config.epochs)] if cluster.is_chief() else [],
+            )
             run.fit(self.model, self._calls(progress.step), callbacks, self._validation())
         return progress.history, progress.finish()
 
@@ -125,12 +138,16 @@ class Training:
         state = self.work.restore(self.model, self.settings)
         total = self.config.epochs * self.steps_per_epoch
         if state is not None and state["step"] >= total:
-            logger.info(f"The checkpoint in {self.directory} is at the last step ({total:,}): this run finished "
-                        f"training; evaluating it.")
+            logger.info(
+                f"The checkpoint in {self.directory} is at the last step ({total:,}): this run finished "
+                f"training; evaluating it."
+            )
         elif state is not None:
             epoch, done = divmod(state["step"], self.steps_per_epoch)
-            logger.info(f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) "
-                        f"of {total:,} in {self.directory}.")
+            logger.info(
+                f"Resuming from the checkpoint at step {state['step']:,} (epoch {epoch + 1}, batch {done}) "
+                f"of {total:,} in {self.directory}."
+            )
         return state
 
     def _attention_length(self, state):
@@ -156,38 +173,70 @@ class Training:
             return state.get("compile_batches", batching.COMPILE_BATCHES)
         if not self.model.jit_compile:
             return batching.COMPILE_BATCHES
-        measured = compile_cost.compile_batches(self.model, self.train, self.batch_size, self.config.lm_coef > 0,
-                                                self.config.gradient_accumulation_steps, self.attention_length)
+        measured = compile_cost.compile_batches(
+            self.model,
+            self.train,
+            self.batch_size,
+            self.config.lm_coef > 0,
+            self.config.gradient_accumulation_steps,
+            self.attention_length,
+        )
         if measured != batching.COMPILE_BATCHES:
             logger.info(f"One compilation of the train step costs about {measured:g} of its steps (measured).")
         return measured
 
     def _plan(self):
         epochs, train = self.config.epochs, self.train
-        max_lengths = max_padded_lengths(self.model, train, self.batch_size, epochs, self.compile_batches,
-                                         self.attention_length)
-        plan = batching.length_plan(train.lengths, self.batch_size, self.config.seed, train.limit, max_lengths,
-                                    self.compile_batches, epochs, self.attention_length)
+        max_lengths = max_padded_lengths(
+            self.model, train, self.batch_size, epochs, self.compile_batches, self.attention_length
+        )
+        plan = batching.length_plan(
+            train.lengths,
+            self.batch_size,
+            self.config.seed,
+            train.limit,
+            max_lengths,
+            self.compile_batches,
+            epochs,
+            self.attention_length,
+        )
         real_share = train.real_share(batching.batch_indices(train.lengths, self.batch_size, self.config.seed), plan)
-        logger.info(f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
-                    f"{len(plan)} padded length(s){' (one XLA compilation each)' if self.model.jit_compile else ''}; "
-                    f"padding every example to the longest would give {train.padded_share():.1%}.")
-        self.real_token_share = {"train": real_share, "train_padded_lengths": list(plan),
-                                 "train_padded_to_longest": train.padded_share()}
+        logger.info(
+            f"Batches by length: {real_share:.1%} of the positions computed in training are real tokens, in "
+            f"{len(plan)} padded length(s){' (one XLA compilation each)' if self.model.jit_compile else ''}; "
+            f"padding every example to the longest would give {train.padded_share():.1%}."
+        )
+        self.real_token_share = {
+            "train": real_share,
+            "train_padded_lengths": list(plan),
+            "train_padded_to_longest": train.padded_share(),
+        }
 
     def _calls(self, step):
         """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
         epochs = self.config.epochs
-        max_lengths = max_padded_lengths(self.model, self.train, self.batch_size, epochs, self.compile_batches,
-                                         self.attention_length)
+        max_lengths = max_padded_lengths(
+            self.model, self.train, self.batch_size, epochs, self.compile_batches, self.attention_length
+        )
         pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
         for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
+
             def make(a, b, total, first=first, skip=skip):
-                return batching.dataset(self.train, self.batch_size, seed=self.config.seed,
-                                        lm=self.config.lm_coef > 0, first_epoch=first, max_lengths=max_lengths,
-                                        skip=skip, shards=(a, b, total), pad_to=pad_to, micro_batches=micro,
-                                        epochs=epochs, compile_batches=self.compile_batches,
-                                        attention_length=self.attention_length)
+                return batching.dataset(
+                    self.train,
+                    self.batch_size,
+                    seed=self.config.seed,
+                    lm=self.config.lm_coef > 0,
+                    first_epoch=first,
+                    max_lengths=max_lengths,
+                    skip=skip,
+                    shards=(a, b, total),
+                    pad_to=pad_to,
+                    micro_batches=micro,
+                    epochs=epochs,
+                    compile_batches=self.compile_batches,
+                    attention_length=self.attention_length,
+                )
 
             yield distribute.feed(make), first, last, None
 
@@ -195,13 +244,22 @@ class Training:
         if self.dev is None:
             return None
         epochs = self.config.epochs  # one evaluation per epoch
-        max_lengths = max_padded_lengths(self.model, self.dev, self.batch_size, epochs, self.compile_batches,
-                                         self.attention_length)
+        max_lengths = max_padded_lengths(
+            self.model, self.dev, self.batch_size, epochs, self.compile_batches, self.attention_length
+        )
 
         def make(a, b, total):
-            return batching.dataset(self.dev, self.batch_size, lm=self.config.lm_coef > 0, max_lengths=max_lengths,
-                                    shards=(a, b, total), pad_to=distribute.batch_shards(), epochs=epochs,
-                                    compile_batches=self.compile_batches, attention_length=self.attention_length)
+            return batching.dataset(
+                self.dev,
+                self.batch_size,
+                lm=self.config.lm_coef > 0,
+                max_lengths=max_lengths,
+                shards=(a, b, total),
+                pad_to=distribute.batch_shards(),
+                epochs=epochs,
+                compile_batches=self.compile_batches,
+                attention_length=self.attention_length,
+            )
 
         return distribute.feed(make)
 
@@ -213,16 +271,26 @@ class FinetuneProgress(callbacks_lib.Progress):
 
     def __init__(self, training, state=None):
         config = training.config
-        super().__init__(training.directory, training.settings, training.steps_per_epoch, config.checkpoint_every,
-                         training.work.history_path, state, accumulation=config.gradient_accumulation_steps,
-                         publish=training.work.publish)
+        super().__init__(
+            training.directory,
+            training.settings,
+            training.steps_per_epoch,
+            config.checkpoint_every,
+            training.work.history_path,
+            state,
+            accumulation=config.gradient_accumulation_steps,
+            publish=training.work.publish,
+        )
         self.training = training
         self.best = (state or {}).get("best")  # {"epoch": from 1, "score": value} or None
         self._best_weights = None
 
     def extra_state(self):
-        return {"best": self.best, "compile_batches": self.training.compile_batches,
-                "attention_length": self.training.attention_length}
+        return {
+            "best": self.best,
+            "compile_batches": self.training.compile_batches,
+            "attention_length": self.training.attention_length,
+        }
 
     def epoch_done(self, epoch, logs):
         if self.training.config.keep != "best":
@@ -247,6 +315,8 @@ class FinetuneProgress(callbacks_lib.Progress):
             else:  # resumed after the best epoch: its weights are on disk
                 lora.load_weights(model, os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
         metric = self.training.metric
-        logger.info(f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
-                    f"({self.best['score']:.4f}).")
+        logger.info(
+            f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "
+            f"({self.best['score']:.4f})."
+        )
         return self.best["epoch"]

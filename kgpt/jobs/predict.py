@@ -34,11 +34,11 @@ import os
 import sys
 
 from kgpt.data import batching, tables
-from kgpt.errors import ConfigError, DataError
-from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.data.readers import _data_lines
+from kgpt.errors import ConfigError, DataError
 from kgpt.io import storage
 from kgpt.io.storage import write_text
+from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.models.gpt.gpt_task_preprocessor import segment_columns
 from kgpt.parallel import distribute
 
@@ -49,8 +49,9 @@ ID_COLUMNS = ("id", "index", "idx")
 NOT_SEGMENTS = (*ID_COLUMNS, "label", "gold_label")
 
 # `records`: a table's rows as read ({column: value}), written back with the predictions; `fields`: its columns.
-Inputs = collections.namedtuple("Inputs", "examples ids sources columns format records fields",
-                                defaults=("text", None, None))
+Inputs = collections.namedtuple(
+    "Inputs", "examples ids sources columns format records fields", defaults=("text", None, None)
+)
 
 
 def guess_format(path):
@@ -101,8 +102,10 @@ def read_inputs(path, transform, format=None, columns=None):
     records = fields = None
     if format == "text":
         if columns:
-            raise ConfigError("columns name the columns of a table (.csv, .tsv, .jsonl); a text file's fields are "
-                              "its tab-separated parts.")
+            raise ConfigError(
+                "columns name the columns of a table (.csv, .tsv, .jsonl); a text file's fields are "
+                "its tab-separated parts."
+            )
         rows = ((n, None, line.split("\t")) for n, line in _data_lines(path))
         used = None
     else:
@@ -174,8 +177,9 @@ def encode(preprocessor, inputs):
         tokens_cut += cut
         builder.add(views, uid=uid)
     n = len(inputs.examples)
-    return builder.build({"read": n, "used": n, "skipped": 0, "skipped_reasons": {}, "truncated": truncated,
-                          "tokens_cut": tokens_cut})
+    return builder.build(
+        {"read": n, "used": n, "skipped": 0, "skipped_reasons": {}, "truncated": truncated, "tokens_cut": tokens_cut}
+    )
 
 
 def write(model, inputs, output, batch_size=32, verbose=0, format=None):
@@ -187,16 +191,20 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
     """
     split = encode(model.preprocessor, inputs)
     if split.counts["truncated"]:
-        logger.info(f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
+        logger.info(
+            f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
             f"{model.preprocessor.max_length} tokens per view: {split.counts['tokens_cut']} tokens were cut from the "
-            f"end of their longest segments.")
+            f"end of their longest segments."
+        )
     head = model.head
     added = ["prediction", *prediction_columns(head)]
     if inputs.records is not None:
         taken = [c for c in added if c in inputs.fields]
         if taken:
-            raise DataError(f"{inputs.sources[0].rsplit(':', 1)[0]}: the input already has column(s) "
-                            f"{', '.join(map(repr, taken))}, which the predictions would replace; rename them.")
+            raise DataError(
+                f"{inputs.sources[0].rsplit(':', 1)[0]}: the input already has column(s) "
+                f"{', '.join(map(repr, taken))}, which the predictions would replace; rename them."
+            )
         format = format or output_format(output, inputs.format)
     outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
     predictions = head.decode(outputs)
@@ -230,11 +238,15 @@ def check_output(output, input_format, overwrite=False):
     storage.check_path(output, "--output", folder=False)
     extension = os.path.splitext(output)[1].lower()
     if input_format == "text" and tables.EXTENSIONS.get(extension) != "tsv":
-        raise ConfigError(f"--output {output}: the predictions of a text file or a task's split are a TSV; name "
-                          f"the file .tsv (or pass - for standard output).")
+        raise ConfigError(
+            f"--output {output}: the predictions of a text file or a task's split are a TSV; name "
+            f"the file .tsv (or pass - for standard output)."
+        )
     if input_format != "text" and extension not in tables.EXTENSIONS:
-        raise ConfigError(f"--output {output}: a table's predictions are written as .csv, .tsv or .jsonl, by the "
-                          f"extension; name the file with one of them (or pass - for standard output).")
+        raise ConfigError(
+            f"--output {output}: a table's predictions are written as .csv, .tsv or .jsonl, by the "
+            f"extension; name the file with one of them (or pass - for standard output)."
+        )
     if storage.exists(output) and not overwrite:
         raise ConfigError(f"--output {output} exists: pass --overwrite to replace it.")
 
@@ -242,4 +254,3 @@ def check_output(output, input_format, overwrite=False):
 def output_format(output, input_format):
     """The table format of `output` by its extension; the input's for `-` or another extension."""
     return tables.EXTENSIONS.get(os.path.splitext(output)[1].lower(), input_format) if output != "-" else input_format
-

@@ -60,8 +60,10 @@ def corpus_files(pattern):
         else:
             files.append(path)
     if folders:
-        logger.info(f"Skipped {len(folders)} folder(s) matching {pattern!r}: {', '.join(folders[:3])}"
-                    + (" ..." if len(folders) > 3 else ""))
+        logger.info(
+            f"Skipped {len(folders)} folder(s) matching {pattern!r}: {', '.join(folders[:3])}"
+            + (" ..." if len(folders) > 3 else "")
+        )
     if not files:
         raise FileNotFoundError(f"No corpus files match {pattern!r}.")
     return files
@@ -82,8 +84,9 @@ def load_tokenizer(config, files, work):
     if work.kept:
         tokenizer.save_to_preset(work.directory)
         work.publish()
-    logger.info(f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special "
-                f"tokens.")
+    logger.info(
+        f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special tokens."
+    )
     return tokenizer
 
 
@@ -115,9 +118,23 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is read or built."""
-    run.check_integers(config, batch_size=1, sequence_length=1, max_steps=1, evaluations=1, num_layers=1,
-                       num_heads=1, hidden_dim=1, intermediate_dim=1, num_merges=0, warmup_steps=0,
-                       checkpoint_every=0, validation_tokens=0, sample_tokens=0, lm_loss_chunk_size=0)
+    run.check_integers(
+        config,
+        batch_size=1,
+        sequence_length=1,
+        max_steps=1,
+        evaluations=1,
+        num_layers=1,
+        num_heads=1,
+        hidden_dim=1,
+        intermediate_dim=1,
+        num_merges=0,
+        warmup_steps=0,
+        checkpoint_every=0,
+        validation_tokens=0,
+        sample_tokens=0,
+        lm_loss_chunk_size=0,
+    )
     for name in ("learning_rate", "weight_decay"):
         value = getattr(config, name)
         if not math.isfinite(value) or value < 0:
@@ -127,15 +144,21 @@ def check_config(config):
         if not 0 <= value < 1:
             raise ConfigError(f"{name} must be in [0, 1), got {value}.")
     if config.architecture != "lstm" and config.hidden_dim % config.num_heads:
-        raise ConfigError(f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "
-                          f"head takes an equal share.")
+        raise ConfigError(
+            f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "
+            f"head takes an equal share."
+        )
     if config.warmup_steps > config.max_steps:
-        raise ConfigError(f"warmup_steps {config.warmup_steps} is more than max_steps {config.max_steps}: the run would "
-                          f"end inside the learning-rate warm-up. Pass warmup_steps {max(1, config.max_steps // 10)} "
-                          f"(a tenth) or more steps.")
+        raise ConfigError(
+            f"warmup_steps {config.warmup_steps} is more than max_steps {config.max_steps}: the run would "
+            f"end inside the learning-rate warm-up. Pass warmup_steps {max(1, config.max_steps // 10)} "
+            f"(a tenth) or more steps."
+        )
     if config.shards_dir and "://" in config.shards_dir:
-        raise ConfigError(f"shards_dir {config.shards_dir}: shards are memory-mapped from a local folder (a remote "
-                          f"--output_dir keeps them, copied there and back).")
+        raise ConfigError(
+            f"shards_dir {config.shards_dir}: shards are memory-mapped from a local folder (a remote "
+            f"--output_dir keeps them, copied there and back)."
+        )
     if config.shards_dir:  # a file in the way, before the corpus is read (and in --dry_run)
         storage.check_path(config.shards_dir, "--shards_dir")
     run.check_run(config, config.batch_size)
@@ -172,9 +195,14 @@ def build_backbone(config, vocabulary_size):
     if config.architecture == "transformer":
         return GPTBackbone.from_sizes(config, vocabulary_size, config.sequence_length)
     if config.architecture == "lstm":
-        return LSTMBackbone(vocabulary_size, hidden_dim=config.hidden_dim, lstm_units=config.lstm_units,
-                            num_layers=config.num_layers, max_sequence_length=config.sequence_length,
-                            dropout=config.dropout)
+        return LSTMBackbone(
+            vocabulary_size,
+            hidden_dim=config.hidden_dim,
+            lstm_units=config.lstm_units,
+            num_layers=config.num_layers,
+            max_sequence_length=config.sequence_length,
+            dropout=config.dropout,
+        )
     raise ValueError(f"architecture must be 'transformer' or 'lstm', got {config.architecture!r}.")
 
 
@@ -188,7 +216,9 @@ def zero_shot_callback(config, tokenizer, steps_per_eval, work, registry=None):
     logger.info(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
     out = work.directory if work.kept else None
     return zero_shot_lib.ZeroShotCallback(
-        tasks, tokenizer, every,
+        tasks,
+        tokenizer,
+        every,
         csv_path=os.path.join(out, "zero_shot.csv") if out else None,
         log_dir=os.path.join(out, "logs") if out else None,
         max_examples=config.zero_shot_examples,
@@ -208,8 +238,9 @@ def prepare(config):
         logger.info("No --output_dir or --shards_dir: the shards are deleted at exit.")
     with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
         index, _ = _prepare(config, work)
-    logger.info(f"Prepared {index.total_tokens:,} tokens (tokenizer and shards) in "
-                f"{time.perf_counter() - start:.1f} s.")
+    logger.info(
+        f"Prepared {index.total_tokens:,} tokens (tokenizer and shards) in {time.perf_counter() - start:.1f} s."
+    )
     return index
 
 
@@ -224,8 +255,9 @@ def _prepare(config, work):
         files = corpus_files(config.corpus)
     else:
         files = [work.for_all(lambda: demo_world.write_corpus(work.directory), "writing the demo text")]
-        logger.info(f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to "
-                    f"{files[0]}.")
+        logger.info(
+            f"No --corpus: pre-training on the embedded demo text (kgpt.data.demo_world), written to {files[0]}."
+        )
     tokenizer = None
     if config.tokenizer == "train" and cluster.current().several:
         # Process 0 keeps the one it learned (reading it back would say so a second time); the others read it.
@@ -238,8 +270,9 @@ def _prepare(config, work):
     alone = work.mirror is not None and not config.shards_dir
     team = Team() if alone else Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
     index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work.directory, "shards"), team=team)
-    logger.info(f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens "
-                f"(vocabulary {tokenizer.vocabulary_size():,}).")
+    logger.info(
+        f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens (vocabulary {tokenizer.vocabulary_size():,})."
+    )
     return index, tokenizer
 
 
@@ -253,8 +286,10 @@ def pretrain(config, registry=None, within=None):
     check_config(config)
     several = run.join(config, "pretrain", run_settings(config), config.batch_size).several
     if several and config.zero_shot:
-        raise ConfigError("--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
-                          "one process only: evaluate the saved model with kgpt-analyze zero-shot instead.")
+        raise ConfigError(
+            "--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
+            "one process only: evaluate the saved model with kgpt-analyze zero-shot instead."
+        )
     if config.zero_shot:  # before the corpus is tokenized and the model built
         registry = registry or TaskRegistry()
         zero_shot_lib.check_tasks(config.zero_shot, registry)
@@ -268,8 +303,10 @@ def pretrain(config, registry=None, within=None):
             lm = _compiled_lm(config, tokenizer)
             evaluations = evaluation_count(config.max_steps, config.evaluations)
             if evaluations != config.evaluations:
-                logger.info(f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so "
-                            f"that exactly max_steps={config.max_steps} steps are trained.")
+                logger.info(
+                    f"Evaluating {evaluations} times (every {config.max_steps // evaluations} steps) so "
+                    f"that exactly max_steps={config.max_steps} steps are trained."
+                )
             val_ids = index.tokens(train_end, index.total_tokens)
             micro = config.batch_size // config.gradient_accumulation_steps
             validation = _validation(val_ids, config.sequence_length, shards, micro)
@@ -278,8 +315,9 @@ def pretrain(config, registry=None, within=None):
             _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot)
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
             if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
-                logger.info("No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) "
-                            "writes one.")
+                logger.info(
+                    "No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) writes one."
+                )
             elif config.sample_tokens:
                 held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
                 metrics["sample"] = _sample(config, lm, tokenizer, held_out, shards)
@@ -287,25 +325,34 @@ def pretrain(config, registry=None, within=None):
             lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
             # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir) load it (the
             # preprocessor saves the tokenizer); fine-tuning takes --init dir.
-            work.save_outputs(lm, metrics, "the preset (config.json, model.weights.h5, task.json, "
-                             "preprocessor.json, tokenizer.json, assets/), history.csv, logs/")
+            work.save_outputs(
+                lm,
+                metrics,
+                "the preset (config.json, model.weights.h5, task.json, "
+                "preprocessor.json, tokenizer.json, assets/), history.csv, logs/",
+            )
     return lm, tokenizer, metrics
 
 
 def _compiled_lm(config, tokenizer):
     lm = GPTCausalLM(build_backbone(config, tokenizer.vocabulary_size()))
     lm.compile(
-        optimizer=gpt_adamw(config.learning_rate, warmup_steps=config.warmup_steps, total_steps=config.max_steps,
-                            weight_decay=config.weight_decay,
-                            gradient_accumulation_steps=config.gradient_accumulation_steps),
+        optimizer=gpt_adamw(
+            config.learning_rate,
+            warmup_steps=config.warmup_steps,
+            total_steps=config.max_steps,
+            weight_decay=config.weight_decay,
+            gradient_accumulation_steps=config.gradient_accumulation_steps,
+        ),
         sampler="top_k",
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
     steps = config.gradient_accumulation_steps
-    logger.info(f"Model: {lm.backbone.count_params():,} weights; {config.max_steps} steps of "
-                f"{config.batch_size} x {config.sequence_length} tokens"
-                + (f", each accumulated over {steps} micro-batches of {config.batch_size // steps}." if steps > 1
-                   else "."))
+    logger.info(
+        f"Model: {lm.backbone.count_params():,} weights; {config.max_steps} steps of "
+        f"{config.batch_size} x {config.sequence_length} tokens"
+        + (f", each accumulated over {steps} micro-batches of {config.batch_size // steps}." if steps > 1 else ".")
+    )
     return lm
 
 
@@ -323,8 +370,10 @@ def _validation(val_ids, sequence_length, shards, batch_size):
     if not len(val_ids):
         return None
     val_x, val_y, dropped = validation_windows(val_ids, sequence_length)
-    logger.info(f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
-                + (f" ({dropped} trailing token(s) not scored)." if dropped else "."))
+    logger.info(
+        f"Validation: {len(val_y)} window(s) of {val_y.shape[1]} tokens"
+        + (f" ({dropped} trailing token(s) not scored)." if dropped else ".")
+    )
     batch_size = min(batch_size, len(val_y))
     starts = list(range(0, len(val_y), batch_size))
 
@@ -338,12 +387,21 @@ def _validation(val_ids, sequence_length, shards, batch_size):
                 rows = np.minimum(np.arange(begin, begin + size), begin + real - 1)  # filler: the last window again
                 weight = np.where(np.arange(size) < real, size / real, 0.0).astype("float32")
                 a, b = distribute.local_rows(size, (first, stop, total))
-                yield ({k: v[rows[a:b]] for k, v in val_x.items()}, val_y[rows[a:b]],
-                       np.repeat(weight[a:b, None], val_y.shape[1], axis=1))
+                yield (
+                    {k: v[rows[a:b]] for k, v in val_x.items()},
+                    val_y[rows[a:b]],
+                    np.repeat(weight[a:b, None], val_y.shape[1], axis=1),
+                )
 
         spec = tf.TensorSpec((None, val_y.shape[1]), tf.int32)
-        data = tf.data.Dataset.from_generator(batches, output_signature=(
-            {"token_ids": spec, "padding_mask": spec}, spec, tf.TensorSpec((None, val_y.shape[1]), tf.float32)))
+        data = tf.data.Dataset.from_generator(
+            batches,
+            output_signature=(
+                {"token_ids": spec, "padding_mask": spec},
+                spec,
+                tf.TensorSpec((None, val_y.shape[1]), tf.float32),
+            ),
+        )
         return data.apply(tf.data.experimental.assert_cardinality(len(starts)))
 
     return distribute.feed(rows_of)
@@ -354,15 +412,23 @@ def _progress(config, work, lm, evaluations, total, tokenizer, zero_shot):
     settings = run_settings(config) | {"corpus_tokens": int(total), "tokenizer": tokenizer.fingerprint()}
     state = work.restore(lm, settings)
     if state is not None:
-        logger.info(f"Resuming from the checkpoint at step {state['step']:,} of {config.max_steps:,} "
-                    f"({work.checkpoint_dir}).")
+        logger.info(
+            f"Resuming from the checkpoint at step {state['step']:,} of {config.max_steps:,} ({work.checkpoint_dir})."
+        )
         if zero_shot is not None:
             zero_shot.restore([row for row in state.get("zero_shot", []) if row[0] <= state["step"]])
     every = config.checkpoint_every if work.kept else 0
-    return PretrainProgress(work.checkpoint_dir if config.checkpoint_every else None, settings,
-                            config.max_steps // evaluations, every, work.history_path, state,
-                            accumulation=config.gradient_accumulation_steps, zero_shot=zero_shot,
-                            publish=work.publish)
+    return PretrainProgress(
+        work.checkpoint_dir if config.checkpoint_every else None,
+        settings,
+        config.max_steps // evaluations,
+        every,
+        work.history_path,
+        state,
+        accumulation=config.gradient_accumulation_steps,
+        zero_shot=zero_shot,
+        publish=work.publish,
+    )
 
 
 def _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot):
@@ -373,24 +439,41 @@ def _fit(config, work, lm, index, train_end, evaluations, validation, progress, 
     def windows(first_batch):
         def rows_of(first, stop, total):
             rows = distribute.local_rows(config.batch_size // micro, (first, stop, total))
-            return index.windows(config.sequence_length, config.batch_size, config.seed, stop=train_end,
-                                 first_batch=first_batch * micro, rows=rows, micro_batches=micro)
+            return index.windows(
+                config.sequence_length,
+                config.batch_size,
+                config.seed,
+                stop=train_end,
+                first_batch=first_batch * micro,
+                rows=rows,
+                micro_batches=micro,
+            )
 
         return distribute.feed(rows_of)
 
-    calls = ((windows(first * steps_per_eval + skip), first, last, (steps_per_eval - skip) * micro)
-             for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations))
-    callbacks = work.callbacks(progress, f"Lower --learning_rate ({config.learning_rate:g})",
-                              before=[zero_shot] if zero_shot is not None else [], total_steps=config.max_steps,
-                              tokens_per_step=config.batch_size * config.sequence_length,
-                              after=[EpochBar(evaluations)] if cluster.is_chief() else [])
+    calls = (
+        (windows(first * steps_per_eval + skip), first, last, (steps_per_eval - skip) * micro)
+        for first, last, skip in run.segments(progress.step, steps_per_eval, evaluations)
+    )
+    callbacks = work.callbacks(
+        progress,
+        f"Lower --learning_rate ({config.learning_rate:g})",
+        before=[zero_shot] if zero_shot is not None else [],
+        total_steps=config.max_steps,
+        tokens_per_step=config.batch_size * config.sequence_length,
+        after=[EpochBar(evaluations)] if cluster.is_chief() else [],
+    )
     run.fit(lm, calls, callbacks, validation)
 
 
 def _metrics(total, progress, zero_shot, validation):
     history = progress.history
-    metrics = {"train_loss": [float(v) for v in history.get("loss", [])], "tokens": int(total),
-               "resumed_from_step": progress.first_step, "optimizer_steps": progress.step}
+    metrics = {
+        "train_loss": [float(v) for v in history.get("loss", [])],
+        "tokens": int(total),
+        "resumed_from_step": progress.first_step,
+        "optimizer_steps": progress.step,
+    }
     if zero_shot is not None:
         metrics["zero_shot"] = {f"{task}/{metric}": points for (task, metric), points in zero_shot.history.items()}
     if validation and "val_loss" in history:
@@ -408,15 +491,20 @@ def _check_prompt(config, tokenizer):
     if config.prompt and config.sample_tokens:
         length = len(tokenizer.encode(config.prompt))
         if length >= config.sequence_length:
-            raise ConfigError(f"--prompt is {length} tokens, which leaves no room in --sequence_length="
-                              f"{config.sequence_length} for the sample: shorten it, or --sample_tokens 0 for none.")
+            raise ConfigError(
+                f"--prompt is {length} tokens, which leaves no room in --sequence_length="
+                f"{config.sequence_length} for the sample: shorten it, or --sample_tokens 0 for none."
+            )
 
 
 def _sample(config, lm, tokenizer, held_out, replicas):
     """A sample from `config.prompt`, or from the first held-out tokens."""
     # The default prompt leaves room for at least one token, even in a context of 4 or fewer.
-    prompt = tokenizer.encode(config.prompt) if config.prompt else [int(i) for i in held_out[:4]][
-        :config.sequence_length - 1]
+    prompt = (
+        tokenizer.encode(config.prompt)
+        if config.prompt
+        else [int(i) for i in held_out[:4]][: config.sequence_length - 1]
+    )
     if not prompt:
         logger.info(f"No sample: sequence_length={config.sequence_length} leaves no room for a prompt.")
         return None

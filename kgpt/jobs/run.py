@@ -52,8 +52,10 @@ def check_run(config, batch_size):
     check_integers(config, gradient_accumulation_steps=1, model_parallel=1, startup_timeout=1)
     steps = config.gradient_accumulation_steps
     if batch_size % steps:
-        raise ConfigError(f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
-                          f"update is accumulated over {steps} equal micro-batches.")
+        raise ConfigError(
+            f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
+            f"update is accumulated over {steps} equal micro-batches."
+        )
     if config.output_dir:  # before a demo model is pre-trained or data is read
         storage.check_path(config.output_dir, "--output_dir")
     if config.log_every != "auto":
@@ -61,12 +63,16 @@ def check_run(config, batch_size):
     if keras.config.backend() == "jax":
         compilation_cache_dir(config.compilation_cache)  # a folder that cannot be made, before anything starts
     if config.distribution == "model_parallel" and keras.config.backend() != "jax":
-        raise ConfigError("distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); on "
-                          "TensorFlow use data_parallel.")
+        raise ConfigError(
+            "distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); on "
+            "TensorFlow use data_parallel."
+        )
     count = config.num_processes or 1
     if count > 1 and (batch_size // steps) % count:
-        raise ConfigError(f"batch_size {batch_size}{f' / gradient_accumulation_steps {steps}' if steps > 1 else ''} "
-                          f"must split evenly over the {count} processes (and their devices).")
+        raise ConfigError(
+            f"batch_size {batch_size}{f' / gradient_accumulation_steps {steps}' if steps > 1 else ''} "
+            f"must split evenly over the {count} processes (and their devices)."
+        )
 
 
 def setting_int(value, name, minimum=1, allow_none=False):
@@ -113,7 +119,9 @@ def compilation_cache_dir(value=None, environ=None):
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
-        raise ConfigError(f"{origin} {value}: cannot make the folder ({e.strerror or e}); give another, or 'none'.")
+        raise ConfigError(
+            f"{origin} {value}: cannot make the folder ({e.strerror or e}); give another, or 'none'."
+        ) from None
     return path
 
 
@@ -166,7 +174,7 @@ def _evictable(path):
     """Whether JAX can bound the cache in `path`: every program there has its access time (a folder written
     without a bound has none, and JAX's eviction then fails on every write)."""
     names = set(os.listdir(path))
-    return all(name[:-len("-cache")] + "-atime" in names for name in names if name.endswith("-cache"))
+    return all(name[: -len("-cache")] + "-atime" in names for name in names if name.endswith("-cache"))
 
 
 def join(config, job, settings, batch_size=None):
@@ -177,18 +185,30 @@ def join(config, job, settings, batch_size=None):
     is read or written; with `batch_size`, so does a distribution the run's
     devices cannot hold.
     """
-    here = cluster.start(placement.resolve(config.coordinator_address, config.num_processes, config.process_id),
-                         timeout=config.startup_timeout)
+    here = cluster.start(
+        placement.resolve(config.coordinator_address, config.num_processes, config.process_id),
+        timeout=config.startup_timeout,
+    )
     if here.several:
         if config.output_dir and storage.is_remote(config.output_dir) and config.distribution == "model_parallel":
-            raise ConfigError(f"--output_dir {config.output_dir}: a model split across processes is checkpointed by "
-                              f"every process into one folder, which kgpt writes on a local file system only: mount "
-                              f"the bucket (e.g. GCS FUSE) and pass the mount's path, or use data_parallel.")
+            raise ConfigError(
+                f"--output_dir {config.output_dir}: a model split across processes is checkpointed by "
+                f"every process into one folder, which kgpt writes on a local file system only: mount "
+                f"the bucket (e.g. GCS FUSE) and pass the mount's path, or use data_parallel."
+            )
         if not config.output_dir:
-            raise ConfigError("A run on several processes needs --output_dir: a folder every process can read "
-                              "(token shards, the tokenizer, checkpoints), which process 0 writes.")
-        cluster.check_agreement({"job": job, "settings": settings, "output_dir": config.output_dir,
-                                 "placement": {"model_parallel": config.model_parallel}})
+            raise ConfigError(
+                "A run on several processes needs --output_dir: a folder every process can read "
+                "(token shards, the tokenizer, checkpoints), which process 0 writes."
+            )
+        cluster.check_agreement(
+            {
+                "job": job,
+                "settings": settings,
+                "output_dir": config.output_dir,
+                "placement": {"model_parallel": config.model_parallel},
+            }
+        )
     if batch_size is not None:
         distribution = "data_parallel" if config.distribution == "none" and here.several else config.distribution
         steps = config.gradient_accumulation_steps
@@ -253,8 +273,9 @@ class Run:
         """The state of the run's last checkpoint, loaded into the compiled `model`; None without one."""
         return checkpoint_lib.restore(model, self.checkpoint_dir, settings) if self.kept else None
 
-    def callbacks(self, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None,
-                  examples_per_step=None):
+    def callbacks(
+        self, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None, examples_per_step=None
+    ):
         """The run's callbacks: stop on a NaN loss, `before`, `progress`, progress lines, TensorBoard, `after`.
 
         `before` are callbacks that add to an epoch's logs or to a checkpoint's
@@ -268,12 +289,20 @@ class Run:
         lines = []
         every = log_every(self.log_every)
         if total_steps and every != "0":
-            lines = [ProgressLog(every, total_steps, progress.step, tokens_per_step, examples_per_step,
-                                 self.accumulation)]
-        tensorboard = [EpochTensorBoard(os.path.join(self.directory, "logs"))] \
-            if self.kept and cluster.is_chief() else []
-        return [StopOnNonFiniteLoss(hint, progress.step, self.accumulation), *before, progress, *lines, *tensorboard,
-                *after]
+            lines = [
+                ProgressLog(every, total_steps, progress.step, tokens_per_step, examples_per_step, self.accumulation)
+            ]
+        tensorboard = (
+            [EpochTensorBoard(os.path.join(self.directory, "logs"))] if self.kept and cluster.is_chief() else []
+        )
+        return [
+            StopOnNonFiniteLoss(hint, progress.step, self.accumulation),
+            *before,
+            progress,
+            *lines,
+            *tensorboard,
+            *after,
+        ]
 
     def save_outputs(self, model, metrics, files):
         """Saves `model` as a preset and `metrics.json` (last: the preset is then complete) in the run's folder.
@@ -321,8 +350,9 @@ def workspace(config, job, settings, prefix, within=None):
         on_chief(claim.__enter__, f"claiming {config.output_dir}")
         try:
             if storage.is_remote(config.output_dir):
-                with storage.Mirror(config.output_dir, names=OUTPUTS, lock=claim.remote_lock,
-                                    writer=cluster.is_chief()) as mirror:
+                with storage.Mirror(
+                    config.output_dir, names=OUTPUTS, lock=claim.remote_lock, writer=cluster.is_chief()
+                ) as mirror:
                     yield Run(config.output_dir, mirror.local, mirror, **options)
             else:
                 yield Run(config.output_dir, config.output_dir, within.mirror if within else None, **options)
@@ -363,9 +393,12 @@ def scope(config, batch_size):
     cache (`compilation_cache`).
     """
     steps = config.gradient_accumulation_steps  # batch_size splits into them: check_run
-    with compilation_cache(config.compilation_cache), \
-            training_scope(config.distribution, config.dtype, batch_size // steps, config.model_parallel,
-                           accumulation=steps) as shards:
+    with (
+        compilation_cache(config.compilation_cache),
+        training_scope(
+            config.distribution, config.dtype, batch_size // steps, config.model_parallel, accumulation=steps
+        ) as shards,
+    ):
         seed_keras(config.seed)
         yield shards
 
@@ -417,6 +450,13 @@ def fit(model, calls, callbacks, validation=None):
     """
     verbose = (1 if os.isatty(1) else 2) if cluster.is_chief() else 0
     for dataset, first, last, steps in calls:
-        model.fit(dataset, initial_epoch=first, epochs=last, steps_per_epoch=steps, validation_data=validation,
-                  callbacks=callbacks, shuffle=False,  # batches are already drawn in the run's own order
-                  verbose=verbose)
+        model.fit(
+            dataset,
+            initial_epoch=first,
+            epochs=last,
+            steps_per_epoch=steps,
+            validation_data=validation,
+            callbacks=callbacks,
+            shuffle=False,  # batches are already drawn in the run's own order
+            verbose=verbose,
+        )

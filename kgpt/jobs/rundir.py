@@ -27,13 +27,41 @@ from kgpt.io import remote_lock, storage
 RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 # Everything a kgpt job writes into its output directory: what --overwrite clears.
-OUTPUTS = ("config.json", "model.weights.h5", "task.json", "task.weights.h5", "preprocessor.json", "tokenizer.json",
-           "metadata.json", "assets", "metrics.json", "history.csv", "logs", "predictions", "submission",
-           "checkpoint", "shards", "data", "pretrained", "zero_shot.csv", ".preset.partial", RUN_FILE,
-           # kgpt-analyze's: its experiments' runs and data, its tables and plots
-           "runs", "zero_shot_data", "zero_shot.md", "zero_shot.json", "transfer_depth.csv", "transfer_depth.md",
-           "transfer_depth.png", "zero_shot_curve.csv", "zero_shot_curve.md", "zero_shot_curve.png", "ablations.csv",
-           "ablations.md")
+OUTPUTS = (
+    "config.json",
+    "model.weights.h5",
+    "task.json",
+    "task.weights.h5",
+    "preprocessor.json",
+    "tokenizer.json",
+    "metadata.json",
+    "assets",
+    "metrics.json",
+    "history.csv",
+    "logs",
+    "predictions",
+    "submission",
+    "checkpoint",
+    "shards",
+    "data",
+    "pretrained",
+    "zero_shot.csv",
+    ".preset.partial",
+    RUN_FILE,
+    # kgpt-analyze's: its experiments' runs and data, its tables and plots
+    "runs",
+    "zero_shot_data",
+    "zero_shot.md",
+    "zero_shot.json",
+    "transfer_depth.csv",
+    "transfer_depth.md",
+    "transfer_depth.png",
+    "zero_shot_curve.csv",
+    "zero_shot_curve.md",
+    "zero_shot_curve.png",
+    "ablations.csv",
+    "ablations.md",
+)
 
 
 # The lock files this process holds, as {(device, inode): pid}. A POSIX record lock is the process's, so
@@ -133,8 +161,10 @@ class RunDirectory:
         lock.flush()
 
     def _in_use(self, holder):
-        return OutputDirError(f"{self.path} is in use by another kgpt run ({holder}): wait for it to finish, "
-                              f"or pass another --output_dir.")
+        return OutputDirError(
+            f"{self.path} is in use by another kgpt run ({holder}): wait for it to finish, "
+            f"or pass another --output_dir."
+        )
 
     def _release(self):
         if self.remote_lock is not None:
@@ -162,12 +192,13 @@ class RunDirectory:
                 theirs = json.loads(storage.read_text(run_file))
             except (OSError, ValueError) as e:
                 if not self.overwrite:
-                    raise OutputDirError(f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
-                                         f"directory's outputs, or another --output_dir.") from None
+                    raise OutputDirError(
+                        f"{run_file} cannot be read ({e}): pass --overwrite to replace this "
+                        f"directory's outputs, or another --output_dir."
+                    ) from None
         if theirs == {"job": self.job, "settings": self.settings}:
             return "same", []
-        foreign = [n for n in storage.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE)
-                   and not storage.is_upload(n)]
+        foreign = [n for n in storage.listdir(self.path) if n not in (LOCK_FILE, RUN_FILE) and not storage.is_upload(n)]
         if theirs is None and not foreign:
             return "new", []
         if not self.overwrite:
@@ -208,18 +239,27 @@ class RunDirectory:
     def _refusal(self, theirs, foreign):
         if theirs is None:
             shown = ", ".join(sorted(foreign)[:5]) + (", ..." if len(foreign) > 5 else "")
-            return (f"{self.path} already holds files that no kgpt {self.job} run wrote ({shown}): pass "
-                    f"--overwrite to write beside them (kgpt's outputs there are replaced), or another --output_dir.")
+            return (
+                f"{self.path} already holds files that no kgpt {self.job} run wrote ({shown}): pass "
+                f"--overwrite to write beside them (kgpt's outputs there are replaced), or another --output_dir."
+            )
         if not isinstance(theirs, dict) or theirs.get("job") != self.job:
             job = theirs.get("job") if isinstance(theirs, dict) else "unknown"
-            return (f"{self.path} holds the outputs of a {job} run, not {self.job}: pass another --output_dir, or "
-                    f"--overwrite to replace them.")
+            return (
+                f"{self.path} holds the outputs of a {job} run, not {self.job}: pass another --output_dir, or "
+                f"--overwrite to replace them."
+            )
         old = theirs.get("settings") or {}
         keys = sorted(set(old) | set(self.settings), key=str)
-        changed = [f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now" for k in keys
-                   if old.get(k) != self.settings.get(k)]
-        return (f"{self.path} holds a {self.job} run with other settings ({'; '.join(changed)}): pass another "
-                f"--output_dir, or --overwrite to replace its outputs.")
+        changed = [
+            f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now"
+            for k in keys
+            if old.get(k) != self.settings.get(k)
+        ]
+        return (
+            f"{self.path} holds a {self.job} run with other settings ({'; '.join(changed)}): pass another "
+            f"--output_dir, or --overwrite to replace its outputs."
+        )
 
     def _clear(self):
         """Removes whatever kgpt jobs write (`OUTPUTS`); other files stay."""

@@ -74,8 +74,16 @@ class GPTDecoderBlock(keras.layers.Layer):
 
     fused_dropout_attention = None
 
-    def __init__(self, num_heads, intermediate_dim, dropout=0.0, attention_dropout=None, layer_norm_epsilon=1e-5,
-                 kernel_initializer="glorot_uniform", **kwargs):
+    def __init__(
+        self,
+        num_heads,
+        intermediate_dim,
+        dropout=0.0,
+        attention_dropout=None,
+        layer_norm_epsilon=1e-5,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         self.num_heads = num_heads
         self.intermediate_dim = intermediate_dim
@@ -92,9 +100,14 @@ class GPTDecoderBlock(keras.layers.Layer):
         head_dim = hidden // self.num_heads
 
         def dense(name, equation, shape, bias_axes):
-            return keras.layers.EinsumDense(equation, output_shape=shape, bias_axes=bias_axes, name=name,
-                                            kernel_initializer=_clone(self.kernel_initializer),
-                                            dtype=self.dtype_policy)
+            return keras.layers.EinsumDense(
+                equation,
+                output_shape=shape,
+                bias_axes=bias_axes,
+                name=name,
+                kernel_initializer=_clone(self.kernel_initializer),
+                dtype=self.dtype_policy,
+            )
 
         heads = (None, self.num_heads, head_dim)
         self.query_dense = dense("query", "abc,cde->abde", heads, "de")
@@ -103,17 +116,24 @@ class GPTDecoderBlock(keras.layers.Layer):
         # Probabilities in float32 even when the block computes in 16 bits.
         self.attention_softmax = keras.layers.Softmax(axis=-1, dtype="float32", name="attention_softmax")
         self.attention_probs_dropout = Dropout(
-            self._attention_rate(), dtype=self.dtype_policy, name="attention_probs_dropout")
+            self._attention_rate(), dtype=self.dtype_policy, name="attention_probs_dropout"
+        )
         self.attention_output_dense = dense("attention_output", "abcd,cde->abe", (None, hidden), "e")
         self.attention_layer_norm = self._layer_norm("self_attention_layer_norm")
-        self.attention_residual_dropout = Dropout(
-            self.dropout, dtype=self.dtype_policy, name="self_attention_dropout")
+        self.attention_residual_dropout = Dropout(self.dropout, dtype=self.dtype_policy, name="self_attention_dropout")
         self.feedforward_intermediate_dense = keras.layers.Dense(
-            self.intermediate_dim, activation=self.activation, kernel_initializer=_clone(self.kernel_initializer),
-            dtype=self.dtype_policy, name="feedforward_intermediate_dense")
+            self.intermediate_dim,
+            activation=self.activation,
+            kernel_initializer=_clone(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="feedforward_intermediate_dense",
+        )
         self.feedforward_output_dense = keras.layers.Dense(
-            hidden, kernel_initializer=_clone(self.kernel_initializer), dtype=self.dtype_policy,
-            name="feedforward_output_dense")
+            hidden,
+            kernel_initializer=_clone(self.kernel_initializer),
+            dtype=self.dtype_policy,
+            name="feedforward_output_dense",
+        )
         self.feedforward_layer_norm = self._layer_norm("feedforward_layer_norm")
         self.feedforward_dropout = Dropout(self.dropout, dtype=self.dtype_policy, name="feedforward_dropout")
         for layer in (self.query_dense, self.key_dense, self.value_dense):
@@ -151,16 +171,18 @@ class GPTDecoderBlock(keras.layers.Layer):
         mask = self._mask(ops.shape(query), ops.shape(key)[1], start, padding_mask)  # [B, 1, T, S]
         scale = 1.0 / math.sqrt(float(query.shape[-1]))
         if self._attention_rate() == 0:
-            y = ops.dot_product_attention(query, key, value, mask=mask, scale=scale,
-                                          flash_attention=keras.config.is_flash_attention_enabled())
+            y = ops.dot_product_attention(
+                query, key, value, mask=mask, scale=scale, flash_attention=keras.config.is_flash_attention_enabled()
+            )
         elif training and cache is None and self._fused_dropout():
             from kgpt.layers.flash_attention import flash_attention
 
             # The seed the explicit path's dropout would draw: the layer's seed stream (and so a
             # checkpoint's random state) advances the same way whichever path runs.
             seed = self.attention_probs_dropout.seed_generator.next()
-            y = flash_attention(query, key, value, seed, rate=self._attention_rate(), scale=scale,
-                                padding_mask=padding_mask)
+            y = flash_attention(
+                query, key, value, seed, rate=self._attention_rate(), scale=scale, padding_mask=padding_mask
+            )
         else:
             scores = ops.einsum("aecd,abcd->acbe", key, ops.multiply(query, ops.cast(scale, query.dtype)))
             probs = self.attention_softmax(scores, mask=mask)  # [B, N, T, S]
@@ -175,8 +197,11 @@ class GPTDecoderBlock(keras.layers.Layer):
             return True
         import jax
 
-        return (jax.default_backend() in ("gpu", "tpu") and keras.config.is_flash_attention_enabled() is not False
-                and keras.distribution.distribution() is None)
+        return (
+            jax.default_backend() in ("gpu", "tpu")
+            and keras.config.is_flash_attention_enabled() is not False
+            and keras.distribution.distribution() is None
+        )
 
     @staticmethod
     def _mask(query_shape, key_length, start, padding_mask):

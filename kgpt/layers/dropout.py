@@ -89,8 +89,15 @@ class Dropout(keras.layers.Dropout):
     unrolled = True
 
     def call(self, inputs, training=False):
-        if not (self.unrolled and training and 0 < self.rate < 1 and self.noise_shape is None
-                and keras.config.backend() == "jax" and math.prod(inputs.shape) < 2**32 and _unrolled_masks_match()):
+        if not (
+            self.unrolled
+            and training
+            and 0 < self.rate < 1
+            and self.noise_shape is None
+            and keras.config.backend() == "jax"
+            and math.prod(inputs.shape) < 2**32
+            and _unrolled_masks_match()
+        ):
             return super().call(inputs, training=training)
         from jax import lax
         from jax import numpy as jnp

@@ -138,27 +138,29 @@ def _forward_kernel(seed_ref, q_ref, k_ref, v_ref, valid_ref, o_ref, lse_ref, *,
     def body(j, carry):
         o, m, l = carry
         start = pl.multiple_of(j * bk, bk)
-        s, visible, rows, cols = _scores(q, k_ref[pl.ds(start, bk), :], c, i * bq, start,
-                                         valid_ref[:, pl.ds(start, bk)])
+        s, visible, rows, cols = _scores(
+            q, k_ref[pl.ds(start, bk), :], c, i * bq, start, valid_ref[:, pl.ds(start, bk)]
+        )
         m_next = jnp.maximum(m, jnp.max(s, axis=1, keepdims=True))
         p = jnp.where(visible, jnp.exp2(s - m_next), np.float32(0.0))
         correction = jnp.exp2(m - m_next)
         v = v_ref[pl.ds(start, bk), :]
         # The normaliser sums the probabilities before dropout, the output their dropped copy.
-        o = o * correction + jnp.dot(_dropped(p, keys, rows, cols, c).astype(v.dtype), v,
-                                     preferred_element_type=jnp.float32)
+        o = o * correction + jnp.dot(
+            _dropped(p, keys, rows, cols, c).astype(v.dtype), v, preferred_element_type=jnp.float32
+        )
         return o, m_next, l * correction + jnp.sum(p, axis=1, keepdims=True)
 
-    init = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), _MASKED, jnp.float32),
-            jnp.zeros((bq, 1), jnp.float32))
+    init = (jnp.zeros(q.shape, jnp.float32), jnp.full((bq, 1), _MASKED, jnp.float32), jnp.zeros((bq, 1), jnp.float32))
     o, m, l = lax.fori_loop(0, i + 1, body, init)  # causal: key tiles up to the diagonal's
     empty = l == 0  # no visible key: zeros out, and no gradient
     o_ref[...] = jnp.where(empty, 0.0, o / jnp.where(empty, 1.0, l)).astype(o_ref.dtype)
     lse_ref[...] = m + jnp.log2(jnp.where(empty, 1.0, l))
 
 
-def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, delta_ref,
-                     dq_ref, dk_ref, dv_ref, *, c):
+def _backward_kernel(
+    seed_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, delta_ref, dq_ref, dk_ref, dv_ref, *, c
+):
     from jax import lax
     from jax import numpy as jnp
     from jax.experimental import pallas as pl
@@ -185,8 +187,9 @@ def _backward_kernel(seed_ref, q_ref, k_ref, v_ref, valid_ref, do_ref, lse_ref, 
         dk, dv = carry
         q_start = pl.multiple_of(j * b, b)
         q, do = q_ref[pl.ds(q_start, b), :], do_ref[pl.ds(q_start, b), :]
-        dropped, ds = tile(q_start, k_start, q, k, v, do, lse_ref[pl.ds(q_start, b), :],
-                           delta_ref[pl.ds(q_start, b), :])
+        dropped, ds = tile(
+            q_start, k_start, q, k, v, do, lse_ref[pl.ds(q_start, b), :], delta_ref[pl.ds(q_start, b), :]
+        )
         dv = dv + jnp.dot(dropped.astype(do.dtype).T, do, preferred_element_type=jnp.float32)
         return dk + jnp.dot(ds.astype(q.dtype).T, q, preferred_element_type=jnp.float32), dv
 
@@ -221,8 +224,15 @@ def _call(kernel, c, grid, in_specs, out_specs, out_shape, args):
         from jax.experimental.pallas import tpu as pltpu
 
         params["compiler_params"] = pltpu.CompilerParams(dimension_semantics=("parallel",) * len(grid))
-    return pl.pallas_call(functools.partial(kernel, c=c), grid=grid, in_specs=in_specs, out_specs=out_specs,
-                          out_shape=out_shape, interpret=c.platform == "cpu", **params)(*args)
+    return pl.pallas_call(
+        functools.partial(kernel, c=c),
+        grid=grid,
+        in_specs=in_specs,
+        out_specs=out_specs,
+        out_shape=out_shape,
+        interpret=c.platform == "cpu",
+        **params,
+    )(*args)
 
 
 def _specs(c, block, rows):
@@ -236,8 +246,11 @@ def _specs(c, block, rows):
     else:
         seed = pl.BlockSpec(memory_space=None)
     size = block if rows else c.length
-    index = (lambda i, b, h: (b, i if rows else 0, h, 0)) if c.layout == "BTND" else (
-        lambda i, b, h: (b, h, i if rows else 0, 0))
+    index = (
+        (lambda i, b, h: (b, i if rows else 0, h, 0))
+        if c.layout == "BTND"
+        else (lambda i, b, h: (b, h, i if rows else 0, 0))
+    )
 
     def tensor(depth):
         shape = (None, size, None, depth) if c.layout == "BTND" else (None, None, size, depth)
@@ -256,10 +269,15 @@ def _forward(c, seed, q, k, v, valid):
     seed_spec, tensor, valid_spec, stats = _specs(c, c.block, True)
     _, whole, _, _ = _specs(c, c.block, False)
     lse_shape = jax.ShapeDtypeStruct((batch, c.heads, c.length, 1), jnp.float32)
-    return _call(_forward_kernel, c, (c.length // c.block, batch, c.heads),
-                 [seed_spec, tensor(depth), whole(depth), whole(depth), valid_spec],
-                 [tensor(depth), stats], [jax.ShapeDtypeStruct(q.shape, q.dtype), lse_shape],
-                 (seed, q, k, v, valid))
+    return _call(
+        _forward_kernel,
+        c,
+        (c.length // c.block, batch, c.heads),
+        [seed_spec, tensor(depth), whole(depth), whole(depth), valid_spec],
+        [tensor(depth), stats],
+        [jax.ShapeDtypeStruct(q.shape, q.dtype), lse_shape],
+        (seed, q, k, v, valid),
+    )
 
 
 def _attention_forward(c, seed, q, k, v, valid):
@@ -278,11 +296,15 @@ def _attention_backward(c, residuals, do):
     seed_spec, _, valid_spec, _ = _specs(c, c.block_backward, True)
     _, whole, _, whole_stats = _specs(c, c.block_backward, False)
     _, tile, _, _ = _specs(c, c.block_backward, True)
-    dq, dk, dv = _call(_backward_kernel, c, (c.length // c.block_backward, q.shape[0], c.heads),
-                       [seed_spec, whole(depth), whole(depth), whole(depth), valid_spec, whole(depth),
-                        whole_stats, whole_stats],
-                       [tile(depth)] * 3, [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
-                       (seed, q, k, v, valid, do, lse, delta))
+    dq, dk, dv = _call(
+        _backward_kernel,
+        c,
+        (c.length // c.block_backward, q.shape[0], c.heads),
+        [seed_spec, whole(depth), whole(depth), whole(depth), valid_spec, whole(depth), whole_stats, whole_stats],
+        [tile(depth)] * 3,
+        [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+        (seed, q, k, v, valid, do, lse, delta),
+    )
     return None, dq, dk, dv, None
 
 
@@ -299,8 +321,9 @@ def _attention():
     return attention
 
 
-def flash_attention(query, key, value, seed, *, rate, scale, padding_mask=None, block=128, block_backward=64,
-                    platform=None):
+def flash_attention(
+    query, key, value, seed, *, rate, scale, padding_mask=None, block=128, block_backward=64, platform=None
+):
     """Causal softmax attention with dropout `rate` on the probabilities, fused; differentiable.
 
     Args:
@@ -327,8 +350,11 @@ def flash_attention(query, key, value, seed, *, rate, scale, padding_mask=None, 
     batch, length, heads = query.shape[:3]
     seed = jnp.asarray(seed)
     seed = seed.view(jnp.int32) if seed.dtype == jnp.uint32 else seed.astype(jnp.int32)
-    valid = jnp.ones((batch, length), jnp.int32) if padding_mask is None else (
-        jnp.asarray(padding_mask) != 0).astype(jnp.int32)
+    valid = (
+        jnp.ones((batch, length), jnp.int32)
+        if padding_mask is None
+        else (jnp.asarray(padding_mask) != 0).astype(jnp.int32)
+    )
     # Shorter inputs take one tile; a length between tiles is padded with keys no query sees.
     tile = 8 * _next_power_of_2(-(-length // 8))
     block, block_backward = min(block, tile), min(block_backward, tile)
@@ -340,8 +366,17 @@ def flash_attention(query, key, value, seed, *, rate, scale, padding_mask=None, 
     layout = "BNTD" if platform == "tpu" else "BTND"
     if layout == "BNTD":
         query, key, value = (jnp.swapaxes(x, 1, 2) for x in (query, key, value))
-    c = _Config(length=padded, stride=length, heads=heads, scale=float(scale), rate=float(rate), block=block,
-                block_backward=block_backward, platform=platform, layout=layout)
+    c = _Config(
+        length=padded,
+        stride=length,
+        heads=heads,
+        scale=float(scale),
+        rate=float(rate),
+        block=block,
+        block_backward=block_backward,
+        platform=platform,
+        layout=layout,
+    )
     out = _attention()(c, seed, query, key, value, valid[:, None, :])
     out = jnp.swapaxes(out, 1, 2) if layout == "BNTD" else out
     return out[:, :length]

@@ -65,13 +65,18 @@ class QuantizeMixin:
         """
         if filters is None:
             filters = lambda layer: bool(layer.weights)  # noqa: E731
-        chosen = [layer for layer in self._flatten_layers(include_self=False)
-                  if layer.weights and should_quantize_layer(layer, filters)]
+        chosen = [
+            layer
+            for layer in self._flatten_layers(include_self=False)
+            if layer.weights and should_quantize_layer(layer, filters)
+        ]
         done = [layer for layer in chosen if getattr(layer, "quantization_mode", None)]
         if done:
-            raise ValueError(f"This {type(self).__name__} is already quantized ({done[0].quantization_mode}, "
-                             f"{len(done)} layers such as {done[0].name!r}): quantize() runs once; load the float "
-                             f"model again to quantize it another way.")
+            raise ValueError(
+                f"This {type(self).__name__} is already quantized ({done[0].quantization_mode}, "
+                f"{len(done)} layers such as {done[0].name!r}): quantize() runs once; load the float "
+                f"model again to quantize it another way."
+            )
         with presets.one_garbage_collection():  # not one gc.collect() per quantized layer or removed factor
             if (mode or getattr(config, "mode", None)) in REQUANTIZED_ON_SAVE:
                 merge_lora(self, [layer for layer in chosen if getattr(layer, "lora_enabled", False)])

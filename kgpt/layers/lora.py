@@ -93,8 +93,10 @@ class LoraMixin:
         adaptable = {layer.name for layer in self._flatten_layers(include_self=False) if hasattr(layer, "enable_lora")}
         unknown = sorted(set(names) - adaptable)
         if unknown or not names:
-            raise ValueError(f"target_layer_names {unknown or names} name no layer LoRA can adapt; the backbone's are "
-                             f"{', '.join(sorted(adaptable)) or 'none'}.")
+            raise ValueError(
+                f"target_layer_names {unknown or names} name no layer LoRA can adapt; the backbone's are "
+                f"{', '.join(sorted(adaptable)) or 'none'}."
+            )
         super().enable_lora(rank, target_layer_names=names)
         # keras-hub leaves these layers' biases trainable; frozen here, the factors are the backbone's whole
         # change, so the base preset and a `.lora.h5` file rebuild the adapted backbone exactly.
@@ -121,14 +123,17 @@ class LoraMixin:
         rank, factors = _read_lora_file(path)
         enabled_here = not lora_layers(self)
         if not enabled_here and self._lora_rank != rank:
-            raise CheckpointError(f"{path} holds rank-{rank} factors, but LoRA is enabled here at rank "
-                                  f"{self._lora_rank}.")
+            raise CheckpointError(
+                f"{path} holds rank-{rank} factors, but LoRA is enabled here at rank {self._lora_rank}."
+            )
         expected = self._lora_shapes(rank)
         if set(factors) != set(expected) or any(factors[k] != expected[k] for k in expected):
-            raise CheckpointError(f"{path} does not fit this backbone: it holds factors for layers "
-                                  f"{sorted(factors)}, the backbone's query/value layers are {sorted(expected)} "
-                                  f"(shapes {[expected[k] for k in sorted(expected)]}). Was it saved from another "
-                                  f"model?")
+            raise CheckpointError(
+                f"{path} does not fit this backbone: it holds factors for layers "
+                f"{sorted(factors)}, the backbone's query/value layers are {sorted(expected)} "
+                f"(shapes {[expected[k] for k in sorted(expected)]}). Was it saved from another "
+                f"model?"
+            )
         if enabled_here:
             self.enable_lora(rank)
         try:
@@ -183,6 +188,7 @@ def _read_lora_file(path):
 
 # --- training checkpoints: unmerged kernels in the weights file, factors beside it ----------------
 
+
 @contextlib.contextmanager
 def _unmerged(model):
     """Within it, Keras saves the plain kernels of LoRA layers (else it merges `A B` into them)."""
@@ -201,8 +207,10 @@ def save_weights(model, path):
     with _unmerged(model) as layers:
         model.save_weights(path)
     if layers:
-        np.savez(os.path.join(os.path.dirname(path), FACTORS_FILE),
-                 *[keras.ops.convert_to_numpy(v) for v in factor_variables(model)])
+        np.savez(
+            os.path.join(os.path.dirname(path), FACTORS_FILE),
+            *[keras.ops.convert_to_numpy(v) for v in factor_variables(model)],
+        )
 
 
 def load_weights(model, path):
@@ -216,12 +224,16 @@ def load_weights(model, path):
         with np.load(factors_path) as saved:
             arrays = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     except (OSError, ValueError, KeyError) as e:
-        raise CheckpointError(f"{factors_path}: the LoRA factors of this checkpoint cannot be read ({e}): was it "
-                              f"written by a run without --lora_rank?") from e
+        raise CheckpointError(
+            f"{factors_path}: the LoRA factors of this checkpoint cannot be read ({e}): was it "
+            f"written by a run without --lora_rank?"
+        ) from e
     if [a.shape for a in arrays] != [tuple(v.shape) for v in variables]:
-        raise CheckpointError(f"{factors_path} holds {len(arrays)} LoRA factors of shapes "
-                              f"{[list(a.shape) for a in arrays]}, the model has {len(variables)} of shapes "
-                              f"{[list(v.shape) for v in variables]}.")
+        raise CheckpointError(
+            f"{factors_path} holds {len(arrays)} LoRA factors of shapes "
+            f"{[list(a.shape) for a in arrays]}, the model has {len(variables)} of shapes "
+            f"{[list(v.shape) for v in variables]}."
+        )
     for variable, array in zip(variables, arrays):
         variable.assign(array)
 

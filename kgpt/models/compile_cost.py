@@ -71,8 +71,9 @@ def measure(model, batch):
         return None
     model._symbolic_build(data_batch=batch)  # what fit does first: the metrics and the optimizer get their variables
     model.make_train_function()
-    state = model._get_jax_state(trainable_variables=True, non_trainable_variables=True, optimizer_variables=True,
-                                 metrics_variables=True)
+    state = model._get_jax_state(
+        trainable_variables=True, non_trainable_variables=True, optimizer_variables=True, metrics_variables=True
+    )
     # Keras' step donates its state: it gets a copy (one program for the whole state, not one per shape).
     state = jax.jit(lambda values: jax.tree.map(jax.numpy.copy, values))(state)
     batches = itertools.repeat(batch)
@@ -112,7 +113,7 @@ def measure_longest(model, split, batch_size, lm=True, micro_batches=1):
     longest = int(split.lengths.max())
     rows = np.argsort(split.lengths, kind="stable")[-batch_size:]  # a batch as long as the split's longest
     rows, _ = batching.filled(rows, micro_batches)
-    micro = rows[:len(rows) // micro_batches]
+    micro = rows[: len(rows) // micro_batches]
     measured = measure(model, split.batch(micro, lm=lm, length=longest))
     if measured is None:
         return None

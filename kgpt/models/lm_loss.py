@@ -150,8 +150,11 @@ class BatchMean(keras.losses.Loss):
         if len(y_pred.shape) == 1:  # one value per example (regression): Keras' losses reduce the last axis
             y_true, y_pred = ops.expand_dims(y_true, -1), ops.expand_dims(y_pred, -1)
         values = ops.cast(self.loss.call(y_true, y_pred), "float32")
-        weights = ops.ones_like(values) if sample_weight is None else ops.cast(
-            ops.reshape(sample_weight, ops.shape(values)), "float32")
+        weights = (
+            ops.ones_like(values)
+            if sample_weight is None
+            else ops.cast(ops.reshape(sample_weight, ops.shape(values)), "float32")
+        )
         total = ops.sum(values * weights)
         count = ops.sum(weights)
         everywhere = summed_over_replicas(count)
@@ -181,8 +184,9 @@ def vocabulary_multiple():
     return 1 if jax.default_backend() == "cpu" else VOCABULARY_MULTIPLE
 
 
-def chunked_lm_loss(hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHUNK_SIZE, training=True,
-                    pad_vocabulary_to=None):
+def chunked_lm_loss(
+    hidden, embeddings, targets, weights, chunk_size=DEFAULT_CHUNK_SIZE, training=True, pad_vocabulary_to=None
+):
     """Weighted sums of next-token cross-entropies and of correct argmax predictions.
 
     Equal, up to float rounding, to computing `logits = hidden @ embeddings.T`
@@ -309,8 +313,9 @@ def _loop(chunks, flat_hidden, embeddings, multiple, gradients):
     bias = None
     if vocabulary > true_vocabulary:
         embeddings = ops.pad(embeddings, [[0, vocabulary - true_vocabulary], [0, 0]])
-        bias = ops.concatenate([ops.zeros((true_vocabulary,), "float32"),
-                                ops.full((vocabulary - true_vocabulary,), -1e30, "float32")])
+        bias = ops.concatenate(
+            [ops.zeros((true_vocabulary,), "float32"), ops.full((vocabulary - true_vocabulary,), -1e30, "float32")]
+        )
     kernel = ops.transpose(embeddings)  # [H, V]
 
     def body(i, carry):
@@ -321,7 +326,9 @@ def _loop(chunks, flat_hidden, embeddings, multiple, gradients):
             logits = logits + bias
         log_z = ops.logsumexp(logits, axis=-1)  # [R]
         picked = ops.take_along_axis(logits, t[:, None], axis=-1)[:, 0]
-        if bias is not None:  # a target off the real rows is NaN (as past them unpadded on JAX), not a padded row's -1e30
+        if (
+            bias is not None
+        ):  # a target off the real rows is NaN (as past them unpadded on JAX), not a padded row's -1e30
             picked = ops.where(ops.logical_and(t >= 0, t < true_vocabulary), picked, float("nan"))
         hits = ops.cast(ops.equal(ops.argmax(logits, axis=-1), t), "float32")
         sums = sums + ops.stack([ops.sum(w * (log_z - picked)), ops.sum(w * hits)])
@@ -369,8 +376,14 @@ class TiedLMLoss(keras.losses.Loss):
     ```
     """
 
-    def __init__(self, embedding=None, chunk_size=DEFAULT_CHUNK_SIZE, reduction="mean_with_sample_weight",
-                 name="tied_lm_loss", dtype=None):
+    def __init__(
+        self,
+        embedding=None,
+        chunk_size=DEFAULT_CHUNK_SIZE,
+        reduction="mean_with_sample_weight",
+        name="tied_lm_loss",
+        dtype=None,
+    ):
         super().__init__(name=name, reduction=one_of(reduction, "reduction", REDUCTIONS), dtype=dtype)
         self.embedding = None if embedding is None else check_tied(embedding)
         self.chunk_size = chunk_size
@@ -385,8 +398,7 @@ class TiedLMLoss(keras.losses.Loss):
             raise ValueError("TiedLMLoss needs the tied embedding layer (a loss restored from a config has none).")
         weights = ops.ones(ops.shape(y_true), "float32") if sample_weight is None else sample_weight
         training = _GRADIENTS_WANTED.get() if training is None else bool(training)
-        return chunked_lm_loss(y_pred, self.embedding.embeddings, y_true, weights, self.chunk_size,
-                               training=training)
+        return chunked_lm_loss(y_pred, self.embedding.embeddings, y_true, weights, self.chunk_size, training=training)
 
     def reduce(self, loss_sum, y_true, sample_weight=None):
         """The loss of a weighted sum, reduced as `reduction` says and shared over replicas."""

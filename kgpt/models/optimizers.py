@@ -41,8 +41,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     ```
     """
 
-    def __init__(self, peak_learning_rate, warmup_steps, total_steps=None, decay="cosine",
-                 gradient_accumulation_steps=1):
+    def __init__(
+        self, peak_learning_rate, warmup_steps, total_steps=None, decay="cosine", gradient_accumulation_steps=1
+    ):
         self.decay = one_of(decay, "decay", ("cosine", "linear"))
         self.gradient_accumulation_steps = positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
         if total_steps is not None and total_steps < warmup_steps:
@@ -79,8 +80,11 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
             "warmup_steps": self.warmup_steps,
             "total_steps": self.total_steps,
             "decay": self.decay,
-            **({"gradient_accumulation_steps": self.gradient_accumulation_steps}
-               if self.gradient_accumulation_steps > 1 else {}),
+            **(
+                {"gradient_accumulation_steps": self.gradient_accumulation_steps}
+                if self.gradient_accumulation_steps > 1
+                else {}
+            ),
         }
 
 

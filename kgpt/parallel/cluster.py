@@ -142,8 +142,10 @@ class deadline:  # noqa: N801 - a context manager used like a function
 
         line = f"{PROG}: error: {self.message}\n"
         try:
-            self._child = subprocess.Popen([sys.executable, "-c", _WATCHDOG, _children.__file__, str(os.getpid()),
-                                            str(self.seconds), line], stdin=subprocess.PIPE)
+            self._child = subprocess.Popen(
+                [sys.executable, "-c", _WATCHDOG, _children.__file__, str(os.getpid()), str(self.seconds), line],
+                stdin=subprocess.PIPE,
+            )
         except OSError:
             self._child = None
         self._devnull = open(os.devnull, "w")
@@ -170,22 +172,28 @@ def start(cluster, timeout=DEFAULT_TIMEOUT):
     global _current, _strategy, _started
     if _started:
         place = (cluster.num_processes, cluster.process_id)
-        if cluster.several and cluster.coordinator != "auto" and place != (_current.num_processes,
-                                                                            _current.process_id):
-            raise ConfigError(f"This process already joined a run as {_current.describe()}; it cannot join another "
-                              f"({cluster.describe()}).")
+        if cluster.several and cluster.coordinator != "auto" and place != (_current.num_processes, _current.process_id):
+            raise ConfigError(
+                f"This process already joined a run as {_current.describe()}; it cannot join another "
+                f"({cluster.describe()})."
+            )
         return _current
     if not cluster.several and cluster.coordinator != "auto":
         return _current
     import keras
 
     backend = keras.config.backend()
-    where = cluster.coordinator if cluster.coordinator not in (None, "auto") else \
-        f"the address jax.distributed finds from {cluster.found_by}"
-    waiting = (f"the {cluster.num_processes or 'detected'} processes did not all join within {timeout} s (process "
-               f"{cluster.process_id}, coordinator {where}): check that every process was started with the same "
-               f"--coordinator_address and --num_processes, that the address is reachable, and that no process "
-               f"stopped before joining (its log says why) (--startup_timeout).")
+    where = (
+        cluster.coordinator
+        if cluster.coordinator not in (None, "auto")
+        else f"the address jax.distributed finds from {cluster.found_by}"
+    )
+    waiting = (
+        f"the {cluster.num_processes or 'detected'} processes did not all join within {timeout} s (process "
+        f"{cluster.process_id}, coordinator {where}): check that every process was started with the same "
+        f"--coordinator_address and --num_processes, that the address is reachable, and that no process "
+        f"stopped before joining (its log says why) (--startup_timeout)."
+    )
     with deadline(timeout, waiting):
         if backend == "jax":
             cluster = _start_jax(cluster, timeout + 60, where)  # JAX's own limit aborts the process: ours comes first
@@ -194,9 +202,11 @@ def start(cluster, timeout=DEFAULT_TIMEOUT):
         else:
             raise ConfigError(f"Several processes run on the jax and tensorflow backends, not {backend!r}.")
     _current, _started = cluster, True
-    logger.info(f"Joined a run of {cluster.num_processes} processes as process {cluster.process_id} "
-                f"({cluster.found_by}{f', coordinator {cluster.coordinator}' if cluster.coordinator else ''})"
-                + ("." if cluster.chief else "; process 0 reports the progress, this one only its warnings."))
+    logger.info(
+        f"Joined a run of {cluster.num_processes} processes as process {cluster.process_id} "
+        f"({cluster.found_by}{f', coordinator {cluster.coordinator}' if cluster.coordinator else ''})"
+        + ("." if cluster.chief else "; process 0 reports the progress, this one only its warnings.")
+    )
     if not cluster.chief:
         logging.getLogger("kgpt").setLevel(logging.WARNING)
     return cluster
@@ -207,13 +217,19 @@ def _start_jax(cluster, timeout, where):
 
     if "JAX_CPU_COLLECTIVES_IMPLEMENTATION" not in os.environ:
         jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU devices of other hosts
-    kwargs = {} if cluster.coordinator == "auto" or cluster.found_by not in ("flags",) else dict(
-        coordinator_address=cluster.coordinator, num_processes=cluster.num_processes, process_id=cluster.process_id)
+    kwargs = (
+        {}
+        if cluster.coordinator == "auto" or cluster.found_by not in ("flags",)
+        else dict(
+            coordinator_address=cluster.coordinator, num_processes=cluster.num_processes, process_id=cluster.process_id
+        )
+    )
     try:
         jax.distributed.initialize(**kwargs, initialization_timeout=timeout)
     except Exception as e:  # noqa: BLE001 - the runtime raises RuntimeError/XlaRuntimeError/ValueError
-        raise ClusterError(f"Process {cluster.process_id} could not join the run at {where}: "
-                           f"{_first_line(e)}") from None
+        raise ClusterError(
+            f"Process {cluster.process_id} could not join the run at {where}: {_first_line(e)}"
+        ) from None
     if cluster.coordinator == "auto" or cluster.found_by != "flags":
         cluster = dataclasses.replace(cluster, num_processes=jax.process_count(), process_id=jax.process_index())
     return cluster
@@ -223,13 +239,17 @@ def _start_tensorflow(cluster):
     import tensorflow as tf
 
     resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-        tf.train.ClusterSpec({"worker": list(cluster.addresses)}), task_type="worker", task_id=cluster.process_id,
-        rpc_layer="grpc")
+        tf.train.ClusterSpec({"worker": list(cluster.addresses)}),
+        task_type="worker",
+        task_id=cluster.process_id,
+        rpc_layer="grpc",
+    )
     try:
         strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver)
     except Exception as e:  # noqa: BLE001 - gRPC and TensorFlow raise several types
-        raise ClusterError(f"Process {cluster.process_id} could not join the run ({', '.join(cluster.addresses)}): "
-                           f"{_first_line(e)}") from None
+        raise ClusterError(
+            f"Process {cluster.process_id} could not join the run ({', '.join(cluster.addresses)}): {_first_line(e)}"
+        ) from None
     multi_worker.apply()
     return strategy
 
@@ -271,6 +291,7 @@ def _allgather_array(array):
     import tensorflow as tf
 
     if _tf_gather is None:  # compiled: eagerly, each collective costs ~50 ms; inside a tf.function ~2 ms
+
         @tf.function(input_signature=[tf.TensorSpec([None], tf.int32)])  # one trace for every length
         def gather(value):
             return _strategy.gather(_strategy.run(tf.identity, (value,)), axis=0)
@@ -322,8 +343,10 @@ def check_agreement(what, hint="Start every process with the same command (only 
         if theirs == chief:
             continue
         lines = _differences(chief, theirs)
-        error = ClusterError(f"Process {index} was started with other settings than process 0: {'; '.join(lines[:5])}"
-                             f"{' ...' if len(lines) > 5 else ''}. {hint}")
+        error = ClusterError(
+            f"Process {index} was started with other settings than process 0: {'; '.join(lines[:5])}"
+            f"{' ...' if len(lines) > 5 else ''}. {hint}"
+        )
         # Every process found this in the same gathered data. One more collective before any exits: a process
         # whose gather had returned could otherwise exit while another was still receiving it (TensorFlow's
         # ring then reports only "Socket closed" there). A process gone after this point was done reading.
@@ -350,8 +373,16 @@ def _differences(a, b, prefix=""):
 
 # What the runtimes' errors say when another process of the run went away (gloo on CPUs, gRPC, the coordination
 # service), in lower case.
-_LOST = ("gloo", "connection reset by peer", "connection closed by peer", "heartbeat", "collective ops is aborted",
-         "socket closed", "failed to connect to all addresses", "stopped sending heartbeats")
+_LOST = (
+    "gloo",
+    "connection reset by peer",
+    "connection closed by peer",
+    "heartbeat",
+    "collective ops is aborted",
+    "socket closed",
+    "failed to connect to all addresses",
+    "stopped sending heartbeats",
+)
 
 
 def lost_process(error):
@@ -364,7 +395,8 @@ def lost_process(error):
         return False
     kind = type(error)
     if kind.__module__.startswith("kgpt") or not (
-            kind.__module__.split(".")[0] in ("jax", "jaxlib", "tensorflow") or kind in (ValueError, RuntimeError)):
+        kind.__module__.split(".")[0] in ("jax", "jaxlib", "tensorflow") or kind in (ValueError, RuntimeError)
+    ):
         return False
     text = str(error).lower()
     return any(marker in text for marker in _LOST)
@@ -379,8 +411,10 @@ def stop_lost(error):
     """
     lost, count = lost_process_id(error), _current.num_processes
     who = f"process {lost} of {count}" if lost is not None else f"another of the {count} processes"
-    fail(f"{who} stopped ({_cause(error)}); process {_current.process_id} stopped too. "
-         f"Rerun every process with the same command to resume from the last checkpoint.")
+    fail(
+        f"{who} stopped ({_cause(error)}); process {_current.process_id} stopped too. "
+        f"Rerun every process with the same command to resume from the last checkpoint."
+    )
 
 
 def lost_process_id(error):
@@ -392,7 +426,8 @@ def lost_process_id(error):
     """
     text, me = str(error), _current.process_id
     named = {int(n) for n in re.findall(r"/task:(\d+)", text)} | {
-        i for i, address in enumerate(_current.addresses or ()) if address in text}
+        i for i, address in enumerate(_current.addresses or ()) if address in text
+    }
     named.discard(me)
     if len(named) == 1:
         return named.pop()

@@ -48,8 +48,10 @@ def _check_split(batch_size, parts, what, accumulation=1):
     if batch_size is None or batch_size % parts == 0:
         return
     if accumulation > 1:
-        raise ConfigError(f"{what}: each micro-batch (batch_size / gradient_accumulation_steps = {batch_size} rows) "
-                          f"must be a multiple of {parts}.")
+        raise ConfigError(
+            f"{what}: each micro-batch (batch_size / gradient_accumulation_steps = {batch_size} rows) "
+            f"must be a multiple of {parts}."
+        )
     raise ConfigError(f"{what}: batch_size {batch_size} must be a multiple of {parts}.")
 
 
@@ -74,8 +76,10 @@ def data_parallel(batch_size=None, accumulation=1):
     check_placement("data_parallel", batch_size, accumulation=accumulation)
     if backend == "tensorflow" and several:
         strategy = cluster.strategy()
-        logger.info(f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow replica(s) of "
-                    f"{cluster.current().num_processes} processes (MultiWorkerMirroredStrategy).")
+        logger.info(
+            f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow replica(s) of "
+            f"{cluster.current().num_processes} processes (MultiWorkerMirroredStrategy)."
+        )
         with strategy.scope():
             yield strategy.num_replicas_in_sync
         return
@@ -85,8 +89,10 @@ def data_parallel(batch_size=None, accumulation=1):
         names = [f"{d.platform}:{d.id}" for d in devices]
         # Each process feeds only its rows of every batch (local_rows); Keras joins them into the global batch.
         keras.distribution.set_distribution(keras.distribution.DataParallel(devices=names, auto_shard_dataset=False))
-        logger.info(f"Data-parallel on {len(devices)} JAX device(s)" + (f" of {cluster.current().num_processes} "
-                    f"processes." if several else f": {', '.join(names)}."))
+        logger.info(
+            f"Data-parallel on {len(devices)} JAX device(s)"
+            + (f" of {cluster.current().num_processes} processes." if several else f": {', '.join(names)}.")
+        )
         try:
             yield len(devices)
         finally:
@@ -97,8 +103,10 @@ def data_parallel(batch_size=None, accumulation=1):
     import tensorflow as tf
 
     strategy = tf.distribute.MirroredStrategy([d.name for d in devices])
-    logger.info(f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow device(s) (MirroredStrategy): "
-        f"{', '.join(d.name for d in devices)}.")
+    logger.info(
+        f"Data-parallel on {strategy.num_replicas_in_sync} TensorFlow device(s) (MirroredStrategy): "
+        f"{', '.join(d.name for d in devices)}."
+    )
     with strategy.scope():
         yield strategy.num_replicas_in_sync
 
@@ -113,13 +121,19 @@ def model_parallel(model_devices, batch_size=None, accumulation=1):
     """
     shards = check_placement("model_parallel", batch_size, model_devices, accumulation)
     devices = mesh_devices()
-    mesh = keras.distribution.DeviceMesh((shards, model_devices), ["batch", "model"],
-                                         [f"{d.platform}:{d.id}" for d in devices])
+    mesh = keras.distribution.DeviceMesh(
+        (shards, model_devices), ["batch", "model"], [f"{d.platform}:{d.id}" for d in devices]
+    )
     previous = keras.distribution.distribution()
-    keras.distribution.set_distribution(keras.distribution.ModelParallel(
-        layout_map=model_parallel_layout(mesh), batch_dim_name="batch", auto_shard_dataset=False))
-    logger.info(f"Model-parallel on {len(devices)} JAX device(s): each model split over {model_devices}, the batch "
-                f"over {shards}.")
+    keras.distribution.set_distribution(
+        keras.distribution.ModelParallel(
+            layout_map=model_parallel_layout(mesh), batch_dim_name="batch", auto_shard_dataset=False
+        )
+    )
+    logger.info(
+        f"Model-parallel on {len(devices)} JAX device(s): each model split over {model_devices}, the batch "
+        f"over {shards}."
+    )
     try:
         yield shards
     finally:
@@ -138,12 +152,16 @@ def check_placement(distribution, batch_size=None, model_devices=1, accumulation
     of = f" of {here.num_processes} processes" if here.several else ""
     if distribution == "model_parallel":
         if backend != "jax":
-            raise ConfigError("--distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); "
-                              "on TensorFlow use data_parallel.")
+            raise ConfigError(
+                "--distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); "
+                "on TensorFlow use data_parallel."
+            )
         devices = len(mesh_devices())
         if model_devices < 1 or devices % model_devices:
-            raise ConfigError(f"--model_parallel {model_devices}: the {devices} devices{of} do not split into groups "
-                              f"of {model_devices}.")
+            raise ConfigError(
+                f"--model_parallel {model_devices}: the {devices} devices{of} do not split into groups "
+                f"of {model_devices}."
+            )
         shards = devices // model_devices
         what = f"Model-parallel training splits each batch over {shards} groups of {model_devices} devices{of}"
     elif backend == "tensorflow" and here.several:
@@ -154,9 +172,11 @@ def check_placement(distribution, batch_size=None, model_devices=1, accumulation
         what = f"Data-parallel training splits each batch over {shards} devices{of}"
     _check_split(batch_size, shards, what, accumulation)
     if accumulation > 1 and shards > 1 and backend == "tensorflow":
-        raise ConfigError(f"gradient_accumulation_steps {accumulation} with {shards} TensorFlow replicas: Keras "
-                          "accumulates inside a conditional that tf.distribute cannot synchronise across replicas. "
-                          "Accumulate on one device, or train data-parallel on the jax backend.")
+        raise ConfigError(
+            f"gradient_accumulation_steps {accumulation} with {shards} TensorFlow replicas: Keras "
+            "accumulates inside a conditional that tf.distribute cannot synchronise across replicas. "
+            "Accumulate on one device, or train data-parallel on the jax backend."
+        )
     return shards
 
 
@@ -256,8 +276,12 @@ def local_shards():
         return c.process_id, c.process_id + 1, c.num_processes
     total = distribution.device_mesh.shape[distribution.device_mesh.axis_names.index(distribution.batch_dim_name)]
     layout = distribution.get_data_layout((total, 1)).backend_layout
-    rows = sorted({(s[0].start or 0, total if s[0].stop is None else s[0].stop)
-                   for s in layout.addressable_devices_indices_map((total, 1)).values()})
+    rows = sorted(
+        {
+            (s[0].start or 0, total if s[0].stop is None else s[0].stop)
+            for s in layout.addressable_devices_indices_map((total, 1)).values()
+        }
+    )
     first, stop = rows[0][0], rows[-1][1]
     if any(a[1] != b[0] for a, b in zip(rows, rows[1:])):
         raise ValueError(f"This process's devices hold rows {rows} of every batch, not one block.")
@@ -287,8 +311,10 @@ def feed(make_dataset, shards=None):
         def per_process(context):
             replicas = context.num_replicas_in_sync // context.num_input_pipelines
             total = context.num_replicas_in_sync
-            parts = [make_dataset(b, b + 1, total)
-                     for b in replica_blocks(context.input_pipeline_id, context.num_input_pipelines, replicas)]
+            parts = [
+                make_dataset(b, b + 1, total)
+                for b in replica_blocks(context.input_pipeline_id, context.num_input_pipelines, replicas)
+            ]
             if replicas == 1:
                 return parts[0]
             # Batches go to this process's replicas in turn: replica 0's part of a batch, replica 1's, ...
@@ -332,8 +358,9 @@ def predict_outputs(predictor, split, batch_size, verbose=0):
     """
     from kgpt.data import batching
 
-    return batching.predict_outputs(gathering(predictor), split, batch_size, verbose=verbose, feed=feed,
-                                    pad_to=batch_shards())
+    return batching.predict_outputs(
+        gathering(predictor), split, batch_size, verbose=verbose, feed=feed, pad_to=batch_shards()
+    )
 
 
 def gathering(model):
@@ -437,7 +464,10 @@ def training_scope(distribution="none", dtype=None, batch_size=None, model_devic
         if distribution == "none":
             yield 1
             return
-        scope = model_parallel(model_devices, batch_size, accumulation) if distribution == "model_parallel" else \
-            data_parallel(batch_size, accumulation)
+        scope = (
+            model_parallel(model_devices, batch_size, accumulation)
+            if distribution == "model_parallel"
+            else data_parallel(batch_size, accumulation)
+        )
         with scope as shards:
             yield shards

@@ -31,8 +31,10 @@ def apply():
 
     for name in ("reduce_per_replica", "_collective_all_reduce_multi_worker", "_is_per_replica_instance"):
         if not hasattr(trainer, name):
-            raise RuntimeError(f"keras.src.backend.tensorflow.trainer has no {name} in this Keras version: kgpt's "
-                               f"multi-worker repair (kgpt/parallel/multi_worker.py) needs updating.")
+            raise RuntimeError(
+                f"keras.src.backend.tensorflow.trainer has no {name} in this Keras version: kgpt's "
+                f"multi-worker repair (kgpt/parallel/multi_worker.py) needs updating."
+            )
     multi_worker = trainer._collective_all_reduce_multi_worker
     build, reduce = trainer.TensorFlowTrainer._maybe_symbolic_build, trainer.reduce_per_replica
 
@@ -43,8 +45,11 @@ def apply():
         for _, _, it in iterator:
             batch = next(it)
             data_batch = tree.map_structure(
-                lambda x: strategy.experimental_local_results(x)[0]
-                if isinstance(x, tf.distribute.DistributedValues) else x, batch)
+                lambda x: (
+                    strategy.experimental_local_results(x)[0] if isinstance(x, tf.distribute.DistributedValues) else x
+                ),
+                batch,
+            )
             break
         with strategy.scope():
             self._symbolic_build(data_batch=data_batch)

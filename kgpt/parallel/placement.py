@@ -53,7 +53,6 @@ class Cluster:
         return f"process {self.process_id} of {self.num_processes} ({self.found_by})"
 
 
-
 def _address(value, flag="--coordinator_address"):
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -78,8 +77,12 @@ def _environment(environ, backend):
     if all(k in environ for k in slurm):
         return "SLURM", _int(environ["SLURM_NTASKS"], "SLURM_NTASKS"), _int(environ["SLURM_PROCID"], "SLURM_PROCID"), ()
     if "OMPI_MCA_orte_hnp_uri" in environ and "OMPI_COMM_WORLD_SIZE" in environ:
-        return ("Open MPI", _int(environ["OMPI_COMM_WORLD_SIZE"], "OMPI_COMM_WORLD_SIZE"),
-                _int(environ.get("OMPI_COMM_WORLD_RANK", 0), "OMPI_COMM_WORLD_RANK"), ())
+        return (
+            "Open MPI",
+            _int(environ["OMPI_COMM_WORLD_SIZE"], "OMPI_COMM_WORLD_SIZE"),
+            _int(environ.get("OMPI_COMM_WORLD_RANK", 0), "OMPI_COMM_WORLD_RANK"),
+            (),
+        )
     hosts = environ.get("TPU_WORKER_HOSTNAMES") or environ.get("TPU_PROCESS_ADDRESSES")
     if hosts and "," in hosts:
         return "Cloud TPU", len(hosts.split(",")), _int(environ.get("TPU_WORKER_ID", 0), "TPU_WORKER_ID"), ()
@@ -95,8 +98,10 @@ def _tf_config(text):
         if task["type"] not in ("chief", "worker") or not jobs:
             raise ValueError(f"task type {task['type']!r} (kgpt runs chief and worker tasks)")
     except (ValueError, KeyError, TypeError) as e:
-        raise ConfigError(f"TF_CONFIG cannot be read ({e}): expected {{\"cluster\": {{\"worker\": [\"HOST:PORT\", ...]}}, "
-                          f"\"task\": {{\"type\": \"worker\", \"index\": I}}}}.") from None
+        raise ConfigError(
+            f'TF_CONFIG cannot be read ({e}): expected {{"cluster": {{"worker": ["HOST:PORT", ...]}}, '
+            f'"task": {{"type": "worker", "index": I}}}}.'
+        ) from None
     return "TF_CONFIG", len(jobs), index, tuple(_address(a, "TF_CONFIG") for a in jobs)
 
 
@@ -118,18 +123,21 @@ def resolve(coordinator_address=None, num_processes=None, process_id=None, envir
         import keras
 
         backend = keras.config.backend()
-    given = {"--coordinator_address": coordinator_address, "--num_processes": num_processes,
-             "--process_id": process_id}
+    given = {"--coordinator_address": coordinator_address, "--num_processes": num_processes, "--process_id": process_id}
     if coordinator_address == "auto":
         if backend != "jax":
-            raise ConfigError("--coordinator_address auto asks jax.distributed to find the processes; on TensorFlow "
-                              "pass every process's address, or set TF_CONFIG.")
+            raise ConfigError(
+                "--coordinator_address auto asks jax.distributed to find the processes; on TensorFlow "
+                "pass every process's address, or set TF_CONFIG."
+            )
         return Cluster(num_processes or 0, process_id or 0, "auto", (), "jax.distributed")
     if any(v is not None for v in given.values()):
         missing = [k for k, v in given.items() if v is None]
         if missing:
-            raise ConfigError(f"{', '.join(missing)} missing: a run on several processes takes --coordinator_address, "
-                              f"--num_processes and --process_id together.")
+            raise ConfigError(
+                f"{', '.join(missing)} missing: a run on several processes takes --coordinator_address, "
+                f"--num_processes and --process_id together."
+            )
         return _from_flags(coordinator_address, num_processes, process_id, backend)
     found = _environment(environ, backend)
     if found is None or found[1] <= 1:
@@ -143,8 +151,10 @@ def _check_place(count, index, what="--num_processes"):
     if count < 1:
         raise ConfigError(f"{what}: the number of processes must be >= 1, got {count}.")
     if not 0 <= index < count:
-        raise ConfigError(f"{'--process_id' if what == '--num_processes' else what}: process {index} is not one of "
-                          f"the {count} processes (0..{count - 1}).")
+        raise ConfigError(
+            f"{'--process_id' if what == '--num_processes' else what}: process {index} is not one of "
+            f"the {count} processes (0..{count - 1})."
+        )
 
 
 def _from_flags(address, count, index, backend):
@@ -152,13 +162,17 @@ def _from_flags(address, count, index, backend):
     _check_place(count, index)
     addresses = [_address(a.strip()) for a in str(address).split(",")]
     if len(addresses) not in (1, count):
-        raise ConfigError(f"--coordinator_address: {len(addresses)} addresses for {count} processes; give one (process "
-                          f"0's) or one per process.")
+        raise ConfigError(
+            f"--coordinator_address: {len(addresses)} addresses for {count} processes; give one (process "
+            f"0's) or one per process."
+        )
     if count == 1:
         return Cluster()
     if backend == "tensorflow" and len(addresses) == 1:
         host, port = addresses[0].rsplit(":", 1)
         if int(port) + count - 1 > 65535:
-            raise ConfigError(f"--coordinator_address {addresses[0]}: ports {port}..{int(port) + count - 1} do not fit.")
+            raise ConfigError(
+                f"--coordinator_address {addresses[0]}: ports {port}..{int(port) + count - 1} do not fit."
+            )
         addresses = [f"{host}:{int(port) + i}" for i in range(count)]
     return Cluster(count, index, addresses[0], tuple(addresses) if backend == "tensorflow" else (), "flags")

@@ -274,8 +274,11 @@ class MultipleChoiceHead(Categorical):
 
 # The names presets saved before the heads had names of their own record (`"registered_name":
 # "kgpt.tasks.heads>Classification"`, the name the input transformation has too): they load as these.
-for _old, _head in (("Classification", ClassificationHead), ("Regression", RegressionHead),
-                    ("MultipleChoice", MultipleChoiceHead)):
+for _old, _head in (
+    ("Classification", ClassificationHead),
+    ("Regression", RegressionHead),
+    ("MultipleChoice", MultipleChoiceHead),
+):
     keras.saving.get_custom_objects().setdefault(f"kgpt.tasks.heads>{_old}", _head)
 del _old, _head
 

@@ -84,7 +84,7 @@ class Scorer:
             for row, i in enumerate(batch):
                 ctx, cont = encoded[i]
                 # Entry t scores token t + 1: the continuation's tokens are entries len(ctx) - 1 ...
-                results[i] = scores[row, len(ctx) - 1: len(ctx) - 1 + len(cont)].astype("float64")
+                results[i] = scores[row, len(ctx) - 1 : len(ctx) - 1 + len(cont)].astype("float64")
         return results
 
 
@@ -218,6 +218,6 @@ class PronounSubstitution(Heuristic):
 def _argmax_per_example(examples, scores):
     predictions, offset = [], 0
     for e in examples:
-        predictions.append(int(np.argmax(scores[offset: offset + len(e.choices)])))
+        predictions.append(int(np.argmax(scores[offset : offset + len(e.choices)])))
         offset += len(e.choices)
     return np.array(predictions)

@@ -14,7 +14,7 @@ do nothing); one meant for another kgpt version is marked
 `@kgpt.hookimpl(optionalhook=True)`.
 """
 
-from typing import Callable
+from collections.abc import Callable
 
 import pluggy
 

@@ -114,8 +114,11 @@ def _run(fn, *args, **kwargs):
 def _lookalikes(plugin, hooks):
     """Callables of `plugin` named like a kgpt hook that pluggy did not take (misspelt or unmarked)."""
     names = [n for n in dir(plugin) if not n.startswith("_") and callable(getattr(plugin, n, None))]
-    return [n for n in names if n in hooks or n.startswith(f"{hookspecs.PROJECT}_")
-            or difflib.get_close_matches(n, hooks, n=1, cutoff=0.8)]
+    return [
+        n
+        for n in names
+        if n in hooks or n.startswith(f"{hookspecs.PROJECT}_") or difflib.get_close_matches(n, hooks, n=1, cutoff=0.8)
+    ]
 
 
 class TaskRegistry:
@@ -164,12 +167,13 @@ class TaskRegistry:
             if key in seen:
                 continue
             seen.add(key)
-            points, error = _run(lambda: dist.entry_points.select(group=group))
+            points, error = _run(lambda: dist.entry_points.select(group=group))  # noqa: B023 - called at once, in this iteration
             if error is None:
                 found.extend(points)
             elif f"[{group}]" in (dist.read_text("entry_points.txt") or ""):
-                report = RegistryError(f"its entry_points.txt cannot be read ({describe_error(error)}); reinstall "
-                                       f"or uninstall it")
+                report = RegistryError(
+                    f"its entry_points.txt cannot be read ({describe_error(error)}); reinstall or uninstall it"
+                )
                 report.__cause__ = error
                 self._fail(_Plugin(dist.name, f"distribution {dist.name} {dist.version}"), "entry points", report)
         return found
@@ -187,8 +191,9 @@ class TaskRegistry:
 
     def _register(self, plugin, key, info):
         if key in self._plugins:
-            error = RegistryError(f"two plugins are named {info.name!r}: {self._plugins[key].origin} and "
-                                  f"{info.origin}; uninstall one")
+            error = RegistryError(
+                f"two plugins are named {info.name!r}: {self._plugins[key].origin} and {info.origin}; uninstall one"
+            )
             self._fail(info, "import", error)
             return
         _, error = _run(self.manager.register, plugin, name=key)
@@ -209,8 +214,10 @@ class TaskRegistry:
         lines = [line for line in str(error).splitlines() if line.startswith("hookimpl definition:")]
         found = lines[0].split(":", 1)[1].strip() if lines else "a hook"
         wanted = [f"{name}({', '.join(getattr(self.manager.hook, name).spec.argnames)})" for name in self._hooks]
-        return (f"@kgpt.hookimpl {found} does not take the arguments kgpt passes ({', '.join(wanted)}); "
-                f"a hook may take fewer of them, by these names, but no other, so the plugin is not loaded")
+        return (
+            f"@kgpt.hookimpl {found} does not take the arguments kgpt passes ({', '.join(wanted)}); "
+            f"a hook may take fewer of them, by these names, but no other, so the plugin is not loaded"
+        )
 
     def _refuse_unknown_hooks(self):
         """Unregisters plugins with a `@kgpt.hookimpl` that matches no hookspec: a misspelt hook does nothing.
@@ -234,9 +241,11 @@ class TaskRegistry:
         for name in sorted(names):
             close = difflib.get_close_matches(name, self._hooks, n=1)
             described.append(f"{name} (did you mean {close[0]}?)" if close else name)
-        return (f"@kgpt.hookimpl {', '.join(described)} is no kgpt hook (kgpt has {', '.join(self._hooks)}), so "
-                f"the plugin is not loaded; rename it, or mark it @kgpt.hookimpl(optionalhook=True) if another "
-                f"kgpt version defines it")
+        return (
+            f"@kgpt.hookimpl {', '.join(described)} is no kgpt hook (kgpt has {', '.join(self._hooks)}), so "
+            f"the plugin is not loaded; rename it, or mark it @kgpt.hookimpl(optionalhook=True) if another "
+            f"kgpt version defines it"
+        )
 
     def _collect(self):
         entries = {}
@@ -245,8 +254,9 @@ class TaskRegistry:
         for key, info in sorted(self._plugins.items(), key=lambda item: (not item[1].builtin, item[0])):
             for task in self._tasks_of(key, info, impls.get(key)):
                 plugin = f"plugin {info.name!r} ({info.origin})"
-                self._claim(entries, TaskEntry(_labelled(task, plugin), info.name, info.origin, info.builtin,
-                                               info.distribution))
+                self._claim(
+                    entries, TaskEntry(_labelled(task, plugin), info.name, info.origin, info.builtin, info.distribution)
+                )
         return entries
 
     def _tasks_of(self, key, info, impl):
@@ -271,8 +281,11 @@ class TaskRegistry:
             self._fail(info, "register_tasks", error, tasks=tuple(t.name for t in found))
             return []
         if not found:
-            self._fail(info, "register_tasks", RegistryError("registered no task: its register_tasks never called "
-                                                             "register(task)"))
+            self._fail(
+                info,
+                "register_tasks",
+                RegistryError("registered no task: its register_tasks never called register(task)"),
+            )
         return found
 
     def _no_hook_message(self, plugin):
@@ -318,8 +331,9 @@ class TaskRegistry:
             raise RegistryError(f"Task {name!r} is registered by two plugins: {claims}. Uninstall one of them.")
         for broken in self.broken:
             if name == broken.plugin or name in broken.tasks:
-                raise RegistryError(f"Task {name!r} is unavailable: {broken.describe()}. Fix or uninstall that "
-                                    f"plugin.") from broken.error
+                raise RegistryError(
+                    f"Task {name!r} is unavailable: {broken.describe()}. Fix or uninstall that plugin."
+                ) from broken.error
         message = f"Unknown task {name!r}."
         close = difflib.get_close_matches(name, self.names() + list(self.conflicts), n=1)
         if close:
@@ -335,9 +349,11 @@ class TaskRegistry:
         for entry, builtin in self.overruled:
             if entry.task.name == name and (entry.plugin, entry.origin) not in self._warned:
                 self._warned.add((entry.plugin, entry.origin))
-                logger.warning(f"Task {name!r} is the built-in one of plugin {builtin.plugin!r}; plugin "
-                               f"{entry.plugin!r} ({entry.origin}) also registers a task {name!r}, which is ignored: "
-                               f"rename it in that plugin to use it.")
+                logger.warning(
+                    f"Task {name!r} is the built-in one of plugin {builtin.plugin!r}; plugin "
+                    f"{entry.plugin!r} ({entry.origin}) also registers a task {name!r}, which is ignored: "
+                    f"rename it in that plugin to use it."
+                )
 
     def get(self, name):
         """The `kgpt.Task` named `name` (see `entry` for the errors)."""
@@ -347,11 +363,16 @@ class TaskRegistry:
         """One line per broken plugin, per ignored claim on a built-in task and per conflicting task name."""
         lines = [b.describe() for b in self.broken]
         for entry, builtin in self.overruled:
-            lines.append(f"task {entry.task.name!r} of plugin {entry.plugin!r} ({entry.origin}) is ignored: the "
-                         f"built-in plugin {builtin.plugin!r} has that name; rename the task")
+            lines.append(
+                f"task {entry.task.name!r} of plugin {entry.plugin!r} ({entry.origin}) is ignored: the "
+                f"built-in plugin {builtin.plugin!r} has that name; rename the task"
+            )
         for name, claims in sorted(self.conflicts.items()):
-            lines.append(f"task {name!r} is claimed by " + " and ".join(f"{e.plugin!r} ({e.origin})" for e in claims)
-                         + "; uninstall one")
+            lines.append(
+                f"task {name!r} is claimed by "
+                + " and ".join(f"{e.plugin!r} ({e.origin})" for e in claims)
+                + "; uninstall one"
+            )
         return lines
 
     def _plugin_label(self, entry):
@@ -368,8 +389,9 @@ class TaskRegistry:
             if t.head.pooling == "each":
                 labels = f"{t.transform.num_views} choices"
             metric_names = ",".join(t.metric_names)
-            rows.append((t.name, self._plugin_label(e), t.transform.kind, t.head.kind, labels, metric_names,
-                         t.paper_score))
+            rows.append(
+                (t.name, self._plugin_label(e), t.transform.kind, t.head.kind, labels, metric_names, t.paper_score)
+            )
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
         problems = self.problems()

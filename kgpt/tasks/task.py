@@ -22,7 +22,7 @@ import collections
 import dataclasses
 import os
 import re
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 from kgpt.data import readers
 from kgpt.errors import DataError, ReaderTypeError
@@ -146,8 +146,10 @@ class Task:
         if not callable(self.read):
             raise ValueError(f"{where}: read must be callable as read(split, data_dir).")
         if not isinstance(self.head, heads_lib.Head):
-            raise ValueError(f"{where}: head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), "
-                             f"got {self.head!r}.")
+            raise ValueError(
+                f"{where}: head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), "
+                f"got {self.head!r}."
+            )
         problem = self.head.check(self.transform)
         if problem:
             raise ValueError(f"{where}: {problem}.")
@@ -162,10 +164,12 @@ class Task:
             metrics_lib.resolve(metric)
             binary = isinstance(self.head, heads_lib.ClassificationHead) and len(self.head.labels) == 2
             if isinstance(metric, str) and metric == "f1" and not binary:
-                raise ValueError(f"{where}: metric 'f1' is binary F1 of the second label (index 1), for a "
-                                 f"classification head of 2 labels; this task's {self.head.kind} head has "
-                                 f"{len(self.head.output_names()) or 'no'} outputs. Use 'accuracy', or pass a callable "
-                                 f"fn(labels, predictions) -> float.")
+                raise ValueError(
+                    f"{where}: metric 'f1' is binary F1 of the second label (index 1), for a "
+                    f"classification head of 2 labels; this task's {self.head.kind} head has "
+                    f"{len(self.head.output_names()) or 'no'} outputs. Use 'accuracy', or pass a callable "
+                    f"fn(labels, predictions) -> float."
+                )
         if not self.splits:
             raise ValueError(f"{where}: give at least one split.")
         if self.zero_shot is not None and not isinstance(self.zero_shot, Heuristic):
@@ -188,8 +192,9 @@ class Task:
         read = f"read({split!r}, ...)"
         items = reading.call(read, self.read, split, data_dir)
         if items is None or isinstance(items, (str, bytes)) or not hasattr(items, "__iter__"):
-            raise reading.error(read, f"returned {type(items).__name__}, not an iterable of kgpt.Example/Skipped",
-                                ReaderTypeError)
+            raise reading.error(
+                read, f"returned {type(items).__name__}, not an iterable of kgpt.Example/Skipped", ReaderTypeError
+            )
         rows = reading.call(read, iter, items)
         while (item := reading.call(read, next, rows, _END)) is not _END:
             tally["read"] += 1
@@ -199,16 +204,18 @@ class Task:
             if not isinstance(item, Example):
                 raise reading.error(read, f"yielded {type(item).__name__}, not kgpt.Example/Skipped", ReaderTypeError)
             reading.row = item.source
-            problem = reading.call(f"{type(self.transform).__name__}.check()", self.transform.check, item.segments,
-                                   item.choices)
+            problem = reading.call(
+                f"{type(self.transform).__name__}.check()", self.transform.check, item.segments, item.choices
+            )
             if problem:
                 raise DataError(f"{item.source}: {problem} (task {self.name!r}).")
             texts = (*item.segments, *item.choices)
             bad = [t for t in texts if not isinstance(t, str)]
             if bad:
                 bad = bad[0]
-                raise DataError(f"{item.source}: a text field is {type(bad).__name__} {bad!r:.80}, not text "
-                                f"(task {self.name!r}).")
+                raise DataError(
+                    f"{item.source}: a text field is {type(bad).__name__} {bad!r:.80}, not text (task {self.name!r})."
+                )
             if any(not s.strip() for s in texts):
                 skipped["empty text field"] += 1
                 continue
@@ -227,8 +234,10 @@ class Task:
 
     def no_examples(self, split, data_dir, tally):
         """The `DataError` for a split with no usable example."""
-        return DataError(f"Task {self.name!r}: split {split!r} in {data_dir} has no usable examples "
-                         f"({tally.get('read', 0)} read, skipped: {dict(tally.get('skipped', {})) or 'none'}).")
+        return DataError(
+            f"Task {self.name!r}: split {split!r} in {data_dir} has no usable examples "
+            f"({tally.get('read', 0)} read, skipped: {dict(tally.get('skipped', {})) or 'none'})."
+        )
 
     @property
     def metric_names(self):
@@ -246,8 +255,10 @@ class Task:
         except (DataError, KeyboardInterrupt):
             raise
         except BaseException as e:  # SystemExit too
-            raise DataError(f"{example.source}: {type(self.head).__name__}.target() raised {describe_error(e)} on "
-                            f"label {example.label!r} (task {self.name!r}{self._of_plugin()}).") from e
+            raise DataError(
+                f"{example.source}: {type(self.head).__name__}.target() raised {describe_error(e)} on "
+                f"label {example.label!r} (task {self.name!r}{self._of_plugin()})."
+            ) from e
 
     def write_default_data(self, directory):
         """Runs `default_data(directory)`; returns the data directory it wrote.
@@ -261,11 +272,14 @@ class Task:
         except KeyboardInterrupt:
             raise
         except BaseException as e:  # plugin code: SystemExit too
-            raise DataError(f"{what} raised {describe_error(e)}. Report it to the plugin's authors, or pass "
-                            f"--data_dir.") from e
+            raise DataError(
+                f"{what} raised {describe_error(e)}. Report it to the plugin's authors, or pass --data_dir."
+            ) from e
         if not isinstance(data_dir, (str, os.PathLike)) or not os.path.isdir(data_dir):
-            raise DataError(f"{what} returned {data_dir!r}, not the directory it wrote. Report it to the plugin's "
-                            f"authors, or pass --data_dir.")
+            raise DataError(
+                f"{what} returned {data_dir!r}, not the directory it wrote. Report it to the plugin's "
+                f"authors, or pass --data_dir."
+            )
         return str(data_dir)
 
     def _of_plugin(self):
@@ -304,5 +318,7 @@ class _Reading:
             where.append(f"file {self.opened[-1]}")
         if self.row:
             where.append(f"last row read {self.row}")
-        return cls(f"Task {self.task.name!r}{self.task._of_plugin()}: {what} {problem} ({', '.join(where)}). "
-                   f"Report it to the plugin's authors, with the file if it is the cause.")
+        return cls(
+            f"Task {self.task.name!r}{self.task._of_plugin()}: {what} {problem} ({', '.join(where)}). "
+            f"Report it to the plugin's authors, with the file if it is the cause."
+        )

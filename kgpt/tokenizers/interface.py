@@ -29,8 +29,20 @@ SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 PRESET_CONFIG = "tokenizer.json"  # keras-hub's preset layout: the tokenizer's config ...
 PRESET_ASSETS = os.path.join("assets", "tokenizer")  # ... and its files
 
-REQUIRED = ("encode", "decode", "vocabulary_size", "start_id", "delimiter_id", "extract_id", "fingerprint",
-            "corpus_encoder", "tokenize", "detokenize", "save_to_preset")
+REQUIRED = (
+    "encode",
+    "decode",
+    "vocabulary_size",
+    "start_id",
+    "delimiter_id",
+    "extract_id",
+    "fingerprint",
+    "corpus_encoder",
+    "tokenize",
+    "detokenize",
+    "save_to_preset",
+)
+
 
 def shared_id(pairs):
     """`(id, first token, second token)` for the first id that `(token, id)` pairs give two tokens, else None."""
@@ -75,7 +87,9 @@ def check_tokenizer(tokenizer, what="tokenizer"):
     """Raises `TypeError` naming what `tokenizer` lacks of the interface above."""
     missing = [name for name in REQUIRED if not hasattr(type(tokenizer), name) and not hasattr(tokenizer, name)]
     if missing:
-        raise TypeError(f"{what} must be a kgpt.GPTTokenizer, got {tokenizer!r:.100}, which lacks "
-                        f"{', '.join(missing)} (kgpt.tokenizers.interface; a keras-hub tokenizer goes in "
-                        f"kgpt.KerasHubTokenizer).")
+        raise TypeError(
+            f"{what} must be a kgpt.GPTTokenizer, got {tokenizer!r:.100}, which lacks "
+            f"{', '.join(missing)} (kgpt.tokenizers.interface; a keras-hub tokenizer goes in "
+            f"kgpt.KerasHubTokenizer)."
+        )
     return tokenizer

@@ -88,8 +88,10 @@ class KerasHubTokenizer(PythonTokenizer):
 
     def _check_vocabulary(self):
         if self._added is None:
-            raise ValueError(f"This KerasHubTokenizer's {type(self.inner).__name__} has no vocabulary yet: give it "
-                             f"one, or call load_assets(directory) on its files.")
+            raise ValueError(
+                f"This KerasHubTokenizer's {type(self.inner).__name__} has no vocabulary yet: give it "
+                f"one, or call load_assets(directory) on its files."
+            )
 
     # --- the interface ---------------------------------------------------------
 
@@ -207,8 +209,11 @@ class KerasHubTokenizer(PythonTokenizer):
             raise CheckpointError(f"{path}: expected a keras-hub tokenizer config, got {config!r:.200}.")
         config["config"].update(kwargs)
         tokenizer = deserialize(config, path, "a keras-hub tokenizer")
-        if not isinstance(tokenizer, Tokenizer) or isinstance(tokenizer, PythonTokenizer) and not isinstance(
-                tokenizer, cls):
+        if (
+            not isinstance(tokenizer, Tokenizer)
+            or isinstance(tokenizer, PythonTokenizer)
+            and not isinstance(tokenizer, cls)
+        ):
             raise CheckpointError(f"{path}: expected a keras-hub tokenizer, got {type(tokenizer).__name__}.")
         check_vocabulary_files(os.path.join(preset, PRESET_ASSETS), tokenizer.file_assets or ())
         try:
@@ -216,12 +221,16 @@ class KerasHubTokenizer(PythonTokenizer):
         except CheckpointError:
             raise
         except Exception as e:  # keras-hub's readers' many kinds, TensorFlow's and tf-text's among them
-            raise CheckpointError(f"{preset}: cannot read the files of its {type(tokenizer).__name__} "
-                                  f"({type(e).__name__}: {str(e)[:300]}).") from e
+            raise CheckpointError(
+                f"{preset}: cannot read the files of its {type(tokenizer).__name__} "
+                f"({type(e).__name__}: {str(e)[:300]})."
+            ) from e
         if isinstance(tokenizer, cls):
             return tokenizer
         if not _has_vocabulary(tokenizer):
-            raise CheckpointError(f"{preset}: its {type(tokenizer).__name__} has no vocabulary after reading its files.")
+            raise CheckpointError(
+                f"{preset}: its {type(tokenizer).__name__} has no vocabulary after reading its files."
+            )
         return cls(tokenizer)
 
 
@@ -242,8 +251,10 @@ def check_vocabulary_files(directory, names):
                 continue
             shared = shared_id(pairs)
             if shared is not None:
-                raise CheckpointError(f"{path}: id {shared[0]} is given to two tokens, {shared[1]!r} and "
-                                      f"{shared[2]!r}; each token needs an id of its own.")
+                raise CheckpointError(
+                    f"{path}: id {shared[0]} is given to two tokens, {shared[1]!r} and "
+                    f"{shared[2]!r}; each token needs an id of its own."
+                )
             twice = shared_id((i, token) for token, i in pairs)
             if twice is not None:
                 raise CheckpointError(f"{path}: the token {twice[0]!r} is given two ids, {twice[1]} and {twice[2]}.")
@@ -253,8 +264,10 @@ def check_vocabulary_files(directory, names):
                 for n, line in enumerate(f, start=1):
                     token = line.rstrip("\r\n")
                     if token in first:
-                        raise CheckpointError(f"{path}:{n}: the token {token!r} again (line {first[token]} has it "
-                                              f"too): its id would be two lines' ids.")
+                        raise CheckpointError(
+                            f"{path}:{n}: the token {token!r} again (line {first[token]} has it "
+                            f"too): its id would be two lines' ids."
+                        )
                     first[token] = n
 
 

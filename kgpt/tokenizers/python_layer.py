@@ -129,7 +129,6 @@ class PythonTokenizer(Tokenizer):
         return np.array(texts, dtype=object) if texts else np.zeros((0,), dtype="S1")
 
 
-
 def _id_rows(inputs):
     """`(list of id sequences, batched)` from the Python-side inputs `detokenize()` takes."""
     if tf is not None and isinstance(inputs, tf.RaggedTensor):
@@ -151,4 +150,3 @@ def _id_rows(inputs):
     if array.ndim == 2:
         return array.tolist(), True
     raise ValueError(f"detokenize() takes ids of rank 0 to 2, got shape {array.shape}.")
-

@@ -169,10 +169,13 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
 
     def _fail(self, value, first, last):
         step, since = -(-last // self.accumulation), -(-first // self.accumulation)
-        where = f"at step {step}" + (f" (steps {since}-{step} ran as one execution; the loss broke in one of them)"
-                                     if since < step else "")
-        error = NonFiniteLossError(f"The training loss is {value} {where}: training stopped and nothing from this run "
-                                   f"was saved over earlier outputs. {self.hint}".strip())
+        where = f"at step {step}" + (
+            f" (steps {since}-{step} ran as one execution; the loss broke in one of them)" if since < step else ""
+        )
+        error = NonFiniteLossError(
+            f"The training loss is {value} {where}: training stopped and nothing from this run "
+            f"was saved over earlier outputs. {self.hint}".strip()
+        )
         with self._condition:
             self.error = self.error or error
         raise self.error
@@ -223,8 +226,9 @@ class Progress(keras.callbacks.Callback):
 
     keep = ()  # checkpoint folders besides the latest that must survive (see kgpt.train.checkpoint.save)
 
-    def __init__(self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None, accumulation=1,
-                 publish=None):
+    def __init__(
+        self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None, accumulation=1, publish=None
+    ):
         super().__init__()
         self.publish = publish
         self.directory, self.settings, self.every = directory, settings, every
@@ -247,8 +251,10 @@ class Progress(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         if self._preempted():  # before the first step: the last checkpoint (if any) is where the run stands
-            raise Preempted(f"stopped by SIGTERM before training from step {self.step:,}; nothing new to keep. Run "
-                            f"the same command again to resume.")
+            raise Preempted(
+                f"stopped by SIGTERM before training from step {self.step:,}; nothing new to keep. Run "
+                f"the same command again to resume."
+            )
 
     def _preempted(self):
         """Whether any process received SIGTERM (with several processes, they all decide at the same step)."""
@@ -270,8 +276,10 @@ class Progress(keras.callbacks.Callback):
 
             # At the first batch, not at the epoch's start: Keras builds the metrics' variables in between.
             if not checkpoint.restore_metric_state(self.model, self.metric_state):
-                logger.info("The checkpoint's running loss does not fit this model's metrics: the resumed epoch's "
-                            "loss covers its batches after the checkpoint only.")
+                logger.info(
+                    "The checkpoint's running loss does not fit this model's metrics: the resumed epoch's "
+                    "loss covers its batches after the checkpoint only."
+                )
             self.metric_state = None
 
     def on_train_batch_end(self, batch, logs=None):
@@ -290,10 +298,14 @@ class Progress(keras.callbacks.Callback):
 
     def _stop_preempted(self):
         if self.directory is None:
-            raise Preempted(f"stopped by SIGTERM at step {self.step:,}; this run writes no checkpoints (no "
-                            f"--output_dir, or --checkpoint_every 0), so a rerun starts over.")
-        raise Preempted(f"stopped by SIGTERM at step {self.step:,}; checkpoint written in {self.directory}. Run "
-                        f"the same command again to resume.")
+            raise Preempted(
+                f"stopped by SIGTERM at step {self.step:,}; this run writes no checkpoints (no "
+                f"--output_dir, or --checkpoint_every 0), so a rerun starts over."
+            )
+        raise Preempted(
+            f"stopped by SIGTERM at step {self.step:,}; checkpoint written in {self.directory}. Run "
+            f"the same command again to resume."
+        )
 
     def on_epoch_end(self, epoch, logs=None):
         self.step = self._count.ended // self.accumulation  # Keras has waited for every batch end of the epoch
@@ -322,8 +334,10 @@ class Progress(keras.callbacks.Callback):
 
         names = list(dict.fromkeys(k for logs in self.epochs for k in logs))
         rows = [",".join(["epoch", *names])]
-        rows += [",".join([str(i), *(repr(logs[k]) if k in logs else "" for k in names)])
-                 for i, logs in enumerate(self.epochs)]
+        rows += [
+            ",".join([str(i), *(repr(logs[k]) if k in logs else "" for k in names)])
+            for i, logs in enumerate(self.epochs)
+        ]
         write_text(self.history_path, "\n".join(rows) + "\n")
 
     def save(self, epoch_sums=False):
@@ -366,8 +380,7 @@ class ProgressLog(keras.callbacks.Callback):
 
     async_safe = True  # on JAX it runs in Keras' callback thread, which waits for the loss it prints
 
-    def __init__(self, every, total_steps, first_step=0, tokens_per_step=None, examples_per_step=None,
-                 accumulation=1):
+    def __init__(self, every, total_steps, first_step=0, tokens_per_step=None, examples_per_step=None, accumulation=1):
         super().__init__()
         self.steps, self.seconds = parse_every(every)
         self.total_steps, self.step, self.accumulation = total_steps, first_step, accumulation
@@ -391,8 +404,9 @@ class ProgressLog(keras.callbacks.Callback):
             if step <= self._last_step:
                 return  # a later step has been handled already
             self.step = step
-            due = (self.steps and step // self.steps > self._last_step // self.steps) or \
-                (self.seconds and now - self._since >= self.seconds)
+            due = (self.steps and step // self.steps > self._last_step // self.steps) or (
+                self.seconds and now - self._since >= self.seconds
+            )
             if not due:
                 return
             done, seconds = step - self._last_step, now - self._since
@@ -456,8 +470,10 @@ class EpochTensorBoard(keras.callbacks.TensorBoard):
     def __init__(self, log_dir="logs", **kwargs):
         for name, only in (("update_freq", "epoch"), ("profile_batch", 0)):
             if kwargs.get(name, only) != only:
-                raise ValueError(f"EpochTensorBoard writes per epoch only: {name} must be {only!r}, got "
-                                 f"{kwargs[name]!r}; keras.callbacks.TensorBoard writes batches and profiles.")
+                raise ValueError(
+                    f"EpochTensorBoard writes per epoch only: {name} must be {only!r}, got "
+                    f"{kwargs[name]!r}; keras.callbacks.TensorBoard writes batches and profiles."
+                )
         super().__init__(log_dir, **kwargs)
 
     def on_epoch_end(self, epoch, logs=None):

@@ -124,8 +124,10 @@ def _orbax():
     except ImportError:
         from kgpt.errors import ConfigError
 
-        raise ConfigError("A model split across processes is checkpointed by each process through Orbax: pip "
-                          "install orbax-checkpoint (or kgpt[multihost]).") from None
+        raise ConfigError(
+            "A model split across processes is checkpointed by each process through Orbax: pip "
+            "install orbax-checkpoint (or kgpt[multihost])."
+        ) from None
     return ocp
 
 
@@ -153,10 +155,10 @@ def _orbax_restore(model, path):
         raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {first}).") from e
     finally:
         checkpointer.close()
-    for variable, value in zip([*model.weights, *model.optimizer.variables], [*restored["model"],
-                                                                              *restored["optimizer"]]):
+    for variable, value in zip(
+        [*model.weights, *model.optimizer.variables], [*restored["model"], *restored["optimizer"]]
+    ):
         variable.assign(value)
-
 
 
 def save_weights(model, directory, name):
@@ -164,8 +166,10 @@ def save_weights(model, directory, name):
     if spread_over_processes(model):
         from kgpt.errors import ConfigError
 
-        raise ConfigError("keep='best' keeps a copy of the best epoch's weights in one file, which a model split "
-                          "across processes has not: use keep='last'.")
+        raise ConfigError(
+            "keep='best' keeps a copy of the best epoch's weights in one file, which a model split "
+            "across processes has not: use keep='last'."
+        )
     with writing(directory) as target_directory:
         if target_directory is not None:
             return _save_weights(model, target_directory, name)
@@ -189,8 +193,9 @@ def latest(directory):
     file system may show another process an older `latest.json` for a while.
     """
     pointer = os.path.join(directory, LATEST)
-    name = read_json(pointer, "the name of the latest checkpoint").get("checkpoint") if os.path.exists(pointer) \
-        else None
+    name = (
+        read_json(pointer, "the name of the latest checkpoint").get("checkpoint") if os.path.exists(pointer) else None
+    )
     if cluster.current().several:
         import json
 
@@ -202,8 +207,9 @@ def latest(directory):
         return None
     folder = os.path.join(directory, str(name))
     if not isinstance(name, str) or os.sep in name or not os.path.isdir(folder):
-        raise CheckpointError(f"{pointer} names checkpoint {name!r}, which is not in {directory}: delete {directory} "
-                              f"to start over.")
+        raise CheckpointError(
+            f"{pointer} names checkpoint {name!r}, which is not in {directory}: delete {directory} to start over."
+        )
     state = read_json(os.path.join(folder, STATE), "the checkpoint's settings and progress")
     if not isinstance(state, dict) or not isinstance(state.get("step"), int):
         raise CheckpointError(f"{os.path.join(folder, STATE)} holds no step: delete {directory} to start over.")
@@ -213,8 +219,9 @@ def latest(directory):
 def differences(saved, settings):
     """`"key: old there, new now; ..."` for every setting that differs ("" when none)."""
     keys = sorted(set(saved) | set(settings), key=str)
-    return "; ".join(f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in keys
-                     if saved.get(k) != settings.get(k))
+    return "; ".join(
+        f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in keys if saved.get(k) != settings.get(k)
+    )
 
 
 def restore(model, directory, settings):
@@ -229,8 +236,10 @@ def restore(model, directory, settings):
     folder, state = found
     changed = differences(state.get("settings") or {}, settings)
     if changed:
-        raise CheckpointError(f"{directory} holds a checkpoint of a run with other settings ({changed}): pass "
-                              f"another --output_dir, or --overwrite to start over.")
+        raise CheckpointError(
+            f"{directory} holds a checkpoint of a run with other settings ({changed}): pass "
+            f"another --output_dir, or --overwrite to start over."
+        )
     model.optimizer.build(model.trainable_variables)
     if os.path.isdir(os.path.join(folder, SHARDED)):
         _orbax_restore(model, os.path.join(folder, SHARDED))

@@ -41,18 +41,47 @@ HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 # Files that decide what a directory loads as: ours, plus those that would be read
 # instead of them (a fast-tokenizer file, the original format's shapes file).
-HF_FILES = (HF_CONFIG_FILE, HF_WEIGHTS_FILE, HF_VOCAB_FILE, HF_MERGES_FILE, HF_ADDED_TOKENS_FILE,
-            HF_SPECIAL_TOKENS_FILE, HF_TOKENIZER_CONFIG_FILE, "tokenizer.json", SHAPES_FILE)
+HF_FILES = (
+    HF_CONFIG_FILE,
+    HF_WEIGHTS_FILE,
+    HF_VOCAB_FILE,
+    HF_MERGES_FILE,
+    HF_ADDED_TOKENS_FILE,
+    HF_SPECIAL_TOKENS_FILE,
+    HF_TOKENIZER_CONFIG_FILE,
+    "tokenizer.json",
+    SHAPES_FILE,
+)
 ENCODER_FILE, BPE_FILE = "encoder_bpe_40000.json", "vocab_40000.bpe"  # the original release's names
 # The start, delimiter and extract tokens that GPTTokenizer appends after the vocabulary.
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
 LAYER_ARRAYS = (
-    "attn/c_attn/w", "attn/c_attn/b", "attn/c_proj/w", "attn/c_proj/b", "ln_1/g", "ln_1/b",
-    "mlp/c_fc/w", "mlp/c_fc/b", "mlp/c_proj/w", "mlp/c_proj/b", "ln_2/g", "ln_2/b",
+    "attn/c_attn/w",
+    "attn/c_attn/b",
+    "attn/c_proj/w",
+    "attn/c_proj/b",
+    "ln_1/g",
+    "ln_1/b",
+    "mlp/c_fc/w",
+    "mlp/c_fc/b",
+    "mlp/c_proj/w",
+    "mlp/c_proj/b",
+    "ln_2/g",
+    "ln_2/b",
 )
 HF_LAYER_TENSORS = (  # the same arrays, as Hugging Face's OpenAIGPTModel names them
-    "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias", "ln_1.weight", "ln_1.bias",
-    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", "ln_2.weight", "ln_2.bias",
+    "attn.c_attn.weight",
+    "attn.c_attn.bias",
+    "attn.c_proj.weight",
+    "attn.c_proj.bias",
+    "ln_1.weight",
+    "ln_1.bias",
+    "mlp.c_fc.weight",
+    "mlp.c_fc.bias",
+    "mlp.c_proj.weight",
+    "mlp.c_proj.bias",
+    "ln_2.weight",
+    "ln_2.bias",
 )
 
 
@@ -80,8 +109,10 @@ def weight_count(vocabulary_size, max_sequence_length, hidden_dim, intermediate_
     Computed from one layer's shapes, so an absurd `num_layers` (a tampered
     config) costs nothing. Other config entries (`num_heads`, ...) are ignored.
     """
-    shapes = [math.prod(s) for s in expected_shapes(vocabulary_size, max_sequence_length, hidden_dim,
-                                                    intermediate_dim, num_layers=1)]
+    shapes = [
+        math.prod(s)
+        for s in expected_shapes(vocabulary_size, max_sequence_length, hidden_dim, intermediate_dim, num_layers=1)
+    ]
     return sum(shapes[:2]) + num_layers * sum(shapes[2:])
 
 
@@ -145,8 +176,9 @@ def open_shard(path):
                 shape, _, dtype = read_header[version](f)
                 needed, held = math.prod(shape) * dtype.itemsize, os.fstat(f.fileno()).st_size - f.tell()
                 if needed > held:
-                    raise ValueError(f"its header describes {dtype} of shape {shape} ({needed:,} bytes), the file "
-                                     f"holds {held:,}")
+                    raise ValueError(
+                        f"its header describes {dtype} of shape {shape} ({needed:,} bytes), the file holds {held:,}"
+                    )
         piece = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, EOFError) as e:
         raise CheckpointError(f"{path} is not a readable .npy array (truncated or corrupt: {e}).") from e
@@ -210,21 +242,25 @@ def read_huggingface(directory):
         try:
             tensors = load_file(weights_path)
         except Exception as e:  # safetensors raises its own SafetensorError
-            raise CheckpointError(f"{weights_path} is not a readable safetensors file (truncated or corrupt: "
-                                  f"{e}).") from e
+            raise CheckpointError(
+                f"{weights_path} is not a readable safetensors file (truncated or corrupt: {e})."
+            ) from e
     elif os.path.isfile(os.path.join(directory, HF_TF_WEIGHTS_FILE)):
         weights_path = os.path.join(directory, HF_TF_WEIGHTS_FILE)
         tensors = read_tf_weights(weights_path)
     else:
-        raise CheckpointError(f"Missing {weights_path}: expected the openai-gpt weights ({HF_WEIGHTS_FILE}, or "
-                              f"{HF_TF_WEIGHTS_FILE}).")
+        raise CheckpointError(
+            f"Missing {weights_path}: expected the openai-gpt weights ({HF_WEIGHTS_FILE}, or {HF_TF_WEIGHTS_FILE})."
+        )
     # Checkpoints saved from the LM-head model prefix names with "transformer.".
     tensors = {re.sub(r"^transformer\.", "", k): v for k, v in tensors.items()}
     # Sizes come from the file before anything is built from the config (a config may lie).
     layers = {int(m.group(1)) for m in map(re.compile(r"^h\.(\d+)\.").match, tensors) if m}
     if config["n_layer"] != len(layers) or layers != set(range(len(layers))):
-        raise CheckpointError(f"{config_path} says n_layer={config['n_layer']}, but {weights_path} holds blocks "
-                              f"{_ranges(sorted(layers))}.")
+        raise CheckpointError(
+            f"{config_path} says n_layer={config['n_layer']}, but {weights_path} holds blocks "
+            f"{_ranges(sorted(layers))}."
+        )
     names = huggingface_names(config["n_layer"])
     missing = [n for n in names if n not in tensors]
     if missing:
@@ -234,8 +270,9 @@ def read_huggingface(directory):
         )
     # Conv1D weights are [in, out]: the original's w without its leading 1.
     arrays = [np.asarray(tensors[n], "float32") for n in names]
-    arrays = [a[None] if n.endswith("weight") and n.startswith("h.") and a.ndim == 2 else a
-              for n, a in zip(names, arrays)]
+    arrays = [
+        a[None] if n.endswith("weight") and n.startswith("h.") and a.ndim == 2 else a for n, a in zip(names, arrays)
+    ]
     sizes = sizes_from_shapes([list(a.shape) for a in arrays], weights_path)
     if sizes["vocabulary_size"] != config["vocab_size"] or sizes["hidden_dim"] != config["n_embd"]:
         raise CheckpointError(
@@ -246,12 +283,18 @@ def read_huggingface(directory):
 
 
 # transformers' TF names (TFOpenAIGPTMainLayer) -> its PyTorch names: `h_._3/attn/c_attn/weight:0` -> `h.3.attn.c_attn.weight`.
-_TF_NAMES = ((re.compile(r"(?:^|/)tokens_embed/weight:0$"), lambda m: "tokens_embed.weight"),
-             (re.compile(r"(?:^|/)positions_embed/embeddings:0$"), lambda m: "positions_embed.weight"),
-             (re.compile(r"(?:^|/)h_\._(\d+)/((?:attn|mlp)/c_\w+)/(weight|bias):0$"),
-              lambda m: f"h.{m[1]}.{m[2].replace('/', '.')}.{m[3]}"),
-             (re.compile(r"(?:^|/)h_\._(\d+)/(ln_[12])/(gamma|beta):0$"),
-              lambda m: f"h.{m[1]}.{m[2]}.{'weight' if m[3] == 'gamma' else 'bias'}"))
+_TF_NAMES = (
+    (re.compile(r"(?:^|/)tokens_embed/weight:0$"), lambda m: "tokens_embed.weight"),
+    (re.compile(r"(?:^|/)positions_embed/embeddings:0$"), lambda m: "positions_embed.weight"),
+    (
+        re.compile(r"(?:^|/)h_\._(\d+)/((?:attn|mlp)/c_\w+)/(weight|bias):0$"),
+        lambda m: f"h.{m[1]}.{m[2].replace('/', '.')}.{m[3]}",
+    ),
+    (
+        re.compile(r"(?:^|/)h_\._(\d+)/(ln_[12])/(gamma|beta):0$"),
+        lambda m: f"h.{m[1]}.{m[2]}.{'weight' if m[3] == 'gamma' else 'bias'}",
+    ),
+)
 
 
 def read_tf_weights(path):
@@ -261,6 +304,7 @@ def read_tf_weights(path):
     tensors = {}
     try:
         with h5py.File(path, "r") as f:
+
             def visit(name, obj):
                 if not isinstance(obj, h5py.Dataset):
                     return

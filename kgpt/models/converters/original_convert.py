@@ -15,14 +15,31 @@ import numpy as np
 
 from kgpt.errors import CheckpointError
 from kgpt.layers.decoder_block import GPTDecoderBlock
-from kgpt.models.converters.original import (BPE_FILE, ENCODER_FILE, HF_ADDED_TOKENS_FILE, HF_CONFIG_FILE, HF_FILES,
-                                  HF_MERGES_FILE, HF_SPECIAL_TOKENS_FILE, HF_TF_WEIGHTS_FILE,
-                                  HF_TOKENIZER_CONFIG_FILE, HF_VOCAB_FILE, HF_WEIGHTS_FILE, LAYER_ARRAYS, SHAPES_FILE,
-                                  SHARD_PATTERN, SPECIAL_TOKENS, check_vocabulary, huggingface_names, is_huggingface,
-                                  read_huggingface, read_original)
-
+from kgpt.models.converters.original import (
+    BPE_FILE,
+    ENCODER_FILE,
+    HF_ADDED_TOKENS_FILE,
+    HF_CONFIG_FILE,
+    HF_FILES,
+    HF_MERGES_FILE,
+    HF_SPECIAL_TOKENS_FILE,
+    HF_TF_WEIGHTS_FILE,
+    HF_TOKENIZER_CONFIG_FILE,
+    HF_VOCAB_FILE,
+    HF_WEIGHTS_FILE,
+    LAYER_ARRAYS,
+    SHAPES_FILE,
+    SHARD_PATTERN,
+    SPECIAL_TOKENS,
+    check_vocabulary,
+    huggingface_names,
+    is_huggingface,
+    read_huggingface,
+    read_original,
+)
 
 # --- mapping onto the Keras layers ------------------------------------------
+
 
 def assign(backbone, arrays):
     """Copies original-order `arrays` into `backbone` (sizes already checked)."""
@@ -33,15 +50,15 @@ def assign(backbone, arrays):
     table = backbone.token_embedding.embeddings
     extra = table.shape[0] - tokens.shape[0]
     if extra:  # new special-token rows keep their N(0, 0.02) initialisation
-        tokens = np.concatenate([tokens, keras.ops.convert_to_numpy(table)[tokens.shape[0]:]], axis=0)
+        tokens = np.concatenate([tokens, keras.ops.convert_to_numpy(table)[tokens.shape[0] :]], axis=0)
     table.assign(tokens)
     for index, block in enumerate(backbone.transformer_layers):
-        w = arrays[2 + index * len(LAYER_ARRAYS): 2 + (index + 1) * len(LAYER_ARRAYS)]
+        w = arrays[2 + index * len(LAYER_ARRAYS) : 2 + (index + 1) * len(LAYER_ARRAYS)]
         attn_w, attn_b, proj_w, proj_b, ln1_g, ln1_b, fc_w, fc_b, out_w, out_b, ln2_g, ln2_b = w
         for part, dense in enumerate((block.query_dense, block.key_dense, block.value_dense)):
             # Column j of each third belongs to head j // head_dim.
-            dense.kernel.assign(attn_w[0, :, part * h:(part + 1) * h].reshape(h, heads, head_dim))
-            dense.bias.assign(attn_b[part * h:(part + 1) * h].reshape(heads, head_dim))
+            dense.kernel.assign(attn_w[0, :, part * h : (part + 1) * h].reshape(h, heads, head_dim))
+            dense.bias.assign(attn_b[part * h : (part + 1) * h].reshape(heads, head_dim))
         block.attention_output_dense.kernel.assign(proj_w[0].reshape(heads, head_dim, h))
         block.attention_output_dense.bias.assign(proj_b)
         block.attention_layer_norm.gamma.assign(ln1_g)
@@ -56,6 +73,7 @@ def assign(backbone, arrays):
 
 def arrays_of(backbone):
     """The backbone's weights as original-order float32 arrays."""
+
     def np_(v):
         return keras.ops.convert_to_numpy(v).astype("float32")
 
@@ -106,8 +124,9 @@ def load_backbone(cls, directory, num_heads=None, num_special_tokens=0, seed=Non
     backbone = cls(**config)
     if seed is not None and num_special_tokens:
         table = keras.ops.convert_to_numpy(backbone.token_embedding.embeddings)
-        table[sizes["vocabulary_size"]:] = new_token_rows(num_special_tokens, sizes["hidden_dim"],
-                                                          backbone.initializer_range, seed)
+        table[sizes["vocabulary_size"] :] = new_token_rows(
+            num_special_tokens, sizes["hidden_dim"], backbone.initializer_range, seed
+        )
         backbone.token_embedding.embeddings.assign(table)
     assign(backbone, arrays)
     return backbone
@@ -123,6 +142,7 @@ def new_token_rows(num_rows, hidden_dim, stddev, seed):
 
 
 # --- writing -------------------------------------------------------------------
+
 
 def _require_transformer(backbone, what):
     blocks = getattr(backbone, "transformer_layers", None)
@@ -200,18 +220,29 @@ def huggingface_tokenizer_files(tokenizer, vocabulary_size, max_length):
     base, merges, specials = _vocabulary(tokenizer, vocabulary_size)
     unknown = next(s for s, i in base.items() if i == 0)  # kgpt maps unknown symbols to id 0
     files = {HF_VOCAB_FILE: _json_bytes(base), HF_MERGES_FILE: _merges_bytes(merges, tokenizer.splitter)}
-    config = {"tokenizer_class": "OpenAIGPTTokenizer", "model_max_length": max_length, "do_lower_case": True,
-              "unk_token": unknown}
+    config = {
+        "tokenizer_class": "OpenAIGPTTokenizer",
+        "model_max_length": max_length,
+        "do_lower_case": True,
+        "unk_token": unknown,
+    }
     if specials:
         added = {token: len(base) + i for i, token in enumerate(SPECIAL_TOKENS)}
         # Both layouts: added_tokens_decoder (current transformers), added_tokens.json + the map (older ones).
         files[HF_ADDED_TOKENS_FILE] = _json_bytes(added, indent=2)
         files[HF_SPECIAL_TOKENS_FILE] = _json_bytes(
-            {"unk_token": unknown, "additional_special_tokens": list(SPECIAL_TOKENS)}, indent=2)
+            {"unk_token": unknown, "additional_special_tokens": list(SPECIAL_TOKENS)}, indent=2
+        )
         config["additional_special_tokens"] = list(SPECIAL_TOKENS)
         config["added_tokens_decoder"] = {
-            str(i): {"content": t, "lstrip": False, "normalized": False, "rstrip": False, "single_word": False,
-                     "special": True}
+            str(i): {
+                "content": t,
+                "lstrip": False,
+                "normalized": False,
+                "rstrip": False,
+                "single_word": False,
+                "special": True,
+            }
             for t, i in added.items()
         }
     files[HF_TOKENIZER_CONFIG_FILE] = _json_bytes(config, indent=2)

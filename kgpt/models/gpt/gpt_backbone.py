@@ -67,8 +67,9 @@ class AddedTokensMixin:
         config["vocabulary_size"] = self.vocabulary_size + num_tokens
         grown = type(self).from_config(config)
         old = keras.ops.convert_to_numpy(self.token_embedding.embeddings)
-        new_rows = original_convert.new_token_rows(num_tokens, self.hidden_dim,
-                                                   getattr(self, "initializer_range", 0.02), seed)
+        new_rows = original_convert.new_token_rows(
+            num_tokens, self.hidden_dim, getattr(self, "initializer_range", 0.02), seed
+        )
         table = np.concatenate([old, new_rows.astype(old.dtype)], axis=0)
         for src, dst in zip(self.layers, grown.layers):
             if src is self.token_embedding:
@@ -139,20 +140,25 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         dtype=None,
         **kwargs,
     ):
-        for key, value in (("vocabulary_size", vocabulary_size), ("num_layers", num_layers),
-                           ("num_heads", num_heads), ("hidden_dim", hidden_dim),
-                           ("intermediate_dim", intermediate_dim), ("max_sequence_length", max_sequence_length)):
+        for key, value in (
+            ("vocabulary_size", vocabulary_size),
+            ("num_layers", num_layers),
+            ("num_heads", num_heads),
+            ("hidden_dim", hidden_dim),
+            ("intermediate_dim", intermediate_dim),
+            ("max_sequence_length", max_sequence_length),
+        ):
             checks.positive_int(value, key)
         checks.rate(dropout, "dropout")
         checks.rate(attention_dropout, "attention_dropout", allow_none=True)
-        if isinstance(initializer_range, bool) or not isinstance(initializer_range, numbers.Real) \
-                or not 0 < initializer_range < float("inf"):
+        if (
+            isinstance(initializer_range, bool)
+            or not isinstance(initializer_range, numbers.Real)
+            or not 0 < initializer_range < float("inf")
+        ):
             raise ValueError(f"initializer_range must be > 0, got {initializer_range!r}.")
         if hidden_dim % num_heads:
-            raise ValueError(
-                f"hidden_dim ({hidden_dim}) must be divisible by num_heads "
-                f"({num_heads})."
-            )
+            raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads}).")
         _check_dtype(dtype)
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
@@ -169,9 +175,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
             name="position_embedding",
         )
         self.embeddings_add = keras.layers.Add(dtype=dtype, name="embeddings_add")
-        self.embeddings_dropout = Dropout(
-            dropout, dtype=dtype, name="embeddings_dropout"
-        )
+        self.embeddings_dropout = Dropout(dropout, dtype=dtype, name="embeddings_dropout")
         self.transformer_layers = [
             GPTDecoderBlock(
                 num_heads=num_heads,
@@ -408,6 +412,8 @@ def _check_dtype(dtype):
     except ValueError:
         policy = None
     if policy is None or getattr(policy, "quantization_mode", None) or "int" in str(policy.variable_dtype):
-        raise ValueError(f"dtype must name a float or mixed policy ('float32', 'bfloat16', 'mixed_bfloat16', "
-                         f"'mixed_float16'), got {dtype!r}. For int8 weights, build the model in float and call "
-                         f"model.quantize('int8').")
+        raise ValueError(
+            f"dtype must name a float or mixed policy ('float32', 'bfloat16', 'mixed_bfloat16', "
+            f"'mixed_float16'), got {dtype!r}. For int8 weights, build the model in float and call "
+            f"model.quantize('int8')."
+        )

@@ -156,8 +156,10 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             from keras_hub.samplers import Sampler, get
 
             if not isinstance(get(sampler), Sampler):  # keras-hub hands back an unknown name as it is
-                raise ValueError(f"sampler={sampler!r} is not a keras-hub sampler: pass 'greedy', 'top_k', 'top_p', "
-                                 f"'beam', 'random', 'contrastive' or a keras_hub.samplers.Sampler.")
+                raise ValueError(
+                    f"sampler={sampler!r} is not a keras-hub sampler: pass 'greedy', 'top_k', 'top_p', "
+                    f"'beam', 'random', 'contrastive' or a keras_hub.samplers.Sampler."
+                )
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
         custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
@@ -244,8 +246,11 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         `kwargs` override config entries (e.g. `dropout`).
         """
         preset = hub.local(preset, cls.backbone_cls)
-        if isinstance(preset, (str, os.PathLike)) and not os.path.isfile(os.path.join(preset, TASK_CONFIG_FILE)) \
-                and os.path.isfile(os.path.join(preset, CONFIG_FILE)):
+        if (
+            isinstance(preset, (str, os.PathLike))
+            and not os.path.isfile(os.path.join(preset, TASK_CONFIG_FILE))
+            and os.path.isfile(os.path.join(preset, CONFIG_FILE))
+        ):
             load_weights = kwargs.pop("load_weights", True)
             check_overrides(cls, kwargs)
             backbone = cls.backbone_cls.from_preset(preset, load_weights=load_weights)
@@ -341,16 +346,20 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             targets = checks.token_ids(targets, "y", vocabulary)
             ids = _concrete_ids(x)
             if ids is not None and targets.shape != np.shape(ids):
-                raise ValueError(f"y must have the shape of x['token_ids'] {np.shape(ids)} (the next token at "
-                                 f"each position), got {targets.shape}.")
+                raise ValueError(
+                    f"y must have the shape of x['token_ids'] {np.shape(ids)} (the next token at "
+                    f"each position), got {targets.shape}."
+                )
 
     def _check_texts(self, texts, y, method):
         """Refuses `y` beside text (the targets are the text's own next tokens) and text with nothing to
         predict; warns, with counts, of texts with none and of texts longer than the packed length."""
         self._check_preprocessor()
         if y is not None:
-            raise ValueError(f"{method}() on text uses each text's own next tokens as targets, so it takes no y: "
-                             f"leave y out (for labels, fine-tune a kgpt.GPTTaskModel).")
+            raise ValueError(
+                f"{method}() on text uses each text's own next tokens as targets, so it takes no y: "
+                f"leave y out (for labels, fine-tune a kgpt.GPTTaskModel)."
+            )
         texts = texts.numpy() if tf is not None and isinstance(texts, tf.Tensor) else texts
         texts = [texts] if isinstance(texts, (str, bytes)) else np.asarray(texts, dtype=object).reshape(-1).tolist()
         start = int(bool(self.preprocessor.add_start_token))
@@ -363,23 +372,31 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 else:
                     text.encode("utf-8")
             except UnicodeError as e:
-                raise ValueError(f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): "
-                                 f"{text!r:.60}") from None
+                raise ValueError(
+                    f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): {text!r:.60}"
+                ) from None
             sizes.append(start + len(self.preprocessor.tokenizer.encode(text)))
         sizes = np.array(sizes)
         empty, cut = int((sizes < 2).sum()), int((sizes > length + 1).sum())
         used = {"fit": "trained on", "evaluate": "evaluated", "predict": "predicted"}[method]
         if empty == len(texts) and method != "predict":
-            raise ValueError(f"{method}() got {len(texts)} text(s) with nothing to predict: each needs at least 2 "
-                             f"tokens (a token and the one after it).")
+            raise ValueError(
+                f"{method}() got {len(texts)} text(s) with nothing to predict: each needs at least 2 "
+                f"tokens (a token and the one after it)."
+            )
         if empty:
-            warnings.warn(f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}"
-                          + (" (their logits predict no token of theirs)." if method == "predict" else "."),
-                          stacklevel=3)
+            warnings.warn(
+                f"{empty} of {len(texts)} texts have fewer than 2 tokens: nothing of them is {used}"
+                + (" (their logits predict no token of theirs)." if method == "predict" else "."),
+                stacklevel=3,
+            )
         if cut:
-            warnings.warn(f"{cut} of {len(texts)} texts are longer than sequence_length={length} tokens (+1 "
-                          f"target): {int(np.maximum(sizes - length - 1, 0).sum())} tokens past it are not "
-                          f"{used}. Split long texts into windows to use all of them.", stacklevel=3)
+            warnings.warn(
+                f"{cut} of {len(texts)} texts are longer than sequence_length={length} tokens (+1 "
+                f"target): {int(np.maximum(sizes - length - 1, 0).sum())} tokens past it are not "
+                f"{used}. Split long texts into windows to use all of them.",
+                stacklevel=3,
+            )
 
     def _warn_if_warming_up(self, x, batch_size, kwargs):
         """Says so when the whole `fit` stays inside the learning-rate warm-up (`compile()`'s default is
@@ -402,12 +419,20 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 f"{schedule.warmup_steps}-update warm-up: the learning rate reaches only {reached:.3g} of its peak "
                 f"{schedule.peak_learning_rate:g}, so the model will barely change. For a short run, compile with "
                 f"a shorter warm-up: lm.compile(optimizer=kgpt.gpt_adamw(warmup_steps=..., total_steps=...)).",
-                stacklevel=3)
+                stacklevel=3,
+            )
 
     # --- scoring -----------------------------------------------------------
 
-    def score(self, token_ids, padding_mask=None, scoring_mode="log_probs", layer_intercept_fn=None,
-              target_ids=None, batch_size=32):
+    def score(
+        self,
+        token_ids,
+        padding_mask=None,
+        scoring_mode="log_probs",
+        layer_intercept_fn=None,
+        target_ids=None,
+        batch_size=32,
+    ):
         """Scores token ids (or texts): kgpt's log-probabilities, or keras-hub's logits and per-token losses.
 
         Args:
@@ -450,19 +475,24 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         ```
         """
         if scoring_mode not in ("log_probs", "logits", "loss"):
-            raise ValueError(f"scoring_mode must be 'log_probs' (kgpt's), 'logits' or 'loss' (keras-hub's), got "
-                             f"{scoring_mode!r}.")
+            raise ValueError(
+                f"scoring_mode must be 'log_probs' (kgpt's), 'logits' or 'loss' (keras-hub's), got {scoring_mode!r}."
+            )
         batch_size = checks.positive_int(batch_size, "batch_size")
         if scoring_mode == "log_probs":
             for name, value in (("layer_intercept_fn", layer_intercept_fn), ("target_ids", target_ids)):
                 if value is not None:
-                    raise ValueError(f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
-                                     f"scoring_mode='log_probs' scores each next token of token_ids.")
+                    raise ValueError(
+                        f"{name} is for scoring_mode='logits' or 'loss' (keras-hub's); "
+                        f"scoring_mode='log_probs' scores each next token of token_ids."
+                    )
             if inputs_kind.is_text(token_ids):
                 return self._score_text(token_ids, batch_size)
         elif inputs_kind.is_text(token_ids):
-            raise ValueError(f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
-                             f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first.")
+            raise ValueError(
+                f"scoring_mode={scoring_mode!r} takes token ids; texts are scored with "
+                f"scoring_mode='log_probs', or go through lm.preprocessor.generate_preprocess first."
+            )
         token_ids = checks.token_ids(token_ids, "token_ids", self.backbone.vocabulary_size)
         if token_ids.shape[0] == 0 or token_ids.shape[1] < 2:
             raise ValueError(f"score() needs token_ids of shape [batch >= 1, length >= 2], got {token_ids.shape}.")
@@ -534,19 +564,23 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         token_ids = inputs["token_ids"]
         if scoring_mode == "loss":
             if target_ids is None:
-                raise ValueError("scoring_mode='loss' needs target_ids: the token to score at each position, e.g. "
-                                 "keras.ops.roll(token_ids, -1, axis=1).")
+                raise ValueError(
+                    "scoring_mode='loss' needs target_ids: the token to score at each position, e.g. "
+                    "keras.ops.roll(token_ids, -1, axis=1)."
+                )
             target_ids = checks.token_ids(target_ids, "target_ids", self.backbone.vocabulary_size)
             if target_ids.shape != token_ids.shape:
-                raise ValueError(f"target_ids must have the shape of token_ids {token_ids.shape}, got "
-                                 f"{target_ids.shape}.")
+                raise ValueError(
+                    f"target_ids must have the shape of token_ids {token_ids.shape}, got {target_ids.shape}."
+                )
         elif target_ids is not None:
             raise ValueError("target_ids is for scoring_mode='loss'; 'logits' scores every vocabulary entry.")
         backbone = self.backbone
         if not hasattr(backbone, "transformer_layers"):  # the LSTM ablation: no blocks to intercept
             if layer_intercept_fn is not None:
-                raise ValueError(f"layer_intercept_fn needs a backbone of transformer blocks, not a "
-                                 f"{type(backbone).__name__}.")
+                raise ValueError(
+                    f"layer_intercept_fn needs a backbone of transformer blocks, not a {type(backbone).__name__}."
+                )
             logits = self(inputs, training=False)
         else:
             intercept = layer_intercept_fn or (lambda x, i: x)
@@ -627,21 +661,26 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if isinstance(stop_token_ids, (str, bytes)) or not isinstance(stop_token_ids, (list, tuple, np.ndarray)):
             raise TypeError(f"stop_token_ids must be None or a list of token ids, got {stop_token_ids!r}.")
         vocabulary = self.backbone.vocabulary_size
-        return tuple(checks.positive_int(t, "each of stop_token_ids", minimum=0, maximum=vocabulary - 1)
-                     for t in stop_token_ids)
+        return tuple(
+            checks.positive_int(t, "each of stop_token_ids", minimum=0, maximum=vocabulary - 1) for t in stop_token_ids
+        )
 
     def _check_packed_prompts(self, inputs, max_length):
         """keras-hub's dict of right-padded prompts, checked: ids in the vocabulary, room to generate."""
         missing = {"token_ids", "padding_mask"} - set(inputs)
         if missing:
-            raise ValueError(f"generate() on a dict needs the keys 'token_ids' and 'padding_mask' "
-                             f"(right-padded prompts); missing {sorted(missing)}.")
+            raise ValueError(
+                f"generate() on a dict needs the keys 'token_ids' and 'padding_mask' "
+                f"(right-padded prompts); missing {sorted(missing)}."
+            )
         ids = checks.token_ids(inputs["token_ids"], "token_ids", self.backbone.vocabulary_size)
         mask = checks.padding_mask(inputs["padding_mask"], "padding_mask", ids.shape)
         if max_length is not None and max_length != ids.shape[1]:
-            raise ValueError(f"max_length={max_length}, but the token_ids are padded to {ids.shape[1]}: the "
-                             f"padded width is the generated length. Pad them to {max_length}, or leave out "
-                             f"max_length.")
+            raise ValueError(
+                f"max_length={max_length}, but the token_ids are padded to {ids.shape[1]}: the "
+                f"padded width is the generated length. Pad them to {max_length}, or leave out "
+                f"max_length."
+            )
         self._check_length(ids.shape[1])
         _check_room(mask.sum(axis=-1), ids.shape[1])
         return {"token_ids": ids, "padding_mask": mask}
@@ -652,18 +691,25 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if isinstance(prompts, np.ndarray):
             prompts = list(prompts)
         if not isinstance(prompts, (list, tuple)):
-            raise TypeError(f"generate() takes a prompt string, a list of them, a list of token-id lists or a "
-                            f"dict of padded arrays; got {type(prompts).__name__}.")
+            raise TypeError(
+                f"generate() takes a prompt string, a list of them, a list of token-id lists or a "
+                f"dict of padded arrays; got {type(prompts).__name__}."
+            )
         if not prompts:
             raise ValueError("generate() got no prompts.")
         if any(isinstance(p, (str, bytes)) for p in prompts):
-            raise TypeError("generate() got a list that mixes strings with token ids: pass all prompts as text, "
-                            "or all as lists of token ids.")
+            raise TypeError(
+                "generate() got a list that mixes strings with token ids: pass all prompts as text, "
+                "or all as lists of token ids."
+            )
         if not all(isinstance(p, (list, tuple, np.ndarray)) for p in prompts):
-            raise TypeError("generate() takes token ids as a list of prompts, each a list of ids (e.g. "
-                            "[[5, 6, 7]]), not a flat list of numbers.")
-        prompts = [checks.token_ids([list(p)], f"prompt {i}", self.backbone.vocabulary_size)[0]
-                   for i, p in enumerate(prompts)]
+            raise TypeError(
+                "generate() takes token ids as a list of prompts, each a list of ids (e.g. "
+                "[[5, 6, 7]]), not a flat list of numbers."
+            )
+        prompts = [
+            checks.token_ids([list(p)], f"prompt {i}", self.backbone.vocabulary_size)[0] for i, p in enumerate(prompts)
+        ]
         max_length = max_length or self.backbone.max_sequence_length
         _check_room(np.array([len(p) for p in prompts]), max_length)
         token_ids = np.zeros((len(prompts), max_length), "int32")
@@ -844,8 +890,11 @@ def _check_not_empty(x, method, name):
 def _check_room(lengths, max_length):
     """Every prompt has a token, and leaves room for one generated token within `max_length`."""
     if (lengths == 0).any():
-        raise ValueError(f"generate() needs at least one token in every prompt; prompt {int(np.argmin(lengths))} "
-                         f"has none.")
+        raise ValueError(
+            f"generate() needs at least one token in every prompt; prompt {int(np.argmin(lengths))} has none."
+        )
     if lengths.max() >= max_length:
-        raise ValueError(f"Prompt {int(np.argmax(lengths))} has {int(lengths.max())} tokens, leaving no room to "
-                         f"generate within max_length={max_length}.")
+        raise ValueError(
+            f"Prompt {int(np.argmax(lengths))} has {int(lengths.max())} tokens, leaving no room to "
+            f"generate within max_length={max_length}."
+        )

@@ -6,12 +6,12 @@ import keras
 import numpy as np
 from keras_hub.models import CausalLMPreprocessor
 
-from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.checks import positive_int
 from kgpt.io import hub
 from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
+from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import check_tokenizer
-from kgpt.checks import positive_int
 
 PREPROCESSOR_CONFIG = "preprocessor.json"  # keras-hub's preset layout
 
@@ -72,8 +72,10 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
 
     def call(self, x, y=None, sample_weight=None, sequence_length=None):
         if y is not None:
-            raise ValueError("GPTCausalLMPreprocessor makes the targets from the text itself (each next token), so it "
-                             "takes no y: leave it out.")
+            raise ValueError(
+                "GPTCausalLMPreprocessor makes the targets from the text itself (each next token), so it "
+                "takes no y: leave it out."
+            )
         if isinstance(x, (list, tuple)) and not x:
             raise ValueError("GPTCausalLMPreprocessor got no texts: x is empty.")
         sequence_length = positive_int(sequence_length, "sequence_length", allow_none=True)
@@ -107,8 +109,7 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
                 raise ValueError("generate() needs at least one token in every prompt; a prompt has none.")
             if (counts == length).any():
                 raise ValueError(
-                    f"A prompt has {length} or more tokens, leaving no room to generate within "
-                    f"max_length={length}."
+                    f"A prompt has {length} or more tokens, leaving no room to generate within max_length={length}."
                 )
         return outputs
 

@@ -116,8 +116,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         self.fold_ids = FoldViews(name="fold_token_ids")
         self.fold_mask = FoldViews(name="fold_padding_mask")
         self.extract_states = ExtractStates(num_views, name="extract_states")
-        self.classifier_dropout_layer = Dropout(checks.rate(classifier_dropout, "classifier_dropout"),
-                                                name="classifier_dropout")
+        self.classifier_dropout_layer = Dropout(
+            checks.rate(classifier_dropout, "classifier_dropout"), name="classifier_dropout"
+        )
         self.classifier = keras.layers.Dense(
             head.units(num_views),
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
@@ -172,8 +173,17 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         return super().from_config(config)
 
     @classmethod
-    def from_preset(cls, preset, task=None, registry=None, max_length=None, lm_coef=None, classifier_dropout=None,
-                    sequence_length=None, **kwargs):
+    def from_preset(
+        cls,
+        preset,
+        task=None,
+        registry=None,
+        max_length=None,
+        lm_coef=None,
+        classifier_dropout=None,
+        sequence_length=None,
+        **kwargs,
+    ):
         """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
 
         Args:
@@ -209,22 +219,30 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         preset = hub.local(preset, cls.backbone_cls)
         if is_task_preset(preset, cls):
             if lm_coef is not None or classifier_dropout is not None:
-                raise ValueError(f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "
-                                 f"chosen when fine-tuning starts from a pre-trained preset.")
+                raise ValueError(
+                    f"{preset} is fine-tuned: lm_coef and classifier_dropout are its own; they are "
+                    f"chosen when fine-tuning starts from a pre-trained preset."
+                )
             model = load_task_preset(cls, preset, load_weights=load_weights, **kwargs)
             if max_length is not None and model.preprocessor is not None:
                 model.preprocessor.sequence_length = min(max_length, model.backbone.max_sequence_length)
             name = getattr(task, "name", task)
             if name is not None and name != model.task_name:
-                raise ValueError(f"{preset} is fine-tuned for task {model.task_name!r}, not {name!r}: load it without "
-                                 f"task=, or fine-tune its pre-trained model (kgpt-train --init) for {name!r}.")
+                raise ValueError(
+                    f"{preset} is fine-tuned for task {model.task_name!r}, not {name!r}: load it without "
+                    f"task=, or fine-tune its pre-trained model (kgpt-train --init) for {name!r}."
+                )
             return model
         if task is None:
-            raise ValueError(f"{preset} is not a fine-tuned task model: pass task=NAME (a registered task or a "
-                             f"kgpt.Task) to fine-tune it.")
+            raise ValueError(
+                f"{preset} is not a fine-tuned task model: pass task=NAME (a registered task or a "
+                f"kgpt.Task) to fine-tune it."
+            )
         if not load_weights:
-            raise ValueError(f"load_weights=False: {preset} is a pre-trained model to fine-tune from, so its weights "
-                             f"are the point. For fresh weights build kgpt.GPTTaskModel(kgpt.GPTBackbone(...), ...).")
+            raise ValueError(
+                f"load_weights=False: {preset} is a pre-trained model to fine-tune from, so its weights "
+                f"are the point. For fresh weights build kgpt.GPTTaskModel(kgpt.GPTBackbone(...), ...)."
+            )
         if isinstance(task, str):
             task = (registry or TaskRegistry()).get(task)
         backbone, tokenizer, _ = load_pretrained(preset, dtype=kwargs.pop("dtype", None))
@@ -232,14 +250,30 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         limit = backbone.max_sequence_length
         # A table task's columns are saved, as kgpt-train saves them: kgpt-predict reads the same ones by default.
         columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None
-        preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, sequence_length=min(max_length or limit, limit),
-                                           columns=columns)
+        preprocessor = GPTTaskPreprocessor(
+            tokenizer, task.transform, sequence_length=min(max_length or limit, limit), columns=columns
+        )
         chosen = {"lm_coef": lm_coef, "classifier_dropout": classifier_dropout}
-        return cls(backbone, head=task.head, num_views=task.transform.num_views, task_name=task.name,
-                   preprocessor=preprocessor, **{k: v for k, v in chosen.items() if v is not None}, **kwargs)
+        return cls(
+            backbone,
+            head=task.head,
+            num_views=task.transform.num_views,
+            task_name=task.name,
+            preprocessor=preprocessor,
+            **{k: v for k, v in chosen.items() if v is not None},
+            **kwargs,
+        )
 
-    def compile(self, optimizer="auto", loss="auto", *, weighted_metrics="auto", total_steps=None,
-                lm_loss_chunk_size="auto", **kwargs):
+    def compile(
+        self,
+        optimizer="auto",
+        loss="auto",
+        *,
+        weighted_metrics="auto",
+        total_steps=None,
+        lm_loss_chunk_size="auto",
+        **kwargs,
+    ):
         """Configures fine-tuning with the paper's defaults.
 
         Args:
@@ -275,8 +309,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             weighted_metrics = {"task": self.head.metrics()}
         # keras-hub's Task.compile: TextClassifier's would add its own "auto" accuracy on the dict of outputs.
         KerasHubTask.compile(
-            self, optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics,
-            **kwargs
+            self, optimizer=optimizer, loss=loss, loss_weights=loss_weights, weighted_metrics=weighted_metrics, **kwargs
         )
 
     def get_compile_config(self):
@@ -299,36 +332,54 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
     def encode(self, x, y=None, name="inputs"):
         """Raw text (and labels) -> a `kgpt.data.batching.EncodedSplit` through the attached preprocessor."""
         if self.preprocessor is None:
-            raise ValueError("Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
-                             "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+            raise ValueError(
+                "Text inputs need a preprocessor: load with GPTTaskModel.from_preset(dir, task=...) or "
+                "pass preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform)."
+            )
         targets = None
         if y is None and isinstance(x, list) and x and all(isinstance(e, Example) for e in x):
             if all(e.label is not None for e in x):  # labelled examples carry their labels and sources
-                targets = np.asarray([self.head.target(e.label, e.source or f"{name} example {i}")
-                                      for i, e in enumerate(x)], self.head.target_dtype)
+                targets = np.asarray(
+                    [self.head.target(e.label, e.source or f"{name} example {i}") for i, e in enumerate(x)],
+                    self.head.target_dtype,
+                )
         elif y is not None:
             if hasattr(y, "numpy") and not isinstance(y, np.ndarray):
                 y = y.numpy()
             labels = y.tolist() if isinstance(y, np.ndarray) else list(y)
-            targets = np.asarray([self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)],
-                                 self.head.target_dtype)
+            targets = np.asarray(
+                [self.head.target(label, f"{name} label {i}") for i, label in enumerate(labels)], self.head.target_dtype
+            )
         split = self.preprocessor.encode_batch(x, targets, name=name)
         if split.counts["truncated"]:
-            warnings.warn(f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
-                          f"sequence_length={self.preprocessor.sequence_length} tokens: {split.counts['tokens_cut']} "
-                          f"tokens were cut from the end of their longest segments.", stacklevel=2)
+            warnings.warn(
+                f"{split.counts['truncated']} of {len(split)} examples in {name} are longer than "
+                f"sequence_length={self.preprocessor.sequence_length} tokens: {split.counts['tokens_cut']} "
+                f"tokens were cut from the end of their longest segments.",
+                stacklevel=2,
+            )
         return split
 
     def _labeled_split(self, x, y, name="inputs"):
         """Texts and labels (or an `EncodedSplit`) as an `EncodedSplit` with targets."""
         split = x if isinstance(x, batching.EncodedSplit) else self.encode(x, y, name=name)
         if split.targets is None:
-            raise ValueError(f"Training or evaluating on text needs labels: pass y (label names or indices) "
-                             f"for {name}.")
+            raise ValueError(
+                f"Training or evaluating on text needs labels: pass y (label names or indices) for {name}."
+            )
         return split
 
-    def _text_dataset(self, x, y, batch_size, seed=None, name="inputs", epochs=1,
-                     compile_batches=batching.COMPILE_BATCHES, attention_length=None):
+    def _text_dataset(
+        self,
+        x,
+        y,
+        batch_size,
+        seed=None,
+        name="inputs",
+        epochs=1,
+        compile_batches=batching.COMPILE_BATCHES,
+        attention_length=None,
+    ):
         """Texts and labels (or an `EncodedSplit`) as a `tf.data` dataset of length-bucketed model batches.
 
         Its padded lengths are planned for `epochs` passes, each compilation
@@ -337,16 +388,24 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         """
         split = self._labeled_split(x, y, name=name)
         batch_size = batch_size or 32
-        return batching.dataset(split, batch_size, seed=seed, lm="lm" in self.output, epochs=epochs,
-                                max_lengths=self.max_padded_lengths(split, batch_size, epochs, compile_batches,
-                                                                    attention_length),
-                                compile_batches=compile_batches, attention_length=attention_length)
+        return batching.dataset(
+            split,
+            batch_size,
+            seed=seed,
+            lm="lm" in self.output,
+            epochs=epochs,
+            max_lengths=self.max_padded_lengths(split, batch_size, epochs, compile_batches, attention_length),
+            compile_batches=compile_batches,
+            attention_length=attention_length,
+        )
 
     def _encode_dataset(self, ds, targets):
         """A batched `tf.data.Dataset` of raw text -> model batches (`gpt_task_preprocessor.encode_dataset`)."""
         if self.preprocessor is None:
-            raise ValueError("A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
-                             "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform).")
+            raise ValueError(
+                "A dataset of text needs a preprocessor: load with GPTTaskModel.from_preset(dir, "
+                "task=...) or attach preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transform)."
+            )
         return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
 
     def _check_inputs(self, x, batch_size, y=None, sample_weight=None, name="x"):
@@ -374,16 +433,22 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             return
         ids, mask = np.asarray(ids), np.asarray(mask).astype(bool)
         if ids.shape[1] != self.num_views:
-            raise ValueError(f"{name}['token_ids'] has {ids.shape[1]} views per example (shape {ids.shape}); this "
-                             f"model takes num_views={self.num_views}: [batch, {self.num_views}, length].")
+            raise ValueError(
+                f"{name}['token_ids'] has {ids.shape[1]} views per example (shape {ids.shape}); this "
+                f"model takes num_views={self.num_views}: [batch, {self.num_views}, length]."
+            )
         empty = np.argwhere(~mask.any(-1))
         if len(empty):
-            raise ValueError(f"{name}['padding_mask']{empty[0].tolist()} has no real token: every view needs its "
-                             f"tokens (at least the extract token the head reads).")
+            raise ValueError(
+                f"{name}['padding_mask']{empty[0].tolist()} has no real token: every view needs its "
+                f"tokens (at least the extract token the head reads)."
+            )
         unpadded = np.argwhere((mask[..., 1:] > mask[..., :-1]).any(-1))
         if len(unpadded):
-            raise ValueError(f"{name}['padding_mask']{unpadded[0].tolist()} is not right-padded: real tokens first, "
-                             f"then padding (the head reads the last real token).")
+            raise ValueError(
+                f"{name}['padding_mask']{unpadded[0].tolist()} is not right-padded: real tokens first, "
+                f"then padding (the head reads the last real token)."
+            )
 
     def _check_targets(self, x, y, sample_weight):
         """Targets beside token-id arrays: `{"task": [batch], "lm": token_ids[..., 1:]}` (a bare task array
@@ -400,8 +465,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             layout = "{'task': targets [batch]" + (", 'lm': x['token_ids'][..., 1:]}" if "lm" in outputs else "}")
             if not isinstance(y, dict) or sorted(map(str, y)) != outputs:
                 got = f"has keys {sorted(map(str, y))}" if isinstance(y, dict) else f"is a {type(y).__name__}"
-                raise ValueError(f"y {got}; the model's outputs are {outputs}, so y on token ids is {layout}"
-                                 + (" (lm_coef=0 removes the LM output)." if "lm" in outputs else "."))
+                raise ValueError(
+                    f"y {got}; the model's outputs are {outputs}, so y on token ids is {layout}"
+                    + (" (lm_coef=0 removes the LM output)." if "lm" in outputs else ".")
+                )
             task = checks.concrete(y["task"])
             if task is not None and isinstance(self.head, heads_lib.Categorical):
                 checks.class_indices(task, "y['task']", int(self.output["task"].shape[-1]))
@@ -411,16 +478,19 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             if lm is not None:
                 lm = checks.token_ids(lm, "y['lm']", self.backbone.vocabulary_size, ndim=3)
                 if lm.shape != ids.shape[:-1] + (ids.shape[-1] - 1,):
-                    raise ValueError(f"y['lm'] must have shape {ids.shape[:-1] + (ids.shape[-1] - 1,)} "
-                                     f"(x['token_ids'][..., 1:], each position's next token), got {lm.shape}.")
+                    raise ValueError(
+                        f"y['lm'] must have shape {ids.shape[:-1] + (ids.shape[-1] - 1,)} "
+                        f"(x['token_ids'][..., 1:], each position's next token), got {lm.shape}."
+                    )
             checks.same_batch(len(ids), {f"y[{k!r}]": v for k, v in y.items()})
         if isinstance(sample_weight, dict):
             checks.same_batch(len(ids), {f"sample_weight[{k!r}]": v for k, v in sample_weight.items()})
         elif sample_weight is not None:
             checks.same_batch(len(ids), {"sample_weight": sample_weight})
 
-    def max_padded_lengths(self, split, batch_size, epochs=1, compile_batches=batching.COMPILE_BATCHES,
-                           attention_length=None):
+    def max_padded_lengths(
+        self, split, batch_size, epochs=1, compile_batches=batching.COMPILE_BATCHES, attention_length=None
+    ):
         """How many padded lengths batches of `split` may use in `epochs` passes: all without XLA, fewer with (each
         compilation worth `compile_batches` steps, a row's cost growing with `attention_length`:
         `kgpt.data.batching`)."""
@@ -428,8 +498,18 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
 
     # keras-hub's PipelineModel maps the preprocessor over tf.data batches;
     # task examples are tokenized in Python and batched by length instead.
-    def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None, validation_data=None,
-            shuffle=True, **kwargs):
+    def fit(
+        self,
+        x=None,
+        y=None,
+        batch_size=None,
+        epochs=1,
+        verbose="auto",
+        callbacks=None,
+        validation_data=None,
+        shuffle=True,
+        **kwargs,
+    ):
         """Keras `fit`; on raw text (see the class docstring), `y` holds labels (names or indices).
 
         Text batches are drawn by length (`kgpt.data.batching`) and, when
@@ -452,26 +532,45 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             passes = epochs - kwargs.get("initial_epoch", 0)
             # On JAX each padded length compiles: what that costs is measured before the lengths are planned.
             attention = compile_cost.attention_length(self.backbone, "lm" in self.output)
-            cost = compile_cost.compile_batches(self, split, batch_size, "lm" in self.output,
-                                                attention_length=attention) if self.compiled \
+            cost = (
+                compile_cost.compile_batches(self, split, batch_size, "lm" in self.output, attention_length=attention)
+                if self.compiled
                 else batching.COMPILE_BATCHES
-            x = self._text_dataset(split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost,
-                                   attention_length=attention)
+            )
+            x = self._text_dataset(
+                split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost, attention_length=attention
+            )
             if validation_data is not None:
                 if isinstance(validation_data, batching.EncodedSplit) or _is_text(validation_data):
                     validation_data = (validation_data, None)
                 if len(validation_data) > 2 and validation_data[2] is not None:
                     raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")
-                validation_data = self._text_dataset(validation_data[0], validation_data[1], batch_size,
-                                                     name="validation_data", epochs=passes, compile_batches=cost,
-                                                     attention_length=attention)
+                validation_data = self._text_dataset(
+                    validation_data[0],
+                    validation_data[1],
+                    batch_size,
+                    name="validation_data",
+                    epochs=passes,
+                    compile_batches=cost,
+                    attention_length=attention,
+                )
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
         vocabulary = self.backbone.vocabulary_size
         x, validation_data = checks.dataset_ids(x, vocabulary), checks.dataset_ids(validation_data, vocabulary)
         with checks.dataset_errors(self):
-            return keras.Model.fit(self, x, y, batch_size=batch_size, epochs=epochs, verbose=verbose,
-                                   callbacks=callbacks, validation_data=validation_data, shuffle=shuffle, **kwargs)
+            return keras.Model.fit(
+                self,
+                x,
+                y,
+                batch_size=batch_size,
+                epochs=epochs,
+                verbose=verbose,
+                callbacks=callbacks,
+                validation_data=validation_data,
+                shuffle=shuffle,
+                **kwargs,
+            )
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
@@ -481,8 +580,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         elif _is_text(x) or isinstance(x, batching.EncodedSplit):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         with checks.dataset_errors(self):
-            return keras.Model.evaluate(self, checks.dataset_ids(x, self.backbone.vocabulary_size), y,
-                                        batch_size=batch_size, **kwargs)
+            return keras.Model.evaluate(
+                self, checks.dataset_ids(x, self.backbone.vocabulary_size), y, batch_size=batch_size, **kwargs
+            )
 
     def predict(self, x, batch_size=None, verbose="auto", **kwargs):
         """The head's raw outputs, in input order, whatever the input: as keras-hub's classifiers give logits.
@@ -502,8 +602,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
         with checks.dataset_errors(self):
-            return self.task_predictor().predict(checks.dataset_ids(x, self.backbone.vocabulary_size),
-                                                 batch_size=batch_size, verbose=verbose, **kwargs)
+            return self.task_predictor().predict(
+                checks.dataset_ids(x, self.backbone.vocabulary_size), batch_size=batch_size, verbose=verbose, **kwargs
+            )
 
     def predict_labels(self, x, batch_size=None):
         """Predictions on raw text as the task names them: label names, choice indices or values."""
@@ -584,7 +685,8 @@ def is_task_preset(preset, cls=None):
         return False
     saved = read_json(config, "a kgpt task config")
     return isinstance(saved, dict) and saved.get("registered_name") == keras.saving.get_registered_name(
-        cls or GPTTaskModel)
+        cls or GPTTaskModel
+    )
 
 
 def _head(head, num_classes, num_views):
@@ -592,13 +694,17 @@ def _head(head, num_classes, num_views):
     `num_views`."""
     if num_classes is not None:
         if head is not None:
-            raise ValueError("Pass head= or num_classes=, not both (num_classes=N is "
-                             "head=kgpt.tasks.heads.ClassificationHead(['0', ..., 'N-1'])).")
+            raise ValueError(
+                "Pass head= or num_classes=, not both (num_classes=N is "
+                "head=kgpt.tasks.heads.ClassificationHead(['0', ..., 'N-1']))."
+            )
         num_classes = checks.positive_int(num_classes, "num_classes", minimum=2)
         return heads_lib.ClassificationHead([str(i) for i in range(num_classes)])
     if head is None:
-        raise ValueError("GPTTaskModel needs head= (a kgpt.tasks.heads.Head) or num_classes= (a classifier "
-                         "whose labels are 0..num_classes-1).")
+        raise ValueError(
+            "GPTTaskModel needs head= (a kgpt.tasks.heads.Head) or num_classes= (a classifier "
+            "whose labels are 0..num_classes-1)."
+        )
     if isinstance(head, str):
         raise ValueError(
             f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.ClassificationHead(labels), "
@@ -606,8 +712,9 @@ def _head(head, num_classes, num_views):
             f"way in task.json: fine-tune it again (its backbone loads with kgpt-train --init DIR)."
         )
     if not isinstance(head, heads_lib.Head):
-        raise ValueError(f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), "
-                         f"got {head!r}.")
+        raise ValueError(
+            f"head must be a kgpt.tasks.heads.Head (e.g. kgpt.tasks.heads.ClassificationHead(labels)), got {head!r}."
+        )
     checks.one_of(head.pooling, f"{head!r}: pooling", ("sum", "each"))
     if isinstance(head, heads_lib.MultipleChoiceHead) and head.num_choices != num_views:
         raise ValueError(f"{head!r} needs num_views={head.num_choices}, got {num_views}.")
@@ -620,10 +727,15 @@ def _check_fits(preprocessor, backbone, head, num_views):
     transform = preprocessor.transform
     problem = head.check(transform) or (
         f"the preprocessor's {transform.kind} transform makes {transform.num_views} view(s), the model takes "
-        f"{num_views}" if transform.num_views != num_views else None)
+        f"{num_views}"
+        if transform.num_views != num_views
+        else None
+    )
     if not problem and preprocessor.sequence_length > backbone.max_sequence_length:
-        problem = (f"the preprocessor's sequence_length={preprocessor.sequence_length} exceeds the model's context "
-                   f"max_sequence_length={backbone.max_sequence_length}")
+        problem = (
+            f"the preprocessor's sequence_length={preprocessor.sequence_length} exceeds the model's context "
+            f"max_sequence_length={backbone.max_sequence_length}"
+        )
     if problem:
         raise ValueError(f"The preprocessor does not fit the model: {problem}.")
 

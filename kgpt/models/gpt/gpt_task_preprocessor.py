@@ -95,8 +95,9 @@ class GPTTaskPreprocessor(Preprocessor):
         length = packed_length(sequence_length, max_length)
         length = 512 if length is None else length
         length = checks.positive_int(length, "sequence_length", minimum=MIN_MAX_LENGTH)
-        if columns is not None and (isinstance(columns, str) or not all(isinstance(c, str) for c in columns)
-                                    or not columns):
+        if columns is not None and (
+            isinstance(columns, str) or not all(isinstance(c, str) for c in columns) or not columns
+        ):
             raise ValueError(f"columns must be a list of column names, got {columns!r:.100}.")
         self.tokenizer = tokenizer
         self.transform = transform
@@ -128,8 +129,9 @@ class GPTTaskPreprocessor(Preprocessor):
                 raise ValueError(f"expected text, got {type(text).__name__} {text!r:.80}")
         encode = self.tokenizer.encode
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
-        return transforms.build_views(self.transform, [encode(s) for s in segments], [encode(c) for c in choices],
-                                      layout, self.sequence_length)
+        return transforms.build_views(
+            self.transform, [encode(s) for s in segments], [encode(c) for c in choices], layout, self.sequence_length
+        )
 
     # --- a batch -------------------------------------------------------------
 
@@ -146,15 +148,19 @@ class GPTTaskPreprocessor(Preprocessor):
             if items and all(isinstance(i, tuple) for i in items):  # one tuple per example
                 return [self._split_choices(i) for i in items]
             if any(isinstance(i, list) for i in items):
-                raise ValueError("A list of lists is ambiguous: pass segments as a tuple of columns, "
-                                 "(premises, hypotheses), or examples as a list of tuples, [(premise, hypothesis), ...].")
+                raise ValueError(
+                    "A list of lists is ambiguous: pass segments as a tuple of columns, "
+                    "(premises, hypotheses), or examples as a list of tuples, [(premise, hypothesis), ...]."
+                )
             return [((text,), ()) for text in inputs_kind.as_list(items, "x")]
         if isinstance(x, tuple):
             columns = list(x)
             if any(isinstance(c, (str, bytes)) for c in columns):
-                raise TypeError(f"A tuple is read as columns of segments, (premises, hypotheses), each a list of "
-                                f"texts; got a tuple holding a string ({next(c for c in columns if isinstance(c, (str, bytes)))!r:.40}). "
-                                f"Pass texts as a list, or each example as a tuple inside a list.")
+                raise TypeError(
+                    f"A tuple is read as columns of segments, (premises, hypotheses), each a list of "
+                    f"texts; got a tuple holding a string ({next(c for c in columns if isinstance(c, (str, bytes)))!r:.40}). "
+                    f"Pass texts as a list, or each example as a tuple inside a list."
+                )
             choices = None
             if self.transform.takes_choices:
                 if len(columns) < 2:
@@ -164,10 +170,13 @@ class GPTTaskPreprocessor(Preprocessor):
             sizes = {len(c) for c in columns} | ({len(choices)} if choices is not None else set())
             if len(sizes) > 1:
                 raise ValueError(f"The input columns have different lengths: {sorted(sizes)}.")
-            return [(tuple(c[i] for c in columns), choices[i] if choices is not None else ())
-                    for i in range(len(columns[0]))]
-        raise TypeError(f"Expected text inputs (a list of strings, a tuple of lists, or kgpt.Examples), "
-                        f"got {type(x).__name__}.")
+            return [
+                (tuple(c[i] for c in columns), choices[i] if choices is not None else ())
+                for i in range(len(columns[0]))
+            ]
+        raise TypeError(
+            f"Expected text inputs (a list of strings, a tuple of lists, or kgpt.Examples), got {type(x).__name__}."
+        )
 
     def _split_choices(self, item):
         if self.transform.takes_choices:
@@ -199,8 +208,14 @@ class GPTTaskPreprocessor(Preprocessor):
             truncated += cut > 0
             tokens_cut += cut
             builder.add(views, None if targets is None else targets[i], uid=str(i))
-        counts = {"read": len(examples), "used": len(examples), "skipped": 0, "skipped_reasons": {},
-                  "truncated": truncated, "tokens_cut": tokens_cut}
+        counts = {
+            "read": len(examples),
+            "used": len(examples),
+            "skipped": 0,
+            "skipped_reasons": {},
+            "truncated": truncated,
+            "tokens_cut": tokens_cut,
+        }
         dtype = np.asarray(targets).dtype.name if targets is not None and len(targets) else "int32"
         return builder.build(counts, target_dtype=dtype)
 
@@ -249,14 +264,17 @@ class GPTTaskPreprocessor(Preprocessor):
         if y is None:
             return inputs
         targets = {"task": y, "lm": token_ids[..., 1:]}
-        weights = {"task": tf.ones(tf.shape(y)[:1], "float32") if sample_weight is None else sample_weight,
-                   "lm": tf.cast(padding_mask[..., 1:], "float32")}
+        weights = {
+            "task": tf.ones(tf.shape(y)[:1], "float32") if sample_weight is None else sample_weight,
+            "lm": tf.cast(padding_mask[..., 1:], "float32"),
+        }
         return keras.utils.pack_x_y_sample_weight(inputs, targets, weights)
 
     def get_config(self):
         config = super().get_config()
-        config.update({"transform": keras.saving.serialize_keras_object(self.transform),
-                       "sequence_length": self.sequence_length})
+        config.update(
+            {"transform": keras.saving.serialize_keras_object(self.transform), "sequence_length": self.sequence_length}
+        )
         if self.columns is not None:  # absent otherwise: a preset reads as it did before columns were kept
             config["columns"] = list(self.columns)
         return config
@@ -265,8 +283,10 @@ class GPTTaskPreprocessor(Preprocessor):
 def packed_length(sequence_length, max_length):
     """`sequence_length`, else `max_length`, its earlier name (None when neither is given); both given must agree."""
     if sequence_length is not None and max_length is not None and sequence_length != max_length:
-        raise ValueError(f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
-                         f"packed length: pass sequence_length only.")
+        raise ValueError(
+            f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
+            f"packed length: pass sequence_length only."
+        )
     return sequence_length if sequence_length is not None else max_length
 
 
@@ -290,11 +310,11 @@ def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
     import tensorflow as tf
 
     spec = ds.element_spec
-    x_spec, y_spec, w_spec = keras.utils.unpack_x_y_sample_weight(spec) if isinstance(spec, tuple) \
-        else (spec, None, None)
+    x_spec, y_spec, w_spec = (
+        keras.utils.unpack_x_y_sample_weight(spec) if isinstance(spec, tuple) else (spec, None, None)
+    )
     if targets and y_spec is None:
-        raise ValueError("Training or evaluating on a tf.data.Dataset of text needs labels: elements "
-                         "(texts, labels).")
+        raise ValueError("Training or evaluating on a tf.data.Dataset of text needs labels: elements (texts, labels).")
     if targets and w_spec is not None:
         raise ValueError("A tf.data.Dataset of text takes (texts, labels): sample weights are not supported.")
     if tf.nest.flatten(x_spec)[0].shape.rank == 0:
@@ -316,8 +336,7 @@ def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
         return x["token_ids"], x["padding_mask"], y["task"].astype(target_type.as_numpy_dtype), weights["task"]
 
     def split_element(element):
-        x, y, _ = keras.utils.unpack_x_y_sample_weight(element) if isinstance(element, tuple) \
-            else (element, None, None)
+        x, y, _ = keras.utils.unpack_x_y_sample_weight(element) if isinstance(element, tuple) else (element, None, None)
         return tf.nest.flatten(x) + ([y] if targets else [])
 
     def to_model(*element):

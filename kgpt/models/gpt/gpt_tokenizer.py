@@ -65,7 +65,6 @@ class GPTTokenizer(GPT1Tokenizer):
     ```
     """
 
-
     backbone_cls = GPTBackbone
 
 

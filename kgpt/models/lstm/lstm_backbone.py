@@ -10,8 +10,8 @@ import keras
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
-from kgpt.models.gpt.gpt_backbone import AddedTokensMixin, _normal
 from kgpt.io.presets import PresetMixin
+from kgpt.models.gpt.gpt_backbone import AddedTokensMixin, _normal
 
 
 @keras.saving.register_keras_serializable(package="kgpt")

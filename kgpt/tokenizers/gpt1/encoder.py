@@ -20,8 +20,6 @@ _CACHE_WORDS = 1 << 18  # distinct words kept per TextEncoder before its caches 
 _HEAP_BPE_CHARS = 48  # longer words go through the O(n log n) BPE
 
 
-
-
 class TextEncoder:
     """Text -> token ids for one BPE vocabulary, with no Keras in it (what worker processes run).
 
@@ -115,8 +113,10 @@ class TextEncoder:
                 if self.journal is not None:
                     self.journal[1].update(new_edges)
             if not joiners.isdisjoint(seen):
-                lines = [self._group(w, edges, joiners) if len(w) > 1 and not joiners.isdisjoint(w[:-1]) else w
-                         for w in lines]
+                lines = [
+                    self._group(w, edges, joiners) if len(w) > 1 and not joiners.isdisjoint(w[:-1]) else w
+                    for w in lines
+                ]
         return lines
 
     def words(self, text, after_lt=False):

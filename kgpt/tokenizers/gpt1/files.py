@@ -77,14 +77,14 @@ def read_encoder(path):
             encoder = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not a JSON encoder file ({e}).") from e
-    if not isinstance(encoder, dict) or not all(
-        isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()
-    ):
+    if not isinstance(encoder, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()):
         raise CheckpointError(f"{path}: expected a JSON object mapping BPE symbols to integer ids.")
     if sorted(encoder.values()) != list(range(len(encoder))):
         shared = shared_id(encoder.items())
-        raise CheckpointError(f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once" + (
-            f"; id {shared[0]} is given to two tokens, {shared[1]!r} and {shared[2]!r}." if shared else "."))
+        raise CheckpointError(
+            f"{path}: ids must be exactly 0..{len(encoder) - 1}, each used once"
+            + (f"; id {shared[0]} is given to two tokens, {shared[1]!r} and {shared[2]!r}." if shared else ".")
+        )
     return encoder
 
 
@@ -123,17 +123,27 @@ def checked_encoder(encoder):
     if not isinstance(encoder, dict):
         raise TypeError(f"encoder must be a dict of BPE symbols to ids, got {type(encoder).__name__}.")
     encoder = dict(encoder)
-    bad = next(((k, v) for k, v in encoder.items() if not isinstance(k, str) or isinstance(v, bool)
-                or not isinstance(v, (int, np.integer))), None)
+    bad = next(
+        (
+            (k, v)
+            for k, v in encoder.items()
+            if not isinstance(k, str) or isinstance(v, bool) or not isinstance(v, (int, np.integer))
+        ),
+        None,
+    )
     if bad is not None:
         raise TypeError(f"encoder must map strings to integer ids; it maps {bad[0]!r} to {bad[1]!r}.")
     ids = sorted(int(v) for v in encoder.values())
     if ids != list(range(len(ids))):
         duplicate = next((a for a, b in zip(ids, ids[1:]) if a == b), None)  # sorted: repeats are neighbours
-        problem = (f"id {duplicate} is given to more than one symbol" if duplicate is not None else
-                   f"its ids run from {ids[0]} to {ids[-1]} with gaps")
-        raise ValueError(f"encoder must give each of its {len(ids)} symbols one of the ids 0 .. {len(ids) - 1}: "
-                         f"{problem}.")
+        problem = (
+            f"id {duplicate} is given to more than one symbol"
+            if duplicate is not None
+            else f"its ids run from {ids[0]} to {ids[-1]} with gaps"
+        )
+        raise ValueError(
+            f"encoder must give each of its {len(ids)} symbols one of the ids 0 .. {len(ids) - 1}: {problem}."
+        )
     return encoder
 
 

@@ -14,7 +14,7 @@ import ftfy
 
 MAX_WORD_CHARS = 1000  # longer runs of non-space characters are cut into pieces (counted)
 
-LONG_WORD = re.compile(r"\S{%d}" % (MAX_WORD_CHARS + 1))
+LONG_WORD = re.compile(rf"\S{{{MAX_WORD_CHARS + 1}}}")
 _PUNCT_RUNS = re.compile(r"""(-+|~+|!+|"+|;+|\?+|\++|,+|\)+|\(+|\\+|\/+|\*+|\[+|\]+|}+|{+|\|+|_+)""")
 _DASHES = str.maketrans({"\u2014": "-", "\u2013": "-", "\u2015": "-", "\u2026": "...", "\u00b4": "'"})
 # Lines made only of these characters are ones ftfy.fix_text leaves alone
@@ -61,4 +61,3 @@ def _fix_plain(text):
     """What ftfy.fix_text makes of text without a character `_FTFY_NEEDED` matches."""
     text = text.translate(_UNCURL)
     return text.replace("\r\n", "\n") if "\r" in text else text
-

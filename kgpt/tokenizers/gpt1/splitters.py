@@ -97,8 +97,13 @@ def special_cases():
     """
     tokenizer = import_spacy().blank("en").tokenizer
     plain = type(tokenizer)(
-        tokenizer.vocab, rules={}, prefix_search=tokenizer.prefix_search, suffix_search=tokenizer.suffix_search,
-        infix_finditer=tokenizer.infix_finditer, token_match=tokenizer.token_match, url_match=tokenizer.url_match,
+        tokenizer.vocab,
+        rules={},
+        prefix_search=tokenizer.prefix_search,
+        suffix_search=tokenizer.suffix_search,
+        infix_finditer=tokenizer.infix_finditer,
+        token_match=tokenizer.token_match,
+        url_match=tokenizer.url_match,
     )
     pairs = {}
     for special in tokenizer.rules:
@@ -109,4 +114,3 @@ def special_cases():
     for left, rights in pairs.items():
         joins.setdefault(left[-1:], []).append((left, tuple(sorted(rights))))
     return frozenset(tokenizer.rules), joins
-

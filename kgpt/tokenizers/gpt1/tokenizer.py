@@ -191,8 +191,9 @@ class GPT1Tokenizer(PythonTokenizer):
         preset = os.fspath(hub.local(preset, cls.backbone_cls))
         if os.path.isfile(preset):
             folder = os.path.dirname(preset) or "."
-            raise CheckpointError(f"{preset} is a file: a preset is the folder that holds it; pass "
-                                  f"GPTTokenizer.from_preset({folder!r}).")
+            raise CheckpointError(
+                f"{preset} is a file: a preset is the folder that holds it; pass GPTTokenizer.from_preset({folder!r})."
+            )
         path = os.path.join(preset, config_file)
         if not os.path.isfile(path):
             return cls.from_original(preset, **kwargs)
@@ -290,13 +291,19 @@ class GPT1Tokenizer(PythonTokenizer):
         try:
             array = np.asarray(ids)
         except ValueError:
-            raise ValueError("decode() takes one flat sequence of token ids; got rows of different lengths "
-                             "(decode each row).") from None
+            raise ValueError(
+                "decode() takes one flat sequence of token ids; got rows of different lengths (decode each row)."
+            ) from None
         if array.ndim != 1:
-            raise ValueError(f"decode() takes one flat sequence of token ids, got shape {array.shape} (decode each "
-                             f"row).")
-        if array.size and (array.dtype == object or array.dtype.kind not in "iu"
-                           or isinstance(ids, (list, tuple)) and any(isinstance(i, bool) for i in ids)):
+            raise ValueError(
+                f"decode() takes one flat sequence of token ids, got shape {array.shape} (decode each row)."
+            )
+        if array.size and (
+            array.dtype == object
+            or array.dtype.kind not in "iu"
+            or isinstance(ids, (list, tuple))
+            and any(isinstance(i, bool) for i in ids)
+        ):
             raise TypeError(f"decode() takes integer token ids, got {array.dtype} values ({ids!r:.80}).")
         pieces = []
         for i in array.tolist():
@@ -312,4 +319,3 @@ class GPT1Tokenizer(PythonTokenizer):
         config = super().get_config()
         config["splitter"] = self.splitter
         return config
-

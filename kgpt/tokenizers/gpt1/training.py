@@ -60,8 +60,10 @@ def learn_vocabulary(files, num_merges=40000, min_frequency=2, splitter="regex")
         if symbol != "<unk>" and len(char) == 1 and char not in chars:
             chars.append(char)
     if not chars:
-        raise ValueError(f"GPTTokenizer.train() found no text in {', '.join(files)[:200]}: the files are empty "
-                         f"or hold only spaces and newlines.")
+        raise ValueError(
+            f"GPTTokenizer.train() found no text in {', '.join(files)[:200]}: the files are empty "
+            f"or hold only spaces and newlines."
+        )
     encoder = {"<unk>": 0}
     for symbol in chars + [c + "</w>" for c in chars] + [a + b for a, b in merges] + ["\n</w>"]:
         encoder.setdefault(symbol, len(encoder))

@@ -306,3 +306,18 @@ def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_count
         "(no --test_file given) (the first 3 rows of each split tokenized)"
     ), found["data"]
     assert found["tokens"].startswith("views of up to 16 tokens (the model's context: 16): train: 1 of 3 rows cut")
+
+
+def test_hugging_face_files_with_only_tf_model_h5_are_checked_as_the_run_reads_them(tmp_path):
+    import gpt1_reference
+    from hub_server import openai_gpt_files
+
+    arrays = gpt1_reference.random_checkpoint(vocab=95, n_ctx=16, hidden=24, inner=96, n_layer=2)[1]
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    for name, data in openai_gpt_files(arrays, weights="tf").items():
+        (folder / name).write_bytes(data)
+    assert not (folder / "model.safetensors").exists()
+    sizes = {}
+    assert dry_run.pretrained(str(folder), sizes).startswith("Hugging Face openai-gpt files, 2 x 24")
+    assert kgpt.GPTBackbone.from_original(str(folder)).num_layers == sizes["num_layers"] == 2

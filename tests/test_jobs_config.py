@@ -280,6 +280,12 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
         ("finetune", "max_length", 0, "max_length must be an integer >= 1, got 0."),
         ("finetune", "epochs", -1, "epochs must be an integer >= 0, got -1."),
         ("finetune", "startup_timeout", 0, "startup_timeout must be an integer >= 1, got 0."),
+        ("pretrain", "learning_rate", float("nan"), "learning_rate must be a finite number >= 0, got nan."),
+        ("pretrain", "dropout", 1.0, "dropout must be a number in [0, 1), got 1.0."),
+        ("pretrain", "validation_fraction", "0.1", "validation_fraction must be a number in [0, 1), got '0.1'."),
+        ("finetune", "lm_coef", -0.5, "lm_coef must be a finite number >= 0, got -0.5."),
+        ("finetune", "classifier_dropout", 1.5, "classifier_dropout must be a number in [0, 1), got 1.5."),
+        ("finetune", "keep", "first", "keep must be one of 'last', 'best', got 'first'."),
     ],
 )
 def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, value, message):

@@ -149,7 +149,9 @@ def test_save_and_load_keep_outputs_and_optimizer(tmp_path):
 def test_head_and_views_must_agree():
     with pytest.raises(ValueError, match=r"MultipleChoiceHead\(num_choices=3\) needs num_views=3, got 2"):
         kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.MultipleChoiceHead(3), num_views=2)
-    with pytest.raises(ValueError, match="kgpt now takes head objects .* A preset fine-tuned by an earlier kgpt"):
+    with pytest.raises(
+        ValueError, match=r"head='.*': pass a head object, not a name: kgpt.tasks.heads.ClassificationHead\(labels\)"
+    ):
         kgpt.GPTTaskModel(tiny_backbone(), head="classification")
     with pytest.raises(ValueError, match="head must be a kgpt.tasks.heads.Head"):
         kgpt.GPTTaskModel(tiny_backbone(), head=3)

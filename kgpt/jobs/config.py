@@ -14,6 +14,8 @@ This module imports no Keras: `kgpt-train --help` reads it.
 
 import dataclasses
 
+KEEP = ("last", "best")  # the weights a fine-tuning saves and scores (--keep)
+
 
 def option(value, help, **flag):
     """A config field: its default `value`, its help, and in `flag` what its flag needs beyond them.
@@ -257,7 +259,7 @@ class FinetuneConfig(RunConfig, ModelConfig):
         "last",
         "The weights saved and scored: from the last epoch (the paper) or the epoch with the "
         "best dev score on the task's first metric.",
-        choices=["last", "best"],
+        choices=list(KEEP),
     )
     # Your own files, for the tasks that take them (text-classification, text-regression, multiple-choice):
     # docs/your-data.md. Relative paths are under --data_dir when it is given.

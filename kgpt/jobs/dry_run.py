@@ -42,6 +42,7 @@ from kgpt.jobs.finetune_data import encode_split
 from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, starting_tokenizer, untrained_head
 from kgpt.jobs.finetune_outputs import baselines
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
+from kgpt.models import pretrained as pretrained_lib
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.gpt.gpt_task_model import is_task_preset
@@ -303,16 +304,11 @@ def pretrained(path, sizes=None):
     """Checks the files of a pre-trained model (preset, original release, Hugging Face) as loading would,
     without building it; returns what it holds. `sizes` receives the backbone's config."""
     sizes = {} if sizes is None else sizes
-    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
+    kind = pretrained_lib.format_of(path)
+    if kind == "original":
         return _original_release(path, sizes)
-    if os.path.isfile(os.path.join(path, original.HF_WEIGHTS_FILE)):
+    if kind == "huggingface":
         return _huggingface(path, sizes)
-    if not os.path.isfile(os.path.join(path, "config.json")):  # load_pretrained's message
-        raise FileNotFoundError(
-            f"{path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
-            f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
-            f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
-        )
     config_path = os.path.join(path, "config.json")
     config = read_json(config_path, "the Keras config of a backbone")
     if not isinstance(config, dict) or not isinstance(config.get("config"), dict):

@@ -21,13 +21,13 @@ demo model on the embedded text first (`kgpt.jobs.finetune_model`).
 import collections
 import dataclasses
 import logging
-import math
 import os
 
+from kgpt import checks
 from kgpt.errors import ConfigError
 from kgpt.io import hub
 from kgpt.jobs import run
-from kgpt.jobs.config import recorded_settings
+from kgpt.jobs.config import KEEP, recorded_settings
 from kgpt.jobs.finetune_data import read_splits, split_fingerprint
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
@@ -41,7 +41,6 @@ from kgpt.tasks.registry import TaskRegistry
 logger = logging.getLogger(__name__)
 
 DEFAULT_BATCH_SIZE = 32
-KEEP = ("last", "best")
 
 
 Finetuned = collections.namedtuple("Finetuned", "model tokenizer task")
@@ -92,12 +91,9 @@ def check_config(config):
             f"of text), got {config.max_length}."
         )
     run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
-    if config.keep not in KEEP:
-        raise ConfigError(f"keep must be one of {', '.join(KEEP)}, got {config.keep!r}.")
-    for name in ("learning_rate", "weight_decay", "lm_coef", "warmup_fraction", "classifier_dropout"):
-        value = getattr(config, name)
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{name} must be a finite number >= 0, got {value}.")
+    run.setting(checks.one_of, config.keep, "keep", KEEP)
+    run.check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef", "warmup_fraction")
+    run.check_settings(config, checks.rate, "classifier_dropout")
     if config.init is None:
         raise ConfigError(
             "init is required: a pre-trained preset directory, the original release or Hugging Face "

@@ -16,6 +16,7 @@ import time
 
 import numpy as np
 
+from kgpt import checks
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.checks import positive_int
 from kgpt.data import demo_world
@@ -135,14 +136,8 @@ def check_config(config):
         sample_tokens=0,
         lm_loss_chunk_size=0,
     )
-    for name in ("learning_rate", "weight_decay"):
-        value = getattr(config, name)
-        if not math.isfinite(value) or value < 0:
-            raise ConfigError(f"{name} must be a finite number >= 0, got {value}.")
-    for name in ("dropout", "validation_fraction"):
-        value = getattr(config, name)
-        if not 0 <= value < 1:
-            raise ConfigError(f"{name} must be in [0, 1), got {value}.")
+    run.check_settings(config, checks.nonnegative, "learning_rate", "weight_decay")
+    run.check_settings(config, checks.rate, "dropout", "validation_fraction")
     if config.architecture != "lstm" and config.hidden_dim % config.num_heads:
         raise ConfigError(
             f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "

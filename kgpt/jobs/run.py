@@ -75,12 +75,24 @@ def check_run(config, batch_size):
         )
 
 
-def setting_int(value, name, minimum=1, allow_none=False):
-    """`kgpt.checks.positive_int` for a setting: its error (naming the setting and what was given) a `ConfigError`."""
+def setting(check, value, name, *args, **kwargs):
+    """`check(value, name, ...)` (a `kgpt.checks` function) for a setting: its error, which names the setting and
+    what was given, a `ConfigError`."""
     try:
-        return positive_int(value, name, minimum, allow_none=allow_none)
+        return check(value, name, *args, **kwargs)
     except (TypeError, ValueError) as e:
         raise ConfigError(str(e)) from None
+
+
+def setting_int(value, name, minimum=1, allow_none=False):
+    """`kgpt.checks.positive_int` for a setting (`setting`)."""
+    return setting(positive_int, value, name, minimum, allow_none=allow_none)
+
+
+def check_settings(config, check, *names):
+    """Raises `ConfigError` unless `check` (a `kgpt.checks` function) takes each setting in `names`."""
+    for name in names:
+        setting(check, getattr(config, name), name)
 
 
 def check_integers(config, optional=(), **minimums):

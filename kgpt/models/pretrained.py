@@ -22,24 +22,34 @@ def with_special_tokens(backbone, tokenizer, seed=None):
     )
 
 
-def load_pretrained(path, num_heads=12, dtype=None):
-    """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
-    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it).
-    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`). A Hub preset (`hf://OWNER/REPO`, or a
-    named one such as `"gpt1_base_en"`) is downloaded and converted first (`kgpt.io.hub`)."""
-    source, path = path, hub.local(path, GPTBackbone)
+def format_of(path):
+    """`"original"`, `"huggingface"` or `"preset"`: what the folder `path` holds; `FileNotFoundError` if none."""
     if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
-        backbone = GPTBackbone.from_original(path, num_heads=num_heads, dtype=dtype)
-        return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
+        return "original"
     if original.is_huggingface(path):
-        backbone = GPTBackbone.from_original(path, dtype=dtype)
-        return backbone, GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
+        return "huggingface"
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(
             f"{path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
             f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "
             f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
         )
+    return "preset"
+
+
+def load_pretrained(path, num_heads=12, dtype=None):
+    """`(backbone, tokenizer, description)` from a kgpt preset, the original GPT-1 release or Hugging Face
+    openai-gpt files (`num_heads` is only used by the original format, whose shapes cannot tell it).
+    `dtype` overrides the saved dtype policy (e.g. `"mixed_bfloat16"`). A Hub preset (`hf://OWNER/REPO`, or a
+    named one such as `"gpt1_base_en"`) is downloaded and converted first (`kgpt.io.hub`)."""
+    source, path = path, hub.local(path, GPTBackbone)
+    kind = format_of(path)
+    if kind == "original":
+        backbone = GPTBackbone.from_original(path, num_heads=num_heads, dtype=dtype)
+        return backbone, GPTTokenizer.from_original(path), f"original checkpoint {path}"
+    if kind == "huggingface":
+        backbone = GPTBackbone.from_original(path, dtype=dtype)
+        return backbone, GPTTokenizer.from_original(path), f"Hugging Face checkpoint {path}"
     backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
     tokenizer = read_tokenizer(path)
     size = tokenizer.vocabulary_size()

@@ -707,9 +707,8 @@ def _head(head, num_classes, num_views):
         )
     if isinstance(head, str):
         raise ValueError(
-            f"head={head!r}: kgpt now takes head objects (kgpt.tasks.heads.ClassificationHead(labels), "
-            f"RegressionHead(), MultipleChoiceHead(k)). A preset fine-tuned by an earlier kgpt names its head this "
-            f"way in task.json: fine-tune it again (its backbone loads with kgpt-train --init DIR)."
+            f"head={head!r}: pass a head object, not a name: kgpt.tasks.heads.ClassificationHead(labels), "
+            f"RegressionHead() or MultipleChoiceHead(k)."
         )
     if not isinstance(head, heads_lib.Head):
         raise ValueError(

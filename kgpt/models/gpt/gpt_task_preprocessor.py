@@ -175,7 +175,7 @@ class GPTTaskPreprocessor(Preprocessor):
                 for i in range(len(columns[0]))
             ]
         raise TypeError(
-            f"Expected text inputs (a list of strings, a tuple of lists, or kgpt.Examples), got {type(x).__name__}."
+            f"Expected text inputs (a list of strings, a tuple of lists, or kgpt.Example objects), got {type(x).__name__}."
         )
 
     def _split_choices(self, item):

@@ -51,7 +51,7 @@ def defined_flags(script):
     """The flags a benchmark script defines, with those of the benchmark modules it imports (execution.py:
     finetune.py's split and model flags)."""
     source = (ROOT / "benchmarks" / script).read_text()
-    defined = set(re.findall(r'flags\.DEFINE_\w+\("(\w+)"', source))
+    defined = set(re.findall(r'flags\.DEFINE_\w+\(\s*"(\w+)"', source))  # the name may start the next line
     for module in re.findall(r"^import (\w+)", source, re.M):
         if (ROOT / "benchmarks" / f"{module}.py").exists():
             defined |= defined_flags(f"{module}.py")

@@ -450,7 +450,8 @@ def upload_preset(uri, preset_dir, private=None):
     if not isinstance(uri, str) or not uri.startswith(PREFIX):
         raise CheckpointError(f"{uri!r}: upload to hf://OWNER/REPO.")
     repo_id, revision = parse(uri)
-    config = os.path.join(os.fspath(preset_dir), CONFIG_FILE)
+    folder = os.fspath(preset_dir)
+    config = os.path.join(folder, CONFIG_FILE)
     if not os.path.isfile(config):
         raise CheckpointError(
             f"{preset_dir} is not a kgpt preset folder (no {CONFIG_FILE}): save one with "
@@ -459,13 +460,12 @@ def upload_preset(uri, preset_dir, private=None):
     name = read_json(config, "a kgpt preset's config").get("registered_name", "")
     if not str(name).startswith("kgpt>"):
         raise CheckpointError(f"{config} describes {name!r}, not a kgpt model: upload_preset uploads kgpt presets.")
-    if not os.path.isfile(os.path.join(os.fspath(preset_dir), MODEL_WEIGHTS_FILE)):
+    if not os.path.isfile(os.path.join(folder, MODEL_WEIGHTS_FILE)):
         raise CheckpointError(
             f"{preset_dir} has no {MODEL_WEIGHTS_FILE}: a preset without its weights would load "
             f"as nothing; save it again with save_to_preset."
         )
     api = HfApi()
-    folder = os.fspath(preset_dir)
     local = [
         os.path.relpath(os.path.join(d, f), folder).replace(os.sep, "/")
         for d, _, names in os.walk(folder)

@@ -1,12 +1,14 @@
 """The memory-lean LM loss: equal to plain logits in value, gradients and training, on both backends."""
 
+import threading
+
 import keras
 import numpy as np
 import pytest
 from conftest import TINY, to_numpy
 
 import kgpt
-from kgpt.models import lm_loss
+from kgpt.models import lm_loss, loss_trackers
 from kgpt.models.lm_loss import TiedLMLoss, chunked_lm_loss
 
 RNG = np.random.default_rng(0)
@@ -309,3 +311,25 @@ def test_a_target_off_the_vocabulary_is_nan_padded_not_a_padded_row_s_finite_los
         assert np.isnan(sums[0]) and sums[1] == to_numpy(plain_sums(HIDDEN, TABLE))[1] - (
             WEIGHTS[1, 2] * (TARGETS[1, 2] == np.argmax(HIDDEN[1, 2] @ TABLE.T))
         )
+
+
+def test_a_running_loss_traced_by_several_threads_at_once_counts_each_thread_s_update():
+    # MirroredStrategy traces a step once per replica, each in its own thread, interleaved: Keras' update and
+    # kgpt's settle must pair within a thread.
+    lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY))
+    lm.compile(optimizer="adam")
+    total, _ = loss_trackers.trackers(lm)
+    updated, one_at_a_time = threading.Barrier(2), threading.Lock()
+
+    def replica(value, rows):
+        total.update_state(value, sample_weight=rows)
+        updated.wait(timeout=30)  # both updates wait before either settles
+        with one_at_a_time:  # eager variable updates are not atomic; traced ones are graph ops
+            total.settle(None)
+
+    threads = [threading.Thread(target=replica, args=(v, r)) for v, r in ((1.0, 3), (4.0, 1))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert float(total.result()) == pytest.approx((1.0 * 3 + 4.0 * 1) / 4)

@@ -11,8 +11,22 @@ sample weights (a task's examples), or its rows with any positive weight (an
 LM's windows); without sample weights, its rows, as Keras does.
 """
 
+import threading
+
 import keras
 from keras import ops
+
+# A tracker's weight and waiting update belong to the step being traced, which under `tf.distribute`'s
+# MirroredStrategy means one thread per replica, all tracing the same step at once: kept on the tracker,
+# one replica's update was taken by another's settle, and the running loss was a single replica's (up to
+# 0.35% off one device's on a 2-replica pre-training).
+_traced = threading.local()
+
+
+def _state(tracker):
+    """This thread's `[weight, pending]` for `tracker`."""
+    states = _traced.__dict__.setdefault("states", {})
+    return states.setdefault(id(tracker), [None, None])
 
 
 class ExampleMean(keras.metrics.Mean):
@@ -20,25 +34,32 @@ class ExampleMean(keras.metrics.Mean):
 
     With `deferred`, an update waits for `settle(weight)`: Keras updates the
     total-loss tracker before `compute_metrics`, the first place that sees
-    the sample weights outside the gradient's trace.
+    the sample weights outside the gradient's trace. Both are the calling
+    thread's own (see `_traced`).
     """
 
-    weight = None
     deferred = False
-    _pending = None
+
+    @property
+    def weight(self):
+        return _state(self)[0]
+
+    @weight.setter
+    def weight(self, value):
+        _state(self)[0] = value
 
     def update_state(self, values, sample_weight=None):
         if self.deferred:
-            self._pending = (values, sample_weight)
+            _state(self)[1] = (values, sample_weight)
             return
         super().update_state(values, sample_weight if self.weight is None else self.weight)
 
     def settle(self, weight):
         """Applies the update that waits, weighed by `weight` (None: the rows Keras gave)."""
-        if self._pending is None:
+        state = _state(self)
+        if state[1] is None:
             return
-        values, rows = self._pending
-        self._pending = None
+        (values, rows), state[1] = state[1], None
         super().update_state(values, rows if weight is None else weight)
 
 

@@ -29,7 +29,7 @@ class CheckpointError(ValueError):
 
 
 class StorageError(OSError):
-    """A remote output location that cannot be used: an unknown scheme, unreachable, refused, or failing."""
+    """A location that cannot be used: a remote output unreachable, refused or failing, or a remote input."""
 
 
 class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors

@@ -82,6 +82,38 @@ def test_a_shards_dir_under_a_file_is_named_before_the_corpus_is_read(dry, monke
     assert one_line(code, err, "kgpt-train") == "--shards_dir afile/sub: afile is a file, not a folder."
 
 
+REMOTE_INPUTS = [
+    (("--task=text-classification", "--init=scratch", "--train_file=ram://t.csv"), "--train_file ram://t.csv"),
+    (
+        ("--task=text-classification", "--init=scratch", "--train_file=t.csv", "--test_file=gs://b/t.csv"),
+        "--test_file gs://b/t.csv",
+    ),
+    (("--task=scitail", "--init=scratch", "--data_dir=gs://b/scitail"), "--data_dir gs://b/scitail"),
+    (("--task=scitail", "--init=s3://b/lm"), "--init s3://b/lm"),
+    ((*TINY_LM, "--corpus=gs://b/*.txt"), "--corpus gs://b/*.txt"),
+    ((*TINY_LM, "--corpus=a.txt", "--tokenizer=ram://tok"), "--tokenizer ram://tok"),
+]
+
+
+@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
+@pytest.mark.parametrize("args,named", REMOTE_INPUTS, ids=[named.split()[0] for _, named in REMOTE_INPUTS])
+def test_an_input_with_a_url_scheme_is_named_not_read_as_a_local_path(args, named, dry, monkeypatch, capsys, tmp_path):
+    # It was read as the relative path ram:/t.csv and reported missing.
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(monkeypatch, capsys, train, *args, *(("--dry_run",) if dry else ()))
+    assert one_line(code, err, "kgpt-train") == (
+        f"{named}: kgpt reads its inputs from local files (copy it here first; outputs may be remote)."
+    )
+
+
+def test_a_file_url_input_is_named_with_its_local_path(monkeypatch, capsys, tmp_path):
+    args = ("--task=text-classification", "--init=scratch", f"--train_file=file://{tmp_path}/t.csv", "--dry_run")
+    code, _, err = cli(monkeypatch, capsys, train, *args)
+    assert one_line(code, err, "kgpt-train") == (
+        f"--train_file file://{tmp_path}/t.csv: kgpt reads its inputs from local files (pass {tmp_path}/t.csv)."
+    )
+
+
 def test_kgpt_analyze_refuses_a_remote_output_dir_in_one_line(monkeypatch, capsys, tmp_path):
     code, _, err = cli(monkeypatch, capsys, analyze, "zero-shot", f"--init={tmp_path}", "--output_dir=ram://x")
     assert one_line(code, err, "kgpt-analyze") == (
@@ -177,6 +209,14 @@ def test_kgpt_predict_refuses_an_output_in_one_line_with_the_exit_code_of_every_
         "replace it."
     )
     assert (tmp_path / "old.tsv").read_text() == "old\n"
+
+
+def test_kgpt_predict_names_a_remote_input_or_model(tmp_path):
+    done = run_predict(tmp_path, "--input=gs://b/in.csv", "--output=p.csv")
+    assert one_line(done.returncode, done.stderr, "kgpt-predict") == (
+        "--input gs://b/in.csv: kgpt reads its inputs from local files (copy it here first; outputs may be remote)."
+    )
+    assert not (tmp_path / "p.csv").exists()
 
 
 @pytest.fixture

@@ -89,7 +89,10 @@ def main(argv):
         common.log_to_stderr()
     written = "text" if FLAGS.data_dir else FLAGS.format or predict.guess_format(FLAGS.input)
     predict.check_output(FLAGS.output, written, FLAGS.overwrite)  # before the model loads
-    from kgpt.io import hub
+    from kgpt.io import hub, storage
+
+    for flag in ("input", "data_dir") + (() if hub.is_hub(FLAGS.model) else ("model",)):
+        storage.check_local(FLAGS[flag].value, f"--{flag}")
 
     model_dir = hub.local(FLAGS.model, kgpt.GPTBackbone)  # a Hub preset's local folder, downloaded once
     if FLAGS.dry_run:

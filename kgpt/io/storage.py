@@ -208,6 +208,23 @@ def check_path(path, flag="--output_dir", folder=True):
         raise StorageError(f"{flag} {path}: {nearest} is not writable by this user.")
 
 
+def check_local(path, flag):
+    """Raises `StorageError` for an input `path` with a URL scheme: kgpt reads inputs from the local file system.
+
+    Without it `ram://t.csv` would be read as the local relative path
+    `ram:/t.csv` and reported missing. Only outputs may be remote
+    (`--output_dir gs://...`); `local_copy` brings a remote folder here.
+    """
+    name = scheme(path) if path is not None else None
+    if name is None:
+        return
+    local = path[len(name) + 3 :] if name == "file" else None
+    raise StorageError(
+        f"{flag} {path}: kgpt reads its inputs from local files "
+        + (f"(pass {local})." if local else "(copy it here first; outputs may be remote).")
+    )
+
+
 def _call(what, fn, *args):
     """A gfile call whose failure is a one-line `StorageError` naming `what`."""
     try:

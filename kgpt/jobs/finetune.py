@@ -25,7 +25,7 @@ import os
 
 from kgpt import checks
 from kgpt.errors import ConfigError
-from kgpt.io import hub
+from kgpt.io import hub, storage
 from kgpt.jobs import run
 from kgpt.jobs.config import KEEP, recorded_settings
 from kgpt.jobs.finetune_data import read_splits, split_fingerprint
@@ -94,12 +94,16 @@ def check_config(config):
     run.setting(checks.one_of, config.keep, "keep", KEEP)
     run.check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef", "warmup_fraction")
     run.check_settings(config, checks.rate, "classifier_dropout")
+    for flag in ("data_dir", "train_file", "validation_file", "test_file"):
+        storage.check_local(getattr(config, flag), f"--{flag}")
     if config.init is None:
         raise ConfigError(
             "init is required: a pre-trained preset directory, the original release or Hugging Face "
             "files, a fine-tuned preset of the task, 'scratch' (no pre-training), or 'demo' (pre-train "
             "the small demo model on the embedded text first)."
         )
+    if config.init not in SPECIAL_INITS and not hub.is_hub(config.init):
+        storage.check_local(config.init, "--init")
     if config.init not in SPECIAL_INITS and not hub.is_hub(config.init) and not os.path.exists(config.init):
         raise ConfigError(f"--init {config.init}: no such preset, release folder or file.")
     if config.scratch_baseline:

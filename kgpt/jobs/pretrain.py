@@ -149,6 +149,9 @@ def check_config(config):
             f"end inside the learning-rate warm-up. Pass warmup_steps {max(1, config.max_steps // 10)} "
             f"(a tenth) or more steps."
         )
+    storage.check_local(config.corpus, "--corpus")
+    if config.tokenizer != "train":
+        storage.check_local(config.tokenizer, "--tokenizer")
     if config.shards_dir and "://" in config.shards_dir:
         raise ConfigError(
             f"shards_dir {config.shards_dir}: shards are memory-mapped from a local folder (a remote "

@@ -9,10 +9,16 @@ configs add their own fields: `PretrainConfig` (`kgpt-train --task lm`) and
 Configs are frozen: a command builds one from its flags, and a value decided
 later is a new config (`dataclasses.replace`), never a change under a run.
 
+The generic checks of settings (`check_integers`, `check_settings`) live
+here too: a job's `check_config` calls them once, at its entry.
+
 This module imports no Keras: `kgpt-train --help` reads it.
 """
 
 import dataclasses
+
+from kgpt.checks import positive_int
+from kgpt.errors import ConfigError
 
 KEEP = ("last", "best")  # the weights a fine-tuning saves and scores (--keep)
 
@@ -151,6 +157,10 @@ class RunConfig:
         "seconds ('60s'); 'auto': every 60 s when the output is not a terminal (a terminal "
         "shows Keras' progress bar); '0': none.",
     )
+
+    def run_part(self):
+        """The `RunConfig` of this config (a job's): what `kgpt.jobs.run` takes, read once at the job's entry."""
+        return RunConfig(**{f.name: getattr(self, f.name) for f in dataclasses.fields(RunConfig)})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -379,3 +389,30 @@ def own_fields(cls):
     """Names of the fields `cls` declares itself (not those of its bases)."""
     inherited = {f.name for base in cls.__mro__[1:] if dataclasses.is_dataclass(base) for f in dataclasses.fields(base)}
     return [f.name for f in dataclasses.fields(cls) if f.name not in inherited]
+
+
+def setting(check, value, name, *args, **kwargs):
+    """`check(value, name, ...)` (a `kgpt.checks` function) for a setting: its error, which names the setting and
+    what was given, a `ConfigError`."""
+    try:
+        return check(value, name, *args, **kwargs)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
+
+
+def setting_int(value, name, minimum=1, allow_none=False):
+    """`kgpt.checks.positive_int` for a setting (`setting`)."""
+    return setting(positive_int, value, name, minimum, allow_none=allow_none)
+
+
+def check_settings(config, check, *names):
+    """Raises `ConfigError` unless `check` (a `kgpt.checks` function) takes each setting in `names`."""
+    for name in names:
+        setting(check, getattr(config, name), name)
+
+
+def check_integers(config, optional=(), **minimums):
+    """Raises `ConfigError` unless each setting named in `minimums` is an integer >= its minimum; those in
+    `optional` may be None."""
+    for name, minimum in minimums.items():
+        setting_int(getattr(config, name), name, minimum, allow_none=name in optional)

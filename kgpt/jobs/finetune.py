@@ -27,7 +27,7 @@ from kgpt import checks
 from kgpt.errors import ConfigError
 from kgpt.io import hub, storage
 from kgpt.jobs import run
-from kgpt.jobs.config import KEEP, recorded_settings
+from kgpt.jobs.config import KEEP, check_integers, check_settings, recorded_settings, setting
 from kgpt.jobs.finetune_data import read_splits, split_fingerprint
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
@@ -82,7 +82,7 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
-    run.check_integers(
+    check_integers(
         config, optional=("batch_size", "max_length"), batch_size=1, max_length=1, epochs=0, checkpoint_every=0
     )
     if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
@@ -90,10 +90,10 @@ def check_config(config):
             f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
             f"of text), got {config.max_length}."
         )
-    run.check_run(config, config.batch_size or DEFAULT_BATCH_SIZE)
-    run.setting(checks.one_of, config.keep, "keep", KEEP)
-    run.check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef", "warmup_fraction")
-    run.check_settings(config, checks.rate, "classifier_dropout")
+    run.check_run(config.run_part(), config.batch_size or DEFAULT_BATCH_SIZE)
+    setting(checks.one_of, config.keep, "keep", KEEP)
+    check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef", "warmup_fraction")
+    check_settings(config, checks.rate, "classifier_dropout")
     for flag in ("data_dir", "train_file", "validation_file", "test_file"):
         storage.check_local(getattr(config, flag), f"--{flag}")
     if config.init is None:
@@ -137,9 +137,10 @@ def finetune(config, registry=None):
     check_config(config)
     task = resolve_task(config, registry)
     config = with_local_init(config)
-    run.join(config, "finetune", run_settings(config), config.batch_size or DEFAULT_BATCH_SIZE)
-    with run.workspace(config, "finetune", run_settings(config), f"kgpt-{task.name}-") as work:
-        with run.scope(config, config.batch_size or DEFAULT_BATCH_SIZE):
+    run_config, settings = config.run_part(), run_settings(config)
+    run.join(run_config, "finetune", settings, config.batch_size or DEFAULT_BATCH_SIZE)
+    with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-") as work:
+        with run.scope(run_config, config.batch_size or DEFAULT_BATCH_SIZE):
             data_dir = (
                 config.data_dir
                 or files_dir(config)
@@ -221,12 +222,12 @@ def _baseline(config, work, task, data_dir, start, results):
         output_dir=output_dir,
         data_dir=config.data_dir if config.train_file else data_dir,
     )
-    with run.workspace(base, "finetune", run_settings(base), f"kgpt-{task.name}-", work) as inner:
+    with run.workspace(base.run_part(), "finetune", run_settings(base), f"kgpt-{task.name}-", work) as inner:
         logger.info(
             f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
             f"{f', in {inner.location}' if inner.kept else ''}:"
         )
-        with run.scope(base, base.batch_size or DEFAULT_BATCH_SIZE):
+        with run.scope(base.run_part(), base.batch_size or DEFAULT_BATCH_SIZE):
             _, baseline, _ = _finetune(base, inner, task, data_dir, initial=start.initial)
     logger.info(comparison(task, results, baseline))
 

@@ -18,8 +18,7 @@ from kgpt.errors import ConfigError
 from kgpt.io import hub
 from kgpt.io.presets import read_json
 from kgpt.jobs import pretrain as pretrain_lib
-from kgpt.jobs import run
-from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
+from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config, setting_int
 from kgpt.layers import lora
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
@@ -230,7 +229,7 @@ def build_model(config, task, start, preprocessor):
 
 def enable_lora(model, rank):
     """`--lora_rank`: only the LoRA factors and the task head train."""
-    run.setting_int(rank, "lora_rank")
+    setting_int(rank, "lora_rank")
     if not isinstance(model.backbone, lora.LoraMixin):
         raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
     model.backbone.enable_lora(rank)

@@ -24,7 +24,7 @@ from kgpt.data.shards import Team, build_shards
 from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.jobs import run
-from kgpt.jobs.config import recorded_settings
+from kgpt.jobs.config import check_integers, check_settings, recorded_settings
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -119,7 +119,7 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is read or built."""
-    run.check_integers(
+    check_integers(
         config,
         batch_size=1,
         sequence_length=1,
@@ -136,8 +136,8 @@ def check_config(config):
         sample_tokens=0,
         lm_loss_chunk_size=0,
     )
-    run.check_settings(config, checks.nonnegative, "learning_rate", "weight_decay")
-    run.check_settings(config, checks.rate, "dropout", "validation_fraction")
+    check_settings(config, checks.nonnegative, "learning_rate", "weight_decay")
+    check_settings(config, checks.rate, "dropout", "validation_fraction")
     if config.architecture != "lstm" and config.hidden_dim % config.num_heads:
         raise ConfigError(
             f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "
@@ -159,7 +159,7 @@ def check_config(config):
         )
     if config.shards_dir:  # a file in the way, before the corpus is read (and in --dry_run)
         storage.check_path(config.shards_dir, "--shards_dir")
-    run.check_run(config, config.batch_size)
+    run.check_run(config.run_part(), config.batch_size)
 
 
 class PretrainProgress(Progress):
@@ -231,10 +231,11 @@ def prepare(config):
     """
     start = time.perf_counter()
     check_config(config)
-    run.join(config, "pretrain", run_settings(config))
+    run_config, settings = config.run_part(), run_settings(config)
+    run.join(run_config, "pretrain", settings)
     if not (config.output_dir or config.shards_dir):
         logger.info("No --output_dir or --shards_dir: the shards are deleted at exit.")
-    with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-") as work:
+    with run.workspace(run_config, "pretrain", settings, "kgpt-shards-") as work:
         index, _ = _prepare(config, work)
     logger.info(
         f"Prepared {index.total_tokens:,} tokens (tokenizer and shards) in {time.perf_counter() - start:.1f} s."
@@ -282,7 +283,8 @@ def pretrain(config, registry=None, within=None):
     folder holds `config.output_dir` (fine-tuning's demo model).
     """
     check_config(config)
-    several = run.join(config, "pretrain", run_settings(config), config.batch_size).several
+    run_config, settings = config.run_part(), run_settings(config)
+    several = run.join(run_config, "pretrain", settings, config.batch_size).several
     if several and config.zero_shot:
         raise ConfigError(
             "--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
@@ -291,13 +293,13 @@ def pretrain(config, registry=None, within=None):
     if config.zero_shot:  # before the corpus is tokenized and the model built
         registry = registry or TaskRegistry()
         zero_shot_lib.check_tasks(config.zero_shot, registry)
-    with run.workspace(config, "pretrain", run_settings(config), "kgpt-shards-", within) as work:
+    with run.workspace(run_config, "pretrain", settings, "kgpt-shards-", within) as work:
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
         _check_prompt(config, tokenizer)  # before training: the sample comes after it, before the preset is saved
         train_end = split_point(index.total_tokens, config)
-        with run.scope(config, config.batch_size) as shards:
+        with run.scope(run_config, config.batch_size) as shards:
             lm = _compiled_lm(config, tokenizer)
             evaluations = evaluation_count(config.max_steps, config.evaluations)
             if evaluations != config.evaluations:

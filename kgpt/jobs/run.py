@@ -2,18 +2,21 @@
 
 A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
 
-    with run.workspace(config, "finetune", settings, "kgpt-rte-") as work:   # a Run: output_dir claimed, or a temp dir
-        with run.scope(config, batch_size):                                   # seed, dtype policy, devices
+    run_config = config.run_part()                                   # a RunConfig: where and how it runs
+    with run.workspace(run_config, "finetune", settings, "kgpt-rte-") as work:  # output_dir claimed, or a temp dir
+        with run.scope(run_config, batch_size):                      # seed, dtype policy, devices
             ...build and compile the model...
-            state = work.restore(model, settings)                             # the checkpoint, if any
+            state = work.restore(model, settings)                    # the checkpoint, if any
             progress = Progress(work.checkpoint_dir, settings, ..., work.history_path, state,
                                     publish=work.publish)
-            run.fit(model, datasets, work.callbacks(progress, hint))          # resumes mid-epoch
-            work.save_outputs(model, metrics, files)                          # preset + metrics.json
+            run.fit(model, datasets, work.callbacks(progress, hint)) # resumes mid-epoch
+            work.save_outputs(model, metrics, files)                 # preset + metrics.json
 
-The config is read once, here and in the job; what lies below gets plain
-values or the `Run`. With an `output_dir` everything above is kept, and the
-same command again resumes from the last checkpoint; without one, nothing is.
+The job reads its config; this module takes its `RunConfig` part
+(`config.run_part()`: where and how the run executes), and what lies below
+gets plain values or the `Run`. With an `output_dir` everything above is
+kept, and the same command again resumes from the last checkpoint; without
+one, nothing is.
 
 On several processes (`kgpt.parallel.cluster`) every process runs the same
 job on its rows of each batch (`join` first); process 0 alone claims and
@@ -33,10 +36,10 @@ import tempfile
 import keras
 import numpy as np
 
-from kgpt.checks import positive_int
 from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.io.storage import write_json
+from kgpt.jobs.config import check_integers
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.parallel import cluster, placement
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
@@ -47,59 +50,32 @@ from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteL
 logger = logging.getLogger(__name__)
 
 
-def check_run(config, batch_size):
-    """Raises `ConfigError` for run settings (`RunConfig`) that cannot work together, before anything starts."""
-    check_integers(config, gradient_accumulation_steps=1, model_parallel=1, startup_timeout=1)
-    steps = config.gradient_accumulation_steps
+def check_run(run_config, batch_size):
+    """Raises `ConfigError` for run settings (a `RunConfig`) that cannot work together, before anything starts."""
+    check_integers(run_config, gradient_accumulation_steps=1, model_parallel=1, startup_timeout=1)
+    steps = run_config.gradient_accumulation_steps
     if batch_size % steps:
         raise ConfigError(
             f"batch_size {batch_size} must be a multiple of gradient_accumulation_steps {steps}: each "
             f"update is accumulated over {steps} equal micro-batches."
         )
-    if config.output_dir:  # before a demo model is pre-trained or data is read
-        storage.check_path(config.output_dir, "--output_dir")
-    if config.log_every != "auto":
-        callbacks_lib.parse_every(config.log_every)
+    if run_config.output_dir:  # before a demo model is pre-trained or data is read
+        storage.check_path(run_config.output_dir, "--output_dir")
+    if run_config.log_every != "auto":
+        callbacks_lib.parse_every(run_config.log_every)
     if keras.config.backend() == "jax":
-        compilation_cache_dir(config.compilation_cache)  # a folder that cannot be made, before anything starts
-    if config.distribution == "model_parallel" and keras.config.backend() != "jax":
+        compilation_cache_dir(run_config.compilation_cache)  # a folder that cannot be made, before anything starts
+    if run_config.distribution == "model_parallel" and keras.config.backend() != "jax":
         raise ConfigError(
             "distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); on "
             "TensorFlow use data_parallel."
         )
-    count = config.num_processes or 1
+    count = run_config.num_processes or 1
     if count > 1 and (batch_size // steps) % count:
         raise ConfigError(
             f"batch_size {batch_size}{f' / gradient_accumulation_steps {steps}' if steps > 1 else ''} "
             f"must split evenly over the {count} processes (and their devices)."
         )
-
-
-def setting(check, value, name, *args, **kwargs):
-    """`check(value, name, ...)` (a `kgpt.checks` function) for a setting: its error, which names the setting and
-    what was given, a `ConfigError`."""
-    try:
-        return check(value, name, *args, **kwargs)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(str(e)) from None
-
-
-def setting_int(value, name, minimum=1, allow_none=False):
-    """`kgpt.checks.positive_int` for a setting (`setting`)."""
-    return setting(positive_int, value, name, minimum, allow_none=allow_none)
-
-
-def check_settings(config, check, *names):
-    """Raises `ConfigError` unless `check` (a `kgpt.checks` function) takes each setting in `names`."""
-    for name in names:
-        setting(check, getattr(config, name), name)
-
-
-def check_integers(config, optional=(), **minimums):
-    """Raises `ConfigError` unless each setting named in `minimums` is an integer >= its minimum; those in
-    `optional` may be None."""
-    for name, minimum in minimums.items():
-        setting_int(getattr(config, name), name, minimum, allow_none=name in optional)
 
 
 CACHE_ENV = "KGPT_COMPILATION_CACHE"
@@ -189,26 +165,31 @@ def _evictable(path):
     return all(name[: -len("-cache")] + "-atime" in names for name in names if name.endswith("-cache"))
 
 
-def join(config, job, settings, batch_size=None):
+def join(run_config, job, settings, batch_size=None):
     """Joins the run's other processes, if any, and checks that they run this job with these settings.
 
-    Returns the `kgpt.parallel.placement.Cluster`. Called first by each job, so a
+    `run_config` is the job's `RunConfig` (`config.run_part()`). Returns the
+    `kgpt.parallel.placement.Cluster`. Called first by each job, so a
     process started with another flag stops every process before anything
     is read or written; with `batch_size`, so does a distribution the run's
     devices cannot hold.
     """
     here = cluster.start(
-        placement.resolve(config.coordinator_address, config.num_processes, config.process_id),
-        timeout=config.startup_timeout,
+        placement.resolve(run_config.coordinator_address, run_config.num_processes, run_config.process_id),
+        timeout=run_config.startup_timeout,
     )
     if here.several:
-        if config.output_dir and storage.is_remote(config.output_dir) and config.distribution == "model_parallel":
+        if (
+            run_config.output_dir
+            and storage.is_remote(run_config.output_dir)
+            and run_config.distribution == "model_parallel"
+        ):
             raise ConfigError(
-                f"--output_dir {config.output_dir}: a model split across processes is checkpointed by "
+                f"--output_dir {run_config.output_dir}: a model split across processes is checkpointed by "
                 f"every process into one folder, which kgpt writes on a local file system only: mount "
                 f"the bucket (e.g. GCS FUSE) and pass the mount's path, or use data_parallel."
             )
-        if not config.output_dir:
+        if not run_config.output_dir:
             raise ConfigError(
                 "A run on several processes needs --output_dir: a folder every process can read "
                 "(token shards, the tokenizer, checkpoints), which process 0 writes."
@@ -217,14 +198,16 @@ def join(config, job, settings, batch_size=None):
             {
                 "job": job,
                 "settings": settings,
-                "output_dir": config.output_dir,
-                "placement": {"model_parallel": config.model_parallel},
+                "output_dir": run_config.output_dir,
+                "placement": {"model_parallel": run_config.model_parallel},
             }
         )
     if batch_size is not None:
-        distribution = "data_parallel" if config.distribution == "none" and here.several else config.distribution
-        steps = config.gradient_accumulation_steps
-        check_placement(distribution, batch_size // steps, config.model_parallel, steps)
+        distribution = (
+            "data_parallel" if run_config.distribution == "none" and here.several else run_config.distribution
+        )
+        steps = run_config.gradient_accumulation_steps
+        check_placement(distribution, batch_size // steps, run_config.model_parallel, steps)
     return here
 
 
@@ -339,8 +322,9 @@ class Run:
 
 
 @contextlib.contextmanager
-def workspace(config, job, settings, prefix, within=None):
-    """Yields the `Run` of `config`: its `output_dir` claimed for `job` (`RunDirectory`), or a temporary folder.
+def workspace(run_config, job, settings, prefix, within=None):
+    """Yields the `Run` of `run_config` (a `RunConfig`): its `output_dir` claimed for `job` (`RunDirectory`), or a
+    temporary folder.
 
     The temporary folder (for data a run derives, e.g. token shards or a
     task's embedded data) is deleted at exit: without an output directory
@@ -352,22 +336,22 @@ def workspace(config, job, settings, prefix, within=None):
     through its mirror. With several processes, process 0 claims the
     directory and the others go on only if it could.
     """
-    options = dict(log_every=config.log_every, accumulation=config.gradient_accumulation_steps)
+    options = dict(log_every=run_config.log_every, accumulation=run_config.gradient_accumulation_steps)
     with catching_sigterm():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
-        if not config.output_dir:
+        if not run_config.output_dir:
             with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
                 yield Run(None, scratch, **options)
             return
-        claim = RunDirectory(config.output_dir, job, settings, overwrite=config.overwrite)
-        on_chief(claim.__enter__, f"claiming {config.output_dir}")
+        claim = RunDirectory(run_config.output_dir, job, settings, overwrite=run_config.overwrite)
+        on_chief(claim.__enter__, f"claiming {run_config.output_dir}")
         try:
-            if storage.is_remote(config.output_dir):
+            if storage.is_remote(run_config.output_dir):
                 with storage.Mirror(
-                    config.output_dir, names=OUTPUTS, lock=claim.remote_lock, writer=cluster.is_chief()
+                    run_config.output_dir, names=OUTPUTS, lock=claim.remote_lock, writer=cluster.is_chief()
                 ) as mirror:
-                    yield Run(config.output_dir, mirror.local, mirror, **options)
+                    yield Run(run_config.output_dir, mirror.local, mirror, **options)
             else:
-                yield Run(config.output_dir, config.output_dir, within.mirror if within else None, **options)
+                yield Run(run_config.output_dir, run_config.output_dir, within.mirror if within else None, **options)
         finally:
             if cluster.is_chief():
                 claim.__exit__(None, None, None)
@@ -397,21 +381,26 @@ def on_chief(fn, what):
 
 
 @contextlib.contextmanager
-def scope(config, batch_size):
-    """Seeds the run and yields the number of batch shards under the config's dtype policy and distribution.
+def scope(run_config, batch_size):
+    """Seeds the run and yields the number of batch shards under `run_config`'s (a `RunConfig`) dtype policy and
+    distribution.
 
     Each micro-batch (`batch_size / gradient_accumulation_steps` rows) splits
     evenly over the shards. JAX compiles through the run's compilation
     cache (`compilation_cache`).
     """
-    steps = config.gradient_accumulation_steps  # batch_size splits into them: check_run
+    steps = run_config.gradient_accumulation_steps  # batch_size splits into them: check_run
     with (
-        compilation_cache(config.compilation_cache),
+        compilation_cache(run_config.compilation_cache),
         training_scope(
-            config.distribution, config.dtype, batch_size // steps, config.model_parallel, accumulation=steps
+            run_config.distribution,
+            run_config.dtype,
+            batch_size // steps,
+            run_config.model_parallel,
+            accumulation=steps,
         ) as shards,
     ):
-        seed_keras(config.seed)
+        seed_keras(run_config.seed)
         yield shards
 
 

@@ -371,8 +371,7 @@ def test_multiple_choice_baselines_and_warning_name_the_choice():
     results = {task.splits[1]: {"accuracy": 0.75, "baselines": found, "prediction_counts": {"1": 4}}}
     check = finetune_outputs.baseline_check(task, results)
     assert not check["learned"] and check["one_label_predicted"] == "1"
-    config = FinetuneConfig(task=task.name, init="scratch", learning_rate=0.0)
-    text = finetune_outputs.learned_nothing(config, task, check)
+    text = finetune_outputs.learned_nothing(task, check, init="scratch", epochs=3, learning_rate=0.0)
     assert (
         f"the majority-class baseline 0.7500 (always predicting choice 1, 75.0% of {task.splits[1]}), chance "
         f"{chance:.4f}; the model predicts choice 1 for every example" in text

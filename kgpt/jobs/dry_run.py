@@ -238,9 +238,11 @@ def finetune(config, registry=None):
     else:
         plan.add("init", init(config, task))
     splits = task.splits if config.epochs > 0 else task.splits[1:]
-    data_dir = config.data_dir or finetune_lib.files_dir(config)
-    start = starting_tokenizer(config)  # the run's tokenizer and view length, so the rows it cuts are counted
-    preprocessor = finetune_lib.task_preprocessor(config, task, *start) if start else None
+    data_dir = config.data_dir or finetune_lib.files_dir(config.train_file)
+    start = starting_tokenizer(
+        config.init, config.output_dir, config.max_length
+    )  # the run's tokenizer and view length, so the rows it cuts are counted
+    preprocessor = finetune_lib.task_preprocessor(task, config.max_length, *start) if start else None
     encoded = {}
     plan.add(
         "data",
@@ -291,10 +293,16 @@ def init(config, task=None):
         )
     if task is not None and is_task_preset(config.init):
         saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
-        check_finetuned_init(config, task, saved.get("task_name"))
+        check_finetuned_init(
+            config.init,
+            task,
+            saved.get("task_name"),
+            transfer_layers=config.transfer_layers,
+            pretrained_weights=config.pretrained_weights,
+        )
         return f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init)}): its head is kept"
     if task is not None and config.epochs == 0:
-        raise untrained_head(config, task)
+        raise untrained_head(config.init, task)
     found = pretrained(config.init, sizes := {})
     check_transfer_layers(config.transfer_layers, sizes.get("num_layers", 0))
     return f"{config.init}: {found}"

@@ -143,7 +143,7 @@ def finetune(config, registry=None):
         with run.scope(run_config, config.batch_size or DEFAULT_BATCH_SIZE):
             data_dir = (
                 config.data_dir
-                or files_dir(config)
+                or files_dir(config.train_file)
                 or work.for_all(
                     lambda: _embedded_data(task, os.path.join(work.directory, "data")),
                     f"writing {task.name}'s embedded data",
@@ -152,7 +152,9 @@ def finetune(config, registry=None):
             model, results, start = _finetune(config, work, task, data_dir)
         if runs_baseline(config) and start.finetuned is None:
             _baseline(config, work, task, data_dir, start, results)
-    warning = learned_nothing(config, task, results.get("baseline_check"))
+    warning = learned_nothing(
+        task, results.get("baseline_check"), config.init, config.epochs, config.learning_rate, config.pretrained_weights
+    )
     if warning:  # last, so that it is what the run's log ends with
         logger.warning(warning)
     return model, results
@@ -199,9 +201,10 @@ def with_files(task, config):
     return task.with_files(data_dir=config.data_dir, **options)
 
 
-def files_dir(config):
-    """Without `data_dir`, the training file's folder: prediction ids are relative to it (`dev.csv:12`)."""
-    return os.path.dirname(os.path.abspath(config.train_file)) if config.train_file else None
+def files_dir(train_file):
+    """Without `data_dir`, the folder of `train_file` (None without one): prediction ids are relative to it
+    (`dev.csv:12`)."""
+    return os.path.dirname(os.path.abspath(train_file)) if train_file else None
 
 
 def runs_baseline(config):
@@ -263,34 +266,32 @@ def _embedded_data(task, target):
     return data_dir
 
 
-def _batch_size(config, start):
-    """`config.batch_size`, else what a fine-tuned `--init` was trained with, else `DEFAULT_BATCH_SIZE`."""
-    if config.batch_size is not None:
-        return config.batch_size
+def _batch_size(batch_size, init, start):
+    """`batch_size`, else what a fine-tuned `init` (`start.finetuned`) was trained with, else `DEFAULT_BATCH_SIZE`."""
+    if batch_size is not None:
+        return batch_size
     if start.finetuned is not None:
-        saved = recorded(config.init, "batch_size")
+        saved = recorded(init, "batch_size")
         if isinstance(saved, int) and saved > 0:
-            logger.info(
-                f"Batch size {saved}, as {config.init} was fine-tuned with (so its scores are reproduced exactly)."
-            )
+            logger.info(f"Batch size {saved}, as {init} was fine-tuned with (so its scores are reproduced exactly).")
             return saved
     return DEFAULT_BATCH_SIZE
 
 
-def task_preprocessor(config, task, tokenizer, context, saved_length=None, origin="the model"):
-    """The `GPTTaskPreprocessor` a run encodes with: views of `config.max_length` tokens, else a fine-tuned
-    `--init`'s `saved_length`, else the model's `context`, and never more than `context` (`--dry_run` counts the
-    rows it cuts with it too)."""
-    if config.max_length and config.max_length > context:
+def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, origin="the model"):
+    """The `GPTTaskPreprocessor` a run encodes with: views of `max_length` tokens, else a fine-tuned `--init`'s
+    `saved_length`, else the model's `context`, and never more than `context` (`--dry_run` counts the rows it cuts
+    with it too)."""
+    if max_length and max_length > context:
         logger.warning(
-            f"Warning: max_length {config.max_length} is longer than the model's context ({context} "
+            f"Warning: max_length {max_length} is longer than the model's context ({context} "
             f"tokens, {origin}): views are cut to {context} tokens."
         )
     columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
     return GPTTaskPreprocessor(
         tokenizer,
         task.transform,
-        max_length=min(config.max_length or saved_length or context, context),
+        max_length=min(max_length or saved_length or context, context),
         columns=columns,
     )
 
@@ -303,7 +304,7 @@ def _finetune(config, work, task, data_dir, initial=None):
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
     saved_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else None
     preprocessor = task_preprocessor(
-        config, task, start.tokenizer, start.backbone.max_sequence_length, saved_length, start.origin
+        task, config.max_length, start.tokenizer, start.backbone.max_sequence_length, saved_length, start.origin
     )
     splits = read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
     # Every process must read the same examples: each feeds its rows of the same batches.
@@ -311,8 +312,8 @@ def _finetune(config, work, task, data_dir, initial=None):
         {"data": {name: split_fingerprint(split) for name, split in splits.items()}},
         hint=f"Every process must read the same data ({data_dir}).",
     )
-    batch_size = _batch_size(config, start)
-    model = build_model(config, task, start, preprocessor)
+    batch_size = _batch_size(config.batch_size, config.init, start)
+    model = build_model(task, start, preprocessor, config.lm_coef, config.classifier_dropout, config.lora_rank)
     settings = run_settings(config)
     results = {
         "task": task.name,

@@ -71,29 +71,29 @@ def initial_model(config, work):
     """`(backbone, tokenizer, description)` to fine-tune, from a pre-trained `config.init` (`work`: the `Run`)."""
     if config.init == "scratch":
         tokenizer = GPTTokenizer.gpt1()
-        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), scratch_context(config))
+        backbone = GPTBackbone.from_sizes(config, tokenizer.vocabulary_size(), scratch_context(config.max_length))
         return backbone, tokenizer, "random initialisation (no pre-training)"
     if config.init == "demo":
-        return _demo_model(config, work)
+        return _demo_model(work, config.seed, config.dtype)
     return load_pretrained(config.init, num_heads=config.num_heads, dtype=config.dtype)
 
 
-def scratch_context(config):
+def scratch_context(max_length):
     """The context of a model `init="scratch"` builds: `max_length`, else 512 (the paper's)."""
-    return config.max_length or 512
+    return max_length or 512
 
 
-def starting_tokenizer(config):
-    """`(tokenizer, context, saved_length)` fine-tuning from `config.init` encodes with, read without building a
-    model (`--dry_run`): the tokenizer, the model's context and a fine-tuned `--init`'s view length (else None).
+def starting_tokenizer(init, output_dir=None, max_length=None):
+    """`(tokenizer, context, saved_length)` fine-tuning from `init` encodes with, read without building a model
+    (`--dry_run`): the tokenizer, the model's context and a fine-tuned `--init`'s view length (else None).
 
-    None for `init="demo"` until the demo model is pre-trained: its tokenizer is learned then.
+    None for `init="demo"` until the demo model is pre-trained (in `output_dir`): its tokenizer is learned then.
     """
-    path = config.init
+    path = init
     if path == "scratch":
-        return GPTTokenizer.gpt1(), scratch_context(config), None
+        return GPTTokenizer.gpt1(), scratch_context(max_length), None
     if path == "demo":
-        path = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
+        path = os.path.join(output_dir, "pretrained") if output_dir else None
         if path is None or not os.path.exists(os.path.join(path, "metrics.json")):
             return None
     if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):  # positions [n_ctx, H] come first
@@ -109,8 +109,9 @@ def starting_tokenizer(config):
     return read_tokenizer(path), context, None
 
 
-def _demo_model(config, work):
-    """`init="demo"`: the demo model pre-trained on the embedded text (kept in the `Run`'s pretrained/, and reused)."""
+def _demo_model(work, seed, dtype):
+    """`init="demo"`: the demo model pre-trained on the embedded text (kept in the `Run`'s pretrained/, and reused);
+    `seed` is the fine-tuning's, `dtype` the policy it is loaded back with."""
     out = os.path.join(work.directory, "pretrained") if work.kept else None
     origin = "the demo model pre-trained on the embedded text"
     if out and os.path.exists(os.path.join(out, "metrics.json")):  # written last: the preset is complete
@@ -118,13 +119,13 @@ def _demo_model(config, work):
             f"--init demo: using the demo model pre-trained in {work.location}/pretrained by an earlier run "
             f"of this command."
         )
-        backbone, tokenizer, _ = load_pretrained(out, dtype=config.dtype)
+        backbone, tokenizer, _ = load_pretrained(out, dtype=dtype)
         return backbone, tokenizer, origin
     logger.info(
         "--init demo: pre-training the small demo model on the embedded text first "
         f"({', '.join(f'{k}={v}' for k, v in DEMO_PRETRAIN.items())})."
     )
-    lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=config.seed), within=work)
+    lm, tokenizer, _ = pretrain_lib.pretrain(demo_pretrain_config(output_dir=out, seed=seed), within=work)
     return lm.backbone, tokenizer, origin
 
 
@@ -137,7 +138,15 @@ def starting_point(config, task, initial=None, work=None):
     pre-training in the `Run` `work`) `config.init` again.
     """
     if config.init not in SPECIAL_INITS and is_task_preset(config.init):
-        model = _finetuned_init(config, task)
+        model = _finetuned_init(config.init, config.dtype)
+        check_finetuned_init(
+            config.init,
+            task,
+            model.task_name,
+            model.head,
+            transfer_layers=config.transfer_layers,
+            pretrained_weights=config.pretrained_weights,
+        )
         action = (
             "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
         )
@@ -148,7 +157,7 @@ def starting_point(config, task, initial=None, work=None):
             model.backbone, model.preprocessor.tokenizer, f"the model fine-tuned in {config.init}", model, None
         )
     if config.epochs == 0:
-        raise untrained_head(config, task)
+        raise untrained_head(config.init, task)
     initial = initial or initial_model(config, work)
     backbone, tokenizer, origin = initial
     if not config.pretrained_weights:  # the "w/o pre-training" ablation: same model and vocabulary, nothing learned
@@ -159,21 +168,20 @@ def starting_point(config, task, initial=None, work=None):
     return Start(backbone, tokenizer, origin, None, initial)
 
 
-def _finetuned_init(config, task):
-    kwargs = {"dtype": config.dtype} if config.dtype else {}
-    model = GPTTaskModel.from_preset(config.init, **kwargs)
-    check_finetuned_init(config, task, model.task_name, model.head)
-    return model
+def _finetuned_init(init, dtype=None):
+    """The fine-tuned `GPTTaskModel` in the preset `init`, under the run's `dtype` policy (None: the saved one)."""
+    kwargs = {"dtype": dtype} if dtype else {}
+    return GPTTaskModel.from_preset(init, **kwargs)
 
 
-def check_finetuned_init(config, task, saved_task, saved_head=None):
-    """Raises `ConfigError` when the fine-tuned `config.init` (of task `saved_task`, with `saved_head`) cannot go on
-    as `config` asks: it is another task's, its head is not the task's now, or `transfer_layers` /
-    `pretrained_weights` ask for a pre-trained model. `--dry_run` checks with it (without the head: it builds none)."""
+def check_finetuned_init(init, task, saved_task, saved_head=None, transfer_layers=None, pretrained_weights=True):
+    """Raises `ConfigError` when the fine-tuned `init` (of task `saved_task`, with `saved_head`) cannot go on as
+    asked: it is another task's, its head is not `task`'s now, or `transfer_layers` / `pretrained_weights=False`
+    ask for a pre-trained model. `--dry_run` checks with it (without the head: it builds none)."""
     if saved_task != task.name:
-        source = recorded(config.init, "init_dir")
+        source = recorded(init, "init_dir")
         raise ConfigError(
-            f"--init {config.init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
+            f"--init {init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
             f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
             f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else ".")
         )
@@ -181,20 +189,19 @@ def check_finetuned_init(config, task, saved_task, saved_head=None):
         saved_head
     ) != keras.saving.serialize_keras_object(task.head):
         raise ConfigError(
-            f"--init {config.init}: its head ({saved_head.get_config()}) differs from task "
+            f"--init {init}: its head ({saved_head.get_config()}) differs from task "
             f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved."
         )
-    if config.transfer_layers is not None or not config.pretrained_weights:
+    if transfer_layers is not None or not pretrained_weights:
         raise ConfigError(
-            f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init "
-            f"{config.init} is fine-tuned."
+            f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init {init} is fine-tuned."
         )
 
 
-def untrained_head(config, task):
+def untrained_head(init, task):
     """The `ConfigError` of `epochs=0` (evaluate without training) with an `--init` that is not fine-tuned."""
     return ConfigError(
-        f"epochs=0 evaluates a fine-tuned model, but --init {config.init} is not one: its {task.name} "
+        f"epochs=0 evaluates a fine-tuned model, but --init {init} is not one: its {task.name} "
         f"head would be untrained. Pass --init the --output_dir of a kgpt-train --task {task.name} run."
     )
 
@@ -208,22 +215,23 @@ def recorded(preset, key):
         return None
 
 
-def build_model(config, task, start, preprocessor):
-    """The `GPTTaskModel` (uncompiled) on `start`'s backbone, with a fine-tuned `--init`'s head weights and LoRA."""
+def build_model(task, start, preprocessor, lm_coef, classifier_dropout, lora_rank=None):
+    """The `GPTTaskModel` (uncompiled) on `start`'s backbone, with a fine-tuned `--init`'s head weights and, with
+    `lora_rank`, LoRA."""
     model = GPTTaskModel(
         start.backbone,
         head=task.head,
         num_views=task.transform.num_views,
-        lm_coef=config.lm_coef,
-        classifier_dropout=config.classifier_dropout,
+        lm_coef=lm_coef,
+        classifier_dropout=classifier_dropout,
         task_name=task.name,
         preprocessor=preprocessor,
         compile=False,
     )
     if start.finetuned is not None:
         model.classifier.set_weights(start.finetuned.classifier.get_weights())
-    if config.lora_rank is not None:
-        enable_lora(model, config.lora_rank)
+    if lora_rank is not None:
+        enable_lora(model, lora_rank)
     return model
 
 

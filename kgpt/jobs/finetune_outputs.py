@@ -199,11 +199,12 @@ def _number(value):
     return f"{value:.4f}" if isinstance(value, float) else "none"
 
 
-def learned_nothing(config, task, check):
+def learned_nothing(task, check, init, epochs, learning_rate, pretrained_weights=True):
     """The lines a run ends with when `check` (`baseline_check`) says it learned nothing measurable; else None.
 
     They give the score beside its majority-class and chance baselines, and
-    what to try: the learning rate, the epochs, a pre-trained start.
+    what to try: the learning rate, the epochs, a pre-trained start (from the
+    run's `init`, `epochs`, `learning_rate` and `pretrained_weights`).
     """
     if check is None or check["learned"]:
         return None
@@ -218,17 +219,17 @@ def learned_nothing(config, task, check):
         text += f"; the model predicts {_label(task, check['one_label_predicted'])} for every example"
     if check["majority_share"] == 1.0:
         text += f"; {split} holds one label only, so its score cannot show learning"
-    rate = config.learning_rate
-    if config.epochs == 0:
-        tries = [f"--init {config.init} was evaluated without training (--epochs 0): fine-tune it (--epochs N)"]
+    rate = learning_rate  # short: it is written three times below
+    if epochs == 0:
+        tries = [f"--init {init} was evaluated without training (--epochs 0): fine-tune it (--epochs N)"]
     else:
         tries = [
             "--learning_rate is 0, so no weight changed: give one, such as 6.25e-05"
             if rate == 0
             else f"another --learning_rate (this run {rate:g}: try {rate * 3:.3g} or {rate / 3:.3g})",
-            f"more --epochs (this run {config.epochs})",
+            f"more --epochs (this run {epochs})",
             "a pre-trained start instead of fresh weights: --init PRESET (the --output_dir of kgpt-train --task lm)"
-            if config.init == "scratch" or not config.pretrained_weights
-            else f"a larger pre-trained model than --init {config.init} (the --output_dir of kgpt-train --task lm)",
+            if init == "scratch" or not pretrained_weights
+            else f"a larger pre-trained model than --init {init} (the --output_dir of kgpt-train --task lm)",
         ]
     return f"{text}.\n  To try: {'; '.join(tries)}; and check that the labels follow from the texts."

@@ -70,18 +70,19 @@ def corpus_files(pattern):
     return files
 
 
-def load_tokenizer(config, files, work):
-    """The run's tokenizer: GPT-1's, one learned from `files` (kept in the `Run`'s output), or one from a folder."""
-    if config.tokenizer is None:
+def load_tokenizer(tokenizer, num_merges, files, work):
+    """The run's tokenizer, by the `tokenizer` setting: GPT-1's (None), one of `num_merges` merges learned from
+    `files` ("train", kept in the `Run`'s output), or the one in a folder."""
+    if tokenizer is None:
         return GPTTokenizer.gpt1()
-    if config.tokenizer != "train":
-        return read_tokenizer(config.tokenizer, flag="--tokenizer")
+    if tokenizer != "train":
+        return read_tokenizer(tokenizer, flag="--tokenizer")
     if work.kept and os.path.isfile(os.path.join(work.directory, PRESET_CONFIG)):
         # A resumed run keeps the vocabulary it started with.
         logger.info(f"Using the tokenizer learned earlier in {work.location}.")
         return GPTTokenizer.from_preset(work.directory)
-    logger.info(f"Learning a BPE vocabulary of {config.num_merges:,} merges from the corpus ...")
-    tokenizer = GPTTokenizer.train(files, num_merges=config.num_merges)
+    logger.info(f"Learning a BPE vocabulary of {num_merges:,} merges from the corpus ...")
+    tokenizer = GPTTokenizer.train(files, num_merges=num_merges)
     if work.kept:
         tokenizer.save_to_preset(work.directory)
         work.publish()
@@ -91,14 +92,15 @@ def load_tokenizer(config, files, work):
     return tokenizer
 
 
-def split_point(total, config):
-    """Index where the held-out tail of a `total`-token stream starts, with checks on its size."""
-    n_val = min(int(total * config.validation_fraction), config.validation_tokens)
+def split_point(total, validation_fraction, validation_tokens, sequence_length):
+    """Index where the held-out tail of a `total`-token stream starts (`validation_fraction` of it, at most
+    `validation_tokens`), with checks on its size."""
+    n_val = min(int(total * validation_fraction), validation_tokens)
     train = total - n_val
-    if train <= config.sequence_length:
+    if train <= sequence_length:
         raise ConfigError(
             f"The corpus has {total} tokens ({train} for training): fewer than "
-            f"one window of sequence_length={config.sequence_length} + 1. Add text or "
+            f"one window of sequence_length={sequence_length} + 1. Add text or "
             "lower --sequence_length."
         )
     if n_val and n_val < 2:
@@ -204,13 +206,12 @@ def build_backbone(config, vocabulary_size):
     raise ValueError(f"architecture must be 'transformer' or 'lstm', got {config.architecture!r}.")
 
 
-def zero_shot_callback(config, tokenizer, steps_per_eval, work, registry=None):
-    """The `ZeroShotCallback` for `config.zero_shot`, or None; writes embedded data where no dir is given (in the
-    `Run`'s folder)."""
-    if not config.zero_shot:
+def zero_shot_callback(zero_shot, tokenizer, every, work, max_examples=None, registry=None):
+    """The `ZeroShotCallback` scoring the `zero_shot` tasks (`{name: data_dir}`) every `every` steps, on at most
+    `max_examples` per split, or None; writes embedded data where no dir is given (in the `Run`'s folder)."""
+    if not zero_shot:
         return None
-    tasks = zero_shot_lib.resolve_tasks(config.zero_shot, work.directory, registry or TaskRegistry())
-    every = config.zero_shot_every or steps_per_eval
+    tasks = zero_shot_lib.resolve_tasks(zero_shot, work.directory, registry or TaskRegistry())
     logger.info(f"Zero-shot evaluation of {', '.join(tasks)} every {every} steps.")
     out = work.directory if work.kept else None
     return zero_shot_lib.ZeroShotCallback(
@@ -219,7 +220,7 @@ def zero_shot_callback(config, tokenizer, steps_per_eval, work, registry=None):
         every,
         csv_path=os.path.join(out, "zero_shot.csv") if out else None,
         log_dir=os.path.join(out, "logs") if out else None,
-        max_examples=config.zero_shot_examples,
+        max_examples=max_examples,
     )
 
 
@@ -260,10 +261,12 @@ def _prepare(config, work):
     tokenizer = None
     if config.tokenizer == "train" and cluster.current().several:
         # Process 0 keeps the one it learned (reading it back would say so a second time); the others read it.
-        tokenizer = run.on_chief(lambda: load_tokenizer(config, files, work), "learning the tokenizer")
+        tokenizer = run.on_chief(
+            lambda: load_tokenizer(config.tokenizer, config.num_merges, files, work), "learning the tokenizer"
+        )
         work.fetch((PRESET_CONFIG, "assets"))
     if not isinstance(tokenizer, GPTTokenizer):
-        tokenizer = load_tokenizer(config, files, work)
+        tokenizer = load_tokenizer(config.tokenizer, config.num_merges, files, work)
     here = cluster.current()
     # Processes that each have their own copy of a remote output directory build its shards alone.
     alone = work.mirror is not None and not config.shards_dir
@@ -297,8 +300,12 @@ def pretrain(config, registry=None, within=None):
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
-        _check_prompt(config, tokenizer)  # before training: the sample comes after it, before the preset is saved
-        train_end = split_point(index.total_tokens, config)
+        _check_prompt(
+            config.prompt, config.sample_tokens, config.sequence_length, tokenizer
+        )  # before training: the sample comes after it, before the preset is saved
+        train_end = split_point(
+            index.total_tokens, config.validation_fraction, config.validation_tokens, config.sequence_length
+        )
         with run.scope(run_config, config.batch_size) as shards:
             lm = _compiled_lm(config, tokenizer)
             evaluations = evaluation_count(config.max_steps, config.evaluations)
@@ -310,7 +317,14 @@ def pretrain(config, registry=None, within=None):
             val_ids = index.tokens(train_end, index.total_tokens)
             micro = config.batch_size // config.gradient_accumulation_steps
             validation = _validation(val_ids, config.sequence_length, shards, micro)
-            zero_shot = zero_shot_callback(config, tokenizer, config.max_steps // evaluations, work, registry)
+            zero_shot = zero_shot_callback(
+                config.zero_shot,
+                tokenizer,
+                config.zero_shot_every or config.max_steps // evaluations,
+                work,
+                config.zero_shot_examples,
+                registry,
+            )
             progress = _progress(config, work, lm, evaluations, index.total_tokens, tokenizer, zero_shot)
             _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot)
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
@@ -320,7 +334,9 @@ def pretrain(config, registry=None, within=None):
                 )
             elif config.sample_tokens:
                 held_out = val_ids if len(val_ids) >= 4 else index.tokens(0, 4)
-                metrics["sample"] = _sample(config, lm, tokenizer, held_out, shards)
+                metrics["sample"] = _sample(
+                    lm, tokenizer, config.prompt, held_out, config.sequence_length, config.sample_tokens, shards
+                )
             # Text in, text out from here on (and in the preset): lm.generate("..."), lm.score("...").
             lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=config.sequence_length)
             # A keras-hub preset: GPTCausalLM/GPTBackbone/GPTTokenizer.from_preset(dir) load it (the
@@ -486,29 +502,25 @@ def _metrics(total, progress, zero_shot, validation):
     return metrics
 
 
-def _check_prompt(config, tokenizer):
-    """Refuses a `--prompt` that leaves the sample no room in the context."""
-    if config.prompt and config.sample_tokens:
-        length = len(tokenizer.encode(config.prompt))
-        if length >= config.sequence_length:
+def _check_prompt(prompt, sample_tokens, sequence_length, tokenizer):
+    """Refuses a `--prompt` that leaves a sample of `sample_tokens` no room in the context."""
+    if prompt and sample_tokens:
+        length = len(tokenizer.encode(prompt))
+        if length >= sequence_length:
             raise ConfigError(
                 f"--prompt is {length} tokens, which leaves no room in --sequence_length="
-                f"{config.sequence_length} for the sample: shorten it, or --sample_tokens 0 for none."
+                f"{sequence_length} for the sample: shorten it, or --sample_tokens 0 for none."
             )
 
 
-def _sample(config, lm, tokenizer, held_out, replicas):
-    """A sample from `config.prompt`, or from the first held-out tokens."""
+def _sample(lm, tokenizer, prompt, held_out, sequence_length, sample_tokens, replicas):
+    """A sample of `sample_tokens` from `prompt` (text), or from the first held-out tokens, in the context."""
     # The default prompt leaves room for at least one token, even in a context of 4 or fewer.
-    prompt = (
-        tokenizer.encode(config.prompt)
-        if config.prompt
-        else [int(i) for i in held_out[:4]][: config.sequence_length - 1]
-    )
+    prompt = tokenizer.encode(prompt) if prompt else [int(i) for i in held_out[:4]][: sequence_length - 1]
     if not prompt:
-        logger.info(f"No sample: sequence_length={config.sequence_length} leaves no room for a prompt.")
+        logger.info(f"No sample: sequence_length={sequence_length} leaves no room for a prompt.")
         return None
-    length = min(config.sequence_length, len(prompt) + config.sample_tokens)
+    length = min(sequence_length, len(prompt) + sample_tokens)
     # One prompt per device: a data-parallel model splits every batch evenly.
     sample = tokenizer.decode(lm.generate([prompt] * replicas, max_length=length)["token_ids"][0])
     logger.info(f"Sample: {sample}")

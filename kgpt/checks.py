@@ -131,6 +131,20 @@ def nonnegative(value, name):
     return float(value)
 
 
+def positive(value, name):
+    """`value` as a finite float > 0 (a scale, such as a standard deviation)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 < float(value) < float("inf")):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}.")
+    return float(value)
+
+
+def boolean(value, name):
+    """`value` when it is True or False (a flag: 0, 1 or "no" are refused)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, got {value!r}.")
+    return value
+
+
 def concrete(value):
     """`value` as something NumPy can read when it holds values now (a list, an array, an eager tensor);
     None for what only has values later (Keras' symbolic tensors, JAX tracers, TensorFlow graph tensors,

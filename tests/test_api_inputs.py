@@ -360,7 +360,7 @@ def backbone_with(**overrides):
         (backbone_with(max_sequence_length=0), ValueError, "max_sequence_length must be"),
         (backbone_with(dropout=1.5), ValueError, r"dropout must be a number in \[0, 1\), got 1.5"),
         (backbone_with(attention_dropout=2.0), ValueError, "attention_dropout must be a number"),
-        (backbone_with(initializer_range=float("nan")), ValueError, "initializer_range must be > 0"),
+        (backbone_with(initializer_range=float("nan")), ValueError, "initializer_range must be a finite number > 0"),
         (backbone_with(dtype="int8"), ValueError, r"dtype must name a float or mixed policy .* got 'int8'.*quantize"),
         (backbone_with(dtype="int8_from_float32"), ValueError, "dtype must name a float or mixed policy"),
         (backbone_with(dtype="float64x"), ValueError, "dtype must name a float or mixed policy"),

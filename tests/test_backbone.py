@@ -102,7 +102,7 @@ def test_initializer_range_sets_every_embedding_and_kernel_and_is_saved():
     del old["initializer_range"]  # a preset saved before the option: the paper's 0.02
     assert kgpt.GPTBackbone.from_config(old).initializer_range == 0.02
     for bad in (0, -0.1):
-        with pytest.raises(ValueError, match="initializer_range must be > 0"):
+        with pytest.raises(ValueError, match="initializer_range must be a finite number > 0"):
             kgpt.GPTBackbone(**sizes, initializer_range=bad)
 
 

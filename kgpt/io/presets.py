@@ -26,6 +26,7 @@ import warnings
 import h5py
 import keras
 
+from kgpt import checks
 from kgpt.errors import CheckpointError
 
 CONFIG_FILE = "config.json"
@@ -421,8 +422,7 @@ class PresetMixin:
         """
         from keras_hub.models import Backbone
 
-        if not isinstance(load_weights, bool):
-            raise TypeError(f"load_weights must be True or False, got {load_weights!r}.")
+        checks.boolean(load_weights, "load_weights")
         check_overrides(cls, kwargs)
         if issubclass(cls, Backbone):
             return load_backbone_preset(cls, preset, load_weights=load_weights, **kwargs)

@@ -28,6 +28,8 @@ import math
 
 import numpy as np
 
+from kgpt import checks
+
 _MASKED = -0.7 * float(np.finfo(np.float32).max)  # finite: a masked tile never makes inf - inf
 _LOG2_E = math.log2(math.e)
 
@@ -341,8 +343,7 @@ def flash_attention(
     import jax
     from jax import numpy as jnp
 
-    if not 0 <= rate < 1:
-        raise ValueError(f"rate must be in [0, 1), got {rate}.")
+    checks.rate(rate, "rate")
     for size in (block, block_backward):
         if size < 8 or size & (size - 1):
             raise ValueError(f"Tile sizes must be powers of 2 from 8, got {size}.")

@@ -13,6 +13,7 @@ import os
 import keras
 import numpy as np
 
+from kgpt import checks
 from kgpt.errors import CheckpointError
 from kgpt.layers.decoder_block import GPTDecoderBlock
 from kgpt.models.converters.original import (
@@ -117,8 +118,7 @@ def load_backbone(cls, directory, num_heads=None, num_special_tokens=0, seed=Non
             f"{directory}: hidden size {sizes['hidden_dim']} is not divisible by num_heads={heads}; "
             f"pass the checkpoint's head count (shapes cannot tell it)."
         )
-    if num_special_tokens < 0:
-        raise ValueError(f"num_special_tokens must be >= 0, got {num_special_tokens}.")
+    checks.positive_int(num_special_tokens, "num_special_tokens", minimum=0)
     config = dict(sizes, num_heads=heads, **kwargs)
     config["vocabulary_size"] += num_special_tokens
     backbone = cls(**config)

@@ -7,7 +7,6 @@ initialisation (`initializer_range`) and dropout 0.1 on embeddings, attention we
 There is no final layer norm (that is GPT-2).
 """
 
-import numbers
 import os
 import shutil
 
@@ -61,8 +60,7 @@ class AddedTokensMixin:
         tuned.vocabulary_size == backbone.vocabulary_size + 3  # True
         ```
         """
-        if num_tokens < 0:
-            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}.")
+        checks.positive_int(num_tokens, "num_tokens", minimum=0)
         config = self.get_config()
         config["vocabulary_size"] = self.vocabulary_size + num_tokens
         grown = type(self).from_config(config)
@@ -151,12 +149,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
             checks.positive_int(value, key)
         checks.rate(dropout, "dropout")
         checks.rate(attention_dropout, "attention_dropout", allow_none=True)
-        if (
-            isinstance(initializer_range, bool)
-            or not isinstance(initializer_range, numbers.Real)
-            or not 0 < initializer_range < float("inf")
-        ):
-            raise ValueError(f"initializer_range must be > 0, got {initializer_range!r}.")
+        checks.positive(initializer_range, "initializer_range")
         if hidden_dim % num_heads:
             raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads}).")
         _check_dtype(dtype)

@@ -209,8 +209,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             **kwargs: overrides of the saved config (e.g. `dtype`).
         """
         load_weights = kwargs.pop("load_weights", True)
-        if not isinstance(load_weights, bool):
-            raise TypeError(f"load_weights must be True or False, got {load_weights!r}.")
+        checks.boolean(load_weights, "load_weights")
         check_overrides(cls, kwargs)
         sequence_length = checks.positive_int(sequence_length, "sequence_length", allow_none=True)
         max_length = packed_length(sequence_length, checks.positive_int(max_length, "max_length", allow_none=True))

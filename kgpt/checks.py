@@ -124,6 +124,13 @@ def rate(value, name, allow_none=False):
     return float(value)
 
 
+def fraction(value, name):
+    """`value` as a float in `[0, 1]`: a share of something."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= float(value) <= 1:
+        raise ValueError(f"{name} must be a number in [0, 1], got {value!r}.")
+    return float(value)
+
+
 def nonnegative(value, name):
     """`value` as a finite float >= 0."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (0 <= float(value) < float("inf")):

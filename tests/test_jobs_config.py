@@ -286,6 +286,13 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
         ("finetune", "lm_coef", -0.5, "lm_coef must be a finite number >= 0, got -0.5."),
         ("finetune", "classifier_dropout", 1.5, "classifier_dropout must be a number in [0, 1), got 1.5."),
         ("finetune", "keep", "first", "keep must be one of 'last', 'best', got 'first'."),
+        # These were tracebacks from Keras or the optimizer once the run had started.
+        ("pretrain", "seed", -1, "seed must be an integer between 0 and 4294967295, got -1."),
+        ("finetune", "seed", 2**40, f"seed must be an integer between 0 and 4294967295, got {2**40}."),
+        ("finetune", "warmup_fraction", 2.0, "warmup_fraction must be a number in [0, 1], got 2.0."),
+        ("pretrain", "initializer_range", 0.0, "initializer_range must be a finite number > 0, got 0.0."),
+        ("finetune", "initializer_range", -1.0, "initializer_range must be a finite number > 0, got -1.0."),
+        ("pretrain", "attention_dropout", 1.5, "attention_dropout must be a number in [0, 1), got 1.5."),
     ],
 )
 def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, value, message):

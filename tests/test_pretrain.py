@@ -12,7 +12,7 @@ from conftest import cli, kill_at_step
 import kgpt
 from kgpt.cli import train
 from kgpt.jobs.config import PretrainConfig
-from kgpt.jobs.pretrain import pretrain
+from kgpt.jobs.pretrain import corpus_files, pretrain
 
 TEXT = "The keeper climbed the steps of the tower and wrote the date in the notebook.\n" * 30
 
@@ -273,3 +273,10 @@ def test_analyze_names_a_bad_layers_flag(tmp_path):
     )
     assert result.returncode != 0 and "Traceback" not in result.stderr
     assert "--layers takes block counts" in result.stderr, result.stderr[-2000:]
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])
+def test_a_corpus_that_is_no_regular_file_is_refused_not_read_forever(device):
+    # /dev/zero has no end: the run tokenized it until killed, while its dry run called it empty.
+    with pytest.raises(kgpt.DataError, match=f"--corpus {device} is not a regular file"):
+        corpus_files(device)

@@ -20,7 +20,8 @@ import dataclasses
 from kgpt.checks import positive_int
 from kgpt.errors import ConfigError
 
-KEEP = ("last", "best")  # the weights a fine-tuning saves and scores (--keep)
+KEEP = ("last", "best")
+SEEDS = (0, 2**32 - 1)  # what keras.utils.set_random_seed takes  # the weights a fine-tuning saves and scores (--keep)
 
 
 def option(value, help, **flag):
@@ -400,9 +401,9 @@ def setting(check, value, name, *args, **kwargs):
         raise ConfigError(str(e)) from None
 
 
-def setting_int(value, name, minimum=1, allow_none=False):
+def setting_int(value, name, minimum=1, allow_none=False, maximum=None):
     """`kgpt.checks.positive_int` for a setting (`setting`)."""
-    return setting(positive_int, value, name, minimum, allow_none=allow_none)
+    return setting(positive_int, value, name, minimum, maximum, allow_none=allow_none)
 
 
 def check_settings(config, check, *names):
@@ -412,7 +413,8 @@ def check_settings(config, check, *names):
 
 
 def check_integers(config, optional=(), **minimums):
-    """Raises `ConfigError` unless each setting named in `minimums` is an integer >= its minimum; those in
-    `optional` may be None."""
-    for name, minimum in minimums.items():
-        setting_int(getattr(config, name), name, minimum, allow_none=name in optional)
+    """Raises `ConfigError` unless each setting named in `minimums` is an integer >= its minimum (or in a
+    `(minimum, maximum)` range); those in `optional` may be None."""
+    for name, bounds in minimums.items():
+        minimum, maximum = bounds if isinstance(bounds, tuple) else (bounds, None)
+        setting_int(getattr(config, name), name, minimum, allow_none=name in optional, maximum=maximum)

@@ -27,7 +27,7 @@ from kgpt import checks
 from kgpt.errors import ConfigError
 from kgpt.io import hub, storage
 from kgpt.jobs import run
-from kgpt.jobs.config import KEEP, check_integers, check_settings, recorded_settings, setting
+from kgpt.jobs.config import KEEP, SEEDS, check_integers, check_settings, recorded_settings, setting
 from kgpt.jobs.finetune_data import read_splits, split_fingerprint
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
@@ -83,7 +83,13 @@ def run_settings(config):
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
     check_integers(
-        config, optional=("batch_size", "max_length"), batch_size=1, max_length=1, epochs=0, checkpoint_every=0
+        config,
+        optional=("batch_size", "max_length"),
+        batch_size=1,
+        max_length=1,
+        epochs=0,
+        checkpoint_every=0,
+        seed=SEEDS,
     )
     if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
         raise ConfigError(
@@ -92,7 +98,10 @@ def check_config(config):
         )
     run.check_run(config.run_part(), config.batch_size or DEFAULT_BATCH_SIZE)
     setting(checks.one_of, config.keep, "keep", KEEP)
-    check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef", "warmup_fraction")
+    check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef")
+    check_settings(config, checks.fraction, "warmup_fraction")
+    check_settings(config, checks.positive, "initializer_range")
+    setting(checks.rate, config.attention_dropout, "attention_dropout", allow_none=True)
     check_settings(config, checks.rate, "classifier_dropout")
     for flag in ("data_dir", "train_file", "validation_file", "test_file"):
         storage.check_local(getattr(config, flag), f"--{flag}")

@@ -21,10 +21,10 @@ from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.checks import positive_int
 from kgpt.data import demo_world
 from kgpt.data.shards import Team, build_shards
-from kgpt.errors import ConfigError
+from kgpt.errors import ConfigError, DataError
 from kgpt.io import storage
 from kgpt.jobs import run
-from kgpt.jobs.config import check_integers, check_settings, recorded_settings
+from kgpt.jobs.config import SEEDS, check_integers, check_settings, recorded_settings, setting
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -56,6 +56,11 @@ def corpus_files(pattern):
             raise OSError(e.errno, f"{path}{target}: {e.strerror}") from e
         if os.path.isdir(path):
             folders.append(path)
+        elif not os.path.isfile(path):  # /dev/zero, a pipe: no size to split, and perhaps no end
+            raise DataError(
+                f"--corpus {path} is not a regular file: the corpus is read in chunks split by size, by "
+                f"several workers; write it to a file first."
+            )
         elif not os.access(path, os.R_OK):
             raise PermissionError(f"{path}: cannot be read (permission denied).")
         else:
@@ -137,9 +142,12 @@ def check_config(config):
         validation_tokens=0,
         sample_tokens=0,
         lm_loss_chunk_size=0,
+        seed=SEEDS,
     )
     check_settings(config, checks.nonnegative, "learning_rate", "weight_decay")
     check_settings(config, checks.rate, "dropout", "validation_fraction")
+    check_settings(config, checks.positive, "initializer_range")
+    setting(checks.rate, config.attention_dropout, "attention_dropout", allow_none=True)
     if config.architecture != "lstm" and config.hidden_dim % config.num_heads:
         raise ConfigError(
             f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "

@@ -232,6 +232,15 @@ def test_checkpoint_of_other_settings_is_refused(tmp_path):
         r"4 now\)",
     ):
         pretrain(tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, batch_size=4))
+    # Two words swapped: the token count matches, the content does not (it resumed silently).
+    config = tiny_config(tmp_path, max_steps=10, evaluations=1, warmup_steps=1, checkpoint_every=5)
+    corpus = tmp_path / "corpus" / "a.txt"
+    swapped = TEXT.replace("keeper", "@").replace("tower", "keeper").replace("@", "tower")
+    corpus.write_text(swapped, encoding="utf-8")
+    with pytest.raises(
+        ValueError, match=r"holds a checkpoint of a run with other settings \(corpus_crc32: '[0-9a-f]{8}' there"
+    ):
+        pretrain(config)
 
 
 def test_pretrain_with_a_tokenizer_learned_from_the_corpus(tmp_path):

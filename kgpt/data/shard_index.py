@@ -41,6 +41,12 @@ class ShardIndex:
     def total_tokens(self):
         return sum(s["tokens"] for s in self.shards)
 
+    def content_crc32(self):
+        """A CRC-32 of the token stream, from its shards' own: what a resumed run checks it still trains on
+        (an edit that keeps the token count, such as one word for another, changes it)."""
+        shards = json.dumps([[s["tokens"], s.get("crc32")] for s in self.shards])
+        return f"{zlib.crc32(shards.encode()):08x}"
+
     def arrays(self):
         """Read-only memory maps of the shards."""
         if not hasattr(self, "_maps"):

@@ -333,7 +333,7 @@ def pretrain(config, registry=None, within=None):
                 config.zero_shot_examples,
                 registry,
             )
-            progress = _progress(config, work, lm, evaluations, index.total_tokens, tokenizer, zero_shot)
+            progress = _progress(config, work, lm, evaluations, index, tokenizer, zero_shot)
             _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot)
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
             if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
@@ -431,9 +431,13 @@ def _validation(val_ids, sequence_length, shards, batch_size):
     return distribute.feed(rows_of)
 
 
-def _progress(config, work, lm, evaluations, total, tokenizer, zero_shot):
+def _progress(config, work, lm, evaluations, index, tokenizer, zero_shot):
     """The progress callback, from the `Run`'s checkpoint when there is one."""
-    settings = run_settings(config) | {"corpus_tokens": int(total), "tokenizer": tokenizer.fingerprint()}
+    settings = run_settings(config) | {
+        "corpus_tokens": int(index.total_tokens),
+        "corpus_crc32": index.content_crc32(),
+        "tokenizer": tokenizer.fingerprint(),
+    }
     state = work.restore(lm, settings)
     if state is not None:
         logger.info(

@@ -48,6 +48,8 @@ def test_pretrain_learns_and_saves(tmp_path, capsys, progress):
     assert metrics["train_loss"][-1] < metrics["train_loss"][0] - 1.0
     assert int(keras.ops.convert_to_numpy(lm.optimizer.iterations)) == config.max_steps
     assert metrics["validation_perplexity"][-1] < metrics["validation_perplexity"][0]
+    assert metrics["validation_loss"][-1] < metrics["unigram_loss"]
+    assert not any("learned nothing" in line for line in lines)
     assert any(line.startswith("Sample: ") for line in lines)
     out = tmp_path / "out"
     assert json.loads((out / "metrics.json").read_text())["tokens"] == metrics["tokens"]
@@ -221,6 +223,16 @@ def test_killed_run_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys):
     assert all(
         np.array_equal(a, b) for a, b in zip(weights, kgpt.GPTBackbone.from_preset(str(tmp_path / "run")).get_weights())
     )
+
+
+def test_a_run_that_learned_no_more_than_token_frequencies_says_so(tmp_path, capsys, progress):
+    # A tiny learning rate for 2 steps: the model stays near uniform, far above the unigram loss.
+    config = tiny_config(tmp_path, max_steps=2, evaluations=1, warmup_steps=1, learning_rate=1e-6, sample_tokens=0)
+    metrics = pretrain(config)[2]
+    out = capsys.readouterr().out
+    assert metrics["validation_loss"][-1] > metrics["unigram_loss"] > 0
+    assert "The model learned nothing beyond token frequencies: its last validation loss" in out
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["unigram_loss"] == metrics["unigram_loss"]
 
 
 def test_checkpoint_of_other_settings_is_refused(tmp_path):

@@ -336,6 +336,8 @@ def pretrain(config, registry=None, within=None):
             progress = _progress(config, work, lm, evaluations, index, tokenizer, zero_shot)
             _fit(config, work, lm, index, train_end, evaluations, validation, progress, zero_shot)
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
+            metrics["unigram_loss"] = unigram_loss(index, train_end)
+            _warn_if_learned_nothing(metrics)
             if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
                 logger.info(
                     "No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) writes one."
@@ -512,6 +514,36 @@ def _metrics(total, progress, zero_shot, validation):
     if metrics["train_loss"]:
         logger.info("Training loss: " + " -> ".join(f"{v:.3f}" for v in metrics["train_loss"]))
     return metrics
+
+
+def unigram_loss(index, train_end, sample=10_000_000):
+    """The loss of predicting every token by its frequency in the training tokens (add-one smoothed), measured
+    on the held-out ones (or the training ones without any): what a model that learned no context reaches.
+
+    Counted on at most `sample` tokens of each part, spread over it.
+    """
+
+    def spread(start, stop):
+        step = max(1, (stop - start) // sample)
+        return np.concatenate([index.tokens(i, min(i + 1000, stop)) for i in range(start, stop, 1000 * step)])
+
+    train = spread(0, train_end)
+    held_out = spread(train_end, index.total_tokens) if index.total_tokens > train_end else train
+    size = int(max(train.max(initial=0), held_out.max(initial=0))) + 1
+    counts = np.bincount(train, minlength=size) + 1.0
+    return float(-np.mean(np.log(counts[held_out] / counts.sum())))
+
+
+def _warn_if_learned_nothing(metrics):
+    """Warns when the last loss is no better than `unigram_loss`: the model learned no context."""
+    losses = metrics.get("validation_loss") or metrics["train_loss"]
+    if losses and not losses[-1] < metrics["unigram_loss"]:
+        what = "validation" if metrics.get("validation_loss") else "training"
+        logger.warning(
+            f"The model learned nothing beyond token frequencies: its last {what} loss {losses[-1]:.3f} is no "
+            f"lower than {metrics['unigram_loss']:.3f}, the loss of predicting each token by its frequency. "
+            f"Train longer (--max_steps) or with a higher --learning_rate."
+        )
 
 
 def _check_prompt(prompt, sample_tokens, sequence_length, tokenizer):

@@ -80,6 +80,41 @@ def test_a_nan_stops_training_naming_its_step_and_no_checkpoint_after_it_is_writ
     assert np.isfinite(state["metric_state"]).all()  # its running loss sums: the weights saved were sound
 
 
+def overflowing(steps_per_execution=1):
+    """A linear model whose first update (SGD at 1e38 on a loss of about 1e4) overflows its weights to infinity."""
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(1e38), loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+@pytest.mark.parametrize("with_checkpoints", [True, False])
+def test_weights_broken_by_the_last_update_stop_the_run_before_any_checkpoint_of_them(tmp_path, with_checkpoints):
+    """The loss of the run's last step is computed before its update, and is finite: the weights are not."""
+    model = overflowing()
+    guard = callbacks.StopOnNonFiniteLoss("Lower it.")
+    progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=1) if with_checkpoints else None
+    x, y = np.ones((2, 1), "float32"), np.full((2, 1), 100.0, "float32")
+    with pytest.raises(NonFiniteLossError, match=r"The weights are no longer finite after step 1 \(.*Lower it\."):
+        model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[guard, *([progress] if progress else [])])
+    assert not (tmp_path / "ckpt" / "latest.json").exists()
+
+
+def test_a_non_finite_validation_loss_stops_the_run_before_the_epochs_checkpoint(tmp_path):
+    model = linear(1)
+    guard = callbacks.StopOnNonFiniteLoss("Lower it.")
+    progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=2)
+    with pytest.raises(NonFiniteLossError, match=r"The validation loss is nan after step 2 \(the end of epoch 1\)"):
+        model.fit(
+            *data(2),
+            validation_data=data(1, bad_batch=0),
+            batch_size=2,
+            epochs=2,
+            verbose=0,
+            callbacks=[guard, progress],
+        )
+    assert not (tmp_path / "ckpt" / "latest.json").exists()
+
+
 def test_a_resumed_run_counts_its_steps_from_the_checkpoint_and_over_accumulation():
     model = linear(4)
     guard = callbacks.StopOnNonFiniteLoss(first_step=10, accumulation=2)

@@ -264,3 +264,17 @@ def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
     with pytest.raises(kgpt.train.callbacks.NonFiniteLossError, match=r"The training loss is (nan|inf) at step \d+"):
         finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=2))
     assert not (out / "config.json").exists() and not (out / "metrics.json").exists()
+
+
+def test_an_update_that_breaks_the_model_at_the_last_step_stops_the_run_before_anything_is_saved(tmp_path):
+    """Two steps (the first at the warm-up's learning rate 0): the last one's loss, computed before its update, is
+    finite; the dev loss after it is not (test_train_callbacks checks the weights themselves)."""
+    sizes = (("train", 16), ("dev", 4))
+    preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data", sizes)
+    out = tmp_path / "out"
+    with pytest.raises(
+        kgpt.train.callbacks.NonFiniteLossError, match=r"The validation loss is nan after step 2 .*Lower"
+    ):
+        finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=1))
+    assert not (out / "config.json").exists() and not (out / "metrics.json").exists()
+    assert not (out / "checkpoint" / "latest.json").exists()

@@ -107,7 +107,9 @@ _GUARDS = weakref.WeakValueDictionary()
 
 
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
-    """Stops training with `NonFiniteLossError` at the first step whose loss is NaN or infinite.
+    """Stops training with `NonFiniteLossError` at the first step whose loss is NaN or infinite, or whose update
+    left a weight so (checked before each checkpoint and at the end of `fit`), or at an epoch whose validation
+    loss is.
 
     Keras' `TerminateOnNaN` only ends `fit`, after which a job would go on to
     save the broken weights over a good preset; raising stops the job itself,
@@ -172,12 +174,47 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         where = f"at step {step}" + (
             f" (steps {since}-{step} ran as one execution; the loss broke in one of them)" if since < step else ""
         )
+        self._raise(f"The training loss is {value} {where}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        """A non-finite validation loss stops the run too, before `Progress` writes the epoch's checkpoint."""
+        value = (logs or {}).get("val_loss")
+        if value is not None and not math.isfinite(float(np.asarray(value))):
+            step = -(-self._count.ended // self.accumulation)
+            self._raise(
+                f"The validation loss is {float(np.asarray(value))} after step {step} (the end of epoch {epoch + 1})"
+            )
+
+    def on_train_end(self, logs=None):
+        """Checks the weights after the last update, whose loss was computed before it (and found finite)."""
+        if self.error is None:
+            self.check_weights(-(-self._count.ended // self.accumulation))
+
+    def check_weights(self, step, model=None):
+        """Raises `NonFiniteLossError` when a trainable weight of `model` (the fitted one) is NaN or infinite.
+
+        The training loss of a step is computed before its update, so an
+        update that breaks the weights shows in no loss when it is the run's
+        last. One reduction per weight, on its device (a weight split across
+        processes is never gathered): every process calls it.
+        """
+        model = model if model is not None else self.model
+        weights = [v for v in model.trainable_weights if "float" in str(v.dtype)]
+        if not weights:
+            return
+        finite = [keras.ops.all(keras.ops.isfinite(keras.ops.convert_to_tensor(v))) for v in weights]
+        if bool(np.asarray(keras.ops.convert_to_numpy(keras.ops.all(keras.ops.stack(finite))))):
+            return
+        broken = next(v.path for v, ok in zip(weights, finite) if not bool(np.asarray(keras.ops.convert_to_numpy(ok))))
+        self._raise(f"The weights are no longer finite after step {step} ({broken} holds NaN or infinity)")
+
+    def _raise(self, what):
         error = NonFiniteLossError(
-            f"The training loss is {value} {where}: training stopped and nothing from this run "
-            f"was saved over earlier outputs. {self.hint}".strip()
+            f"{what}: training stopped and nothing from this run was saved over earlier outputs. {self.hint}".strip()
         )
         with self._condition:
             self.error = self.error or error
+            self._condition.notify_all()
         raise self.error
 
     def check_through(self, batches, timeout=600.0):
@@ -351,6 +388,8 @@ class Progress(keras.callbacks.Callback):
         if guard is not None:
             guard.check_through(self.step * self.accumulation)
         model = self.model  # on JAX every process puts the training state back into the variables here
+        if guard is not None:  # the loss of a step is computed before its update: the update may have broken them
+            guard.check_weights(self.step, model)
         from kgpt.train import checkpoint
 
         state = {"settings": self.settings, "step": self.step, "epochs": self.epochs, **self.extra_state()}

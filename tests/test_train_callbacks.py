@@ -248,3 +248,27 @@ def test_zero_shot_evaluates_on_the_main_thread_at_its_steps(steps_per_execution
         callbacks=[zero_shot],
     )
     assert zero_shot.at == [(step, True) for step in expected]
+
+
+def test_a_checkpoint_whose_step_was_altered_or_lies_past_the_run_is_refused(tmp_path):
+    from kgpt.errors import CheckpointError
+    from kgpt.jobs.run import Run
+    from kgpt.train import checkpoint
+
+    model = linear(1)
+    model.fit(*data(1), batch_size=2, epochs=1, verbose=0)
+    run = Run(str(tmp_path), str(tmp_path))
+    checkpoint.save(model, run.checkpoint_dir, {"settings": {"max_steps": 300}, "step": 100, "epochs": [{}]})
+    assert run.restore(model, {"max_steps": 300})["step"] == 100
+    state_path = tmp_path / "checkpoint" / "step-000000100" / "state.json"
+    state = json.loads(state_path.read_text())
+    state_path.write_text(json.dumps({**state, "step": 5000}))
+    with pytest.raises(CheckpointError, match=r"step-000000100.state\.json says step 5,000, its folder step-000000100"):
+        run.restore(model, {"max_steps": 300})
+    # A step that fits its folder, past the run's end (pre-training's max_steps, fine-tuning's epochs).
+    checkpoint.save(model, run.checkpoint_dir, {"settings": {"max_steps": 50}, "step": 100, "epochs": [{}]})
+    with pytest.raises(CheckpointError, match=r"state\.json says step 100, past this run's 50 steps"):
+        run.restore(model, {"max_steps": 50})
+    checkpoint.save(model, run.checkpoint_dir, {"settings": {"epochs": 1}, "step": 100, "epochs": [{}, {}]})
+    with pytest.raises(CheckpointError, match=r"state\.json records 2 finished epochs, past this run's 1"):
+        run.restore(model, {"epochs": 1})

@@ -264,9 +264,19 @@ class Run:
         """
         return fn() if self.mirror is not None else on_chief(fn, what)
 
-    def restore(self, model, settings):
-        """The state of the run's last checkpoint, loaded into the compiled `model`; None without one."""
-        return checkpoint_lib.restore(model, self.checkpoint_dir, settings) if self.kept else None
+    def restore(self, model, settings, total_steps=None):
+        """The state of the run's last checkpoint, loaded into the compiled `model`; None without one.
+
+        A checkpoint past the run's end is refused (`CheckpointError`): past
+        `total_steps`, else past the settings' `max_steps` (pre-training), or
+        with more finished epochs than their `epochs` (fine-tuning).
+        """
+        if not self.kept:
+            return None
+        if total_steps is None and isinstance(settings.get("max_steps"), int):
+            total_steps = settings["max_steps"]
+        epochs = settings.get("epochs") if isinstance(settings.get("epochs"), int) else None
+        return checkpoint_lib.restore(model, self.checkpoint_dir, settings, total_steps, epochs)
 
     def callbacks(
         self, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None, examples_per_step=None

@@ -211,9 +211,31 @@ def latest(directory):
             f"{pointer} names checkpoint {name!r}, which is not in {directory}: delete {directory} to start over."
         )
     state = read_json(os.path.join(folder, STATE), "the checkpoint's settings and progress")
-    if not isinstance(state, dict) or not isinstance(state.get("step"), int):
-        raise CheckpointError(f"{os.path.join(folder, STATE)} holds no step: delete {directory} to start over.")
+    path = os.path.join(folder, STATE)
+    if not isinstance(state, dict) or not isinstance(state.get("step"), int) or isinstance(state["step"], bool):
+        raise CheckpointError(f"{path} holds no step: delete {directory} to start over.")
+    if name != f"step-{state['step']:09d}" or state["step"] < 0:
+        raise CheckpointError(
+            f"{path} says step {state['step']:,}, its folder {name}: the checkpoint was altered or "
+            f"damaged; delete {directory} to start over."
+        )
     return folder, state
+
+
+def check_progress(state, path, total_steps=None, epochs=None):
+    """Refuses a checkpoint `state` (read from `path`) past the run's end: `total_steps` or `epochs` (if given)."""
+    if total_steps is not None and state["step"] > total_steps:
+        raise CheckpointError(
+            f"{path} says step {state['step']:,}, past this run's {total_steps:,} steps: the checkpoint was "
+            f"altered or belongs to another run; delete its folder to start over."
+        )
+    done = state.get("epochs", [])
+    if epochs is not None and (not isinstance(done, list) or len(done) > epochs):
+        count = len(done) if isinstance(done, list) else "no list of"
+        raise CheckpointError(
+            f"{path} records {count} finished epochs, past this run's {epochs}: the checkpoint was "
+            f"altered or belongs to another run; delete its folder to start over."
+        )
 
 
 def differences(saved, settings):
@@ -224,11 +246,13 @@ def differences(saved, settings):
     )
 
 
-def restore(model, directory, settings):
+def restore(model, directory, settings, total_steps=None, epochs=None):
     """Loads the latest checkpoint in `directory` into the compiled `model`; returns its state, or None.
 
     A checkpoint written with other `settings` is refused with the
-    differences listed; a damaged one raises `CheckpointError` naming its file.
+    differences listed; a damaged one raises `CheckpointError` naming its file,
+    and so does one whose step disagrees with its folder's name or lies past
+    the run's `total_steps` (or whose finished epochs outnumber `epochs`).
     """
     found = latest(directory)
     if found is None:
@@ -240,6 +264,7 @@ def restore(model, directory, settings):
             f"{directory} holds a checkpoint of a run with other settings ({changed}): pass "
             f"another --output_dir, or --overwrite to start over."
         )
+    check_progress(state, os.path.join(folder, STATE), total_steps, epochs)
     model.optimizer.build(model.trainable_variables)
     if os.path.isdir(os.path.join(folder, SHARDED)):
         _orbax_restore(model, os.path.join(folder, SHARDED))

@@ -116,6 +116,10 @@ def test_preprocessor_takes_keras_hub_style_inputs():
         (transforms.Classification(), ["fine", None], r"inputs example 1: expected text, got NoneType None"),
         (transforms.Classification(), [], r"No examples in inputs"),
         (transforms.Entailment(), [["p1", "p2"], ["h1", "h2"]], r"A list of lists is ambiguous"),
+        # Predicted or trained on as [start][extract] before; a task's reader counts and skips such rows.
+        (transforms.Classification(), ["fine", ""], r"inputs example 1: a text is empty \(''\): leave the example out"),
+        (transforms.Entailment(), (["p"], ["   "]), r"inputs example 0: a text is empty \('   '\)"),
+        (transforms.MultipleChoice(2), (["ctx"], [["yes", ""]]), r"inputs example 0: a text is empty"),
     ],
 )
 def test_preprocessor_errors_name_the_example(transform, inputs, message):

@@ -127,6 +127,8 @@ class GPTTaskPreprocessor(Preprocessor):
         for text in (*segments, *choices):
             if not isinstance(text, str):
                 raise ValueError(f"expected text, got {type(text).__name__} {text!r:.80}")
+            if not text.strip():  # a task's reader counts and skips such rows (`Task.iter_examples`)
+                raise ValueError(f"a text is empty ({text!r}): leave the example out")
         encode = self.tokenizer.encode
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
         return transforms.build_views(

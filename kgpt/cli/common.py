@@ -122,7 +122,15 @@ def print_help(prog, doc, groups, modules):
     print("\n".join(out))
 
 
-def run(main, prog, doc=None, groups=None, modules=(), start=None):
+def interrupted_message(prog, resumes=None):
+    """The line a command ends with on Ctrl-C: where the run can resume from, when `resumes()` names it."""
+    where = resumes() if resumes is not None else None
+    if where:
+        return f"{prog}: interrupted; the same command resumes from the last checkpoint ({where})."
+    return f"{prog}: interrupted."
+
+
+def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None):
     """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring).
 
     With `groups`, `--help` prints the flags of `main`'s module (and of
@@ -133,6 +141,9 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
     A job stopped by SIGTERM after saving its checkpoint (`Preempted`) exits
     0 with one line; a job whose run lost another process ends at once
     (`kgpt.parallel.cluster.stop_lost`) rather than wait for it at exit.
+    Ctrl-C (`KeyboardInterrupt`) ends it with one line and exit code 130,
+    naming the checkpoints a rerun resumes from when `resumes()` returns
+    their folder (the traceback only with `--verbose`).
     """
     if groups is not None and any(a in HELP_FLAGS for a in sys.argv[1:]):
         try:
@@ -174,6 +185,12 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None):
                 sys.exit(0)
             if cluster.lost_process(e):
                 cluster.stop_lost(e)
+            if isinstance(e, KeyboardInterrupt) and not flags.FLAGS.verbose and not os.environ.get("KGPT_TRACEBACK"):
+                line = interrupted_message(prog, resumes)
+                if cluster.current().several:  # exiting normally would wait for the other processes at shutdown
+                    cluster.fail(line.split(": ", 1)[1], code=130)
+                print(line, file=sys.stderr)
+                sys.exit(130)
             mistake = isinstance(e, user_errors()) and not flags.FLAGS.verbose and not os.environ.get("KGPT_TRACEBACK")
             if cluster.current().several:  # exiting normally would wait for the other processes at shutdown
                 if not mistake:

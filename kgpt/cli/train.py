@@ -320,8 +320,19 @@ def several_processes():
     )
 
 
+def checkpoints_kept():
+    """Where this run keeps its checkpoints (its --output_dir), or None: the Ctrl-C line names it."""
+    if (
+        not FLAGS.output_dir
+        or FLAGS.dry_run
+        or (FLAGS.task == "lm" and (FLAGS.prepare_only or FLAGS.checkpoint_every == 0))
+    ):
+        return None  # pre-training's --checkpoint_every 0 keeps none; fine-tuning's keeps each epoch's end
+    return FLAGS.output_dir
+
+
 def run():
-    common.run(main, "kgpt-train", __doc__, GROUPS, start=several_processes)
+    common.run(main, "kgpt-train", __doc__, GROUPS, start=several_processes, resumes=checkpoints_kept)
 
 
 if __name__ == "__main__":

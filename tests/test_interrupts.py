@@ -1,0 +1,82 @@
+"""Ctrl-C (SIGINT) ends kgpt-train with one line and exit code 130, no traceback, and no child left behind.
+
+A real process, on both backends (a tiny model: each run starts, trains a few steps and is interrupted in
+about 15 s). Every wait is bounded, and the test kills what it started in its `finally`.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from test_child_processes import _descendants, _stat
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="the children are found through /proc")
+
+
+def _wait_for_line(process, text, seconds):
+    """The output read until a line holding `text` came (or `seconds` passed, or the process ended)."""
+    lines, deadline = [], time.monotonic() + seconds
+    os.set_blocking(process.stdout.fileno(), False)
+    pending = b""
+    while time.monotonic() < deadline and process.poll() is None:
+        chunk = process.stdout.read()
+        if chunk:
+            pending += chunk
+            *done, pending = pending.split(b"\n")
+            lines += [line.decode("utf-8", "replace") for line in done]
+            if any(text in line for line in lines):
+                break
+        else:
+            time.sleep(0.1)
+    return lines
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path, backend):
+    words = "the cat sat on a mat and the dog ran far away while birds sang".split()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text(
+        "\n".join(" ".join(words[(i + j) % len(words)] for j in range(12)) for i in range(300))
+    )
+    out = tmp_path / "out"
+    command = [
+        sys.executable,
+        "-m",
+        "kgpt.cli.train",
+        "--task",
+        "lm",
+        "--corpus",
+        str(corpus),
+        "--output_dir",
+        str(out),
+    ]
+    command += "--num_layers 1 --num_heads 2 --hidden_dim 16 --intermediate_dim 32 --sequence_length 32".split()
+    command += "--max_steps 100000 --batch_size 8 --warmup_steps 2 --evaluations 1 --log_every 1".split()
+    command += "--checkpoint_every 5".split()
+    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONUNBUFFERED": "1"}
+    env.pop("KGPT_TRACEBACK", None)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    try:
+        before = _wait_for_line(process, "step 3/", 240)
+        assert process.poll() is None, "\n".join(before)
+        children = _descendants(process.pid)
+        process.send_signal(signal.SIGINT)
+        rest, _ = process.communicate(timeout=120)
+        lines = rest.decode("utf-8", "replace").splitlines()
+        assert process.returncode == 130, "\n".join(before + lines)
+        assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), "\n".join(lines)
+        # Progress lines of the last steps may come after it (stdout and stderr are two pipes merged here).
+        line = f"kgpt-train: interrupted; the same command resumes from the last checkpoint ({out})."
+        assert lines.count(line) == 1 and not [x for x in lines if "interrupted" in x and x != line], "\n".join(lines)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and any(_stat(pid) for pid in children):
+            time.sleep(0.2)
+        assert not [pid for pid in children if _stat(pid)], children
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)

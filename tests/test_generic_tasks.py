@@ -15,6 +15,7 @@ import shlex
 import subprocess
 import sys
 
+import keras
 import numpy as np
 import pytest
 from conftest import TINY, char_tokenizer
@@ -554,6 +555,54 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     ):
         predict_lib.write(model, again, str(folder / "again.csv"))
     assert not (folder / "again.csv").exists()
+
+
+def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(tmp_path):
+    def model_dir(name, transform, columns=None):
+        folder = tmp_path / name
+        folder.mkdir()
+        config = {"transform": keras.saving.serialize_keras_object(transform)}
+        if columns:
+            config["columns"] = columns
+        (folder / "preprocessor.json").write_text(json.dumps({"config": config}))
+        return str(folder)
+
+    reviews = model_dir("reviews", kgpt.tasks.transforms.Classification(), ["review"])
+    mistakes = [
+        ([], "--columns '' names an empty column"),
+        (["review", ""], "--columns 'review,' names an empty column"),
+        (["review", "review"], "--columns names 'review' more than once"),
+        (["src", "review"], r"--columns names 2 column\(s\) \(src, review\); the model was trained on 1 text "),
+    ]
+    for columns, error in mistakes:
+        with pytest.raises(ConfigError, match=error):
+            predict_lib.columns_for(reviews, "c2.csv", columns=columns)
+    assert predict_lib.columns_for(reviews, "c2.csv", columns=["src"]) == ["src"]
+    assert predict_lib.columns_for(reviews, "c2.csv") == ["review"]
+    pairs = model_dir("pairs", kgpt.tasks.transforms.Entailment())  # a task's own data: no trained columns
+    with pytest.raises(ConfigError, match=r"--columns names 1 column\(s\) \(p\); the model was trained on 2 text"):
+        predict_lib.columns_for(pairs, "in.jsonl", columns=["p"])
+    assert predict_lib.columns_for(pairs, "in.jsonl", columns=["p", "h"]) == ["p", "h"]
+    choices = model_dir("choices", kgpt.tasks.transforms.MultipleChoice(2), ["ctx", "a", "b"])  # or one list column
+    assert predict_lib.columns_for(choices, "in.jsonl", columns=["ctx", "answers"]) == ["ctx", "answers"]
+
+
+def test_kgpt_predict_refuses_an_empty_columns_in_one_line(guide_run):
+    folder, _ = guide_run
+    (folder / "c2.csv").write_text("review,src\ngood film,a\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", "--model=my-reviews", "--input=c2.csv", "--columns=", "--output=-"],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr and not done.stdout, done.stderr[-3000:]
+    assert (
+        "kgpt-predict: error: --columns '' names an empty column: name the table columns holding the segments "
+        "(the model was trained on review)" in done.stderr
+    )
 
 
 def test_the_guides_python_example_runs(guide_run, monkeypatch):

@@ -81,11 +81,52 @@ def _json(path):
     return found if isinstance(found, dict) else {}
 
 
-def columns_for(model_dir, input, format=None, columns=None):
-    """`columns` when given; else, for a table (not a text file), the columns the model was trained on."""
-    if columns is not None or (format or guess_format(input)) == "text":
+def columns_for(model_dir, input, format=None, columns=None, transform=None):
+    """`columns` when given; else, for a table (not a text file), the columns the model was trained on.
+
+    Given columns are checked: none empty or repeated, and as many as the model
+    was trained on (its `trained_columns`, else its transformation's exact
+    segment count); a transformation taking answer choices takes them as one
+    list column or one column each, so its count is not checked here. A
+    mistake raises `ConfigError` naming --columns. `transform` defaults to the
+    one saved in `model_dir`.
+    """
+    if columns is None:
+        return None if (format or guess_format(input)) == "text" else trained_columns(model_dir)
+    columns = list(columns)
+    trained = trained_columns(model_dir)
+    known = f" (the model was trained on {', '.join(trained)})" if trained else ""
+    if not columns or any(not isinstance(c, str) or not c.strip() for c in columns):
+        raise ConfigError(
+            f"--columns {','.join(map(str, columns))!r} names an empty column: name the table columns holding "
+            f"the segments{known}, or leave --columns out for the trained ones."
+        )
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise ConfigError(f"--columns names {', '.join(map(repr, repeated))} more than once: name each column once.")
+    transform = transform if transform is not None else _saved_transform(model_dir)
+    if transform is None or transform.takes_choices:
         return columns
-    return trained_columns(model_dir)
+    expected = len(trained) if trained else transform.num_segments
+    if expected is not None and len(columns) != expected:
+        raise ConfigError(
+            f"--columns names {len(columns)} column(s) ({', '.join(columns)}); the model was trained on "
+            f"{expected} text segment(s){known}: name {expected}."
+        )
+    return columns
+
+
+def _saved_transform(model_dir):
+    """The input transformation saved with a fine-tuned model (`preprocessor.json`); None when unreadable."""
+    saved = _json(os.path.join(model_dir, "preprocessor.json")).get("config")
+    if not isinstance(saved, dict) or not isinstance(saved.get("transform"), dict):
+        return None
+    import keras
+
+    try:
+        return keras.saving.deserialize_keras_object(saved["transform"])
+    except Exception:  # a plugin's transformation not imported here: its count is checked per row
+        return None
 
 
 def read_inputs(path, transform, format=None, columns=None):

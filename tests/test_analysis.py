@@ -102,6 +102,20 @@ def test_ablations_errors(tiny_preset, tmp_path):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["lstm"], output_dir=str(tmp_path))
 
 
+def test_unknown_or_repeated_architectures_and_rows_are_refused_before_any_work(tmp_path):
+    from kgpt.cli import analyze
+
+    assert analyze.ARCHITECTURES == analysis.ARCHITECTURES  # --help names them without importing Keras
+    base = PretrainConfig(corpus=str(tmp_path / "nowhere"), zero_shot={"sst2": None})
+    for architectures in (["gru"], ["lstm", "lstm"], []):
+        with pytest.raises(ValueError, match=r"name one or more of transformer, lstm, each once \(--architectures\)"):
+            analysis.zero_shot_curve(base, architectures=architectures, output_dir=str(tmp_path / "out"))
+    for rows in (["full", "full"], []):
+        with pytest.raises(ValueError, match=r"name one or more of full, .*, each once \(--rows\)"):
+            analysis.ablations(fine("demo"), {"sst2": None}, rows=rows, output_dir=str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+
+
 @ON_TENSORFLOW
 def test_zero_shot_curve_for_both_architectures(tmp_path, monkeypatch):
     """Also: kgpt-train's callbacks (NaN stop, zero-shot, progress, TensorBoard) need no sync per step."""

@@ -414,6 +414,33 @@ def test_max_length_beyond_the_models_context_is_reported(monkeypatch, capsys, p
     assert one_line(code, err).startswith("No SciTail train file found")  # then the data, which is missing
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["zero-shot-curve", "--architectures=gru"],
+            "--architectures 'gru': unknown 'gru'; choose one or more of transformer, lstm.",
+        ),
+        (
+            ["zero-shot-curve", "--architectures=lstm,lstm", "--dry_run"],
+            "--architectures 'lstm,lstm': 'lstm' given more than once; choose one or more of transformer, lstm.",
+        ),
+        (
+            ["ablations", "--rows=nope", "--dry_run"],
+            "--rows 'nope': unknown 'nope'; choose one or more of full, no_pretraining, no_aux_lm, lstm.",
+        ),
+        (
+            ["ablations", "--rows="],
+            "--rows '': none given; choose one or more of full, no_pretraining, no_aux_lm, lstm.",
+        ),
+    ],
+)
+def test_analyze_list_flags_name_an_unknown_value_before_any_work(monkeypatch, capsys, tmp_path, args, message):
+    code, out, err = cli(monkeypatch, capsys, analyze, *args, f"--output_dir={tmp_path / 'a'}")
+    assert one_line(code, err, "kgpt-analyze") == message
+    assert not (tmp_path / "a").exists()
+
+
 def test_zero_shot_data_directory_that_is_missing_is_refused_before_the_model_loads(
     monkeypatch, capsys, presets, tmp_path
 ):

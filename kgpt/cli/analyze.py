@@ -37,6 +37,7 @@ DEFAULT_TASKS = {
 }
 # kgpt.jobs.experiments.TABLE5's rows, named here so that --help imports no Keras (a test checks they agree).
 TABLE5_ROWS = ("full", "no_pretraining", "no_aux_lm", "lstm")
+ARCHITECTURES = ("transformer", "lstm")  # kgpt.jobs.experiments.ARCHITECTURES, the ones zero-shot-curve pre-trains
 
 flags.DEFINE_list(
     "tasks",
@@ -57,7 +58,7 @@ flags.DEFINE_string(
     "ablations: the pre-trained LSTM preset for the lstm row "
     "(kgpt-train --task lm --architecture lstm); pre-trained on the demo text without --init.",
 )
-flags.DEFINE_list("architectures", ["transformer", "lstm"], "zero-shot-curve: architectures to pre-train.")
+flags.DEFINE_list("architectures", list(ARCHITECTURES), "zero-shot-curve: architectures to pre-train.")
 flags.DEFINE_list(
     "seeds",
     None,
@@ -78,6 +79,8 @@ def main(argv):
         from kgpt.errors import ConfigError
 
         raise ConfigError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).")
+    _check_choices("architectures", ARCHITECTURES)  # before any vocabulary, corpus or model work, dry run too
+    _check_choices("rows", TABLE5_ROWS)
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode])
     seeds = _seeds()
     if seeds is not None and mode != "ablations":
@@ -186,6 +189,27 @@ def _dry_run(mode, config, tasks, output_dir, seeds):
         seeds=seeds,
         architectures=FLAGS.architectures,
     )
+
+
+def _check_choices(name, choices):
+    """A list flag naming one or more of `choices`, each once; else a one-line `ConfigError` naming it."""
+    given = FLAGS[name].value
+    if given is None:
+        return
+    unknown = [v for v in given if v not in choices]
+    repeated = sorted({v for v in given if given.count(v) > 1})
+    if given and not unknown and not repeated:
+        return
+    from kgpt.errors import ConfigError
+
+    problem = (
+        f"unknown {', '.join(map(repr, unknown))}"
+        if unknown
+        else f"{', '.join(map(repr, repeated))} given more than once"
+        if repeated
+        else "none given"
+    )
+    raise ConfigError(f"--{name} {','.join(given)!r}: {problem}; choose one or more of {', '.join(choices)}.")
 
 
 def _seeds():

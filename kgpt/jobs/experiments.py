@@ -25,6 +25,7 @@ from kgpt.tasks.registry import TaskRegistry
 logger = logging.getLogger(__name__)
 
 # Table 5 of the paper (dev sets; mc = Matthews, pc = Pearson, F1, else accuracy).
+ARCHITECTURES = ("transformer", "lstm")  # what zero_shot_curve pre-trains (PretrainConfig.architecture)
 TABLE5_COLUMNS = ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
 TABLE5 = {
     "full": (74.7, (45.4, 91.3, 82.3, 82.0, 70.3, 81.8, 88.1, 56.0)),
@@ -176,6 +177,12 @@ def zero_shot_curve(base, architectures=("transformer", "lstm"), output_dir="ana
     """
     if not base.zero_shot:
         raise ConfigError("zero_shot_curve needs base.zero_shot: the tasks to evaluate.")
+    architectures = list(architectures)
+    if not architectures or len(set(architectures)) != len(architectures) or set(architectures) - set(ARCHITECTURES):
+        raise ConfigError(
+            f"architectures {architectures}: name one or more of {', '.join(ARCHITECTURES)}, each once "
+            f"(--architectures)."
+        )
     rows = []
     for architecture in architectures:
         overrides = {"architecture": architecture}
@@ -268,9 +275,12 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     Writes `ablations.{csv,md}` (ours beside the paper's numbers); returns
     `{row: {task: mean value x 100}}`.
     """
+    rows = list(rows)
     unknown = [r for r in rows if r not in TABLE5]
     if unknown:
         raise ConfigError(f"Unknown ablation row(s) {unknown}; choose from {', '.join(TABLE5)}.")
+    if not rows or len(set(rows)) != len(rows):
+        raise ConfigError(f"Ablation rows {rows}: name one or more of {', '.join(TABLE5)}, each once (--rows).")
     registry = registry or TaskRegistry()
     init = _init(base, output_dir)
     if "lstm" in rows and lstm_init is None:

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from kgpt.errors import RegistryError
 from kgpt.tasks import metrics
 
 
@@ -35,3 +36,24 @@ def test_resolve():
     assert metrics.resolve("f1")[1] is metrics.f1
     with pytest.raises(ValueError, match="Unknown metric 'bleu'. Built-in metrics: accuracy"):
         metrics.resolve("bleu")
+
+
+@pytest.mark.parametrize(
+    "value, shown",
+    [
+        ("high", "str 'high'"),
+        (np.array([0.5, 0.5]), r"an array of shape \(2,\)"),
+        (None, "NoneType None"),
+        (True, "bool"),
+    ],
+)
+def test_a_metric_that_returns_no_number_is_named_with_its_task(value, shown):
+    with pytest.raises(RegistryError, match=rf"^Task 'moods': its metric 'mood' returned {shown}.*, not a number"):
+        metrics.score("moods", "mood", lambda labels, predictions: value, [0, 1], [0, 1])
+
+
+def test_a_metrics_number_becomes_a_float():
+    for value in (np.float32(0.25), 0.25, np.array(0.25), np.int64(0) + 0.25):
+        got = metrics.score("moods", "mood", lambda labels, predictions, v=value: v, [0, 1], [0, 1])
+        assert type(got) is float and got == 0.25
+    assert math.isnan(metrics.score("moods", "mood", lambda labels, predictions: float("nan"), [0], [0]))

@@ -14,6 +14,9 @@ from conftest import char_tokenizer
 
 import kgpt
 import kgpt.testing
+from kgpt.errors import RegistryError
+from kgpt.jobs import finetune as finetune_lib
+from kgpt.jobs.config import FinetuneConfig
 
 PLUGIN = os.path.join(os.path.dirname(__file__), os.pardir, "plugins", "kgpt-boolq")
 
@@ -190,3 +193,48 @@ def test_cli_lists_tasks_and_broken_plugins(clashing_site):
         "plugin 'typo' (entry point typo = kgpt_test_typo (kgpt-typo 0.1)): @kgpt.hookimpl register_task (did "
         "you mean register_tasks?) is no kgpt hook"
     ) in listed.stdout
+
+
+class MoodsPlugin:
+    """A plugin whose task's metric returns `value` (a plugin's mistake, or NaN)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    @kgpt.hookimpl
+    def register_tasks(self, register):
+        def read(split, data_dir):
+            words = ["sad", "glad", "grim", "happy"] * (2 if split == "train" else 1)
+            return [kgpt.Example((w,), "high" if i % 2 else "low", source=f"{split}:{i}") for i, w in enumerate(words)]
+
+        def mood(labels, predictions):
+            return self.value
+
+        register(
+            kgpt.Task("moods", kgpt.tasks.transforms.Classification(), read, labels=("low", "high"), metrics=(mood,))
+        )
+
+
+def fine_tune_moods(value, preset, out, **overrides):
+    registry = kgpt.TaskRegistry(plugins=[MoodsPlugin(value)], entry_points=[])
+    settings = dict(task="moods", data_dir=str(out), init=preset, epochs=1, batch_size=4, max_length=16, seed=0)
+    return finetune_lib.finetune(FinetuneConfig(**{**settings, **overrides}), registry)
+
+
+def test_a_metric_returning_no_number_is_named_at_its_first_call(tiny_preset, tmp_path):
+    with pytest.raises(
+        RegistryError,
+        match=r"^Task 'moods' of plugin 'MoodsPlugin' \(.*\): its metric 'mood' returned str 'high', not a",
+    ):
+        fine_tune_moods("high", tiny_preset, tmp_path)
+
+
+def test_keep_best_warns_once_that_a_nan_metric_cannot_choose(tiny_preset, tmp_path, caplog):
+    with caplog.at_level("WARNING"):
+        _, results = fine_tune_moods(float("nan"), tiny_preset, tmp_path, epochs=2, keep="best")
+    warnings = [r.getMessage() for r in caplog.records if "NaN" in r.getMessage()]
+    assert warnings == [
+        "Warning: --keep best cannot choose by a NaN metric: the dev mood was NaN in epoch(s) 1, 2; "
+        "keeping the last epoch, 2."
+    ]
+    assert results["kept_epoch"] == 2

@@ -34,7 +34,7 @@ def evaluate_split(task, model, split, batch_size):
     if split.targets is not None:
         for metric in task.metrics:
             name, fn = metrics_lib.resolve(metric)
-            metrics[name] = fn(split.targets, predictions)
+            metrics[name] = metrics_lib.score(task, name, fn, split.targets, predictions)
     return Evaluation(predictions, task.head.probabilities(outputs), metrics)
 
 
@@ -146,7 +146,7 @@ def baselines(task, targets):
     for metric in task.metrics:
         name, fn = metrics_lib.resolve(metric)
         try:
-            scores[name] = fn(targets, np.full_like(targets, majority))
+            scores[name] = metrics_lib.score(task, name, fn, targets, np.full_like(targets, majority))
         except Exception:  # noqa: BLE001 - a plugin's metric may refuse one class; the run's own scores stand
             scores[name] = None
     return {

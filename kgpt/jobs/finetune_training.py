@@ -292,6 +292,23 @@ class FinetuneProgress(callbacks_lib.Progress):
             "attention_length": self.training.attention_length,
         }
 
+    def _warn_nan(self):
+        """One warning when the dev metric `keep="best"` selects by was NaN in some epoch, naming the kept one."""
+        metric = self.training.metric
+        scores = [logs.get(f"val_{metric}") for logs in self.epochs]
+        nan = [i + 1 for i, v in enumerate(scores) if isinstance(v, float) and math.isnan(v)]
+        if not nan:
+            return
+        kept = (
+            f"keeping epoch {self.best['epoch']}, the best of the others"
+            if self.best is not None
+            else f"keeping the last epoch, {len(self.epochs)}"
+        )
+        logger.warning(
+            f"Warning: --keep best cannot choose by a NaN metric: the dev {metric} was NaN in epoch(s) "
+            f"{', '.join(map(str, nan))}; {kept}."
+        )
+
     def epoch_done(self, epoch, logs):
         if self.training.config.keep != "best":
             return
@@ -306,6 +323,8 @@ class FinetuneProgress(callbacks_lib.Progress):
 
     def finish(self):
         """Applies `keep`: loads the best epoch's weights when asked; returns the kept epoch (from 1)."""
+        if self.training.config.keep == "best":
+            self._warn_nan()
         if self.training.config.keep != "best" or self.best is None:
             return len(self.epochs) or None
         model = self.training.model

@@ -6,7 +6,11 @@ binary with class index 1 as the positive class (e.g. "paraphrase" in MRPC
 and QQP). Tasks name metrics by these keys or pass their own callables.
 """
 
+import numbers
+
 import numpy as np
+
+from kgpt.errors import RegistryError
 
 
 def accuracy(labels, predictions):
@@ -78,3 +82,24 @@ def resolve(metric):
         return metric, METRICS[metric]
     except (KeyError, TypeError):
         raise ValueError(f"Unknown metric {metric!r}. Built-in metrics: {', '.join(METRICS)}.") from None
+
+
+def score(task, name, fn, labels, predictions):
+    """`fn(labels, predictions)` as a float: a task's metric `name` must return a number (NaN allowed).
+
+    Anything else (a string, an array, None) raises `RegistryError` naming the
+    task, the metric and what it returned, at the first call.
+    """
+    value = fn(labels, predictions)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value[()]
+    if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
+        return float(value)
+    shown = (
+        f"an array of shape {value.shape}" if isinstance(value, np.ndarray) else f"{type(value).__name__} {value!r:.60}"
+    )
+    plugin = getattr(task, "plugin", "")
+    raise RegistryError(
+        f"Task {getattr(task, 'name', task)!r}{f' of {plugin}' if plugin else ''}: its metric {name!r} returned "
+        f"{shown}, not a number; a metric returns one float (kgpt.testing.check_task checks a task's metrics)."
+    )

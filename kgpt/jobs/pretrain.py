@@ -537,7 +537,7 @@ def unigram_loss(index, train_end, sample=10_000_000):
 def _warn_if_learned_nothing(metrics):
     """Warns when the last loss is no better than `unigram_loss`: the model learned no context."""
     losses = metrics.get("validation_loss") or metrics["train_loss"]
-    if losses and not losses[-1] < metrics["unigram_loss"]:
+    if losses and not losses[-1] < metrics["unigram_loss"] and cluster.is_chief():  # one process tells the run
         what = "validation" if metrics.get("validation_loss") else "training"
         logger.warning(
             f"The model learned nothing beyond token frequencies: its last {what} loss {losses[-1]:.3f} is no "

@@ -106,6 +106,15 @@ class BatchCount:
 _GUARDS = weakref.WeakValueDictionary()
 
 
+def _finite_here(variable):
+    """Whether `variable` holds no NaN or infinity, computed on its device; a JAX array split across processes
+    (a model-parallel run) is checked shard by shard where it lives, so no process waits on another."""
+    value = variable.value
+    if not getattr(value, "is_fully_addressable", True):
+        return keras.ops.convert_to_tensor(all(np.isfinite(np.asarray(s.data)).all() for s in value.addressable_shards))
+    return keras.ops.all(keras.ops.isfinite(keras.ops.convert_to_tensor(value)))
+
+
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stops training with `NonFiniteLossError` at the first step whose loss is NaN or infinite, or whose update
     left a weight so (checked before each checkpoint and at the end of `fit`), or at an epoch whose validation
@@ -202,7 +211,7 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         weights = [v for v in model.trainable_weights if "float" in str(v.dtype)]
         if not weights:
             return
-        finite = [keras.ops.all(keras.ops.isfinite(keras.ops.convert_to_tensor(v))) for v in weights]
+        finite = [_finite_here(v) for v in weights]
         if bool(np.asarray(keras.ops.convert_to_numpy(keras.ops.all(keras.ops.stack(finite))))):
             return
         broken = next(v.path for v, ok in zip(weights, finite) if not bool(np.asarray(keras.ops.convert_to_numpy(ok))))

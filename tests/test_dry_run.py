@@ -88,9 +88,9 @@ def test_an_output_directory_of_another_run_is_refused_as_the_run_refuses_it(tmp
     assert str(dry.value) == str(real.value) and "task: 'cola' there, 'rte' now" in str(dry.value)
     assert dry_run.output_dir(str(out), "finetune", settings, overwrite=True).startswith(f"{out}: --overwrite")
     assert dry_run.output_dir(str(out), "finetune", {"task": "cola"}).endswith("starts again (no checkpoint)")
-    (out / "checkpoint" / "step-7").mkdir(parents=True)
-    (out / "checkpoint" / "latest.json").write_text(json.dumps({"checkpoint": "step-7"}))
-    (out / "checkpoint" / "step-7" / "state.json").write_text(json.dumps({"step": 7}))
+    (out / "checkpoint" / "step-000000007").mkdir(parents=True)  # named as the run names it
+    (out / "checkpoint" / "latest.json").write_text(json.dumps({"checkpoint": "step-000000007"}))
+    (out / "checkpoint" / "step-000000007" / "state.json").write_text(json.dumps({"step": 7}))
     assert dry_run.output_dir(str(out), "finetune", {"task": "cola"}).endswith("resumes from its checkpoint at step 7")
 
 

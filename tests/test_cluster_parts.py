@@ -422,6 +422,20 @@ def test_sigterm_checkpoints_and_the_resumed_epoch_records_all_its_steps(tmp_pat
     np.testing.assert_allclose(resumed["train_loss"], whole["train_loss"], rtol=1e-5)
 
 
+def test_sigterm_while_the_corpus_is_tokenized_stops_before_it_ends(tmp_path, monkeypatch):
+    from kgpt.jobs import pretrain as pretrain_job
+
+    def terminated_first(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # the notice comes as the first chunk is tokenized
+        return real(*args, **kwargs)
+
+    real = pretrain_job.build_shards
+    monkeypatch.setattr(pretrain_job, "build_shards", terminated_first)
+    with pytest.raises(Preempted, match=r"while tokenizing the corpus \(file 1 of 1, .*corpus.txt\)"):
+        tiny_pretrain(tmp_path, "cut")
+    assert not (tmp_path / "cut" / "shards" / "index.json").exists()
+
+
 def test_tensorflow_replicas_feed_the_blocks_keras_puts_back_in_order():
     """Keras joins a multi-worker strategy's outputs as `gather` (worker-major: w0r0, w0r1, w1r0, ...) taken
     replica by replica (`replicas[r::replicas_per_worker]`, keras/src/backend/tensorflow/trainer.py

@@ -10,6 +10,7 @@ import pytest
 
 import kgpt
 from kgpt.data import corpus_encoding, shards, text
+from kgpt.errors import Preempted
 
 TEXT = "First line of the tale.\n\n  Second, after a blank line;\nthird -- with   spaces \n\n\nend\n"
 # What ftfy changes across lines: "\r\n", entities (decoded until a line holds a "<"), curly quotes, mojibake.
@@ -95,6 +96,22 @@ def build(tokenizer, tmp_path, shard_tokens=40, directory="shards", **kwargs):
 def logged(capsys):
     """The lines kgpt logged since the last call (its logger prints to the current stdout)."""
     return capsys.readouterr().out.splitlines()
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_stop_between_chunks_keeps_no_index_and_a_rerun_builds_anew(tokenizer, tmp_path, workers):
+    asked = []
+
+    def stop():
+        asked.append(1)
+        return len(asked) > 2  # true at the third chunk: the second file has begun
+
+    with pytest.raises(Preempted, match=r"while tokenizing the corpus \(file 2 of 4, .*1\.txt\); no shard is kept"):
+        build(tokenizer, tmp_path, workers=workers, chunk_bytes=64, stop=stop)
+    assert not (tmp_path / "shards" / "index.json").exists()
+    files, index = build(tokenizer, tmp_path, workers=workers, chunk_bytes=64)
+    _, whole = build(tokenizer, tmp_path, directory="whole")
+    assert index.total_tokens == whole.total_tokens
 
 
 def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsys, progress):

@@ -32,7 +32,7 @@ import numpy as np
 from kgpt.data.corpus_encoding import Piece, encoded, file_ids, jobs
 from kgpt.data.shard_index import INDEX_FILE, INDEX_FORMAT, ShardIndex, ShardWriter, matching_index, token_dtype
 from kgpt.data.text import CHUNK_BYTES, LINE_BYTES
-from kgpt.errors import ConfigError, DataError
+from kgpt.errors import ConfigError, DataError, Preempted
 
 SHARD_TOKENS = 1 << 24  # 16M tokens: 32 MiB per shard as uint16
 
@@ -77,6 +77,7 @@ def build_shards(
     chunk_bytes=CHUNK_BYTES,
     line_bytes=LINE_BYTES,
     team=None,
+    stop=None,
 ):
     """Tokenizes `files` into shards in `directory` (or reuses matching ones); returns the `ShardIndex`.
 
@@ -93,6 +94,11 @@ def build_shards(
             `directory` they all see (`Team`): each tokenizes every
             `count`-th chunk into a part file, process 0 joins the parts
             into the shards, byte for byte those one process builds.
+        stop: a callable, asked between chunks of a one-process build, that
+            returns True once the build should end (a scheduler's SIGTERM):
+            it then raises `Preempted`, leaving no index (a rerun builds
+            anew). A team's processes must reach each collective together,
+            so they finish and stop before training instead.
 
     Empty files (no tokens) and cut lines and words are counted and
     reported; a corpus with no tokens at all is an error.
@@ -121,8 +127,9 @@ def build_shards(
     used = {"workers": 1}
     chunks = jobs(files, engine, chunk_bytes, line_bytes, cuts)
     if team.count == 1:
+        pieces = encoded(chunks, engine, workers, used)
         index = _write_shards(
-            encoded(chunks, engine, workers, used),
+            pieces if stop is None else _stopping(pieces, stop, files),
             files,
             sources,
             fingerprint,
@@ -239,6 +246,17 @@ def _read_parts(directory, count, dtype):
         )
         at[i] += 1
         offset[i] += n
+
+
+def _stopping(pieces, stop, files):
+    """Passes the pieces through until `stop()` is true, then raises `Preempted` naming the file reached."""
+    for piece in pieces:
+        if stop():
+            raise Preempted(
+                f"stopped by SIGTERM while tokenizing the corpus (file {piece.source + 1} of {len(files)}, "
+                f"{files[piece.source]}); no shard is kept. Run the same command again to tokenize it anew."
+            )
+        yield piece
 
 
 def _counting(pieces, cuts, label):

@@ -34,7 +34,7 @@ from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import cluster, distribute
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.tokenizers.interface import PRESET_CONFIG
-from kgpt.train.callbacks import EpochBar, Progress
+from kgpt.train.callbacks import EpochBar, Progress, sigterm_received
 
 logger = logging.getLogger(__name__)
 
@@ -279,7 +279,11 @@ def _prepare(config, work):
     # Processes that each have their own copy of a remote output directory build its shards alone.
     alone = work.mirror is not None and not config.shards_dir
     team = Team() if alone else Team(here.process_id, here.num_processes, lambda ok: not cluster.any_process(not ok))
-    index = build_shards(files, tokenizer, config.shards_dir or os.path.join(work.directory, "shards"), team=team)
+    # One process alone stops at a SIGTERM between chunks; several finish and stop together before training.
+    stop = None if here.several else sigterm_received
+    index = build_shards(
+        files, tokenizer, config.shards_dir or os.path.join(work.directory, "shards"), team=team, stop=stop
+    )
     logger.info(
         f"Corpus: {len(files)} file(s), {index.total_tokens:,} tokens (vocabulary {tokenizer.vocabulary_size():,})."
     )

@@ -196,6 +196,27 @@ def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp
                 pass
 
 
+def test_a_model_saved_from_python_into_a_run_folder_is_refused(trained, tmp_path):
+    """A run's output directory holds the model the run wrote; saving another over it from Python would replace
+    it without a word. The run itself writes there (the fixture's run did), and a new folder takes the preset."""
+    _, _, out, _ = trained
+    model = kgpt.GPTTaskModel.from_preset(out)
+    before = {name: os.path.getmtime(os.path.join(out, name)) for name in ("task.weights.h5", "model.weights.h5")}
+    with pytest.raises(
+        OutputDirError, match=r"out is the output directory of a kgpt finetune run \(run.json\), which "
+    ):
+        model.save_to_preset(out)
+    assert before == {name: os.path.getmtime(os.path.join(out, name)) for name in before}
+    model.save_to_preset(str(tmp_path / "copy"))
+    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "copy")).task_name == "scitail"
+    lm_run = tmp_path / "lm_run"
+    lm_run.mkdir()
+    (lm_run / "run.json").write_text(json.dumps({"job": "pretrain", "settings": {}}))
+    with pytest.raises(OutputDirError, match=r"lm_run is the output directory of a kgpt pretrain run"):
+        kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY)).save_to_preset(str(lm_run))
+    assert os.listdir(lm_run) == ["run.json"]
+
+
 RUN = """
 import sys
 from kgpt.jobs import finetune

@@ -38,6 +38,7 @@ import numpy as np
 
 from kgpt.errors import ConfigError
 from kgpt.io import storage
+from kgpt.io.run_folder import saving_outputs
 from kgpt.io.storage import write_json
 from kgpt.jobs.config import check_integers
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
@@ -322,7 +323,8 @@ class Run:
         try:
             with writing(self.directory) as directory:
                 if directory is not None:
-                    model.save_to_preset(directory)  # whole, or the old preset
+                    with saving_outputs(directory):  # a model saved from Python is refused there
+                        model.save_to_preset(directory)  # whole, or the old preset
                     write_json(os.path.join(directory, "metrics.json"), metrics)
                     self.publish()
         finally:

@@ -23,8 +23,8 @@ import threading
 
 from kgpt.errors import OutputDirError
 from kgpt.io import remote_lock, storage
+from kgpt.io.run_folder import RUN_FILE
 
-RUN_FILE = "run.json"
 LOCK_FILE = ".lock"
 # Everything a kgpt job writes into its output directory: what --overwrite clears.
 OUTPUTS = (

@@ -321,3 +321,22 @@ def test_hugging_face_files_with_only_tf_model_h5_are_checked_as_the_run_reads_t
     sizes = {}
     assert dry_run.pretrained(str(folder), sizes).startswith("Hugging Face openai-gpt files, 2 x 24")
     assert kgpt.GPTBackbone.from_original(str(folder)).num_layers == sizes["num_layers"] == 2
+
+
+@pytest.mark.parametrize("tasks", [{"sst2": "/no/such/folder"}, {"rte": None}], ids=["missing data", "no heuristic"])
+def test_zero_shot_tasks_are_refused_as_the_runs_refuse_them(preset, tasks, tmp_path):
+    from kgpt.jobs import experiments, pretrain
+
+    with pytest.raises(kgpt.ConfigError) as job:
+        experiments.zero_shot_table(preset, tasks, registry=REGISTRY)
+    for mode in ("zero-shot", "zero-shot-curve"):
+        config = FinetuneConfig(init=preset) if mode == "zero-shot" else PretrainConfig(zero_shot=tasks)
+        with pytest.raises(kgpt.ConfigError) as dry:
+            dry_run.analyze(mode, config, tasks, None, architectures=["transformer"], registry=REGISTRY)
+        assert str(dry.value) == str(job.value)
+    config = PretrainConfig(corpus=str(tmp_path / "none"), zero_shot=tasks)  # kgpt-train --task lm --zero_shot
+    with pytest.raises(kgpt.ConfigError) as run:
+        pretrain.pretrain(config, registry=REGISTRY)
+    with pytest.raises(kgpt.ConfigError) as dry:
+        dry_run.pretrain(config)
+    assert str(dry.value) == str(run.value) == str(job.value)

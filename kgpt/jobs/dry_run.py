@@ -31,6 +31,7 @@ import tempfile
 
 import numpy as np
 
+from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.data.text import text_chunks
 from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub, storage
@@ -129,6 +130,9 @@ def pretrain(config):
     """Checks a `PretrainConfig` as `kgpt-train --task lm` would run it; returns the findings."""
     plan = Plan("kgpt-train --task lm")
     pretrain_lib.check_config(config)
+    registry = TaskRegistry()
+    if config.zero_shot:  # the run's check, before its corpus is read
+        zero_shot_lib.check_tasks(config.zero_shot, registry)
     plan.add("settings", settings(config))
     plan.add("processes", processes(config))
     plan.add("output", output_dir(config.output_dir, "pretrain", pretrain_lib.run_settings(config), config.overwrite))
@@ -161,10 +165,8 @@ def pretrain(config):
         f"warm-up steps, {config.evaluations} validation passes, checkpoint every "
         f"{config.checkpoint_every or 'never'}",
     )
-    if config.zero_shot:
-        registry = TaskRegistry()
-        for name, data_dir in config.zero_shot.items():
-            plan.add(f"zero-shot {name}", task_data(registry.get(name), data_dir, splits=None))
+    for name, data_dir in (config.zero_shot or {}).items():
+        plan.add(f"zero-shot {name}", task_data(registry.get(name), data_dir, splits=None))
     return plan.done()
 
 
@@ -495,6 +497,8 @@ def analyze(
     registry = registry or TaskRegistry()
     plan = Plan(f"kgpt-analyze {mode}")
     plan.add("output", output_dir(output, "analyze", {}, config.overwrite))
+    if mode in ("zero-shot", "zero-shot-curve"):  # the runs' own check: a heuristic and a data folder each
+        zero_shot_lib.check_tasks(tasks, registry)
     for name, data_dir in tasks.items():
         task = registry.get(name)
         plan.add(f"task {name}", task_data(task, data_dir))

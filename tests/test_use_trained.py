@@ -217,6 +217,24 @@ def test_a_model_saved_from_python_into_a_run_folder_is_refused(trained, tmp_pat
     assert os.listdir(lm_run) == ["run.json"]
 
 
+def test_a_checkpoint_past_the_fine_tuning_runs_last_step_is_refused_naming_its_file(trained, tmp_path):
+    """A resumed run takes no checkpoint past epochs x steps per epoch (here 3 x 3), however it came there."""
+    import shutil
+
+    preset, data, out, _ = trained
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    checkpoints = copy / "checkpoint"
+    name = json.loads((checkpoints / "latest.json").read_text())["checkpoint"]
+    assert name == "step-000000009"
+    state = json.loads((checkpoints / name / "state.json").read_text())
+    (checkpoints / name / "state.json").write_text(json.dumps({**state, "step": 12}))
+    (checkpoints / name).rename(checkpoints / "step-000000012")
+    (checkpoints / "latest.json").write_text(json.dumps({"checkpoint": "step-000000012"}))
+    with pytest.raises(kgpt.CheckpointError, match=r"step-000000012.state\.json says step 12, past this run's 9 steps"):
+        finetune_lib.finetune(config(preset, data, str(copy), keep="best", epochs=3))
+
+
 RUN = """
 import sys
 from kgpt.jobs import finetune

@@ -135,8 +135,8 @@ class Training:
         return progress.history, progress.finish()
 
     def _restore(self):
-        state = self.work.restore(self.model, self.settings)
         total = self.config.epochs * self.steps_per_epoch
+        state = self.work.restore(self.model, self.settings, total)  # a checkpoint past it is refused
         if state is not None and state["step"] >= total:
             logger.info(
                 f"The checkpoint in {self.directory} is at the last step ({total:,}): this run finished "

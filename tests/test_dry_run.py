@@ -257,6 +257,29 @@ def test_the_starting_point_and_task_errors_are_the_jobs(case, preset, cola_mode
     assert str(dry.value) == str(job.value)
 
 
+def test_a_finetuned_init_whose_labels_differ_from_the_training_files_is_named_so(preset, tmp_path):
+    def table(name, labels):
+        path = tmp_path / name
+        path.write_text("text,label\n" + "".join(f"row {i},{label}\n" for i, label in enumerate(labels)))
+        return str(path)
+
+    def config(train_file, **values):
+        return FinetuneConfig(
+            task="text-classification", train_file=train_file, text_columns=["text"], label_column="label", **values
+        )
+
+    two = finetune.resolve_task(config(table("two.csv", ["neg", "pos", "neg"]), init=preset), REGISTRY)
+    tuned = str(tmp_path / "tuned")
+    kgpt.GPTTaskModel.from_preset(preset, task=two).save_to_preset(tuned)
+    three = config(table("three.csv", ["neg", "neutral", "pos"]), init=tuned)
+    with pytest.raises(kgpt.ConfigError) as job:
+        finetune_model.starting_point(three, finetune.resolve_task(three, REGISTRY))
+    with pytest.raises(kgpt.ConfigError) as dry:
+        dry_run.finetune(three, REGISTRY)
+    assert str(dry.value) == str(job.value)
+    assert f"was fine-tuned on the labels neg, pos, but {three.train_file} has neg, neutral, pos" in str(job.value)
+
+
 def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_counts_them(preset, tmp_path, monkeypatch):
     def write(name, rows):
         path = tmp_path / name

@@ -40,7 +40,13 @@ from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
 from kgpt.jobs.finetune_data import encode_split
-from kgpt.jobs.finetune_model import check_finetuned_init, check_transfer_layers, starting_tokenizer, untrained_head
+from kgpt.jobs.finetune_model import (
+    check_finetuned_init,
+    check_transfer_layers,
+    recorded_task,
+    starting_tokenizer,
+    untrained_head,
+)
 from kgpt.jobs.finetune_outputs import baselines
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models import pretrained as pretrained_lib
@@ -294,13 +300,13 @@ def init(config, task=None):
             + ")"
         )
     if task is not None and is_task_preset(config.init):
-        saved = read_json(os.path.join(config.init, "task.json"), "a kgpt task config").get("config", {})
         check_finetuned_init(
             config.init,
             task,
-            saved.get("task_name"),
+            *recorded_task(config.init),
             transfer_layers=config.transfer_layers,
             pretrained_weights=config.pretrained_weights,
+            train_file=config.train_file,
         )
         return f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init)}): its head is kept"
     if task is not None and config.epochs == 0:

@@ -16,7 +16,7 @@ import keras
 
 from kgpt.errors import ConfigError
 from kgpt.io import hub
-from kgpt.io.presets import read_json
+from kgpt.io.presets import TASK_CONFIG_FILE, deserialize, read_json
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config, setting_int
 from kgpt.layers import lora
@@ -138,15 +138,15 @@ def starting_point(config, task, initial=None, work=None):
     pre-training in the `Run` `work`) `config.init` again.
     """
     if config.init not in SPECIAL_INITS and is_task_preset(config.init):
-        model = _finetuned_init(config.init, config.dtype)
-        check_finetuned_init(
+        check_finetuned_init(  # before the model is loaded: what task.json records is enough
             config.init,
             task,
-            model.task_name,
-            model.head,
+            *recorded_task(config.init),
             transfer_layers=config.transfer_layers,
             pretrained_weights=config.pretrained_weights,
+            train_file=config.train_file,
         )
+        model = _finetuned_init(config.init, config.dtype)
         action = (
             "evaluating it without training" if config.epochs == 0 else f"training it {config.epochs} more epoch(s)"
         )
@@ -174,20 +174,42 @@ def _finetuned_init(init, dtype=None):
     return GPTTaskModel.from_preset(init, **kwargs)
 
 
-def check_finetuned_init(init, task, saved_task, saved_head=None, transfer_layers=None, pretrained_weights=True):
-    """Raises `ConfigError` when the fine-tuned `init` (of task `saved_task`, with `saved_head`) cannot go on as
-    asked: it is another task's, its head is not `task`'s now, or `transfer_layers` / `pretrained_weights=False`
-    ask for a pre-trained model. `--dry_run` checks with it (without the head: it builds none)."""
+def recorded_task(init):
+    """`(task_name, head)` that the fine-tuned preset `init` records in its `task.json`, read without building
+    the model (the head is a small Python object); None for either that it lacks."""
+    path = os.path.join(init, TASK_CONFIG_FILE)
+    saved = read_json(path, "a kgpt task config").get("config")
+    saved = saved if isinstance(saved, dict) else {}
+    head = saved.get("head")
+    return saved.get("task_name"), deserialize(head, path, "a task head") if isinstance(head, dict) else None
+
+
+def check_finetuned_init(
+    init, task, saved_task, saved_head=None, transfer_layers=None, pretrained_weights=True, train_file=None
+):
+    """Raises `ConfigError` when the fine-tuned `init` (of task `saved_task`, with `saved_head`: `recorded_task(init)`)
+    cannot go on as asked: it is another task's, its head is not `task`'s now (another label set in `train_file`,
+    or the plugin changed), or `transfer_layers` / `pretrained_weights=False` ask for a pre-trained model. The run
+    and `--dry_run` both check with it before any model is built."""
+    source = recorded(init, "init_dir")
+    origin = f" (it was fine-tuned from {source})" if source else ""
     if saved_task != task.name:
-        source = recorded(init, "init_dir")
         raise ConfigError(
             f"--init {init} is fine-tuned for task {saved_task!r}, not {task.name!r}: pass "
             f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
-            f"to fine-tune for {task.name!r}" + (f" (it was fine-tuned from {source})." if source else ".")
+            f"to fine-tune for {task.name!r}{origin}."
         )
     if saved_head is not None and keras.saving.serialize_keras_object(
         saved_head
     ) != keras.saving.serialize_keras_object(task.head):
+        saved_labels, labels = getattr(saved_head, "labels", None), getattr(task.head, "labels", None)
+        if type(saved_head) is type(task.head) and saved_labels is not None and labels is not None:
+            now = f"{train_file} has" if train_file else f"task {task.name!r}'s plugin now has"
+            raise ConfigError(
+                f"--init {init} was fine-tuned on the labels {', '.join(saved_labels)}, but {now} "
+                f"{', '.join(labels)}: it goes on only with the labels it learned. To fine-tune for these, "
+                f"--init the pre-trained model{origin}."
+            )
         raise ConfigError(
             f"--init {init}: its head ({saved_head.get_config()}) differs from task "
             f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved."

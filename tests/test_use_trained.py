@@ -305,6 +305,21 @@ def test_a_non_finite_loss_stops_the_run_before_anything_is_saved(tmp_path):
     assert not (out / "config.json").exists() and not (out / "metrics.json").exists()
 
 
+def test_a_run_without_a_dev_split_whose_outputs_are_nan_stops_before_anything_is_saved(tmp_path):
+    """As below without a dev split: the weights stay finite, the outputs are NaN; one batch of training examples
+    run forward at the last epoch's end shows it, before the last checkpoint."""
+    preset, data = make_preset(tmp_path / "preset"), write_data(tmp_path / "data", (("train", 16),))
+    out = tmp_path / "out"
+    with pytest.raises(
+        kgpt.train.callbacks.NonFiniteLossError,
+        match=r"The model's outputs on 8 training examples are NaN or infinite after step 2, its weights finite: "
+        r"training stopped .*Lower --learning_rate",
+    ):
+        finetune_lib.finetune(config(preset, data, str(out), learning_rate=1e30, epochs=1))
+    assert not (out / "config.json").exists() and not (out / "metrics.json").exists()
+    assert not (out / "checkpoint" / "latest.json").exists()
+
+
 def test_an_update_that_breaks_the_model_at_the_last_step_stops_the_run_before_anything_is_saved(tmp_path):
     """Two steps (the first at the warm-up's learning rate 0): the last one's loss, computed before its update, is
     finite; the dev loss after it is not (test_train_callbacks checks the weights themselves)."""

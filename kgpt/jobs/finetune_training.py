@@ -6,6 +6,7 @@ checkpoint is written at every epoch end (`FinetuneProgress`), and a rerun of th
 same command resumes from it (`Training`).
 """
 
+import dataclasses
 import logging
 import math
 import os
@@ -44,6 +45,36 @@ class TaskMetrics(keras.callbacks.Callback):
         scores = evaluate_split(self.task, self.model, self.split, self.batch_size).metrics
         if logs is not None:
             logs.update({f"val_{name}": value for name, value in scores.items()})
+
+
+class FinalOutputs(keras.callbacks.Callback):
+    """Without a dev split, runs the model on one batch of training examples at the end of the last epoch.
+
+    Nothing else computes with the final weights before they are saved, and
+    weights that grew huge yet stayed finite can give NaN outputs (a
+    learning rate far too high): the run then stops as on a NaN loss
+    (`kgpt.train.callbacks.StopOnNonFiniteLoss.check_outputs`), before the
+    last checkpoint. List it before the checkpoints' `Progress`.
+    """
+
+    def __init__(self, split, batch_size, epochs):
+        super().__init__()
+        self.split, self.batch_size, self.epochs = split, batch_size, epochs
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 < self.epochs:
+            return
+        rows = min(len(self.split), self.batch_size)
+        views = self.split.num_views
+        first = dataclasses.replace(
+            self.split,
+            offsets=self.split.offsets[: rows * views + 1],
+            targets=None if self.split.targets is None else self.split.targets[:rows],
+            uids=self.split.uids[:rows],
+        )
+        model = self.model  # on JAX, the training state put back into the variables
+        outputs = distribute.predict_outputs(model.task_predictor(), first, self.batch_size)
+        callbacks_lib.guard_of(model).check_outputs(outputs, f"{rows} training examples")
 
 
 def train(config, work, task, model, splits, batch_size, origin, settings):
@@ -122,11 +153,14 @@ class Training:
         self._plan()
         progress = FinetuneProgress(self, state)
         if progress.step < self.config.epochs * self.steps_per_epoch:
-            metrics = [TaskMetrics(self.task, self.dev, self.batch_size)] if self.dev is not None else []
+            if self.dev is not None:
+                checks = [TaskMetrics(self.task, self.dev, self.batch_size)]
+            else:
+                checks = [FinalOutputs(self.train, self.batch_size, self.config.epochs)]
             callbacks = self.work.callbacks(
                 progress,
                 f"Lower --learning_rate ({self.config.learning_rate:g}) or check the data",
-                before=metrics,
+                before=checks,
                 total_steps=self.config.epochs * self.steps_per_epoch,
                 examples_per_step=self.batch_size,
                 after=[callbacks_lib.EpochBar(self.config.epochs)] if cluster.is_chief() else [],

@@ -106,6 +106,11 @@ class BatchCount:
 _GUARDS = weakref.WeakValueDictionary()
 
 
+def guard_of(model):
+    """The `StopOnNonFiniteLoss` fitting `model`, or None."""
+    return _GUARDS.get(id(model))
+
+
 def _finite_here(variable):
     """Whether `variable` holds no NaN or infinity, computed on its device; a JAX array split across processes
     (a model-parallel run) is checked shard by shard where it lives, so no process waits on another."""
@@ -118,7 +123,7 @@ def _finite_here(variable):
 class StopOnNonFiniteLoss(keras.callbacks.Callback):
     """Stops training with `NonFiniteLossError` at the first step whose loss is NaN or infinite, or whose update
     left a weight so (checked before each checkpoint and at the end of `fit`), or at an epoch whose validation
-    loss is.
+    loss is; a job may also ask it to check the model's outputs (`check_outputs`).
 
     Keras' `TerminateOnNaN` only ends `fit`, after which a job would go on to
     save the broken weights over a good preset; raising stops the job itself,
@@ -216,6 +221,19 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
             return
         broken = next(v.path for v, ok in zip(weights, finite) if not bool(np.asarray(keras.ops.convert_to_numpy(ok))))
         self._raise(f"The weights are no longer finite after step {step} ({broken} holds NaN or infinity)")
+
+    def check_outputs(self, outputs, what):
+        """Raises `NonFiniteLossError` when `outputs`, the fitted model's on `what`, hold NaN or infinity.
+
+        Weights can grow huge and stay finite while what they compute
+        overflows: the loss of the last step, computed before its update,
+        does not show it, and a run without a validation split computes
+        nothing else with the final weights before saving them.
+        """
+        if np.isfinite(np.asarray(outputs, dtype="float64")).all():
+            return
+        step = -(-self._count.ended // self.accumulation)
+        self._raise(f"The model's outputs on {what} are NaN or infinite after step {step}, its weights finite")
 
     def _raise(self, what):
         error = NonFiniteLossError(
@@ -393,7 +411,7 @@ class Progress(keras.callbacks.Callback):
         """
         if self.directory is None:
             return
-        guard = _GUARDS.get(id(self._model))
+        guard = guard_of(self._model)
         if guard is not None:
             guard.check_through(self.step * self.accumulation)
         model = self.model  # on JAX every process puts the training state back into the variables here

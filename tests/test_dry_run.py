@@ -280,6 +280,50 @@ def test_a_finetuned_init_whose_labels_differ_from_the_training_files_is_named_s
     assert f"was fine-tuned on the labels neg, pos, but {three.train_file} has neg, neutral, pos" in str(job.value)
 
 
+def test_an_unfinished_pretraining_run_as_init_is_named_so(tmp_path):
+    run = tmp_path / "lm"
+    with RunDirectory(str(run), "pretrain", {"max_steps": 10}):  # its run.json, as the run writes it
+        pass
+    (run / "checkpoint" / "step-000000004").mkdir(parents=True)
+    (run / "checkpoint" / "latest.json").write_text(json.dumps({"checkpoint": "step-000000004"}))
+    (run / "checkpoint" / "step-000000004" / "state.json").write_text(json.dumps({"step": 4}))
+    config, task = FinetuneConfig(task="rte", init=str(run)), REGISTRY.get("rte")
+
+    def refusals():
+        with pytest.raises(kgpt.CheckpointError) as job:
+            finetune_model.starting_point(config, task)
+        with pytest.raises(kgpt.CheckpointError) as dry:
+            dry_run.init(config, task)
+        with pytest.raises(kgpt.CheckpointError) as loaded:
+            kgpt.GPTBackbone.from_preset(str(run))
+        assert str(dry.value) == str(job.value) == str(loaded.value)
+        return str(job.value)
+
+    assert refusals() == (
+        f"{run} is a pre-training run that has not finished (last checkpoint: step 4 of 10): resume it by running "
+        f"its kgpt-train --task lm command again (--output_dir {run}), or start from a finished model."
+    )
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nfrom kgpt.jobs.rundir import RunDirectory\n"
+            f"with RunDirectory({str(run)!r}, 'pretrain', {{'max_steps': 10}}):\n"
+            "    print('held', flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert refusals().startswith(
+            f"{run} is a pre-training run still in progress (pid {holder.pid}; last checkpoint: step 4 of 10)"
+        )
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_counts_them(preset, tmp_path, monkeypatch):
     def write(name, rows):
         path = tmp_path / name

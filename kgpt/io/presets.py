@@ -89,6 +89,82 @@ def check_sizes(config, path, weights_path):
         )
 
 
+# A run's output directory holds its model only once the run ends: what each job is, the command resuming it and
+# the file of its model.
+_RUN_JOBS = {
+    "pretrain": ("pre-training", "kgpt-train --task lm", CONFIG_FILE),
+    "finetune": ("fine-tuning", "kgpt-train --task {task}", TASK_CONFIG_FILE),
+}
+
+
+def check_finished(path):
+    """Raises `CheckpointError` when the folder `path` is the output directory of a kgpt pre-training or
+    fine-tuning run that has not saved its model yet (still running, or stopped before its end), naming its last
+    checkpoint; returns otherwise. Loaders call it where they find no model, so that such a folder is not
+    called "not a preset"."""
+    from kgpt.io.run_folder import RUN_FILE
+
+    try:
+        with open(os.path.join(path, RUN_FILE), encoding="utf-8") as f:
+            run = json.load(f)
+        job, settings = run["job"], run.get("settings") or {}
+        what, command, model = _RUN_JOBS[job]
+        command = command.format(task=settings.get("task", "NAME"))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):  # no kgpt run of a job that saves a model
+        return
+    if os.path.exists(os.path.join(path, model)):  # finished: what is missing is for its loader to name
+        return
+    step = _last_checkpoint(os.path.join(path, "checkpoint"))
+    total = settings.get("max_steps") if job == "pretrain" else None
+    progress = (
+        "no checkpoint written yet"
+        if step is None
+        else f"last checkpoint: step {step:,}" + (f" of {total:,}" if isinstance(total, int) else "")
+    )
+    holder = _running(path, job)
+    if holder:
+        raise CheckpointError(
+            f"{path} is a {what} run still in progress ({holder}; {progress}): it saves its model there when it "
+            f"ends. Until then, start from a finished model."
+        )
+    raise CheckpointError(
+        f"{path} is a {what} run that has not finished ({progress}): resume it by running its {command} command "
+        f"again (--output_dir {path}), or start from a finished model."
+    )
+
+
+def _last_checkpoint(directory):
+    """The step of the checkpoint `directory/latest.json` names, or None when there is none or it cannot be read."""
+    from kgpt.train.checkpoint import LATEST, STATE
+
+    try:
+        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
+            name = json.load(f)["checkpoint"]
+        with open(os.path.join(directory, str(name), STATE), encoding="utf-8") as f:
+            step = json.load(f)["step"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _running(path, job):
+    """Who holds the run directory `path`'s lock ("pid N"), or None when no process does."""
+    from kgpt.errors import OutputDirError
+    from kgpt.jobs.rundir import LOCK_FILE, RunDirectory
+
+    try:
+        RunDirectory(path, job, {}).check_free()  # the claim's own test of the lock; takes none
+    except OutputDirError:
+        try:
+            with open(os.path.join(path, LOCK_FILE), encoding="utf-8") as f:
+                return f.read().strip() or "another process"
+        except OSError:
+            return "another process"
+    except OSError:
+        return None
+    return None
+
+
 def check_preset_dir(preset, config_file, expected_class):
     """Checks that `preset` is a local directory whose `config_file` builds `expected_class`."""
     if not isinstance(preset, (str, os.PathLike)) or not os.path.isdir(preset):
@@ -97,6 +173,8 @@ def check_preset_dir(preset, config_file, expected_class):
             f"--output_dir, or hf://OWNER/REPO on the Hugging Face Hub."
         )
     path = os.path.join(preset, config_file)
+    if not os.path.isfile(path):
+        check_finished(preset)
     config = read_json(path, f"the Keras config of a {expected_class.__name__}")
     name = config.get("registered_name") if isinstance(config, dict) else None
     expected = keras.saving.get_registered_name(expected_class)

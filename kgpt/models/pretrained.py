@@ -4,7 +4,7 @@ import os
 
 from kgpt.errors import CheckpointError
 from kgpt.io import hub
-from kgpt.io.presets import load_any_backbone
+from kgpt.io.presets import check_finished, load_any_backbone
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import NUM_SPECIAL_TOKENS, GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
@@ -29,6 +29,7 @@ def format_of(path):
     if original.is_huggingface(path):
         return "huggingface"
     if not os.path.isfile(os.path.join(path, "config.json")):
+        check_finished(path)  # a run's folder before its model is saved is named so
         raise FileNotFoundError(
             f"{path!r} is neither a kgpt preset (config.json; the --output_dir of kgpt-train --task lm) nor "
             f"an original GPT-1 checkpoint ({original.SHAPES_FILE}) nor Hugging Face openai-gpt files "

@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+import kgpt
 from kgpt.errors import RegistryError
 from kgpt.tasks import metrics
 
@@ -57,3 +58,66 @@ def test_a_metrics_number_becomes_a_float():
         got = metrics.score("moods", "mood", lambda labels, predictions, v=value: v, [0, 1], [0, 1])
         assert type(got) is float and got == 0.25
     assert math.isnan(metrics.score("moods", "mood", lambda labels, predictions: float("nan"), [0], [0]))
+
+
+class Plugin:
+    """A plugin registering `task`."""
+
+    def __init__(self, task):
+        self.task = task
+
+    @kgpt.hookimpl
+    def register_tasks(self, register):
+        register(self.task)
+
+
+def moods(metric):
+    """A task whose one metric is `metric`."""
+
+    def read(split, data_dir):
+        words = ["sad", "glad", "grim", "happy"] * (2 if split == "train" else 1)
+        return [kgpt.Example((w,), "high" if i % 2 else "low", source=f"{split}:{i}") for i, w in enumerate(words)]
+
+    return kgpt.Task("moods", kgpt.tasks.transforms.Classification(), read, labels=("low", "high"), metrics=(metric,))
+
+
+def test_check_calls_each_metric_once_and_names_one_returning_no_number():
+    calls = []
+
+    def mood(labels, predictions):
+        calls.append((labels.tolist(), predictions.tolist()))
+        return "high"
+
+    with pytest.raises(RegistryError, match=r"^Task 'moods': its metric 'mood' returned str 'high', not a number"):
+        metrics.check(moods(mood))
+    assert calls == [([0, 1, 1, 0], [0, 1, 1, 0])]
+    calls.clear()
+    with pytest.raises(RegistryError, match=r"returned str 'high'"):
+        metrics.check(moods(mood), [1, 1, 0])
+    assert calls == [([1, 1, 0], [1, 1, 0])]
+    metrics.check(moods("f1"))  # the built-in metrics return numbers
+
+    def wants_more(labels, predictions):
+        raise ValueError("needs 100 labels")
+
+    metrics.check(moods(wants_more))  # left to its first real call, which may well succeed
+
+
+def test_fine_tuning_names_a_metric_returning_no_number_before_it_trains(tiny_preset, tmp_path, monkeypatch):
+    from kgpt.jobs import finetune, run
+    from kgpt.jobs.config import FinetuneConfig
+
+    def fit(*args, **kwargs):
+        raise AssertionError("trained before the metric was checked")
+
+    monkeypatch.setattr(run, "fit", fit)
+
+    def mood(labels, predictions):
+        return np.array([0.5, 0.5])
+
+    registry = kgpt.TaskRegistry(plugins=[Plugin(moods(mood))], entry_points=[])
+    config = FinetuneConfig(
+        task="moods", data_dir=str(tmp_path), init=tiny_preset, epochs=1, batch_size=4, max_length=16
+    )
+    with pytest.raises(RegistryError, match=r"^Task 'moods'.*: its metric 'mood' returned an array of shape \(2,\)"):
+        finetune.finetune(config, registry)

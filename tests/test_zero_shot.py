@@ -175,6 +175,30 @@ def test_evaluate_runs_on_the_embedded_data(tmp_path):
     assert task("cola").zero_shot.threshold is None
 
 
+def test_a_metric_returning_no_number_is_named_before_and_at_a_zero_shot_evaluation(tmp_path):
+    import dataclasses
+
+    def mood(labels, predictions):
+        return "high"
+
+    broken = dataclasses.replace(task("sst2"), metrics=(mood,))
+
+    class Registry:
+        def get(self, name):
+            return broken
+
+        def names(self):
+            return ["sst2"]
+
+    message = r"^Task 'sst2'.*: its metric 'mood' returned str 'high', not a number"
+    with pytest.raises(kgpt.RegistryError, match=message):  # the commands' check of their flags
+        zero_shot.check_tasks({"sst2": None}, Registry())
+    lm, tokenizer = tiny_lm()
+    data = broken.default_data(str(tmp_path / "sst2"))
+    with pytest.raises(kgpt.RegistryError, match=message):
+        zero_shot.evaluate(lm, tokenizer, broken, data, max_examples=4)
+
+
 def test_resolve_tasks_looks_names_up_in_the_callers_registry(tmp_path):
     registry = kgpt.TaskRegistry()
     resolved = zero_shot.resolve_tasks({"sst2": None, "cola": "given/dir"}, str(tmp_path), registry)

@@ -31,7 +31,8 @@ def zero_shot_tasks(registry):
 def check_tasks(tasks, registry, directories=True):
     """Raises `ConfigError` (or the registry's `RegistryError`) unless every task of `tasks` (`{name: data_dir or
     None}`) is registered, offers a heuristic, and has embedded data or (with `directories`) an existing data
-    directory; reads nothing, so that commands check their flags before they build or load a model."""
+    directory; reads nothing, so that commands check their flags before they build or load a model. A task's
+    metric that returns no number is named here too (`kgpt.tasks.metrics.check`)."""
     for name, data_dir in tasks.items():
         task = registry.get(name)
         if task.zero_shot is None:
@@ -42,6 +43,7 @@ def check_tasks(tasks, registry, directories=True):
             raise ConfigError(f"Task {name!r} has no embedded data; give its data directory ({name}=DIR).")
         if directories and data_dir is not None and not os.path.isdir(data_dir):
             raise ConfigError(f"{name}={data_dir}: no such directory (the task's data directory).")
+        metrics_lib.check(task)
 
 
 def resolve_tasks(tasks, scratch_dir, registry):
@@ -100,7 +102,10 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
             f"Task {task.name!r}: split {split!r} in {data_dir} is unlabeled; zero-shot evaluation needs labels."
         )
     predictions = heuristic.predict(scorer, task, examples)
-    results = {name: float(fn(np.array(labels), predictions)) for name, fn in map(metrics_lib.resolve, task.metrics)}
+    results = {
+        name: metrics_lib.score(task, name, fn, np.array(labels), predictions)
+        for name, fn in map(metrics_lib.resolve, task.metrics)
+    }
     results["examples"] = {
         "read": read,
         "used": len(examples),

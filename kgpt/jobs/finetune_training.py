@@ -23,6 +23,7 @@ from kgpt.layers import lora
 from kgpt.models import compile_cost
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import cluster, distribute
+from kgpt.tasks import metrics as metrics_lib
 from kgpt.train import callbacks as callbacks_lib
 from kgpt.train import checkpoint as checkpoint_lib
 
@@ -86,6 +87,7 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
     """
     train_name = task.splits[0]
     train_split = splits[train_name]
+    metrics_lib.check(task, train_split.targets[:8])  # a plugin's broken metric, before the first epoch is spent
     steps_per_epoch = math.ceil(len(train_split) / batch_size)
     total_steps = steps_per_epoch * config.epochs
     model.compile(

@@ -88,9 +88,31 @@ def score(task, name, fn, labels, predictions):
     """`fn(labels, predictions)` as a float: a task's metric `name` must return a number (NaN allowed).
 
     Anything else (a string, an array, None) raises `RegistryError` naming the
-    task, the metric and what it returned, at the first call.
+    task, the metric and what it returned, at the first call (`check` makes
+    that call before any work).
     """
-    value = fn(labels, predictions)
+    return _number(task, name, fn(labels, predictions))
+
+
+def check(task, labels=None):
+    """Scores each of `task`'s metrics once, `labels` against themselves: one that returns no number raises
+    `score`'s `RegistryError` before a run spends any work on the task.
+
+    `labels` default to four targets of the task's head (0, 1, 1, 0). A metric
+    that raises on so few labels (one wanting every class, say) is left to its
+    first real call.
+    """
+    labels = np.asarray([0, 1, 1, 0] if labels is None else labels, dtype=getattr(task.head, "target_dtype", None))
+    for metric in task.metrics:
+        name, fn = resolve(metric)
+        try:
+            value = fn(labels, labels.copy())
+        except Exception:  # noqa: BLE001 - a plugin's metric may refuse these labels and score real predictions
+            continue
+        _number(task, name, value)
+
+
+def _number(task, name, value):
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value[()]
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):

@@ -211,6 +211,20 @@ def test_kgpt_predict_refuses_an_output_in_one_line_with_the_exit_code_of_every_
     assert (tmp_path / "old.tsv").read_text() == "old\n"
 
 
+@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
+def test_kgpt_predict_names_a_model_folder_that_does_not_exist_and_split_beside_input(dry, tmp_path):
+    (tmp_path / "in.txt").write_text("hello\n")
+    dry_run = ("--dry_run",) if dry else ()
+    done = run_predict(tmp_path, "--input=in.txt", "--output=p.tsv", *dry_run)
+    assert one_line(done.returncode, done.stderr, "kgpt-predict") == (
+        "--model no_model: no such folder; pass the --output_dir of a kgpt-train --task NAME run."
+    )
+    done = run_predict(tmp_path, "--input=in.txt", "--split=dev", "--output=p.tsv", *dry_run)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "--split dev picks a split of --data_dir; --input in.txt is predicted whole: drop --split." in done.stderr
+    assert not (tmp_path / "p.tsv").exists()
+
+
 def test_kgpt_predict_names_a_remote_input_or_model(tmp_path):
     done = run_predict(tmp_path, "--input=gs://b/in.csv", "--output=p.csv")
     assert one_line(done.returncode, done.stderr, "kgpt-predict") == (

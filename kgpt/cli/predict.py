@@ -44,7 +44,7 @@ flags.DEFINE_list(
     "id/index/idx/label/gold_label).",
 )
 flags.DEFINE_string("data_dir", None, "Instead of --input: the task's data in its own format (needs its plugin).")
-flags.DEFINE_string("split", "test", "With --data_dir: the split to predict.")
+flags.DEFINE_string("split", "test", "With --data_dir: the split to predict (--input has none).")
 flags.DEFINE_string(
     "output",
     None,
@@ -74,6 +74,11 @@ def _check_flags():
         raise app.UsageError("--model is required: the --output_dir of a kgpt-train --task NAME run.", exitcode=2)
     if bool(FLAGS.input) == bool(FLAGS.data_dir):
         raise app.UsageError("Pass either --input FILE or --data_dir DIR (with --split).", exitcode=2)
+    if FLAGS.input and FLAGS["split"].present:
+        raise app.UsageError(
+            f"--split {FLAGS.split} picks a split of --data_dir; --input {FLAGS.input} is predicted whole: drop --split.",
+            exitcode=2,
+        )
     if not FLAGS.output:
         raise app.UsageError("--output is required (a file, or - for standard output).", exitcode=2)
 
@@ -95,6 +100,7 @@ def main(argv):
         storage.check_local(FLAGS[flag].value, f"--{flag}")
 
     model_dir = hub.local(FLAGS.model, kgpt.GPTBackbone)  # a Hub preset's local folder, downloaded once
+    predict.check_model(model_dir, FLAGS.model)
     if FLAGS.dry_run:
         dry_run.predict(
             model_dir,
@@ -107,13 +113,6 @@ def main(argv):
             FLAGS.split,
         )
         return
-    from kgpt.models.gpt.gpt_task_model import is_task_preset
-
-    if not os.path.isdir(model_dir) or not is_task_preset(model_dir):
-        raise kgpt.ConfigError(
-            f"--model {FLAGS.model} is not a fine-tuned model (no task.json of a GPTTaskModel): "
-            f"pass the --output_dir of a kgpt-train --task NAME run."
-        )
     model = kgpt.GPTTaskModel.from_preset(model_dir, max_length=FLAGS.max_length)
     if FLAGS.quantize:
         from kgpt.layers import int8

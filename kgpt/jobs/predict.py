@@ -266,6 +266,19 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
     return tables.write_table(output, format, [*inputs.fields, *added], merged)
 
 
+def check_model(model_dir, given=None):
+    """Raises `ConfigError` naming --model (`given`, default `model_dir`) unless `model_dir` is a fine-tuned
+    model's folder; for the command and its --dry_run, before anything loads."""
+    from kgpt.models.gpt.gpt_task_model import is_task_preset
+
+    given = model_dir if given is None else given
+    run = "pass the --output_dir of a kgpt-train --task NAME run"
+    if not os.path.exists(model_dir):
+        raise ConfigError(f"--model {given}: no such folder; {run}.")
+    if not os.path.isdir(model_dir) or not is_task_preset(model_dir):
+        raise ConfigError(f"--model {given} is not a fine-tuned model (no task.json of a GPTTaskModel): {run}.")
+
+
 def check_output(output, input_format, overwrite=False):
     """Refuses an `output` that `write` could not write as asked, in one line naming --output; for the
     command before its model loads and for --dry_run.

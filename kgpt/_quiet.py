@@ -80,8 +80,9 @@ def quiet_stderr():
 # until the command closes it, then exits. When the command dies, even by SIGKILL, the child gets SIGTERM
 # (kgpt/_children.py, loaded by its path: this child does not import kgpt) and stops waiting for the pipe's
 # end, which a process the command forked may hold: it passes on what the pipe holds (all the command wrote
-# before it died) and exits. The handler only wakes the select (the wakeup fd), so no line is lost between
-# a read and its write.
+# before it died) and exits. A SIGTERM while the command lives (a scheduler's, sent to the whole process
+# group) is the command's to handle: the child goes on passing its lines. The handler only wakes the select
+# (the wakeup fd), so no line is lost between a read and its write.
 _FILTER = r"""
 import os, re, runpy, select, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -96,14 +97,19 @@ woken, wake = os.pipe()
 os.set_blocking(wake, False)
 signal.set_wakeup_fd(wake)
 signal.signal(signal.SIGTERM, lambda *_: None)
-if int(sys.argv[3]):
+parent = int(sys.argv[3])
+started_by = parent or os.getppid()
+if parent:
     try:
-        runpy.run_path(sys.argv[2])["die_with_parent"](int(sys.argv[3]), signal.SIGTERM)
+        runpy.run_path(sys.argv[2])["die_with_parent"](parent, signal.SIGTERM)
     except Exception:  # without it the child still ends when the pipe does
         pass
 while True:
     ready = select.select([0, woken], [], [])[0]
     if woken in ready:
+        os.read(woken, 4096)
+        if os.getppid() == started_by:
+            continue  # the command lives: a SIGTERM sent to its whole process group is the command's to handle
         os.set_blocking(0, False)
         try:
             while chunk := os.read(0, 65536):

@@ -34,8 +34,8 @@ def _wait_for_line(process, text, seconds):
     return lines
 
 
-@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
-def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path, backend):
+def _start_training(tmp_path, backend, **options):
+    """A tiny pre-training that runs until stopped (stdout and stderr merged), and its output directory."""
     words = "the cat sat on a mat and the dog ran far away while birds sang".split()
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -59,7 +59,20 @@ def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path, backen
     command += "--checkpoint_every 5".split()
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONUNBUFFERED": "1"}
     env.pop("KGPT_TRACEBACK", None)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, **options)
+    return process, out
+
+
+def _wait_gone(children):
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_stat(pid) for pid in children):
+        time.sleep(0.2)
+    assert not [pid for pid in children if _stat(pid)], children
+
+
+@pytest.mark.parametrize("backend", ["jax", "tensorflow"])
+def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path, backend):
+    process, out = _start_training(tmp_path, backend)
     try:
         before = _wait_for_line(process, "step 3/", 240)
         assert process.poll() is None, "\n".join(before)
@@ -72,10 +85,29 @@ def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path, backen
         # Progress lines of the last steps may come after it (stdout and stderr are two pipes merged here).
         line = f"kgpt-train: interrupted; the same command resumes from the last checkpoint ({out})."
         assert lines.count(line) == 1 and not [x for x in lines if "interrupted" in x and x != line], "\n".join(lines)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and any(_stat(pid) for pid in children):
-            time.sleep(0.2)
-        assert not [pid for pid in children if _stat(pid)], children
+        _wait_gone(children)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(timeout=30)
+
+
+def test_sigterm_to_the_whole_process_group_checkpoints_and_says_so(tmp_path):
+    # A scheduler (Slurm's scancel, GNU timeout) sends SIGTERM to every process of the job: kgpt's stderr
+    # filter must keep passing lines, so that the run's last line comes out rather than a broken pipe.
+    process, out = _start_training(tmp_path, os.environ.get("KERAS_BACKEND", "tensorflow"), start_new_session=True)
+    try:
+        before = _wait_for_line(process, "step 3/", 240)
+        assert process.poll() is None, "\n".join(before)
+        children = _descendants(process.pid)
+        os.killpg(process.pid, signal.SIGTERM)
+        rest, _ = process.communicate(timeout=120)
+        lines = rest.decode("utf-8", "replace").splitlines()
+        assert process.returncode == 0, "\n".join(before + lines)
+        assert not any("Traceback" in line or "Error" in line for line in lines), "\n".join(lines)
+        stopped = [x for x in lines if x.startswith("kgpt-train: stopped by SIGTERM at step ")]
+        assert len(stopped) == 1 and f"checkpoint written in {out}" in stopped[0], "\n".join(lines)
+        _wait_gone(children)
     finally:
         if process.poll() is None:
             process.kill()

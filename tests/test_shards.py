@@ -3,6 +3,7 @@
 import collections
 import json
 import os
+import signal
 import warnings
 
 import numpy as np
@@ -112,6 +113,34 @@ def test_a_stop_between_chunks_keeps_no_index_and_a_rerun_builds_anew(tokenizer,
     files, index = build(tokenizer, tmp_path, workers=workers, chunk_bytes=64)
     _, whole = build(tokenizer, tmp_path, directory="whole")
     assert index.total_tokens == whole.total_tokens
+
+
+def test_a_sigterm_that_ended_the_workers_too_is_the_stop_notice():
+    def pieces(notice):  # a SIGTERM to the whole process group ends the workers: their pieces end in an error
+        yield corpus_encoding.Piece(0, np.zeros(3, np.int32), True, True, True, 0)
+        notice.extend(notice)
+        raise RuntimeError("A tokenizer worker process died (exit code -15)")
+
+    notice = [True]  # noted after the first piece
+    with pytest.raises(Preempted, match=r"\(file 1 of 2, a.txt\)"):
+        list(shards._stopping(pieces(notice), lambda: len(notice) > 1, ["a.txt", "b.txt"]))
+    with pytest.raises(RuntimeError, match="worker process died"):  # without a notice, the error is the error
+        list(shards._stopping(pieces([]), lambda: False, ["a.txt", "b.txt"]))
+
+
+def test_a_worker_ends_on_sigterm_while_the_job_notes_it(tokenizer):
+    # Forked while the job notes SIGTERM (kgpt.train.callbacks.catching_sigterm): a worker that kept that
+    # handler would outlive `terminate()`, and the command would wait for it at exit.
+    from kgpt.train.callbacks import catching_sigterm
+
+    with catching_sigterm():
+        workers = corpus_encoding._Workers(tokenizer.corpus_encoder(), 1)
+        try:
+            workers.processes[0].terminate()
+            workers.processes[0].join(10)
+            assert workers.processes[0].exitcode == -signal.SIGTERM
+        finally:
+            workers.close()
 
 
 def test_workers_build_the_same_shards_as_one_process(tokenizer, tmp_path, capsys, progress):

@@ -13,6 +13,7 @@ import itertools
 import multiprocessing
 import os
 import queue
+import signal
 import sys
 import warnings
 
@@ -50,6 +51,13 @@ def _worker(engine, inbox, outbox, parent):
     when that one is killed with SIGKILL and can send no None.
     """
     die_with_parent(parent)
+    # Forked with the job's handlers: SIGTERM must end a worker (the parent's `close` and exit send it), and
+    # Ctrl-C, which reaches the whole process group, is the parent's to handle. SIGTERM came blocked, so
+    # that one sent before this point is not lost to the inherited handler.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     engine.record()
     while True:
         message = inbox.get()
@@ -84,6 +92,8 @@ class _Workers:
         self.outboxes = [context.Queue() for _ in range(count)]
         self.processes = []
         gc.freeze()  # the workers' garbage collector would otherwise copy every inherited page
+        masked = hasattr(signal, "pthread_sigmask")
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM}) if masked else None
         try:
             with warnings.catch_warnings():
                 # JAX warns on any fork once its threads run. The deadlock it means needs the child to wait on
@@ -97,6 +107,8 @@ class _Workers:
                     process.start()
                     self.processes.append(process)
         finally:
+            if masked:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             gc.unfreeze()
         self.journals = [[] for _ in range(count)]  # what each worker has not been sent yet
 

@@ -250,13 +250,24 @@ def _read_parts(directory, count, dtype):
 
 def _stopping(pieces, stop, files):
     """Passes the pieces through until `stop()` is true, then raises `Preempted` naming the file reached."""
-    for piece in pieces:
-        if stop():
-            raise Preempted(
-                f"stopped by SIGTERM while tokenizing the corpus (file {piece.source + 1} of {len(files)}, "
-                f"{files[piece.source]}); no shard is kept. Run the same command again to tokenize it anew."
-            )
-        yield piece
+    at = 0
+    try:
+        for piece in pieces:
+            at = piece.source
+            if stop():
+                break
+            yield piece
+        else:
+            return
+    except Exception:
+        if not stop():
+            raise
+        # A SIGTERM sent to the whole process group ended the tokenizer's workers too: that is the notice.
+    pieces.close()  # ends the workers now, not when the traceback is freed
+    raise Preempted(
+        f"stopped by SIGTERM while tokenizing the corpus (file {at + 1} of {len(files)}, {files[at]}); no shard "
+        f"is kept. Run the same command again to tokenize it anew."
+    )
 
 
 def _counting(pieces, cuts, label):

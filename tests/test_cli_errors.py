@@ -507,3 +507,21 @@ def test_help_into_a_pipe_that_closes_early_is_no_error():
     process.stdout.close()  # before the help is written: as `| head -1` does once it has its line
     _, err = process.communicate(timeout=120)
     assert process.returncode == 0 and b"Traceback" not in err, err.decode()[-3000:]
+
+
+def test_out_of_memory_is_one_line_with_what_to_lower(monkeypatch, capsys):
+    import keras
+
+    def allocate_too_much(*args, **kwargs):  # the backend's own error: 8 TiB on this device
+        keras.ops.convert_to_numpy(keras.ops.ones((1 << 43,), "uint8"))
+
+    monkeypatch.setattr("kgpt.jobs.pretrain.pretrain", allocate_too_much)
+    code, _, err = cli(monkeypatch, capsys, train, "--task=lm")
+    line = one_line(code, err)
+    assert line.startswith("out of memory (") and "8796093022208" in line, line
+    assert line.endswith(
+        "the run does not fit this device's memory. Lower --batch_size (--gradient_accumulation_steps keeps the "
+        "batch each update sees), the sequence length or the model's size."
+    ), line
+    with pytest.raises(Exception, match="RESOURCE_EXHAUSTED|OOM when allocating"):  # --verbose: the error itself
+        cli(monkeypatch, capsys, train, "--task=lm", "--verbose")

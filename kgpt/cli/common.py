@@ -54,6 +54,22 @@ def user_errors():
     )
 
 
+def out_of_memory(e, prog):
+    """The one line for a backend's (or Python's) out-of-memory error `e`; None for any other error.
+
+    Not a bug in kgpt but the run's sizes against the device's memory, so it
+    is reported as a mistake is, with what to lower.
+    """
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), type(e).__name__)
+    if not (isinstance(e, MemoryError) or type(e).__name__ == "ResourceExhaustedError" or "RESOURCE_EXHAUSTED" in text):
+        return None
+    keeps = " (--gradient_accumulation_steps keeps the batch each update sees)" if prog == "kgpt-train" else ""
+    return (
+        f"out of memory ({text[:200]}): the run does not fit this device's memory. Lower --batch_size{keeps}, "
+        f"the sequence length or the model's size."
+    )
+
+
 def several_processes(coordinator_address, num_processes, process_id):
     """Whether the flags (or the environment) make this a run of several processes; a bad flag is an error.
 
@@ -191,13 +207,18 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
                     cluster.fail(line.split(": ", 1)[1], code=130)
                 print(line, file=sys.stderr)
                 sys.exit(130)
-            mistake = isinstance(e, user_errors()) and not flags.FLAGS.verbose and not os.environ.get("KGPT_TRACEBACK")
+            memory = out_of_memory(e, prog)
+            mistake = (
+                (isinstance(e, user_errors()) or memory is not None)
+                and not flags.FLAGS.verbose
+                and not os.environ.get("KGPT_TRACEBACK")
+            )
             if cluster.current().several:  # exiting normally would wait for the other processes at shutdown
                 if not mistake:
                     traceback.print_exc()
                 where = f"process {cluster.current().process_id}"
                 cluster.fail(
-                    e
+                    memory or e
                     if mistake
                     else f"{type(e).__name__} on {where} (its traceback is above); the other "
                     f"processes stop when they notice.",
@@ -205,7 +226,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
                 )
             if not mistake:
                 raise
-            print(f"{prog}: error: {e}", file=sys.stderr)
+            print(f"{prog}: error: {memory or e}", file=sys.stderr)
             sys.exit(1)
 
     try:

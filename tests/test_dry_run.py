@@ -324,6 +324,51 @@ def test_an_unfinished_pretraining_run_as_init_is_named_so(tmp_path):
         holder.wait()
 
 
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c.pop("num_heads"), "missing key 'num_heads': a GPTBackbone config needs vocabulary_size, "),
+        (lambda c: c.update(dropout=-0.5), "dropout must be a number in [0, 1), got -0.5."),
+        (lambda c: c.update(dropout=float("nan")), "dropout must be a number in [0, 1), got nan."),
+        (lambda c: c.update(num_heads=4), "does not fit the model"),  # as many weights, in other shapes
+        (lambda c: c.update(num_layers=1), "does not fit the model"),  # fewer weights than the file holds
+    ],
+    ids=["missing key", "negative dropout", "NaN dropout", "other heads", "fewer layers"],
+)
+def test_a_tampered_init_config_is_the_runs_one_line_naming_the_file_and_key(preset, tmp_path, edit, message):
+    import shutil
+
+    init = tmp_path / "lm"
+    shutil.copytree(preset, init)
+    saved = json.loads((init / "config.json").read_text())
+    edit(saved["config"])
+    (init / "config.json").write_text(json.dumps(saved))
+    config, task = FinetuneConfig(task="rte", init=str(init)), REGISTRY.get("rte")
+    with pytest.raises(kgpt.CheckpointError) as job:
+        finetune_model.starting_point(config, task)
+    with pytest.raises(kgpt.CheckpointError) as dry:
+        dry_run.init(config, task)
+    assert str(dry.value) == str(job.value) and message in str(job.value)
+    assert str(init / "config.json") in str(job.value) and "\n" not in str(job.value)
+
+
+def test_a_key_the_init_config_does_not_take_is_warned_of_by_the_run_and_the_dry_run(preset, tmp_path, caplog):
+    import shutil
+
+    init = tmp_path / "lm"
+    shutil.copytree(preset, init)
+    saved = json.loads((init / "config.json").read_text())
+    saved["config"]["colour"] = "blue"
+    (init / "config.json").write_text(json.dumps(saved))
+    config, task = FinetuneConfig(task="rte", init=str(init)), REGISTRY.get("rte")
+    warning = f"{init / 'config.json'}: GPTBackbone takes no 'colour': ignored."
+    for check in (lambda: dry_run.init(config, task), lambda: finetune_model.starting_point(config, task)):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="kgpt"):
+            check()
+        assert [r.getMessage() for r in caplog.records if warning in r.getMessage()], caplog.text
+
+
 def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_counts_them(preset, tmp_path, monkeypatch):
     def write(name, rows):
         path = tmp_path / name

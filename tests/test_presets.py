@@ -166,7 +166,7 @@ def test_weights_of_another_model_are_refused(saved, tmp_path, overrides, messag
     shutil.copy(tmp_path / "other" / "model.weights.h5", saved / "model.weights.h5")
     with pytest.raises(
         kgpt.CheckpointError,
-        match=r"model.weights.h5 (does not fit the model its config describes|"
+        match=r"model.weights.h5 (does not fit the model .*config.json describes|"
         r"holds [\d,]+: the config and the weights do not belong)",
     ):
         kgpt.GPTBackbone.from_preset(str(saved))
@@ -195,7 +195,13 @@ def _edit_json(path, edit):
         (lambda c: c["config"].update(vocabulary_size=20_000_000), r"at least 320,[\d,]+ weights, but .* holds"),
         (lambda c: c["config"].update(num_layers=10**9), r"at least [\d,]+ weights, but .*model.weights.h5 holds"),
         (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be an integer, got 'abc'"),
-        (lambda c: c["config"].update(dropout=[1]), r"config.json: cannot build a GPTBackbone from it"),
+        (lambda c: c["config"].update(dropout=[1]), r"config.json: dropout must be a number in \[0, 1\), got \[1\]"),
+        (lambda c: c["config"].pop("num_heads"), r"config.json: missing key 'num_heads': a GPTBackbone config needs"),
+        (lambda c: c["config"].update(dropout=float("nan")), r"config.json: dropout must be a number in .*got nan"),
+        (lambda c: c["config"].update(num_heads=3), r"config.json: hidden_dim \(16\) must be divisible by num_heads"),
+        # Sizes the weights do not have, though no more of them than the file holds: refused before building too.
+        (lambda c: c["config"].update(num_heads=4), r"does not fit the model .*config.json describes.* \[4, 4\] x6"),
+        (lambda c: c["config"].update(max_sequence_length=8), r"Expected but missing: \[8, 16\] x1"),
     ],
 )
 def test_tampered_config_is_refused_before_anything_is_built(tmp_path, edit, message):
@@ -203,6 +209,25 @@ def test_tampered_config_is_refused_before_anything_is_built(tmp_path, edit, mes
     _edit_json(tmp_path / "config.json", edit)
     with pytest.raises(kgpt.CheckpointError, match=message):
         kgpt.GPTBackbone.from_preset(str(tmp_path))
+
+
+def test_a_key_the_backbone_does_not_take_is_named_in_a_warning(tmp_path, caplog):
+    backbone().save_to_preset(str(tmp_path))
+    _edit_json(tmp_path / "config.json", lambda c: c["config"].update(colour="blue", dropuot=0.2))
+    with caplog.at_level("WARNING", logger="kgpt"):
+        kgpt.GPTBackbone.from_preset(str(tmp_path))
+    assert f"{tmp_path / 'config.json'}: GPTBackbone takes no 'colour', 'dropuot': ignored." in caplog.text
+
+
+@pytest.mark.parametrize("sizes", [{}, {"num_heads": 4, "num_layers": 3}, {"num_heads": 1, "max_sequence_length": 97}])
+def test_the_shapes_a_config_describes_are_the_models(sizes):
+    """`GPTBackbone.weight_shapes` (the preset check before building) and the model agree."""
+    import collections
+
+    model = backbone(**sizes)
+    assert kgpt.GPTBackbone.weight_shapes(model.get_config()) == collections.Counter(
+        tuple(v.shape) for v in model.weights
+    )
 
 
 def test_config_nested_too_deeply_is_a_checkpoint_error(tmp_path):

@@ -17,6 +17,7 @@ import contextlib
 import gc
 import inspect
 import json
+import logging
 import math
 import os
 import re
@@ -34,6 +35,8 @@ MODEL_WEIGHTS_FILE = "model.weights.h5"
 TASK_CONFIG_FILE = "task.json"
 TASK_WEIGHTS_FILE = "task.weights.h5"
 METADATA_FILE = "metadata.json"
+
+logger = logging.getLogger(__name__)
 
 
 def read_json(path, what):
@@ -67,26 +70,66 @@ def deserialize(config, path, what):
         raise CheckpointError(f"{path}: cannot build {what} from it ({type(e).__name__}: {str(e)[:300]}).") from e
 
 
-def check_sizes(config, path, weights_path):
-    """Refuses, before anything is built, a backbone config that needs more weights than the file holds.
+def constructor_arguments(cls):
+    """`{name: default}` of what `cls`'s constructor takes by name (`inspect.Parameter.empty` for those it needs),
+    with Keras' `name`, `dtype` and `trainable`: the entries its config may hold."""
+    arguments = {
+        name: p.default
+        for name, p in inspect.signature(cls.__init__).parameters.items()
+        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
+    }
+    return {"name": None, "dtype": None, "trainable": True, **arguments}
 
-    A config whose sizes were tampered with (`vocabulary_size: 2e7`,
-    `num_layers: 1e9`) would otherwise allocate gigabytes before the
-    weights are compared. Classes without `min_weight_count` are not checked.
+
+def check_backbone_config(config, path, weights_path=None):
+    """Refuses, before anything is built, a backbone config (`path`'s) that cannot build its model or does not fit
+    the weights file `weights_path` (None: not checked), in one line naming `path` and the entry.
+
+    A missing entry is named; an entry the class does not take is named in a warning (Keras would drop it
+    silently); the values are checked by the class's `check_config` where it has one. A config whose sizes
+    were tampered with (`vocabulary_size: 2e7`, `num_layers: 1e9`) would allocate gigabytes before the weights
+    are compared: the file's arrays are compared first with the sizes (`min_weight_count`), then, unless the
+    model is quantized (its file holds scales too), one by one with the arrays the config describes
+    (`weight_shapes`). Classes without these methods are checked as far as they have them.
     """
     cls = keras.saving.get_registered_object(config.get("registered_name") or "")
-    if cls is None or not hasattr(cls, "min_weight_count"):
+    if not isinstance(cls, type):
+        return
+    inner, arguments = config["config"], constructor_arguments(cls)
+    required = [name for name, default in arguments.items() if default is inspect.Parameter.empty]
+    missing = [name for name in required if name not in inner]
+    if missing:
+        raise CheckpointError(
+            f"{path}: missing key {', '.join(map(repr, missing))}: a {cls.__name__} config needs {', '.join(required)}."
+        )
+    unknown = sorted(set(inner) - set(arguments))
+    if unknown:
+        logger.warning(
+            f"Warning: {path}: {cls.__name__} takes no {', '.join(map(repr, unknown))}: ignored. Its config "
+            f"takes {', '.join(sorted(arguments))}."
+        )
+    if hasattr(cls, "check_config"):
+        try:
+            cls.check_config({**arguments, **inner})
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{path}: {e}") from None
+    if weights_path is None or not hasattr(cls, "min_weight_count"):
         return
     try:
-        needed = cls.min_weight_count(config["config"])
+        needed = cls.min_weight_count(inner)
     except (TypeError, ValueError, KeyError) as e:
         raise CheckpointError(f"{path}: {e}") from None
-    held = sum(math.prod(shape) for shape in file_shapes(weights_path))
+    found = collections.Counter(file_shapes(weights_path))
+    held = sum(math.prod(shape) * n for shape, n in found.items())
     if needed > held:
         raise CheckpointError(
             f"{path} describes a model of at least {needed:,} weights, but {weights_path} holds "
             f"{held:,}: the config and the weights do not belong together."
         )
+    dtype = inner.get("dtype")
+    quantized = isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicyMap"
+    if hasattr(cls, "weight_shapes") and not quantized:
+        _check_shapes(weights_path, f"the model {path} describes", found, cls.weight_shapes(inner))
 
 
 # A run's output directory holds its model only once the run ends: what each job is, the command resuming it and
@@ -214,11 +257,16 @@ def _describe(counter):
 def check_weights_file(path, variables):
     """Raises `CheckpointError` unless `path` holds exactly one array per variable, of its shape."""
     found = collections.Counter(file_shapes(path))
-    expected = collections.Counter(tuple(v.shape) for v in variables)
+    _check_shapes(path, "the model its config describes", found, collections.Counter(tuple(v.shape) for v in variables))
+
+
+def _check_shapes(path, model, found, expected):
+    """Raises `CheckpointError` unless the arrays `found` in the weights file `path` are those `expected` of `model`
+    (`{shape: count}` each)."""
     if found != expected:
         raise CheckpointError(
-            f"{path} does not fit the model its config describes: the file holds {sum(found.values())} arrays, "
-            f"the model has {sum(expected.values())} weights. Only in the file: {_describe(found - expected) or '-'}. "
+            f"{path} does not fit {model}: the file holds {sum(found.values())} arrays, the model has "
+            f"{sum(expected.values())} weights. Only in the file: {_describe(found - expected) or '-'}. "
             f"Expected but missing: {_describe(expected - found) or '-'}. Was it saved from another model?"
         )
 
@@ -236,11 +284,7 @@ def _load_weights(load, path):
 
 def check_overrides(cls, overrides):
     """Refuses `from_preset` keyword arguments that `cls`'s constructor does not take (Keras would drop them)."""
-    allowed = {
-        name
-        for name, p in inspect.signature(cls.__init__).parameters.items()
-        if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
-    } | {"name", "dtype", "trainable"}
+    allowed = set(constructor_arguments(cls))
     unknown = sorted(set(overrides) - allowed)
     if unknown:
         hint = (
@@ -315,17 +359,24 @@ def stamp_metadata(preset_dir, **extra):
         json.dump(metadata, f, indent=4)
 
 
+def check_backbone_preset(cls, preset, load_weights=True, **kwargs):
+    """The `config.json` of the backbone preset `preset` (a `cls`), `kwargs` overriding its entries, checked with
+    the weights file (with `load_weights`) before anything is built; `--dry_run` checks with it too."""
+    config = check_preset_dir(preset, CONFIG_FILE, cls)
+    config["config"].update(kwargs)
+    weights = os.path.join(preset, MODEL_WEIGHTS_FILE) if load_weights else None
+    check_backbone_config(config, os.path.join(preset, CONFIG_FILE), weights)
+    return config
+
+
 def load_backbone_preset(cls, preset, load_weights=True, **kwargs):
     """`cls.from_preset` for kgpt backbones: config and weights checked before loading.
 
     With `load_weights=False` the weights file is neither read nor needed:
     the model comes freshly initialised (keras-hub's meaning).
     """
-    config = check_preset_dir(preset, CONFIG_FILE, cls)
-    config["config"].update(kwargs)
+    config = check_backbone_preset(cls, preset, load_weights, **kwargs)
     path = os.path.join(preset, MODEL_WEIGHTS_FILE)
-    if load_weights:
-        check_sizes(config, os.path.join(preset, CONFIG_FILE), path)
     backbone = deserialize(config, os.path.join(preset, CONFIG_FILE), f"a {cls.__name__}")
     if load_weights:
         check_weights_file(path, backbone.weights)
@@ -357,6 +408,23 @@ def tokenizer_fits(preprocessor, backbone):
         )
 
 
+def check_task_preset(cls, preset, load_weights=True, **kwargs):
+    """`(task config, backbone config)` of the task preset `preset` (a `cls`), `kwargs` overriding the task's
+    entries: both backbone configs (`config.json`, and `task.json`'s own copy) checked with the weights file (with
+    `load_weights`) before anything is built; `--dry_run` checks with it too."""
+    from keras_hub.models import Backbone
+
+    config = check_preset_dir(preset, TASK_CONFIG_FILE, cls)
+    backbone_config = check_preset_dir(preset, CONFIG_FILE, Backbone)
+    config["config"].update(kwargs)
+    weights = os.path.join(preset, MODEL_WEIGHTS_FILE) if load_weights else None
+    check_backbone_config(backbone_config, os.path.join(preset, CONFIG_FILE), weights)
+    nested = config["config"].get("backbone")
+    if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
+        check_backbone_config(nested, os.path.join(preset, TASK_CONFIG_FILE), weights)
+    return config, backbone_config
+
+
 def load_task_preset(cls, preset, load_weights=True, **kwargs):
     """`cls.from_preset` for kgpt task models: task config, task and backbone weights checked.
 
@@ -364,17 +432,8 @@ def load_task_preset(cls, preset, load_weights=True, **kwargs):
     the preset's `assets/` (keras-hub's `load_preset_assets`), after the
     weight files are checked and before any weight is assigned.
     """
-    from keras_hub.models import Backbone
-
-    config = check_preset_dir(preset, TASK_CONFIG_FILE, cls)
-    backbone_config = check_preset_dir(preset, CONFIG_FILE, Backbone)
-    config["config"].update(kwargs)
+    config, _ = check_task_preset(cls, preset, load_weights, **kwargs)
     backbone_path = os.path.join(preset, MODEL_WEIGHTS_FILE)
-    if load_weights:
-        check_sizes(backbone_config, os.path.join(preset, CONFIG_FILE), backbone_path)
-        nested = config["config"].get("backbone")
-        if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
-            check_sizes(nested, os.path.join(preset, TASK_CONFIG_FILE), backbone_path)
     task = deserialize(config, os.path.join(preset, TASK_CONFIG_FILE), f"a {cls.__name__}")
     task_path = os.path.join(preset, TASK_WEIGHTS_FILE)
     if load_weights:

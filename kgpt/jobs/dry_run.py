@@ -35,7 +35,7 @@ from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.data.text import text_chunks
 from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub, storage
-from kgpt.io.presets import check_sizes, file_shapes, read_json
+from kgpt.io.presets import MODEL_WEIGHTS_FILE, check_backbone_preset, check_task_preset, file_shapes, read_json
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
@@ -308,7 +308,9 @@ def init(config, task=None):
             pretrained_weights=config.pretrained_weights,
             train_file=config.train_file,
         )
-        return f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init)}): its head is kept"
+        return (
+            f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init, finetuned=True)}): its head is kept"
+        )
     if task is not None and config.epochs == 0:
         raise untrained_head(config.init, task)
     found = pretrained(config.init, sizes := {})
@@ -316,21 +318,23 @@ def init(config, task=None):
     return f"{config.init}: {found}"
 
 
-def pretrained(path, sizes=None):
+def pretrained(path, sizes=None, finetuned=False):
     """Checks the files of a pre-trained model (preset, original release, Hugging Face) as loading would,
-    without building it; returns what it holds. `sizes` receives the backbone's config."""
+    without building it; returns what it holds. `sizes` receives the backbone's config. `finetuned`: `path` is
+    loaded as a fine-tuned model (its `task.json` checked too)."""
+    from keras_hub.models import Backbone
+
+    from kgpt.models.gpt.gpt_task_model import GPTTaskModel
+
     sizes = {} if sizes is None else sizes
     kind = pretrained_lib.format_of(path)
     if kind == "original":
         return _original_release(path, sizes)
     if kind == "huggingface":
         return _huggingface(path, sizes)
-    config_path = os.path.join(path, "config.json")
-    config = read_json(config_path, "the Keras config of a backbone")
-    if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
-        raise CheckpointError(f"{config_path}: not a Keras object config (no 'config' mapping).")
-    weights = os.path.join(path, "model.weights.h5")
-    check_sizes(config, config_path, weights)  # reads the weights file's header: its arrays and their shapes
+    # The loaders' own checks: the configs' keys and values, and the weights file's arrays read from its header.
+    config = check_task_preset(GPTTaskModel, path)[1] if finetuned else check_backbone_preset(Backbone, path)
+    weights = os.path.join(path, MODEL_WEIGHTS_FILE)
     count = sum(int(np.prod(s)) for s in file_shapes(weights))
     for name in ("tokenizer.json", os.path.join("assets", "tokenizer")):
         if not os.path.exists(os.path.join(path, name)):
@@ -469,7 +473,7 @@ def predict(
             f"--output_dir of a kgpt-train --task NAME run."
         )
     saved = read_json(os.path.join(model, "task.json"), "a kgpt task config").get("config", {})
-    plan.add("model", f"{model}: fine-tuned for {saved.get('task_name')} ({pretrained(model)})")
+    plan.add("model", f"{model}: fine-tuned for {saved.get('task_name')} ({pretrained(model, finetuned=True)})")
     preprocessor = GPTTaskPreprocessor.from_preset(model)
     if input:
         inputs = predict_lib.read_inputs(

@@ -7,6 +7,7 @@ initialisation (`initializer_range`) and dropout 0.1 on embeddings, attention we
 There is no final layer norm (that is GPT-2).
 """
 
+import collections
 import os
 import shutil
 
@@ -138,21 +139,20 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         dtype=None,
         **kwargs,
     ):
-        for key, value in (
-            ("vocabulary_size", vocabulary_size),
-            ("num_layers", num_layers),
-            ("num_heads", num_heads),
-            ("hidden_dim", hidden_dim),
-            ("intermediate_dim", intermediate_dim),
-            ("max_sequence_length", max_sequence_length),
-        ):
-            checks.positive_int(value, key)
-        checks.rate(dropout, "dropout")
-        checks.rate(attention_dropout, "attention_dropout", allow_none=True)
-        checks.positive(initializer_range, "initializer_range")
-        if hidden_dim % num_heads:
-            raise ValueError(f"hidden_dim ({hidden_dim}) must be divisible by num_heads ({num_heads}).")
-        _check_dtype(dtype)
+        GPTBackbone.check_config(
+            {
+                "vocabulary_size": vocabulary_size,
+                "num_layers": num_layers,
+                "num_heads": num_heads,
+                "hidden_dim": hidden_dim,
+                "intermediate_dim": intermediate_dim,
+                "max_sequence_length": max_sequence_length,
+                "dropout": dropout,
+                "attention_dropout": attention_dropout,
+                "initializer_range": initializer_range,
+                "dtype": dtype,
+            }
+        )
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,
@@ -229,6 +229,56 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         for key in ("vocabulary_size", "num_layers", "hidden_dim", "intermediate_dim", "max_sequence_length"):
             checks.positive_int(config.get(key), key)
         return original.weight_count(**config)
+
+    @staticmethod
+    def check_config(config):
+        """Raises `ValueError` or `TypeError` naming the entry of `config` (every constructor argument but
+        `kwargs`) that cannot build the model: what it is and what is allowed.
+
+        The constructor checks its arguments with it, and a preset's `config.json` is checked with it before
+        anything is built (`kgpt.io.presets.check_backbone_config`).
+        """
+        for key in (
+            "vocabulary_size",
+            "num_layers",
+            "num_heads",
+            "hidden_dim",
+            "intermediate_dim",
+            "max_sequence_length",
+        ):
+            checks.positive_int(config[key], key)
+        checks.rate(config["dropout"], "dropout")
+        checks.rate(config["attention_dropout"], "attention_dropout", allow_none=True)
+        checks.positive(config["initializer_range"], "initializer_range")
+        if config["hidden_dim"] % config["num_heads"]:
+            raise ValueError(
+                f"hidden_dim ({config['hidden_dim']}) must be divisible by num_heads ({config['num_heads']})."
+            )
+        _check_dtype(config["dtype"])
+
+    @staticmethod
+    def weight_shapes(config):
+        """`{shape: count}` of the arrays of a model of the (checked) `config`: what its weights file holds
+        unless it is quantized. From the sizes alone, so that an absurd `num_layers` costs nothing; the model's
+        own weights are compared with it in tests/test_presets.py."""
+        vocabulary, context, hidden, inner, heads = (
+            config[k] for k in ("vocabulary_size", "max_sequence_length", "hidden_dim", "intermediate_dim", "num_heads")
+        )
+        per_head = hidden // heads
+        block = collections.Counter(
+            {
+                (hidden,): 6,  # two layer norms' scales and offsets, the attention output's and the MLP's biases
+                (hidden, heads, per_head): 3,  # query, key, value kernels
+                (heads, per_head): 3,  # and their biases
+                (heads, per_head, hidden): 1,  # the attention output kernel
+                (hidden, inner): 1,
+                (inner,): 1,
+                (inner, hidden): 1,
+            }
+        )
+        shapes = collections.Counter({shape: n * config["num_layers"] for shape, n in block.items()})
+        shapes.update([(vocabulary, hidden), (context, hidden)])  # token and position embeddings
+        return shapes
 
     def get_config(self):
         config = super().get_config()

@@ -29,6 +29,7 @@ import keras
 
 from kgpt import checks
 from kgpt.errors import CheckpointError
+from kgpt.io import run_folder
 
 CONFIG_FILE = "config.json"
 MODEL_WEIGHTS_FILE = "model.weights.h5"
@@ -145,10 +146,8 @@ def check_finished(path):
     fine-tuning run that has not saved its model yet (still running, or stopped before its end), naming its last
     checkpoint; returns otherwise. Loaders call it where they find no model, so that such a folder is not
     called "not a preset"."""
-    from kgpt.io.run_folder import RUN_FILE
-
     try:
-        with open(os.path.join(path, RUN_FILE), encoding="utf-8") as f:
+        with open(os.path.join(path, run_folder.RUN_FILE), encoding="utf-8") as f:
             run = json.load(f)
         job, settings = run["job"], run.get("settings") or {}
         what, command, model = _RUN_JOBS[job]
@@ -157,14 +156,17 @@ def check_finished(path):
         return
     if os.path.exists(os.path.join(path, model)):  # finished: what is missing is for its loader to name
         return
-    step = _last_checkpoint(os.path.join(path, "checkpoint"))
+    step = _last_checkpoint(os.path.join(path, run_folder.CHECKPOINTS))
     total = settings.get("max_steps") if job == "pretrain" else None
     progress = (
         "no checkpoint written yet"
         if step is None
         else f"last checkpoint: step {step:,}" + (f" of {total:,}" if isinstance(total, int) else "")
     )
-    holder = _running(path, job)
+    try:
+        holder = run_folder.lock_holder(path)
+    except OSError:
+        holder = None
     if holder:
         raise CheckpointError(
             f"{path} is a {what} run still in progress ({holder}; {progress}): it saves its model there when it "
@@ -178,34 +180,14 @@ def check_finished(path):
 
 def _last_checkpoint(directory):
     """The step of the checkpoint `directory/latest.json` names, or None when there is none or it cannot be read."""
-    from kgpt.train.checkpoint import LATEST, STATE
-
     try:
-        with open(os.path.join(directory, LATEST), encoding="utf-8") as f:
+        with open(os.path.join(directory, run_folder.LATEST), encoding="utf-8") as f:
             name = json.load(f)["checkpoint"]
-        with open(os.path.join(directory, str(name), STATE), encoding="utf-8") as f:
+        with open(os.path.join(directory, str(name), run_folder.STATE), encoding="utf-8") as f:
             step = json.load(f)["step"]
     except (OSError, ValueError, TypeError, KeyError):
         return None
     return step if isinstance(step, int) and not isinstance(step, bool) else None
-
-
-def _running(path, job):
-    """Who holds the run directory `path`'s lock ("pid N"), or None when no process does."""
-    from kgpt.errors import OutputDirError
-    from kgpt.jobs.rundir import LOCK_FILE, RunDirectory
-
-    try:
-        RunDirectory(path, job, {}).check_free()  # the claim's own test of the lock; takes none
-    except OutputDirError:
-        try:
-            with open(os.path.join(path, LOCK_FILE), encoding="utf-8") as f:
-                return f.read().strip() or "another process"
-        except OSError:
-            return "another process"
-    except OSError:
-        return None
-    return None
 
 
 def check_preset_dir(preset, config_file, expected_class):

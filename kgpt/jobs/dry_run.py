@@ -36,6 +36,7 @@ from kgpt.data.text import text_chunks
 from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub, storage
 from kgpt.io.presets import MODEL_WEIGHTS_FILE, check_backbone_preset, check_task_preset, file_shapes, read_json
+from kgpt.io.run_folder import CHECKPOINTS
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
@@ -107,8 +108,8 @@ def output_dir(path, job, settings, overwrite=False):
     action, foreign = claim.inspect()  # raises what the run's claim would raise
     if action == "same":
         found = (
-            checkpoint_lib.latest(os.path.join(path, "checkpoint"))
-            if os.path.isdir(os.path.join(path, "checkpoint"))
+            checkpoint_lib.latest(os.path.join(path, CHECKPOINTS))
+            if os.path.isdir(os.path.join(path, CHECKPOINTS))
             else None
         )
         step = f"resumes from its checkpoint at step {found[1]['step']:,}" if found else "starts again (no checkpoint)"

@@ -38,7 +38,7 @@ import numpy as np
 
 from kgpt.errors import ConfigError
 from kgpt.io import storage
-from kgpt.io.run_folder import saving_outputs
+from kgpt.io.run_folder import CHECKPOINTS, saving_outputs
 from kgpt.io.storage import write_json
 from kgpt.jobs.config import check_integers
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
@@ -234,7 +234,7 @@ class Run:
     @property
     def checkpoint_dir(self):
         """The folder of the run's checkpoints (`kgpt.train.checkpoint`); None when nothing is kept."""
-        return os.path.join(self.directory, "checkpoint") if self.kept else None
+        return os.path.join(self.directory, CHECKPOINTS) if self.kept else None
 
     @property
     def history_path(self):

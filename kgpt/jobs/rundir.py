@@ -16,16 +16,13 @@ naming the holder's host and pid (`kgpt.io.remote_lock.RemoteLock`), since an
 object store has no lock that dies with its process.
 """
 
-import errno
 import json
 import os
-import threading
 
 from kgpt.errors import OutputDirError
-from kgpt.io import remote_lock, storage
-from kgpt.io.run_folder import RUN_FILE
+from kgpt.io import remote_lock, run_folder, storage
+from kgpt.io.run_folder import CHECKPOINTS, LOCK_FILE, RUN_FILE
 
-LOCK_FILE = ".lock"
 # Everything a kgpt job writes into its output directory: what --overwrite clears.
 OUTPUTS = (
     "config.json",
@@ -41,7 +38,7 @@ OUTPUTS = (
     "logs",
     "predictions",
     "submission",
-    "checkpoint",
+    CHECKPOINTS,
     "shards",
     "data",
     "pretrained",
@@ -64,13 +61,6 @@ OUTPUTS = (
 )
 
 
-# The lock files this process holds, as {(device, inode): pid}. A POSIX record lock is the process's, so
-# the process must refuse a second claim itself, and without opening the file: closing any descriptor of
-# a file drops the process's record locks on it.
-_held = {}
-_held_guard = threading.Lock()
-
-
 def same_path(a, b):
     """Whether two paths name the same existing directory (or the same path, when neither exists)."""
     if a is None or b is None:
@@ -79,15 +69,6 @@ def same_path(a, b):
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
-
-
-def _file_id(file):
-    """`(device, inode)` of a path (None if there is no such file) or of an open descriptor."""
-    try:
-        stat = os.fstat(file) if isinstance(file, int) else os.stat(file)
-    except FileNotFoundError:
-        return None
-    return stat.st_dev, stat.st_ino
 
 
 class RunDirectory:
@@ -133,32 +114,9 @@ class RunDirectory:
         self._release()
 
     def _acquire(self):
-        # fcntl.lockf, a POSIX record lock, belongs to this process: the processes it forks (kgpt's tokenizer
-        # workers) inherit the descriptor but not the lock, so the lock goes when this process dies. A
-        # flock belongs to the open file, which fork shares: a child that outlived its parent kept it.
-        import fcntl
-
-        path = os.path.join(self.path, LOCK_FILE)
-        with _held_guard:
-            if _held.get(_file_id(path)) == os.getpid():  # this process's own run
-                raise self._in_use(f"pid {os.getpid()}")
-            lock = open(path, "a+")
-            try:
-                fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EACCES, errno.EAGAIN):
-                    lock.close()
-                    raise
-                lock.seek(0)
-                holder = lock.read().strip() or "another process"
-                lock.close()  # this process held no lock on the file: closing it drops nothing
-                raise self._in_use(holder) from None
-            _held[_file_id(lock.fileno())] = os.getpid()
-            self._lock = lock
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}\n")
-        lock.flush()
+        self._lock, holder = run_folder.take_lock(self.path)
+        if holder is not None:
+            raise self._in_use(holder)
 
     def _in_use(self, holder):
         return OutputDirError(
@@ -171,10 +129,8 @@ class RunDirectory:
             self.remote_lock.release()
             self.remote_lock = None
         if self._lock is not None:
-            with _held_guard:
-                _held.pop(_file_id(self._lock.fileno()), None)
-                self._lock.close()  # closing drops the lock; the file stays, harmless
-                self._lock = None
+            run_folder.release_lock(self._lock)
+            self._lock = None
 
     def inspect(self):
         """What claiming the directory would do, found without writing anything: `(action, foreign)`.
@@ -206,27 +162,10 @@ class RunDirectory:
         return "overwrite", foreign
 
     def check_free(self):
-        """Raises the claim's "in use" `OutputDirError` when a process holds the directory's lock; takes none.
-
-        For a look that must not claim (`--dry_run`): a lock taken and
-        released here tests the lock file only.
-        """
-        import fcntl
-
-        path = os.path.join(self.path, LOCK_FILE)
-        with _held_guard:
-            if _held.get(_file_id(path)) == os.getpid():  # this process's own run: opening the file would drop its lock
-                raise self._in_use(f"pid {os.getpid()}")
-        if not os.path.exists(path) or not os.access(path, os.W_OK):
-            return
-        with open(path, "r+") as lock:
-            try:
-                fcntl.lockf(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                if e.errno not in (errno.EACCES, errno.EAGAIN):
-                    raise
-                raise self._in_use(lock.read().strip() or "another process") from None
-            fcntl.lockf(lock, fcntl.LOCK_UN)
+        """Raises the claim's "in use" `OutputDirError` when a process holds the directory's lock; takes none."""
+        holder = run_folder.lock_holder(self.path)
+        if holder is not None:
+            raise self._in_use(holder)
 
     def _check(self):
         action, _ = self.inspect()

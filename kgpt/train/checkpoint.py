@@ -37,6 +37,7 @@ import numpy as np
 
 from kgpt.errors import CheckpointError
 from kgpt.io.presets import check_weights_file, read_json
+from kgpt.io.run_folder import LATEST, STATE
 from kgpt.io.storage import write_json
 from kgpt.layers import lora
 from kgpt.parallel import cluster
@@ -44,11 +45,9 @@ from kgpt.parallel.distribute import spread_over_processes, writing
 
 logger = logging.getLogger(__name__)
 
-LATEST = "latest.json"
 WEIGHTS = "model.weights.h5"
 SHARDED = "sharded"
 RNG = "rng.npz"
-STATE = "state.json"
 
 
 def rng_variables(model):

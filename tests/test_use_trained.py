@@ -212,8 +212,10 @@ def test_a_model_saved_from_python_into_a_run_folder_is_refused(trained, tmp_pat
     lm_run = tmp_path / "lm_run"
     lm_run.mkdir()
     (lm_run / "run.json").write_text(json.dumps({"job": "pretrain", "settings": {}}))
-    with pytest.raises(OutputDirError, match=r"lm_run is the output directory of a kgpt pretrain run"):
-        kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY)).save_to_preset(str(lm_run))
+    backbone = kgpt.GPTBackbone(**TINY)
+    for saved in (kgpt.GPTCausalLM(backbone), backbone, model.preprocessor.tokenizer):  # every kind of preset
+        with pytest.raises(OutputDirError, match=r"lm_run is the output directory of a kgpt pretrain run"):
+            saved.save_to_preset(str(lm_run))
     assert os.listdir(lm_run) == ["run.json"]
 
 

@@ -281,12 +281,14 @@ def check_overrides(cls, overrides):
 
 
 def check_save_target(preset_dir):
-    """A preset is a folder: refuses an empty path or the path of a file, naming it."""
+    """A preset is a folder: refuses an empty path or the path of a file, naming it, and a kgpt run's output
+    directory, whose run writes its model there itself (`kgpt.io.run_folder.check_save_target`)."""
     path = os.fspath(preset_dir)
     if not path:
         raise ValueError("preset_dir is empty: pass the folder to save the preset in.")
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file: a preset is saved as a folder; pass a folder's path.")
+    run_folder.check_save_target(path)
     return path
 
 

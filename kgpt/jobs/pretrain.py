@@ -23,6 +23,7 @@ from kgpt.data import demo_world
 from kgpt.data.shards import Team, build_shards
 from kgpt.errors import ConfigError, DataError
 from kgpt.io import storage
+from kgpt.io.run_folder import saving_outputs
 from kgpt.jobs import run
 from kgpt.jobs.config import SEEDS, check_integers, check_settings, recorded_settings, setting
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
@@ -89,7 +90,8 @@ def load_tokenizer(tokenizer, num_merges, files, work):
     logger.info(f"Learning a BPE vocabulary of {num_merges:,} merges from the corpus ...")
     tokenizer = GPTTokenizer.train(files, num_merges=num_merges)
     if work.kept:
-        tokenizer.save_to_preset(work.directory)
+        with saving_outputs(work.directory):  # the run's own folder: saves from Python are refused there
+            tokenizer.save_to_preset(work.directory)
         work.publish()
     logger.info(
         f"Learned {len(tokenizer.merges):,} merges: vocabulary {tokenizer.vocabulary_size():,} with special tokens."

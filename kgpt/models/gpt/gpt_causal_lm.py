@@ -21,7 +21,6 @@ from kgpt.data import inputs_kind
 from kgpt.errors import CheckpointError
 from kgpt.io import hub
 from kgpt.io.presets import CONFIG_FILE, TASK_CONFIG_FILE, PresetMixin, check_overrides, tokenizer_fits
-from kgpt.io.run_folder import check_save_target as check_run_folder
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -123,12 +122,6 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         # === Compile state ===
         self._chunked_loss = None  # TiedLMLoss when compile(lm_loss_chunk_size=...)
         self._token_accuracy = None  # its next-token accuracy tracker
-
-    def save_to_preset(self, preset_dir, max_shard_size=10):
-        """Writes the preset to `preset_dir` (`kgpt.io.presets.PresetMixin`); a kgpt run's output directory is
-        refused (`kgpt.io.run_folder`): the run writes its model there itself."""
-        check_run_folder(preset_dir)
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
 
     def compile(
         self,

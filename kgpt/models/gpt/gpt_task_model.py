@@ -22,7 +22,6 @@ from kgpt import checks
 from kgpt.data import batching, inputs_kind
 from kgpt.io import hub
 from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json, tokenizer_fits
-from kgpt.io.run_folder import check_save_target as check_run_folder
 from kgpt.layers.dropout import Dropout
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
@@ -263,12 +262,6 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             **{k: v for k, v in chosen.items() if v is not None},
             **kwargs,
         )
-
-    def save_to_preset(self, preset_dir, max_shard_size=10):
-        """Writes the preset to `preset_dir` (`kgpt.io.presets.PresetMixin`); a kgpt run's output directory is
-        refused (`kgpt.io.run_folder`): the run writes its model there itself."""
-        check_run_folder(preset_dir)
-        super().save_to_preset(preset_dir, max_shard_size=max_shard_size)
 
     def compile(
         self,

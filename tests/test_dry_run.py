@@ -452,3 +452,11 @@ def test_zero_shot_tasks_are_refused_as_the_runs_refuse_them(preset, tasks, tmp_
     with pytest.raises(kgpt.ConfigError) as dry:
         dry_run.pretrain(config)
     assert str(dry.value) == str(run.value) == str(job.value)
+
+
+@pytest.mark.parametrize("mode", ["transfer", "ablations"])
+def test_a_fine_tuning_analysis_without_its_tasks_training_data_is_refused(mode):
+    # The runs fine-tune on each task's train split: without it they stop at their first run.
+    tasks = {"sst2": "/no/such/folder"}
+    with pytest.raises(FileNotFoundError, match="Data directory '/no/such/folder' does not exist .*train"):
+        dry_run.analyze(mode, FinetuneConfig(), tasks, None, rows=["full"], seeds=[0], registry=REGISTRY)

@@ -468,11 +468,7 @@ def predict(
     from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
 
     plan = Plan("kgpt-predict")
-    if not os.path.isdir(model) or not is_task_preset(model):
-        raise ConfigError(
-            f"--model {model} is not a fine-tuned model (no task.json of a GPTTaskModel): pass the "
-            f"--output_dir of a kgpt-train --task NAME run."
-        )
+    predict_lib.check_model(model)
     saved = read_json(os.path.join(model, "task.json"), "a kgpt task config").get("config", {})
     plan.add("model", f"{model}: fine-tuned for {saved.get('task_name')} ({pretrained(model, finetuned=True)})")
     preprocessor = GPTTaskPreprocessor.from_preset(model)
@@ -510,9 +506,10 @@ def analyze(
     plan.add("output", output_dir(output, "analyze", {}, config.overwrite))
     if mode in ("zero-shot", "zero-shot-curve"):  # the runs' own check: a heuristic and a data folder each
         zero_shot_lib.check_tasks(tasks, registry)
+    fine_tunes = mode not in ("zero-shot", "zero-shot-curve")
     for name, data_dir in tasks.items():
         task = registry.get(name)
-        plan.add(f"task {name}", task_data(task, data_dir))
+        plan.add(f"task {name}", task_data(task, data_dir, required="train" if fine_tunes else None))
     if mode == "zero-shot-curve":
         pretrain_lib.check_config(config)
         plan.add(

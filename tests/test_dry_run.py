@@ -6,6 +6,7 @@ says what the run would say. The commands' `--dry_run` flag is exercised on
 every documented command by tests/test_documented_commands.py.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -94,14 +95,15 @@ def test_an_output_directory_of_another_run_is_refused_as_the_run_refuses_it(tmp
     assert dry_run.output_dir(str(out), "finetune", {"task": "cola"}).endswith("resumes from its checkpoint at step 7")
 
 
-def test_an_output_directory_in_use_is_refused(tmp_path):
-    out = tmp_path / "busy"
+@contextlib.contextmanager
+def held_by_another_process(folder, settings):
+    """Inside, another process holds `folder` as a pre-training run's output directory; yields that process."""
     holder = subprocess.Popen(
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom kgpt.jobs.rundir import RunDirectory\n"
-            f"with RunDirectory({str(out)!r}, 'pretrain', {{}}):\n"
+            "import time\nfrom kgpt.jobs.rundir import RunDirectory\n"
+            f"with RunDirectory({str(folder)!r}, 'pretrain', {settings!r}):\n"
             "    print('held', flush=True); time.sleep(60)",
         ],
         stdout=subprocess.PIPE,
@@ -109,11 +111,17 @@ def test_an_output_directory_in_use_is_refused(tmp_path):
     )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(OutputDirError, match="in use by another kgpt run"):
-            dry_run.output_dir(str(out), "pretrain", {})
+        yield holder
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_an_output_directory_in_use_is_refused(tmp_path):
+    out = tmp_path / "busy"
+    with held_by_another_process(out, {}):
+        with pytest.raises(OutputDirError, match="in use by another kgpt run"):
+            dry_run.output_dir(str(out), "pretrain", {})
     mine = tmp_path / "mine"
     with RunDirectory(str(mine), "pretrain", {}):  # this process's own claim: refused as a second claim would be
         with pytest.raises(OutputDirError, match=f"in use by another kgpt run \\(pid {os.getpid()}\\)"):
@@ -303,25 +311,10 @@ def test_an_unfinished_pretraining_run_as_init_is_named_so(tmp_path):
         f"{run} is a pre-training run that has not finished (last checkpoint: step 4 of 10): resume it by running "
         f"its kgpt-train --task lm command again (--output_dir {run}), or start from a finished model."
     )
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import time\nfrom kgpt.jobs.rundir import RunDirectory\n"
-            f"with RunDirectory({str(run)!r}, 'pretrain', {{'max_steps': 10}}):\n"
-            "    print('held', flush=True); time.sleep(60)",
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held_by_another_process(run, {"max_steps": 10}) as holder:
         assert refusals().startswith(
             f"{run} is a pre-training run still in progress (pid {holder.pid}; last checkpoint: step 4 of 10)"
         )
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 @pytest.mark.parametrize(

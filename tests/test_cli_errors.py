@@ -30,11 +30,13 @@ def one_line(code, err, prog="kgpt-train"):
 
 @pytest.fixture(scope="module")
 def presets(tmp_path_factory):
-    """A tiny pre-trained preset, and one whose tokenizer belongs to another model (3 ids short)."""
+    """A tiny pre-trained preset, one whose tokenizer belongs to another model (3 ids short), and one whose context
+    (3 tokens) leaves no room for a task's view."""
     root = tmp_path_factory.mktemp("presets")
     tokenizer = char_tokenizer()
-    for name, size in (("good", tokenizer.vocabulary_size()), ("other_tokenizer", tokenizer.vocabulary_size() - 1)):
-        backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size, "max_sequence_length": 64})
+    size = tokenizer.vocabulary_size()
+    for name, size, context in (("good", size, 64), ("other_tokenizer", size - 1, 64), ("short_context", size, 3)):
+        backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size, "max_sequence_length": context})
         backbone.save_to_preset(str(root / name))
         tokenizer.save_to_preset(str(root / name))
     return root
@@ -208,6 +210,17 @@ def test_max_length_below_the_minimum_is_refused_before_anything_is_built(monkey
         "max_length must be >= 4 (the start, delimiter and extract tokens and one of text), got 2."
     )
     assert not os.path.exists(tmp_path / "o")
+
+
+@pytest.mark.parametrize("dry", [False, True], ids=["run", "dry run"])
+def test_a_model_whose_context_leaves_no_room_for_a_view_is_named(dry, monkeypatch, capsys, presets, tmp_path):
+    flags = ("--task=scitail", f"--init={presets / 'short_context'}", f"--output_dir={tmp_path / 'o'}")
+    code, _, err = cli(monkeypatch, capsys, train, *flags, *(["--dry_run"] if dry else []))
+    assert one_line(code, err) == (
+        "The model's context is 3 token(s); fine-tuning needs at least 4 (the start, delimiter and extract tokens "
+        "and one of text): start from a model pre-trained with --sequence_length 4 or more."
+    )
+    assert not os.path.exists(tmp_path / "o" / "run.json")  # refused after the claim: the command can be corrected
 
 
 def test_sequence_length_in_fine_tuning_points_to_max_length(monkeypatch, capsys):

@@ -15,9 +15,10 @@ import pytest
 from conftest import cli
 
 from kgpt.cli import analyze, train
-from kgpt.errors import ConfigError
+from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import storage
-from kgpt.jobs import predict
+from kgpt.jobs import predict, run
+from kgpt.jobs.config import RunConfig
 from kgpt.jobs.rundir import RunDirectory
 
 # A tiny pre-training, should a path wrongly pass its checks.
@@ -144,6 +145,23 @@ def test_a_claim_makes_the_same_checks(monkeypatch, tmp_path):
     with pytest.raises(storage.StorageError, match=r"^--output_dir ram:// names no folder"):
         RunDirectory("ram://", "pretrain", {}).__enter__()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_run_stopped_before_writing_anything_gives_its_claim_back(tmp_path):
+    out = tmp_path / "out"
+    config = RunConfig(output_dir=str(out))
+    with pytest.raises(ConfigError, match="refused after the claim"):  # e.g. an --init of the wrong kind
+        with run.workspace(config, "finetune", {"init": "classifier"}, "kgpt-test-"):
+            raise ConfigError("refused after the claim")
+    assert not (out / "run.json").exists()
+    with pytest.raises(ConfigError):  # the corrected command is not refused as "a run with other settings"
+        with run.workspace(config, "finetune", {"init": "lm"}, "kgpt-test-"):
+            (out / "metrics.json").write_text("{}")
+            raise ConfigError("stopped after writing")
+    # A run that wrote something keeps its claim: the same command resumes, another is refused.
+    with pytest.raises(OutputDirError, match="other settings"):
+        with run.workspace(config, "finetune", {"init": "classifier"}, "kgpt-test-"):
+            pass
 
 
 PREDICT_OUTPUTS = [

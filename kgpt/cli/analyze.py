@@ -125,9 +125,12 @@ def main(argv):
     run.on_chief(claim.__enter__, f"claiming {output_dir}")
     try:
         _run(mode, config, tasks, output_dir, TaskRegistry(), seeds)
-    finally:
-        if cluster.is_chief():
-            claim.__exit__(None, None, None)
+    except BaseException as e:
+        if cluster.is_chief():  # stopped before writing anything: the claim is given back
+            claim.__exit__(type(e), e, e.__traceback__)
+        raise
+    if cluster.is_chief():
+        claim.__exit__(None, None, None)
 
 
 def _config(mode, tasks):

@@ -291,6 +291,12 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
     """The `GPTTaskPreprocessor` a run encodes with: views of `max_length` tokens, else a fine-tuned `--init`'s
     `saved_length`, else the model's `context`, and never more than `context` (`--dry_run` counts the rows it cuts
     with it too)."""
+    if context < MIN_MAX_LENGTH:
+        raise ConfigError(
+            f"The model's context is {context} token(s); fine-tuning needs at least {MIN_MAX_LENGTH} (the start, "
+            f"delimiter and extract tokens and one of text): start from a model pre-trained with --sequence_length "
+            f"{MIN_MAX_LENGTH} or more."
+        )
     if max_length and max_length > context:
         logger.warning(
             f"Warning: max_length {max_length} is longer than the model's context ({context} "

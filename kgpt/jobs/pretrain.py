@@ -29,6 +29,7 @@ from kgpt.jobs.config import SEEDS, check_integers, check_settings, recorded_set
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
+from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.models.lstm.lstm_backbone import LSTMBackbone
 from kgpt.models.optimizers import gpt_adamw
@@ -160,6 +161,11 @@ def check_config(config):
             f"warmup_steps {config.warmup_steps} is more than max_steps {config.max_steps}: the run would "
             f"end inside the learning-rate warm-up. Pass warmup_steps {max(1, config.max_steps // 10)} "
             f"(a tenth) or more steps."
+        )
+    if config.architecture != "lstm" and config.sequence_length < MIN_MAX_LENGTH:
+        logger.warning(
+            f"Warning: --sequence_length {config.sequence_length} gives a model that no task can be fine-tuned "
+            f"from (fine-tuning needs a context of {MIN_MAX_LENGTH} tokens or more)."
         )
     storage.check_local(config.corpus, "--corpus")
     if config.tokenizer != "train":

@@ -364,9 +364,12 @@ def workspace(run_config, job, settings, prefix, within=None):
                     yield Run(run_config.output_dir, mirror.local, mirror, **options)
             else:
                 yield Run(run_config.output_dir, run_config.output_dir, within.mirror if within else None, **options)
-        finally:
-            if cluster.is_chief():
-                claim.__exit__(None, None, None)
+        except BaseException as e:
+            if cluster.is_chief():  # a run that stopped before writing anything gives its claim back
+                claim.__exit__(type(e), e, e.__traceback__)
+            raise
+        if cluster.is_chief():
+            claim.__exit__(None, None, None)
 
 
 def on_chief(fn, what):

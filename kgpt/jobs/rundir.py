@@ -60,6 +60,10 @@ OUTPUTS = (
     "ablations.md",
 )
 
+# What a run writes first from its task's embedded data, in a moment: a run that stopped before writing anything
+# else leaves its directory without them (`RunDirectory`).
+REWRITTEN = ("data", "zero_shot_data")
+
 
 def same_path(a, b):
     """Whether two paths name the same existing directory (or the same path, when neither exists)."""
@@ -93,6 +97,7 @@ class RunDirectory:
         self.path, self.job, self.settings, self.overwrite = path, job, settings, overwrite
         self._lock = None
         self.remote_lock = None  # the claim of a remote directory (`kgpt.io.remote_lock.RemoteLock`)
+        self._wrote_claim = False  # whether this claim wrote run.json (the directory was new, or overwritten)
 
     def __enter__(self):
         storage.check_path(self.path, "--output_dir")
@@ -110,8 +115,25 @@ class RunDirectory:
             raise
         return self
 
-    def __exit__(self, *exc):
-        self._release()
+    def __exit__(self, exc_type, exc, tb):
+        try:
+            if exc_type is not None and self._wrote_claim:
+                self._unclaim_if_empty()
+        finally:
+            self._release()
+
+    def _unclaim_if_empty(self):
+        """Removes the run.json this claim wrote when the run stopped before writing anything else.
+
+        A run refused after its claim (a wrong --init, a bad data file) then
+        leaves the directory as it found it, so the corrected command is not
+        refused as "a run with other settings". What it wrote from a task's
+        embedded data (`REWRITTEN`) goes too: the next run writes it again.
+        """
+        names = storage.listdir(self.path)
+        if all(n in (LOCK_FILE, RUN_FILE, *REWRITTEN) for n in names):
+            for name in (*REWRITTEN, RUN_FILE):  # this claim's: it was new, or cleared OUTPUTS
+                storage.remove(storage.join(self.path, name))
 
     def _acquire(self):
         self._lock, holder = run_folder.take_lock(self.path)
@@ -174,6 +196,7 @@ class RunDirectory:
         if action == "overwrite":
             self._clear()
         storage.write_json(storage.join(self.path, RUN_FILE), {"job": self.job, "settings": self.settings})
+        self._wrote_claim = True
 
     def _refusal(self, theirs, foreign):
         if theirs is None:

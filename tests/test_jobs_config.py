@@ -293,6 +293,10 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
         ("pretrain", "initializer_range", 0.0, "initializer_range must be a finite number > 0, got 0.0."),
         ("finetune", "initializer_range", -1.0, "initializer_range must be a finite number > 0, got -1.0."),
         ("pretrain", "attention_dropout", 1.5, "attention_dropout must be a number in [0, 1), got 1.5."),
+        # These scored no example (a mean of nothing, nan) or all but the last (a slice to -1).
+        ("pretrain", "zero_shot_examples", 0, "zero_shot_examples must be an integer >= 1, got 0."),
+        ("pretrain", "zero_shot_examples", -1, "zero_shot_examples must be an integer >= 1, got -1."),
+        ("pretrain", "zero_shot_every", 0, "zero_shot_every must be an integer >= 1, got 0."),
     ],
 )
 def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, value, message):

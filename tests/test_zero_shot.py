@@ -175,6 +175,17 @@ def test_evaluate_runs_on_the_embedded_data(tmp_path):
     assert task("cola").zero_shot.threshold is None
 
 
+@pytest.mark.parametrize("count", [0, -1, 2.5])
+def test_a_count_of_examples_that_is_no_positive_integer_is_refused(count):
+    # 0 scored nothing (a mean of nothing: nan); -1 sliced off the last example.
+    with pytest.raises((TypeError, ValueError), match="max_examples must be an integer"):
+        zero_shot.evaluate(None, None, task("sst2"), "unused", max_examples=count)
+    with pytest.raises((TypeError, ValueError), match="max_examples must be an integer"):
+        zero_shot.ZeroShotCallback({}, None, every=1, max_examples=count)
+    with pytest.raises((TypeError, ValueError), match="every must be an integer"):
+        zero_shot.ZeroShotCallback({}, None, every=count)
+
+
 def test_a_metric_returning_no_number_is_named_before_and_at_a_zero_shot_evaluation(tmp_path):
     import dataclasses
 

@@ -14,6 +14,7 @@ import os
 import keras
 import numpy as np
 
+from kgpt import checks
 from kgpt.errors import ConfigError, DataError
 from kgpt.io.storage import write_text
 from kgpt.tasks import metrics as metrics_lib
@@ -86,6 +87,7 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
     kgpt.analysis.zero_shot.evaluate(lm, kgpt.GPTTokenizer.from_preset("out"), registry.get("sst2"), "glue/SST-2")
     ```
     """
+    max_examples = checks.positive_int(max_examples, "max_examples", allow_none=True)
     heuristic = task.zero_shot
     if heuristic is None:
         raise ConfigError(f"Task {task.name!r} offers no zero-shot heuristic.")
@@ -145,10 +147,10 @@ class ZeroShotCallback(keras.callbacks.Callback):
         super().__init__()
         self.tasks = dict(tasks)
         self.tokenizer = tokenizer
-        self.every = every
+        self.every = checks.positive_int(every, "every")
         self.csv_path = csv_path
         self.log_dir = log_dir
-        self.max_examples = max_examples
+        self.max_examples = checks.positive_int(max_examples, "max_examples", allow_none=True)
         self.history = collections.defaultdict(list)  # (task, metric) -> [(step, value)]
         self.step = None  # the optimizer's step, counted from the start of each fit()
         self._last = None

@@ -131,6 +131,7 @@ def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is read or built."""
     check_integers(
         config,
+        optional=("zero_shot_every", "zero_shot_examples"),
         batch_size=1,
         sequence_length=1,
         max_steps=1,
@@ -145,6 +146,8 @@ def check_config(config):
         validation_tokens=0,
         sample_tokens=0,
         lm_loss_chunk_size=0,
+        zero_shot_every=1,
+        zero_shot_examples=1,
         seed=SEEDS,
     )
     check_settings(config, checks.nonnegative, "learning_rate", "weight_decay")

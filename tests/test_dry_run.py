@@ -7,16 +7,18 @@ every documented command by tests/test_documented_commands.py.
 """
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 
 import pytest
-from conftest import TINY, char_tokenizer
+from conftest import TINY, char_tokenizer, cli
 from test_paper_tasks import write_glue
 
 import kgpt
+from kgpt.cli import train
 from kgpt.errors import DataError, OutputDirError
 from kgpt.jobs import dry_run, finetune, finetune_data, finetune_model
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
@@ -170,6 +172,38 @@ def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):
     (corpus / "c.txt").write_bytes(b"caf\xe9\n")
     with pytest.raises(DataError, match=r"c.txt:1: byte 3 of the line \(0xe9\) is not valid UTF-8"):
         dry_run.pretrain(config)
+
+
+def test_a_prompt_longer_than_the_context_is_refused_by_the_dry_run_as_by_the_run(tmp_path):
+    config = PretrainConfig(sequence_length=4, prompt="a prompt of more than four tokens", max_steps=1, warmup_steps=0)
+    with pytest.raises(kgpt.ConfigError, match=r"^--prompt is \d+ tokens, which leaves no room in --sequence_length=4"):
+        dry_run.pretrain(config)
+    found = dict(dry_run.pretrain(dataclasses.replace(config, tokenizer="train")))  # not learned yet: said so
+    assert "--prompt is measured against --sequence_length once it is" in found["tokenizer"]
+
+
+def test_keep_best_without_a_labeled_split_to_pick_by_is_refused_by_the_dry_run_as_by_the_run(
+    preset, monkeypatch, capsys, tmp_path
+):
+    train_file = tmp_path / "train.csv"
+    train_file.write_text("text,label\n" + "".join(f"row {i},{'ab'[i % 2]}\n" for i in range(8)))
+    flags = (
+        "--task=text-classification",
+        f"--train_file={train_file}",
+        "--text_columns=text",
+        "--label_column=label",
+        f"--init={preset}",
+        "--keep=best",
+        "--batch_size=4",
+    )
+    errors = []
+    for dry in ([], ["--dry_run"]):
+        code, _, err = cli(monkeypatch, capsys, train, *flags, *dry, f"--output_dir={tmp_path / 'o'}")
+        assert code == 1 and "Traceback" not in err, err[-3000:]
+        errors.append(err.strip().splitlines()[-1])
+    assert errors[0] == errors[1] == (
+        "kgpt-train: error: keep='best' picks the epoch by dev score, but no labeled split besides 'train' was found."
+    )
 
 
 def test_a_truncated_weights_file_is_named(preset, tmp_path):

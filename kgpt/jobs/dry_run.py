@@ -49,6 +49,7 @@ from kgpt.jobs.finetune_model import (
     untrained_head,
 )
 from kgpt.jobs.finetune_outputs import baselines
+from kgpt.jobs.finetune_training import check_keep
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models import pretrained as pretrained_lib
 from kgpt.models.converters import original
@@ -147,7 +148,9 @@ def pretrain(config):
         plan.add("corpus", corpus(config.corpus))
     else:
         plan.add("corpus", "the embedded demo text (kgpt.data.demo_world: 3,000 paragraphs, about 172,000 tokens)")
-    vocabulary = tokenizer(config, plan)
+    vocabulary, loaded = tokenizer(config, plan)
+    if loaded is not None:  # the run's check, made once its tokenizer is there
+        pretrain_lib.check_prompt(config.prompt, config.sample_tokens, config.sequence_length, loaded)
     plan.add("shards", shards(config))
     if config.architecture == "lstm":
         plan.add(
@@ -194,24 +197,29 @@ def corpus(pattern):
 
 
 def tokenizer(config, plan):
-    """Describes the run's tokenizer; returns its vocabulary size with special tokens, None before it is learned."""
+    """Describes the run's tokenizer; returns `(vocabulary size with special tokens, tokenizer)`, where the
+    tokenizer is None before it is learned (and the size too), or when the GPT-1 one is not needed (no --prompt)."""
     from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
     from kgpt.tokenizers.interface import PRESET_CONFIG
 
     if config.tokenizer is None:
         size = GPT1_CONFIG["vocabulary_size"] + NUM_SPECIAL_TOKENS
         plan.add("tokenizer", f"the original GPT-1 vocabulary ({size:,} tokens with the special ones)")
-        return size
+        return size, GPTTokenizer.gpt1() if config.prompt else None
     if config.tokenizer != "train":
         loaded = read_tokenizer(config.tokenizer, flag="--tokenizer")
         plan.add("tokenizer", f"{config.tokenizer} ({loaded.vocabulary_size():,} tokens)")
-        return loaded.vocabulary_size()
+        return loaded.vocabulary_size(), loaded
     if config.output_dir and os.path.isfile(os.path.join(config.output_dir, PRESET_CONFIG)):
         loaded = GPTTokenizer.from_preset(config.output_dir)
         plan.add("tokenizer", f"the one learned earlier in {config.output_dir} ({loaded.vocabulary_size():,} tokens)")
-        return loaded.vocabulary_size()
-    plan.add("tokenizer", f"learned from the corpus first ({config.num_merges:,} merges)")
-    return None
+        return loaded.vocabulary_size(), loaded
+    plan.add(
+        "tokenizer",
+        f"learned from the corpus first ({config.num_merges:,} merges)"
+        + ("; --prompt is measured against --sequence_length once it is" if config.prompt else ""),
+    )
+    return None, None
 
 
 def shards(config):
@@ -252,7 +260,7 @@ def finetune(config, registry=None):
         config.init, config.output_dir, config.max_length
     )  # the run's tokenizer and view length, so the rows it cuts are counted
     preprocessor = finetune_lib.task_preprocessor(task, config.max_length, *start) if start else None
-    encoded = {}
+    encoded, labeled = {}, set()
     plan.add(
         "data",
         task_data(
@@ -263,8 +271,11 @@ def finetune(config, registry=None):
             rows=TOKENIZED_ROWS if start else ROWS,
             preprocessor=preprocessor,
             encoded=encoded,
+            labeled=labeled,
         ),
     )
+    if config.epochs:
+        check_keep(config.keep, next((s for s in splits if s in labeled and s != task.splits[0]), None), task.splits[0])
     if preprocessor is None:
         plan.add(
             "tokens",
@@ -377,15 +388,17 @@ def _data_dir(task, data_dir):
         yield task.default_data(os.path.join(scratch, "data"))
 
 
-def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocessor=None, encoded=None):
+def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocessor=None, encoded=None, labeled=None):
     """The first `rows` examples of each split read through the task's plugin, counted; labels checked.
 
     A split other than `required` that is missing is reported, as the job
     reports it; a malformed row is the job's `DataError`. With `preprocessor`
     (the run's), each split is read and tokenized by the run's own
     `encode_split`, and `encoded` receives each split's `EncodedSplit`.
+    `labeled`, a set, receives the names of the splits found with labels.
     """
     found = []
+    labeled = set() if labeled is None else labeled
     with _data_dir(task, data_dir) as folder:
         for split in splits or task.splits:
             tally, used = {}, 0
@@ -394,10 +407,13 @@ def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocesso
                     encoded[split] = encode_split(task, split, folder, preprocessor, rows=rows)
                     counts = encoded[split].counts
                     tally, used = {"read": counts["read"], "skipped": counts["skipped_reasons"]}, counts["used"]
+                    if encoded[split].targets is not None:
+                        labeled.add(split)
                 else:
                     for item in task.iter_examples(split, folder, tally):
                         if item.label is not None:
                             task.label_value(item)  # a label outside the label set names its file and line
+                            labeled.add(split)
                         used += 1
                         if tally["read"] >= rows:
                             break

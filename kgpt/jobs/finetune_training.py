@@ -102,10 +102,7 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
     dev_name = next((n for n, s in splits.items() if n != train_name and s.targets is not None), None)
-    if config.keep == "best" and dev_name is None:
-        raise ConfigError(
-            f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} was found."
-        )
+    check_keep(config.keep, dev_name, train_name)
     if config.keep == "best" and distribute.spread_over_processes(model):
         raise ConfigError(
             "keep='best' keeps a copy of the best epoch's weights on process 0, which a model split "
@@ -375,3 +372,11 @@ class FinetuneProgress(callbacks_lib.Progress):
             f"({self.best['score']:.4f})."
         )
         return self.best["epoch"]
+
+
+def check_keep(keep, dev_name, train_name):
+    """Raises `ConfigError` for `keep="best"` without a labeled split (`dev_name` None) to pick the epoch by."""
+    if keep == "best" and dev_name is None:
+        raise ConfigError(
+            f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} was found."
+        )

@@ -323,7 +323,7 @@ def pretrain(config, registry=None, within=None):
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
-        _check_prompt(
+        check_prompt(
             config.prompt, config.sample_tokens, config.sequence_length, tokenizer
         )  # before training: the sample comes after it, before the preset is saved
         train_end = split_point(
@@ -561,7 +561,7 @@ def _warn_if_learned_nothing(metrics):
         )
 
 
-def _check_prompt(prompt, sample_tokens, sequence_length, tokenizer):
+def check_prompt(prompt, sample_tokens, sequence_length, tokenizer):
     """Refuses a `--prompt` that leaves a sample of `sample_tokens` no room in the context."""
     if prompt and sample_tokens:
         length = len(tokenizer.encode(prompt))

@@ -295,3 +295,19 @@ def test_a_corpus_that_is_no_regular_file_is_refused_not_read_forever(device):
     # /dev/zero has no end: the run tokenized it until killed, while its dry run called it empty.
     with pytest.raises(kgpt.DataError, match=f"--corpus {device} is not a regular file"):
         corpus_files(device)
+
+
+def test_what_a_corpus_folder_holds_besides_its_txt_files_is_named_and_a_glob_reaches_subfolders(tmp_path, caplog):
+    books = tmp_path / "books"
+    (books / "more").mkdir(parents=True)
+    for name in ("a.txt", "B.TXT", "c.txt.gz", ".hidden.txt", "more/d.txt"):
+        (books / name).write_text("text\n")
+    with caplog.at_level("WARNING"):
+        assert corpus_files(str(books)) == [str(books / "a.txt")]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: --corpus {books}: 3 other file(s) not read (.hidden.txt, B.TXT, c.txt.gz): a folder gives its "
+        f"*.txt files, hidden ones excepted. To read others, pass a pattern in quotes, such as '{books}/**/*.txt'.",
+        f"Warning: --corpus {books}: 1 subfolder(s) not read (more/): a folder gives its *.txt files, hidden ones "
+        f"excepted. To read others, pass a pattern in quotes, such as '{books}/**/*.txt'.",
+    ]
+    assert corpus_files(f"{books}/**/*.txt") == [str(books / "a.txt"), str(books / "more" / "d.txt")]

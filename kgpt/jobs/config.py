@@ -171,7 +171,11 @@ class PretrainConfig(RunConfig, ModelConfig):
     batch_size: int = default(RunConfig, "batch_size", 64)
     learning_rate: float = default(RunConfig, "learning_rate", 2.5e-4)
     checkpoint_every: int = default(RunConfig, "checkpoint_every", 500)
-    corpus: str | None = option(None, "Glob or folder of UTF-8 text files (default: embedded demo text).")
+    corpus: str | None = option(
+        None,
+        "UTF-8 text files: a glob in quotes ('books/**/*.txt' reaches subfolders) or a folder (its *.txt files; "
+        "what else it holds is named, not read). Default: embedded demo text.",
+    )
     tokenizer: str | None = option(
         None,
         "'train' to learn a BPE vocabulary from the corpus, or a folder holding one "

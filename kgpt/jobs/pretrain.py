@@ -42,15 +42,18 @@ logger = logging.getLogger(__name__)
 
 
 def corpus_files(pattern):
-    """Sorted files of a glob or folder (`*.txt` in a folder); a clear error if there are none.
+    """Sorted files of a glob (`**` matches folders at any depth) or folder (its `*.txt`); a clear error if there
+    are none.
 
     A match that is a broken or looping symbolic link, or that cannot be
-    read, is an error naming it; folders that match are skipped and counted.
+    read, is an error naming it; folders that match are skipped and counted,
+    and so is what a folder holds besides its `*.txt` files.
     """
     if os.path.isdir(pattern):
+        _unread_in_folder(pattern)
         pattern = os.path.join(pattern, "*.txt")
     files, folders = [], []
-    for path in sorted(glob.glob(pattern)):
+    for path in sorted(glob.glob(pattern, recursive=True)):
         try:
             os.stat(path)  # follows symbolic links
         except OSError as e:
@@ -75,6 +78,22 @@ def corpus_files(pattern):
     if not files:
         raise FileNotFoundError(f"No corpus files match {pattern!r}.")
     return files
+
+
+def _unread_in_folder(folder):
+    """Warns of what a --corpus folder holds that is not read: files not named *.txt (.TXT, .gz, .md, hidden
+    ones), and subfolders."""
+    names = sorted(os.listdir(folder))
+    read = set(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.txt")))
+    subfolders = [n + "/" for n in names if n not in read and os.path.isdir(os.path.join(folder, n))]
+    others = [n for n in names if n not in read and n + "/" not in subfolders]
+    for what, unread in (("other file(s)", others), ("subfolder(s)", subfolders)):
+        if unread:
+            logger.warning(
+                f"Warning: --corpus {folder}: {len(unread)} {what} not read ({', '.join(unread[:5])}"
+                f"{', ...' if len(unread) > 5 else ''}): a folder gives its *.txt files, hidden ones excepted. To read "
+                f"others, pass a pattern in quotes, such as '{os.path.join(folder, '**', '*.txt')}'."
+            )
 
 
 def load_tokenizer(tokenizer, num_merges, files, work):

@@ -34,8 +34,8 @@ def presets(tmp_path_factory):
     (3 tokens) leaves no room for a task's view."""
     root = tmp_path_factory.mktemp("presets")
     tokenizer = char_tokenizer()
-    size = tokenizer.vocabulary_size()
-    for name, size, context in (("good", size, 64), ("other_tokenizer", size - 1, 64), ("short_context", size, 3)):
+    ids = tokenizer.vocabulary_size()
+    for name, size, context in (("good", ids, 64), ("other_tokenizer", ids - 1, 64), ("short_context", ids, 3)):
         backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size, "max_sequence_length": context})
         backbone.save_to_preset(str(root / name))
         tokenizer.save_to_preset(str(root / name))

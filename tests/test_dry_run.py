@@ -201,8 +201,12 @@ def test_keep_best_without_a_labeled_split_to_pick_by_is_refused_by_the_dry_run_
         code, _, err = cli(monkeypatch, capsys, train, *flags, *dry, f"--output_dir={tmp_path / 'o'}")
         assert code == 1 and "Traceback" not in err, err[-3000:]
         errors.append(err.strip().splitlines()[-1])
-    assert errors[0] == errors[1] == (
-        "kgpt-train: error: keep='best' picks the epoch by dev score, but no labeled split besides 'train' was found."
+    assert (
+        errors[0]
+        == errors[1]
+        == (
+            "kgpt-train: error: keep='best' picks the epoch by dev score, but no labeled split besides 'train' was found."
+        )
     )
 
 

@@ -97,10 +97,10 @@ def _train(chunk, dtype=None, validate=True):
         keras.config.set_dtype_policy(dtype)
     try:
         lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**{**TINY, "dropout": 0.0}))
-        if chunk == "logits":  # Keras' own loss and metric on the full logits
+        if chunk == "logits":  # Keras' own loss (as "auto" reduces it) and metric on the full logits
             lm.compile(
                 optimizer=keras.optimizers.SGD(0.5),
-                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight"),
                 weighted_metrics=[keras.metrics.SparseCategoricalAccuracy()],
             )
             assert lm._chunked_loss is None

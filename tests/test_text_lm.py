@@ -115,6 +115,29 @@ def tiny_lm(tokenizer=None, length=16):
     return kgpt.GPTCausalLM(backbone)
 
 
+@pytest.mark.parametrize("chunk", ["auto", None], ids=["chunked loss", "loss on logits"])
+def test_the_loss_on_padded_text_is_the_mean_over_its_tokens_not_over_the_padding(chunk):
+    tokenizer = char_tokenizer()
+    lm = tiny_lm(tokenizer)
+    lm.preprocessor = GPTCausalLMPreprocessor(tokenizer, sequence_length=16)
+    lm.compile(lm_loss_chunk_size=chunk)
+    texts = ["a cat.", "the dog sat on a mat."]  # the first is mostly padding
+    x, y, weight = (
+        to_numpy(v) if not isinstance(v, dict) else {k: to_numpy(t) for k, t in v.items()}
+        for v in lm.preprocessor(texts)
+    )
+    logits = to_numpy(lm.predict_on_batch(x)).astype("float64")
+    log_probs = (
+        logits
+        - np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1, keepdims=True))
+        - logits.max(-1, keepdims=True)
+    )
+    token_loss = -np.take_along_axis(log_probs, y[..., None].astype(int), -1)[..., 0]
+    want = (token_loss * weight).sum() / weight.sum()
+    # Dividing by every position (keras-hub's "auto" loss) gave about half of it here.
+    assert lm.evaluate(texts, batch_size=2, return_dict=True, verbose=0)["loss"] == pytest.approx(want, rel=1e-4)
+
+
 def test_from_preset_attaches_a_preprocessor_when_the_preset_has_a_tokenizer(tmp_path):
     tokenizer = char_tokenizer()
     lm = tiny_lm(tokenizer)

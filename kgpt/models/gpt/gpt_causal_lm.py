@@ -140,7 +140,10 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             optimizer: `"auto"` for `kgpt.gpt_adamw(total_steps=total_steps)`
                 (Adam 2.5e-4, 2000 warm-up steps, cosine to 0 at
                 `total_steps`, decoupled weight decay 0.01), or any optimizer.
-            loss: `"auto"` for sparse categorical cross-entropy on logits.
+            loss: `"auto"` for sparse categorical cross-entropy on logits,
+                the mean over the tokens that count (a text preprocessor's
+                padding weighs 0 and is not in the mean, where keras-hub's
+                `"auto"` divides by every position).
             weighted_metrics: `"auto"` for next-token accuracy.
             sampler: `"greedy"`, `"top_k"`, `"top_p"` or a
                 `keras_hub.samplers.Sampler`, used by `generate()`.
@@ -163,10 +166,12 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
         custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
+        if loss == "auto":
+            loss = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="mean_with_sample_weight")
         chunked = None
         if resolve_chunk_size(lm_loss_chunk_size, default_loss=not custom) != "logits":
             # Keras' loss stays compiled for evaluate(), whose forward pass gives logits.
-            chunked = self.tied_lm_loss(lm_loss_chunk_size, reduction="sum_over_batch_size")
+            chunked = self.tied_lm_loss(lm_loss_chunk_size, reduction="mean_with_sample_weight")
             weighted_metrics = None
         super().compile(
             optimizer=optimizer,

@@ -174,6 +174,13 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     text.write_text("a\tb\n\nc\td\n")
     with pytest.raises(kgpt.DataError, match=r"x.txt:2: blank line inside the data"):
         predict_lib.read_inputs(str(text), transform)
+    # A model trained on one column: two tab-separated fields were joined into one text without a word.
+    text.write_text("a good film\na bad\tfilm\n")
+    with pytest.raises(kgpt.DataError) as raised:
+        predict_lib.read_inputs(str(text), kgpt.tasks.transforms.Classification(), trained=["review"])
+    assert str(raised.value) == (
+        f"{text}:2: 2 tab-separated field(s); the model was trained on 1 text segment(s) (review): give each line 1."
+    )
 
 
 def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp_path):

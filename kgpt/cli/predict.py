@@ -134,7 +134,9 @@ def main(argv):
     verbose = 1 if os.isatty(1) and FLAGS.output != "-" else 0  # Keras draws its progress bar on stdout
     if FLAGS.input:
         columns = predict.columns_for(model_dir, FLAGS.input, FLAGS.format, FLAGS.columns, model.preprocessor.transform)
-        inputs = predict.read_inputs(FLAGS.input, model.preprocessor.transform, FLAGS.format, columns)
+        inputs = predict.read_inputs(
+            FLAGS.input, model.preprocessor.transform, FLAGS.format, columns, predict.trained_columns(model_dir)
+        )
         if inputs.columns:
             logger.info(f"Segments from column(s) {', '.join(inputs.columns)}.")
         count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose)

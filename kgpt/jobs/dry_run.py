@@ -490,7 +490,11 @@ def predict(
     preprocessor = GPTTaskPreprocessor.from_preset(model)
     if input:
         inputs = predict_lib.read_inputs(
-            input, preprocessor.transform, format, predict_lib.columns_for(model, input, format, columns)
+            input,
+            preprocessor.transform,
+            format,
+            predict_lib.columns_for(model, input, format, columns),
+            trained=predict_lib.trained_columns(model),
         )
         plan.add(
             "input",

@@ -129,11 +129,14 @@ def _saved_transform(model_dir):
         return None
 
 
-def read_inputs(path, transform, format=None, columns=None):
+def read_inputs(path, transform, format=None, columns=None, trained=None):
     """Reads `path` into `Inputs`; examples are `(segments, choices)`.
 
-    Every row is checked against `transform` (segment and choice counts);
-    a bad one raises `DataError` naming `path:line`.
+    Every row is checked against `transform` (segment and choice counts),
+    and a text file's line against `trained`, the columns the model was
+    trained on (`trained_columns`): a transformation that joins segments
+    would join fields the model never saw apart. A bad row raises
+    `DataError` naming `path:line`.
     """
     format = format or guess_format(path)
     if format not in FORMATS:
@@ -154,8 +157,14 @@ def read_inputs(path, transform, format=None, columns=None):
         rows, used = _named_rows(table, columns)
         records, fields = [], table.columns
     examples, ids, sources = [], [], []
+    expected = len(trained) if trained and format == "text" and not transform.takes_choices else None
     for line_no, uid, values, *record in rows:
         source = f"{path}:{line_no}"
+        if expected is not None and len(values) != expected:
+            raise DataError(
+                f"{source}: {len(values)} tab-separated field(s); the model was trained on {expected} text "
+                f"segment(s) ({', '.join(trained)}): give each line {expected}."
+            )
         example = _example(values, transform, source)
         examples.append(example)
         ids.append(uid if uid is not None else str(line_no))

@@ -3,6 +3,7 @@ kgpt-predict, and output directories that are never silently destroyed."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -149,6 +150,18 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
     assert bad.returncode == 1 and "Traceback" not in bad.stderr
     assert f"{text}:2: entailment needs 2 text segments, got 1" in bad.stderr
     assert not (tmp_path / "q.tsv").exists()
+    # A split of the task's own files: its rows cut to --max_length are counted, as --input's are.
+    data = trained[1]
+    cut = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--data_dir={data}", "--split=dev"]
+        + ["--max_length=8", f"--output={tmp_path / 'dev.tsv'}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    assert re.search(r"dev: (\d+) read, \1 used, \1 truncated \(\d+ tokens cut\)\.", cut.stdout), cut.stdout
 
 
 def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):

@@ -26,7 +26,7 @@ from absl import logging as absl_logging
 
 from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kgpt.cli.analyze")  # not "__main__" under python -m: kgpt's handler prints "kgpt.*"
 
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
 DEFAULT_TASKS = {

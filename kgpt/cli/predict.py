@@ -21,7 +21,7 @@ from absl import app, flags
 
 from kgpt.cli import common  # first: quiet TensorFlow start-up
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kgpt.cli.predict")  # not "__main__" under python -m: kgpt's handler prints "kgpt.*"
 
 flags.DEFINE_string(
     "model",
@@ -148,6 +148,7 @@ def main(argv):
                 f"tables: pass --input FILE (.csv, .tsv or .jsonl)."
             )
         split = finetune_data.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
+        logger.info(finetune_data.describe_counts(FLAGS.split, split.counts))  # rows skipped or cut, as training says
         evaluation = finetune_outputs.evaluate_split(task, model, split, FLAGS.batch_size)
         if evaluation.metrics:
             logger.info(f"{FLAGS.split}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))

@@ -27,7 +27,7 @@ from absl import logging as absl_logging
 from kgpt.cli import common  # first: quiet TensorFlow start-up
 from kgpt.jobs import config as config_lib
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("kgpt.cli.train")  # not "__main__" under python -m: kgpt's handler prints "kgpt.*"
 
 CONFIGS = {"lm": config_lib.PretrainConfig, "finetune": config_lib.FinetuneConfig}
 # Flags with no config field: they choose what the command does ("verbose" is kgpt.cli.common's).

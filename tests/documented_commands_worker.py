@@ -1,6 +1,7 @@
 """Runs kgpt command lines with --dry_run in this one process (tests/test_documented_commands.py).
 
-Reads a JSON list of `{"prog", "args", "env", "cwd"}` on standard input and
+Reads a JSON list of `{"prog", "args", "env", "cwd"}` on standard input (`"dry_run": false` runs a command
+without --dry_run, for a mistake found before anything is loaded) and
 prints one JSON result per command, `{"code", "error", "log"}`, on the last
 line. A command runs as its console script's `main` does, after absl parsed
 its flags (reset between commands), so a whole doc's commands cost one
@@ -49,7 +50,9 @@ def run(main, command, mistakes):
     code, error = 0, None
     try:
         flags.FLAGS.unparse_flags()
-        argv = flags.FLAGS([command["prog"], *command["args"], "--dry_run"])
+        argv = flags.FLAGS(
+            [command["prog"], *command["args"], *(["--dry_run"] if command.get("dry_run", True) else [])]
+        )
         main(argv)
     except app.UsageError as e:
         code, error = 2, str(e)

@@ -6,6 +6,7 @@ and kgpt-train's cannot both be defined in one); the paths are checked before an
 so the model given to kgpt-predict need not exist.
 """
 
+import json
 import os
 import stat
 import subprocess
@@ -205,50 +206,56 @@ def test_predict_outputs_it_writes_pass():
         predict.check_output(output, read)
 
 
-def run_predict(folder, *args):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", "--model=no_model", *args],
+def run_predict(folder, *commands):
+    """Runs kgpt-predict command lines (argument lists, --model=no_model added) in one process (a start-up each
+    cost about 8 s): `[{"code", "error"}]` as the command ends them (1: a mistake, 2: a usage error)."""
+    worker = os.path.join(os.path.dirname(__file__), "documented_commands_worker.py")
+    items = [
+        {"prog": "kgpt-predict", "args": ["--model=no_model", *args], "env": {}, "cwd": str(folder), "dry_run": False}
+        for args in commands
+    ]
+    done = subprocess.run(
+        [sys.executable, worker, "predict"],
+        input=json.dumps(items),
         cwd=folder,
-        env=env,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
         capture_output=True,
         text=True,
         timeout=300,
     )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
-def test_kgpt_predict_refuses_an_output_in_one_line_with_the_exit_code_of_every_mistake(dry, tmp_path):
+def test_kgpt_predict_names_its_mistakes_before_loading_a_model_run_and_dry_run_alike(tmp_path):
     (tmp_path / "in.txt").write_text("hello\n")
     (tmp_path / "old.tsv").write_text("old\n")
-    done = run_predict(tmp_path, "--input=in.txt", "--output=old.tsv", *(("--dry_run",) if dry else ()))
-    assert (
-        one_line(done.returncode, done.stderr, "kgpt-predict") == "--output old.tsv exists: pass --overwrite to "
-        "replace it."
-    )
+    cases = [
+        (["--input=in.txt", "--output=old.tsv"], 1, "--output old.tsv exists: pass --overwrite to replace it."),
+        (
+            ["--input=in.txt", "--output=p.tsv"],
+            1,
+            "--model no_model: no such folder; pass the --output_dir of a kgpt-train --task NAME run.",
+        ),
+        (
+            ["--input=in.txt", "--split=dev", "--output=p.tsv"],
+            2,
+            "--split dev picks a split of --data_dir; --input in.txt is predicted whole: drop --split.",
+        ),
+        (
+            ["--input=gs://b/in.csv", "--output=p.csv"],
+            1,
+            "--input gs://b/in.csv: kgpt reads its inputs from local files (copy it here first; outputs may be "
+            "remote).",
+        ),
+    ]
+    commands = [args + dry for args, _, _ in cases for dry in ([], ["--dry_run"])]
+    results = run_predict(tmp_path, *commands)
+    for (args, code, message), ran, dry in zip(cases, results[::2], results[1::2]):
+        for result in (ran, dry):
+            assert (result["code"], result["error"]) == (code, message), (args, result)
     assert (tmp_path / "old.tsv").read_text() == "old\n"
-
-
-@pytest.mark.parametrize("dry", [True, False], ids=["dry_run", "run"])
-def test_kgpt_predict_names_a_model_folder_that_does_not_exist_and_split_beside_input(dry, tmp_path):
-    (tmp_path / "in.txt").write_text("hello\n")
-    dry_run = ("--dry_run",) if dry else ()
-    done = run_predict(tmp_path, "--input=in.txt", "--output=p.tsv", *dry_run)
-    assert one_line(done.returncode, done.stderr, "kgpt-predict") == (
-        "--model no_model: no such folder; pass the --output_dir of a kgpt-train --task NAME run."
-    )
-    done = run_predict(tmp_path, "--input=in.txt", "--split=dev", "--output=p.tsv", *dry_run)
-    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
-    assert "--split dev picks a split of --data_dir; --input in.txt is predicted whole: drop --split." in done.stderr
-    assert not (tmp_path / "p.tsv").exists()
-
-
-def test_kgpt_predict_names_a_remote_input_or_model(tmp_path):
-    done = run_predict(tmp_path, "--input=gs://b/in.csv", "--output=p.csv")
-    assert one_line(done.returncode, done.stderr, "kgpt-predict") == (
-        "--input gs://b/in.csv: kgpt reads its inputs from local files (copy it here first; outputs may be remote)."
-    )
-    assert not (tmp_path / "p.csv").exists()
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "old.tsv"]
 
 
 @pytest.fixture

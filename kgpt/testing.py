@@ -127,16 +127,22 @@ def check_task(task, data_dir=None, tokenizer=None):
     keras.backend.clear_session()
 
     if data_dir is None and task.default_data is not None:
-        data_dir = task.default_data(tempfile.mkdtemp(prefix=f"kgpt-{task.name}-"))
-    if data_dir is not None:
-        for i, split in enumerate(task.splits):
-            try:
-                count = check_examples(task, task.read(split, data_dir), tokenizer, max_length=512)
-            except FileNotFoundError:
-                if i == 0:  # the training split must be there; fine-tuning skips missing others
-                    raise
-                continue
-            _check(count > 0, task, f"split {split!r} in {data_dir} has no examples")
+        with tempfile.TemporaryDirectory(prefix=f"kgpt-{task.name}-") as scratch:  # the embedded data, removed after
+            _check_splits(task, task.default_data(scratch), tokenizer)
+    elif data_dir is not None:
+        _check_splits(task, data_dir, tokenizer)
+
+
+def _check_splits(task, data_dir, tokenizer):
+    """Every split of `task` in `data_dir` reads into valid examples; the first, training split must be there."""
+    for i, split in enumerate(task.splits):
+        try:
+            count = check_examples(task, task.read(split, data_dir), tokenizer, max_length=512)
+        except FileNotFoundError:
+            if i == 0:  # fine-tuning skips missing others
+                raise
+            continue
+        _check(count > 0, task, f"split {split!r} in {data_dir} has no examples")
 
 
 def check_registry(registry=None):

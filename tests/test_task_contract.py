@@ -1,5 +1,8 @@
 """The contract of kgpt.testing, run over every registered task (built-in here; see test_plugins)."""
 
+import os
+import tempfile
+
 import pytest
 from conftest import char_tokenizer
 
@@ -15,9 +18,11 @@ def test_no_plugin_problems():
 
 
 @pytest.mark.parametrize("name", REGISTRY.names())
-def test_task_contract(name):
+def test_task_contract(name, monkeypatch, tmp_path):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the embedded data is written, and removed
     # A character vocabulary keeps the tiny model small; the GPT-1 default is the same code path.
     kgpt.testing.check_task(REGISTRY.get(name), tokenizer=char_tokenizer())
+    assert os.listdir(tmp_path) == []
 
 
 def test_contract_catches_a_reader_without_sources():

@@ -187,6 +187,13 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     text.write_text("a\tb\n\nc\td\n")
     with pytest.raises(kgpt.DataError, match=r"x.txt:2: blank line inside the data"):
         predict_lib.read_inputs(str(text), transform)
+    # Multiple choice over 2 answers: a line of 2 fields was read as 2 contexts and no answer.
+    text.write_text("the context\tyes\tno\nthe context\tyes\n")
+    with pytest.raises(kgpt.DataError) as raised:
+        predict_lib.read_inputs(str(text), kgpt.tasks.transforms.MultipleChoice(2))
+    assert str(raised.value) == (
+        f"{text}:2: 2 field(s); a choice among 2 answers needs at least 3: the context segment(s), then the 2 answers."
+    )
     # A model trained on one column: two tab-separated fields were joined into one text without a word.
     text.write_text("a good film\na bad\tfilm\n")
     with pytest.raises(kgpt.DataError) as raised:

@@ -204,7 +204,12 @@ def _example(fields, transform, source):
             fields, choices = fields[:-1], tuple(fields[-1])
         else:
             k = transform.num_views
-            fields, choices = fields[:-k], tuple(fields[-k:]) if len(fields) > k else ()
+            if len(fields) <= k:
+                raise DataError(
+                    f"{source}: {len(fields)} field(s); a choice among {k} answers needs at least {k + 1}: the "
+                    f"context segment(s), then the {k} answers."
+                )
+            fields, choices = fields[:-k], tuple(fields[-k:])
     segments = tuple(fields)
     for text in (*segments, *choices):
         if not isinstance(text, str):

@@ -170,8 +170,14 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     jsonl.write_text(
         '{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n{"id": "b", "premise": "q"}\n'
     )
-    with pytest.raises(kgpt.DataError, match=r"x.jsonl:2: missing 'hypothesis'"):
+    with pytest.raises(kgpt.DataError, match=r"x.jsonl:2: no 'hypothesis' field\.$"):
         predict_lib.read_inputs(str(jsonl), transform)
+    # As training reads a table: null named as null, and a number read as its text (it was refused here).
+    jsonl.write_text('{"premise": "p", "hypothesis": null}\n')
+    with pytest.raises(kgpt.DataError, match=r"x.jsonl:1: 'hypothesis' is null, not text or a number\.$"):
+        predict_lib.read_inputs(str(jsonl), transform)
+    jsonl.write_text('{"premise": "p", "hypothesis": 5}\n')
+    assert predict_lib.read_inputs(str(jsonl), transform).examples == [(("p", "5"), ())]
     jsonl.write_text('{"id": "a7", "premise": "p", "hypothesis": "h", "label": "entails"}\n')
     inputs = predict_lib.read_inputs(str(jsonl), transform)
     assert (

@@ -81,9 +81,11 @@ class Table:
 
     def value(self, row, column, line):
         """`row[column]` as text; a JSON line lacking it, or holding null, a list or an object there, is a `DataError`."""
-        value = row.get(column)
-        if value is None:
+        if column not in row:
             raise DataError(f"{self.path}:{line}: no {column!r} field.")
+        value = row[column]
+        if value is None:
+            raise DataError(f"{self.path}:{line}: {column!r} is null, not text or a number.")
         if isinstance(value, (dict, list)):
             raise DataError(f"{self.path}:{line}: {column!r} is a JSON {type(value).__name__}, not text or a number.")
         return value if isinstance(value, str) else json.dumps(value)

@@ -186,13 +186,15 @@ def _named_rows(table, columns):
         table.require(used, "--columns")
     id_column = next((c for c in ID_COLUMNS if c in header), None)
 
+    def field(rec, column, n):
+        if column == used[-1] and isinstance(rec.get(column), list):  # the answers in one JSON list
+            return rec[column]
+        return table.value(rec, column, n)  # as training reads it: a number is its text
+
     def rows():
         for n, rec in table.rows:
-            missing = [c for c in used if c not in rec or rec[c] is None]
-            if missing:
-                raise DataError(f"{path}:{n}: missing {', '.join(map(repr, missing))}.")
             uid = str(rec[id_column]).strip() if id_column and rec.get(id_column) is not None else None
-            yield n, uid, [rec[c] for c in used], rec
+            yield n, uid, [field(rec, c, n) for c in used], rec
 
     return rows(), used
 

@@ -154,6 +154,17 @@ def test_quantizing_a_lora_model_merges_first_so_its_preset_predicts_what_it_doe
     np.testing.assert_allclose(merged.predict(x, verbose=0), live, rtol=0, atol=1e-6)
 
 
+def test_a_rank_not_below_the_width_is_warned_of(caplog):
+    with caplog.at_level("WARNING", logger="kgpt"):
+        kgpt.GPTBackbone(**TINY).enable_lora(TINY["hidden_dim"] - 1)
+        assert caplog.records == []
+        kgpt.GPTBackbone(**TINY).enable_lora(1000)
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: LoRA rank 1000 is not below the model's width ({TINY['hidden_dim']}): each update A B has full "
+        f"rank and more weights than the kernel it adapts (ranks of 4 to 64 are usual)."
+    ]
+
+
 def test_enable_lora_refuses_bad_ranks_targets_and_a_second_call():
     backbone = kgpt.GPTBackbone(**TINY)
     for rank in (0, -1):

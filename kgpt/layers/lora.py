@@ -39,6 +39,7 @@ backbone.save_lora_weights("tuned.lora.h5")        # or the factors alone (with 
 """
 
 import contextlib
+import logging
 import os
 
 import h5py
@@ -47,6 +48,8 @@ import numpy as np
 
 from kgpt.checks import positive_int
 from kgpt.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 LORA_SUFFIX = ".lora.h5"
 # Beside a checkpoint's `model.weights.h5`: the factors the weights file leaves out.
@@ -87,6 +90,11 @@ class LoraMixin:
                 `feedforward_intermediate_dense`, `feedforward_output_dense`).
         """
         rank = positive_int(rank, "rank")
+        if rank >= self.hidden_dim:
+            logger.warning(
+                f"Warning: LoRA rank {rank} is not below the model's width ({self.hidden_dim}): each update A B "
+                f"has full rank and more weights than the kernel it adapts (ranks of 4 to 64 are usual)."
+            )
         if lora_layers(self):
             raise ValueError(f"LoRA is already enabled on this backbone (rank {self._lora_rank}).")
         names = self.default_lora_layer_names() if target_layer_names is None else list(target_layer_names)

@@ -311,3 +311,20 @@ def test_what_a_corpus_folder_holds_besides_its_txt_files_is_named_and_a_glob_re
         f"excepted. To read others, pass a pattern in quotes, such as '{books}/**/*.txt'.",
     ]
     assert corpus_files(f"{books}/**/*.txt") == [str(books / "a.txt"), str(books / "more" / "d.txt")]
+
+
+def test_a_blank_prompt_is_refused_and_a_sample_cut_to_the_context_says_so(caplog):
+    from conftest import TINY, char_tokenizer
+
+    from kgpt.jobs import pretrain as pretrain_lib
+
+    tokenizer = char_tokenizer()
+    for blank in ("", "   "):  # "" took the held-out text's words; spaces gave "no room for a prompt"
+        with pytest.raises(kgpt.ConfigError, match=f"^--prompt {blank!r} gives no token: give it some text"):
+            pretrain_lib.check_prompt(blank, 5, 16, tokenizer)
+    pretrain_lib.check_prompt("", 0, 16, tokenizer)  # no sample, nothing to check
+    backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "max_sequence_length": 8})
+    lm = kgpt.GPTCausalLM(backbone)
+    with caplog.at_level("INFO", logger="kgpt"):
+        pretrain_lib._sample(lm, tokenizer, "ab", None, 8, 20, 1)
+    assert caplog.records[-1].getMessage().endswith("\n  (6 of --sample_tokens 20: the context is 8 tokens)")

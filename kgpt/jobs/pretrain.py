@@ -581,9 +581,14 @@ def _warn_if_learned_nothing(metrics):
 
 
 def check_prompt(prompt, sample_tokens, sequence_length, tokenizer):
-    """Refuses a `--prompt` that leaves a sample of `sample_tokens` no room in the context."""
-    if prompt and sample_tokens:
+    """Refuses a `--prompt` that is blank, or leaves a sample of `sample_tokens` no room in the context."""
+    if prompt is not None and sample_tokens:
         length = len(tokenizer.encode(prompt))
+        if not length:
+            raise ConfigError(
+                f"--prompt {prompt!r} gives no token: give it some text, or leave it out to sample from the first "
+                f"words of the held-out text."
+            )
         if length >= sequence_length:
             raise ConfigError(
                 f"--prompt is {length} tokens, which leaves no room in --sequence_length="
@@ -594,12 +599,20 @@ def check_prompt(prompt, sample_tokens, sequence_length, tokenizer):
 def _sample(lm, tokenizer, prompt, held_out, sequence_length, sample_tokens, replicas):
     """A sample of `sample_tokens` from `prompt` (text), or from the first held-out tokens, in the context."""
     # The default prompt leaves room for at least one token, even in a context of 4 or fewer.
-    prompt = tokenizer.encode(prompt) if prompt else [int(i) for i in held_out[:4]][: sequence_length - 1]
+    prompt = tokenizer.encode(prompt) if prompt is not None else [int(i) for i in held_out[:4]][: sequence_length - 1]
     if not prompt:
         logger.info(f"No sample: sequence_length={sequence_length} leaves no room for a prompt.")
         return None
     length = min(sequence_length, len(prompt) + sample_tokens)
     # One prompt per device: a data-parallel model splits every batch evenly.
     sample = tokenizer.decode(lm.generate([prompt] * replicas, max_length=length)["token_ids"][0])
-    logger.info(f"Sample: {sample}")
+    cut = len(prompt) + sample_tokens - length
+    logger.info(
+        f"Sample: {sample}"
+        + (
+            f"\n  ({sample_tokens - cut} of --sample_tokens {sample_tokens}: the context is {length} tokens)"
+            if cut
+            else ""
+        )
+    )
     return sample

@@ -232,6 +232,11 @@ def test_kgpt_predict_names_its_mistakes_before_loading_a_model_run_and_dry_run_
     (tmp_path / "old.tsv").write_text("old\n")
     cases = [
         (["--input=in.txt", "--output=old.tsv"], 1, "--output old.tsv exists: pass --overwrite to replace it."),
+        (  # the input was read, then replaced by its predictions
+            ["--input=old.tsv", "--output=./old.tsv", "--overwrite"],
+            1,
+            "--output ./old.tsv is the --input file: name another file, so that the input stays.",
+        ),
         (
             ["--input=in.txt", "--output=p.tsv"],
             1,

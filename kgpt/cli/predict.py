@@ -93,7 +93,7 @@ def main(argv):
     if FLAGS.output == "-":  # the predictions own standard output
         common.log_to_stderr()
     written = "text" if FLAGS.data_dir else FLAGS.format or predict.guess_format(FLAGS.input)
-    predict.check_output(FLAGS.output, written, FLAGS.overwrite)  # before the model loads
+    predict.check_output(FLAGS.output, written, FLAGS.overwrite, FLAGS.input)  # before the model loads
     from kgpt.io import hub, storage
 
     for flag in ("input", "data_dir") + (() if hub.is_hub(FLAGS.model) else ("model",)):

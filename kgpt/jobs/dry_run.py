@@ -504,7 +504,9 @@ def predict(
     else:
         task = (registry or TaskRegistry()).get(saved.get("task_name"))
         plan.add("input", task_data(task, data_dir, [split], required=split))
-    predict_lib.check_output(output, "text" if not input else format or predict_lib.guess_format(input), overwrite)
+    predict_lib.check_output(
+        output, "text" if not input else format or predict_lib.guess_format(input), overwrite, input
+    )
     plan.add(
         "output",
         "standard output"

@@ -295,17 +295,20 @@ def check_model(model_dir, given=None):
         raise ConfigError(f"--model {given} is not a fine-tuned model (no task.json of a GPTTaskModel): {run}.")
 
 
-def check_output(output, input_format, overwrite=False):
+def check_output(output, input_format, overwrite=False, input=None):
     """Refuses an `output` that `write` could not write as asked, in one line naming --output; for the
     command before its model loads and for --dry_run.
 
     `input_format` is the input's (`"text"` for a text file or a task's
     split, whose predictions are a TSV). The extension must be one the
-    output is written in; an existing file needs `overwrite`.
+    output is written in; an existing file needs `overwrite`, and is never
+    the `input` file itself.
     """
     if output == "-":
         return
     storage.check_path(output, "--output", folder=False)
+    if input and os.path.exists(output) and os.path.exists(input) and os.path.samefile(output, input):
+        raise ConfigError(f"--output {output} is the --input file: name another file, so that the input stays.")
     extension = os.path.splitext(output)[1].lower()
     if input_format == "text" and tables.EXTENSIONS.get(extension) != "tsv":
         raise ConfigError(

@@ -283,11 +283,12 @@ def test_settings_that_cannot_train_end_in_one_line_before_anything_is_built(
     assert not out.exists() or os.listdir(out) == []  # no tokenizer learned, no shards built
 
 
-def test_analyze_names_a_bad_layers_flag(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("layers", ["0,x", "0,0,1"])
+def test_analyze_names_a_bad_layers_flag(layers, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    code, _, err = cli(monkeypatch, capsys, analyze, "transfer", "--layers=0,x", "--init=demo")
+    code, _, err = cli(monkeypatch, capsys, analyze, "transfer", f"--layers={layers}", "--init=demo")
     assert code not in (0, None) and "Traceback" not in err
-    assert "--layers takes block counts" in err, err[-2000:]
+    assert "--layers takes distinct block counts" in err, err[-2000:]
 
 
 @pytest.mark.parametrize("device", ["/dev/zero", "/dev/null"])

@@ -48,8 +48,8 @@ flags.DEFINE_list(
 flags.DEFINE_list("layers", None, "transfer: numbers of blocks to transfer (default 0..all).")
 flags.register_validator(
     "layers",
-    lambda v: v is None or all(n.strip().isdigit() for n in v),
-    "--layers takes block counts, whole numbers >= 0 separated by commas (e.g. 0,2,4).",
+    lambda v: v is None or (all(n.strip().isdigit() for n in v) and len({int(n) for n in v}) == len(v)),
+    "--layers takes distinct block counts, whole numbers >= 0 separated by commas (e.g. 0,2,4).",
 )
 flags.DEFINE_list("rows", list(TABLE5_ROWS), "ablations: Table 5 rows to run.")
 flags.DEFINE_string(
@@ -71,7 +71,8 @@ FLAGS = flags.FLAGS
 
 def main(argv):
     if len(argv) != 2 or argv[1] not in MODES:
-        raise app.UsageError(f"Give one mode: {', '.join(MODES)} (kgpt-analyze MODE [flags]).", exitcode=2)
+        given = f"; got {', '.join(map(repr, argv[1:]))}" if len(argv) > 1 else ""
+        raise app.UsageError(f"Give one mode: {', '.join(MODES)} (kgpt-analyze MODE [flags]){given}.", exitcode=2)
     mode = argv[1]
     absl_logging.set_verbosity(absl_logging.WARNING)
     output_dir = FLAGS.output_dir or "analysis"

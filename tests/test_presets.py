@@ -78,6 +78,20 @@ def test_task_model_round_trip_is_exact_and_leaves_the_optimizer_state_out(tmp_p
     np.testing.assert_array_equal(model.predict(x), before)
 
 
+def test_a_save_over_another_kind_of_model_names_what_it_removes(tmp_path, caplog):
+    model, _ = trained_task_model()
+    model.save_to_preset(str(tmp_path))
+    with caplog.at_level("WARNING", logger="kgpt"):
+        model.save_to_preset(str(tmp_path))  # the same kind again: replaced without a word
+        assert caplog.records == []
+        model.backbone.save_to_preset(str(tmp_path))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: {tmp_path} held another model's preset: its task.json, task.weights.h5 are removed, as this "
+        f"model has none."
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "metadata.json", "model.weights.h5"]
+
+
 def test_tokenizer_round_trip_keeps_the_splitter(tmp_path):
     tokenizer = char_tokenizer()
     tokenizer.save_to_preset(str(tmp_path))

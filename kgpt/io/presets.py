@@ -319,9 +319,14 @@ def replace_preset(directory, write):
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     written = set(os.listdir(tmp))
-    for name in os.listdir(directory):
-        if name not in written and (name in MODEL_FILES or _SHARD_FILE.match(name)):
-            os.remove(os.path.join(directory, name))
+    stale = sorted(n for n in os.listdir(directory) if n not in written and (n in MODEL_FILES or _SHARD_FILE.match(n)))
+    for name in stale:
+        os.remove(os.path.join(directory, name))
+    if stale:  # another kind of model was saved there (a task model, where a backbone is saved now)
+        logger.warning(
+            f"Warning: {directory} held another model's preset: its {', '.join(stale)} are removed, as this model "
+            f"has none."
+        )
     # The configs last: until they move, a reader loads the old config with the old weights it checks.
     for name in sorted(written, key=lambda n: (n.endswith(".json") and n != "model.weights.json", n)):
         source, target = os.path.join(tmp, name), os.path.join(directory, name)

@@ -485,6 +485,20 @@ def test_zero_shot_tasks_are_refused_as_the_runs_refuse_them(preset, tasks, tmp_
     assert str(dry.value) == str(run.value) == str(job.value)
 
 
+def test_a_zero_shot_analysis_without_the_split_it_scores_is_refused_as_the_run_refuses_it(preset, tmp_path):
+    from kgpt.jobs import experiments
+
+    data = REGISTRY.get("sst2").write_default_data(str(tmp_path / "SST-2"))
+    os.remove(os.path.join(data, "dev.tsv"))  # the split zero-shot scores: the dry run called it "not found"
+    tasks = {"sst2": data}
+    with pytest.raises(FileNotFoundError) as job:
+        experiments.zero_shot_table(preset, tasks, registry=REGISTRY)
+    with pytest.raises(FileNotFoundError) as dry:
+        dry_run.analyze("zero-shot", FinetuneConfig(init=preset), tasks, None, registry=REGISTRY)
+    assert str(dry.value) == str(job.value)
+    assert "dev" in str(dry.value)
+
+
 @pytest.mark.parametrize("mode", ["transfer", "ablations"])
 def test_a_fine_tuning_analysis_without_its_tasks_training_data_is_refused(mode):
     # The runs fine-tune on each task's train split: without it they stop at their first run.

@@ -65,6 +65,13 @@ def resolve_tasks(tasks, scratch_dir, registry):
     return resolved
 
 
+def splits_read(task):
+    """`(split, train_split)` that `evaluate` reads by default: the dev split (the only one if there is one), and
+    the training split a heuristic is fit on (None when `task`'s heuristic needs no training)."""
+    split = task.splits[1] if len(task.splits) > 1 else task.splits[0]
+    return split, task.splits[0] if task.zero_shot is not None and task.zero_shot.needs_training else None
+
+
 def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_size=32, max_examples=None):
     """Runs `task.zero_shot` on one split; returns its metrics and counts.
 
@@ -91,10 +98,11 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
     heuristic = task.zero_shot
     if heuristic is None:
         raise ConfigError(f"Task {task.name!r} offers no zero-shot heuristic.")
-    split = split or (task.splits[1] if len(task.splits) > 1 else task.splits[0])
+    default_split, default_train = splits_read(task)
+    split = split or default_split
     scorer = Scorer(lm, tokenizer, batch_size=batch_size)
     if heuristic.needs_training:  # a fitted copy: the task's own heuristic stays as the plugin made it
-        train, _, _ = task.examples(train_split or task.splits[0], data_dir)
+        train, _, _ = task.examples(train_split or default_train, data_dir)
         heuristic = heuristic.fit(scorer, task, train[:max_examples])
     examples, skipped, read = task.examples(split, data_dir)
     examples = examples[:max_examples]

@@ -176,7 +176,11 @@ def pretrain(config):
         f"{config.checkpoint_every or 'never'}",
     )
     for name, data_dir in (config.zero_shot or {}).items():
-        plan.add(f"zero-shot {name}", task_data(registry.get(name), data_dir, splits=None))
+        task = registry.get(name)
+        plan.add(
+            f"zero-shot {name}",
+            task_data(task, data_dir, required=[s for s in zero_shot_lib.splits_read(task) if s]),
+        )
     return plan.done()
 
 
@@ -391,14 +395,15 @@ def _data_dir(task, data_dir):
 def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocessor=None, encoded=None, labeled=None):
     """The first `rows` examples of each split read through the task's plugin, counted; labels checked.
 
-    A split other than `required` that is missing is reported, as the job
-    reports it; a malformed row is the job's `DataError`. With `preprocessor`
+    A split that is missing is reported, as the job reports it, unless it is
+    `required` (a split name, or several), whose `FileNotFoundError` is raised; a malformed row is the job's `DataError`. With `preprocessor`
     (the run's), each split is read and tokenized by the run's own
     `encode_split`, and `encoded` receives each split's `EncodedSplit`.
     `labeled`, a set, receives the names of the splits found with labels.
     """
     found = []
     labeled = set() if labeled is None else labeled
+    required = {required} if isinstance(required, str) else set(required or ())
     with _data_dir(task, data_dir) as folder:
         for split in splits or task.splits:
             tally, used = {}, 0
@@ -418,7 +423,7 @@ def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocesso
                         if tally["read"] >= rows:
                             break
             except FileNotFoundError as e:
-                if split == required:
+                if split in required:
                     raise
                 found.append(f"{split}: not found ({e})" if data_dir else f"{split}: none (not evaluated)")
                 continue
@@ -531,7 +536,8 @@ def analyze(
     fine_tunes = mode not in ("zero-shot", "zero-shot-curve")
     for name, data_dir in tasks.items():
         task = registry.get(name)
-        plan.add(f"task {name}", task_data(task, data_dir, required="train" if fine_tunes else None))
+        required = [task.splits[0]] if fine_tunes else [s for s in zero_shot_lib.splits_read(task) if s]
+        plan.add(f"task {name}", task_data(task, data_dir, required=required))
     if mode == "zero-shot-curve":
         pretrain_lib.check_config(config)
         plan.add(

@@ -288,6 +288,14 @@ def test_outputs_are_created_with_the_umask_and_keep_the_mode_of_the_file_they_r
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
 
 
+def test_an_output_that_is_a_symbolic_link_is_written_through_and_stays_a_link(tmp_path):
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "p.tsv").write_text("old\n")
+    os.symlink(tmp_path / "shared" / "p.tsv", tmp_path / "p.tsv")  # the link was replaced by a file
+    storage.write_text(str(tmp_path / "p.tsv"), "new\n")
+    assert os.path.islink(tmp_path / "p.tsv") and (tmp_path / "shared" / "p.tsv").read_text() == "new\n"
+
+
 def test_a_claimed_directorys_run_file_is_readable_by_the_group_and_others_under_umask_022(umask, tmp_path):
     umask(0o022)
     with RunDirectory(str(tmp_path / "run"), "pretrain", {"seed": 0}):

@@ -209,7 +209,9 @@ def test_cli_zero_shot_and_usage(tiny_preset, tmp_path):
     result = run_analyze("zero-shot", f"--init={tiny_preset}", "--tasks=sst2,cola", f"--output_dir={out}", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "sst2: accuracy" in result.stdout and "cola: matthews" in result.stdout
-    assert read_csv(out / "zero_shot.csv")[0] == ["task", "metric", "value (x100)", "heuristic"]
+    table = read_csv(out / "zero_shot.csv")
+    assert table[0] == ["task", "metric", "value (x100)", "majority label (x100)", "heuristic"]
+    assert [row[3] for row in table[1:]] == ["50.0", "0.0"]  # the embedded SST-2's dev is balanced; CoLA's MCC
     assert json.loads((out / "run.json").read_text())["job"] == "analyze"
 
 

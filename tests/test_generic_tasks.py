@@ -26,6 +26,7 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs.config import FinetuneConfig
+from kgpt.tasks import metrics as metrics_lib
 
 REGISTRY = kgpt.TaskRegistry()
 GUIDE = pathlib.Path(__file__).parents[1] / "docs" / "your-data.md"
@@ -360,7 +361,7 @@ def test_multiple_choice_baselines_and_warning_name_the_choice():
 
     task = REGISTRY.get("multiple-choice")
     assert task.head.kind == "multiple_choice"
-    found = finetune_outputs.baselines(task, np.array([1, 1, 0, 1]))
+    found = metrics_lib.baselines(task, np.array([1, 1, 0, 1]))
     chance = 1 / task.head.num_choices
     assert found == {
         "label_counts": {"0": 1, "1": 3},
@@ -378,7 +379,7 @@ def test_multiple_choice_baselines_and_warning_name_the_choice():
         f"{chance:.4f}; the model predicts choice 1 for every example" in text
     )
     assert "--learning_rate is 0" in text and "--init PRESET" in text
-    assert finetune_outputs.baselines(REGISTRY.get("text-regression"), np.array([0.5, 2.0], "float32")) is None
+    assert metrics_lib.baselines(REGISTRY.get("text-regression"), np.array([0.5, 2.0], "float32")) is None
 
 
 # --- the guide's commands, for real on a tiny model -----------------------------------------------------------------

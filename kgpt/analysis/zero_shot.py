@@ -86,7 +86,9 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
             quick checks during pre-training); the counts say so.
 
     Returns:
-        `{metric: value, ..., "examples": {"read", "used", "skipped", ...}}`.
+        `{metric: value, ..., "examples": {"read", "used", "skipped", ...}}`, with
+        `"baselines"` (`kgpt.tasks.metrics.baselines`: the majority label's
+        scores, and chance) for a task of classes or choices.
 
     Example:
     ```python
@@ -116,6 +118,9 @@ def evaluate(lm, tokenizer, task, data_dir, split=None, train_split=None, batch_
         name: metrics_lib.score(task, name, fn, np.array(labels), predictions)
         for name, fn in map(metrics_lib.resolve, task.metrics)
     }
+    found = metrics_lib.baselines(task, np.array(labels))
+    if found:  # what predicting the majority label, or by chance, scores: the heuristic is read against it
+        results["baselines"] = found
     results["examples"] = {
         "read": read,
         "used": len(examples),
@@ -170,7 +175,7 @@ class ZeroShotCallback(keras.callbacks.Callback):
         rows = []
         for name, (task, data_dir) in self.tasks.items():
             result = evaluate(self.model, self.tokenizer, task, data_dir, max_examples=self.max_examples)
-            values = {k: v for k, v in result.items() if k != "examples"}
+            values = {m: result[m] for m in task.metric_names}
             for metric, value in values.items():
                 self.history[(name, metric)].append((step, value))
                 rows.append((step, name, metric, value))

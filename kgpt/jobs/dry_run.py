@@ -48,7 +48,6 @@ from kgpt.jobs.finetune_model import (
     starting_tokenizer,
     untrained_head,
 )
-from kgpt.jobs.finetune_outputs import baselines
 from kgpt.jobs.finetune_training import check_keep
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models import pretrained as pretrained_lib
@@ -56,6 +55,7 @@ from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.gpt.gpt_task_model import is_task_preset
 from kgpt.parallel import placement
+from kgpt.tasks import metrics as metrics_lib
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import checkpoint as checkpoint_lib
 
@@ -464,7 +464,7 @@ def labels(task, encoded):
     for name, split in encoded.items():
         if split.targets is None:
             continue
-        counts = baselines(task, split.targets)
+        counts = metrics_lib.baselines(task, split.targets)
         if counts is None:
             values = np.asarray(split.targets, "float64")
             found.append(f"{name}: values {values.min():g} to {values.max():g}, mean {values.mean():g}")

@@ -240,15 +240,28 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
     for name, (task, data_dir) in zero_shot_lib.resolve_tasks(tasks, output_dir or ".", registry).items():
         result = zero_shot_lib.evaluate(lm, tokenizer, task, data_dir, batch_size=batch_size)
         results[name] = result
+        majority = (result.get("baselines") or {}).get("majority_scores", {})
         for metric in task.metric_names:
-            rows.append((name, metric, round(100 * result[metric], 2), task.zero_shot.description))
+            rows.append(
+                (
+                    name,
+                    metric,
+                    round(100 * result[metric], 2),
+                    "" if majority.get(metric) is None else round(100 * majority[metric], 2),
+                    task.zero_shot.description,
+                )
+            )
         logger.info(
             f"{name}: "
-            + ", ".join(f"{m} {result[m]:.4f}" for m in task.metric_names)
+            + ", ".join(
+                f"{m} {result[m]:.4f}" + (f" (majority label {majority[m]:.4f})" if majority.get(m) is not None else "")
+                for m in task.metric_names
+            )
             + f" ({result['examples']['used']} examples)"
         )
     if output_dir:
-        write_table(os.path.join(output_dir, "zero_shot"), ["task", "metric", "value (x100)", "heuristic"], rows)
+        columns = ["task", "metric", "value (x100)", "majority label (x100)", "heuristic"]
+        write_table(os.path.join(output_dir, "zero_shot"), columns, rows)
         with open(os.path.join(output_dir, "zero_shot.json"), "w") as f:
             json.dump(results, f, indent=2)
     return results

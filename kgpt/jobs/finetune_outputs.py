@@ -89,7 +89,7 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     """
     results = {}
     for name, split in splits.items():
-        found = baselines(task, split.targets)
+        found = metrics_lib.baselines(task, split.targets)
         if name == task.splits[0]:
             results[name] = {"examples": split.counts, **({"baselines": found} if found else {})}
             continue
@@ -99,7 +99,7 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
             results[name]["baselines"] = found
         predicted = np.asarray(evaluation.predictions)
         if task.head.output_names() and predicted.ndim == 1 and np.issubdtype(predicted.dtype, np.integer):
-            results[name]["prediction_counts"] = label_counts(task, predicted)
+            results[name]["prediction_counts"] = metrics_lib.label_counts(task, predicted)
         if evaluation.metrics:
             logger.info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
         if directory and cluster.is_chief():
@@ -114,48 +114,6 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
 
 
 # What a run that learned nothing scores, and the warning it ends with when it did no better.
-
-
-def label_counts(task, values):
-    """`{label name: count}` of class or choice indices, in index order."""
-    found, counts = np.unique(np.asarray(values), return_counts=True)
-    return {str(task.prediction_name(v.item())): int(c) for v, c in zip(found, counts)}
-
-
-def baselines(task, targets):
-    """What a model that learned nothing scores on `targets` (class or choice indices); None for values.
-
-    `{"label_counts", "majority_label", "majority_share", "majority_scores",
-    "chance"}`: the majority label is the split's most frequent one,
-    `majority_scores` the task's metrics when it is predicted for every
-    example, `chance` one over the number of classes (or choices).
-    """
-    names = task.head.output_names()
-    targets = None if targets is None else np.asarray(targets)
-    if (
-        not names
-        or targets is None
-        or targets.ndim != 1
-        or not targets.size
-        or not np.issubdtype(targets.dtype, np.integer)
-    ):
-        return None
-    values, counts = np.unique(targets, return_counts=True)
-    majority = values[np.argmax(counts)]
-    scores = {}
-    for metric in task.metrics:
-        name, fn = metrics_lib.resolve(metric)
-        try:
-            scores[name] = metrics_lib.score(task, name, fn, targets, np.full_like(targets, majority))
-        except Exception:  # noqa: BLE001 - a plugin's metric may refuse one class; the run's own scores stand
-            scores[name] = None
-    return {
-        "label_counts": label_counts(task, targets),
-        "majority_label": task.prediction_name(majority.item()),
-        "majority_share": float(counts.max() / targets.size),
-        "majority_scores": scores,
-        "chance": 1.0 / len(names),
-    }
 
 
 def baseline_check(task, results):

@@ -125,3 +125,48 @@ def _number(task, name, value):
         f"Task {getattr(task, 'name', task)!r}{f' of {plugin}' if plugin else ''}: its metric {name!r} returned "
         f"{shown}, not a number; a metric returns one float (kgpt.testing.check_task checks a task's metrics)."
     )
+
+
+# What a model that learned nothing scores: a fine-tuning's warning and a zero-shot table compare with it.
+
+
+def label_counts(task, values):
+    """`{label name: count}` of class or choice indices, in index order."""
+    found, counts = np.unique(np.asarray(values), return_counts=True)
+    return {str(task.prediction_name(v.item())): int(c) for v, c in zip(found, counts)}
+
+
+def baselines(task, targets):
+    """What a model that learned nothing scores on `targets` (class or choice indices); None for values.
+
+    `{"label_counts", "majority_label", "majority_share", "majority_scores",
+    "chance"}`: the majority label is the split's most frequent one,
+    `majority_scores` the task's metrics when it is predicted for every
+    example, `chance` one over the number of classes (or choices).
+    """
+    names = task.head.output_names()
+    targets = None if targets is None else np.asarray(targets)
+    if (
+        not names
+        or targets is None
+        or targets.ndim != 1
+        or not targets.size
+        or not np.issubdtype(targets.dtype, np.integer)
+    ):
+        return None
+    values, counts = np.unique(targets, return_counts=True)
+    majority = values[np.argmax(counts)]
+    scores = {}
+    for metric in task.metrics:
+        name, fn = resolve(metric)
+        try:
+            scores[name] = score(task, name, fn, targets, np.full_like(targets, majority))
+        except Exception:  # noqa: BLE001 - a plugin's metric may refuse one class; the run's own scores stand
+            scores[name] = None
+    return {
+        "label_counts": label_counts(task, targets),
+        "majority_label": task.prediction_name(majority.item()),
+        "majority_share": float(counts.max() / targets.size),
+        "majority_scores": scores,
+        "chance": 1.0 / len(names),
+    }

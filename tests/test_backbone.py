@@ -195,3 +195,26 @@ def test_fused_attention_matches_the_explicit_path():
     np.testing.assert_allclose(got[0, :8], want[0, :8], atol=1e-5)
     np.testing.assert_allclose(got[1:], want[1:], atol=1e-5)
     assert kgpt.GPTBackbone.from_config(fused.get_config()).attention_dropout == 0.0
+
+
+def test_numpy_sizes_and_rates_build_a_model_with_a_plain_config(tmp_path):
+    import json
+
+    sizes = {key: np.int64(value) for key, value in TINY.items()}
+    backbone = kgpt.GPTBackbone(**sizes, dropout=np.float32(0.0), initializer_range=np.float64(0.05))
+    x = random_inputs()
+    out = to_numpy(backbone(x))
+    assert out.shape == (3, 12, TINY["hidden_dim"])
+    config = backbone.get_config()
+    for key, value in TINY.items():
+        assert type(config[key]) is int and config[key] == value, key
+    assert type(config["dropout"]) is float and type(config["initializer_range"]) is float
+    assert json.loads(json.dumps(config))["vocabulary_size"] == TINY["vocabulary_size"]
+    clone = kgpt.GPTBackbone.from_config(config)
+    clone.set_weights(backbone.get_weights())
+    np.testing.assert_allclose(to_numpy(clone(x)), out, atol=0)
+    backbone.save_to_preset(str(tmp_path / "preset"))
+    saved = json.loads((tmp_path / "preset" / "config.json").read_text())["config"]
+    assert {key: saved[key] for key in TINY} == TINY
+    loaded = kgpt.GPTBackbone.from_preset(str(tmp_path / "preset"))
+    np.testing.assert_allclose(to_numpy(loaded(x)), out, atol=0)

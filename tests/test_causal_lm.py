@@ -196,6 +196,39 @@ def test_generate_text_errors():
         lm.generate("a cab", max_length=4)
 
 
+def test_generate_takes_bytes_as_utf8_text():
+    tokenizer = newline_tokenizer()
+    lm = text_lm(tokenizer)
+    table = lm.backbone.token_embedding.embeddings
+    table.assign(to_numpy(table) * 20)  # far-apart logits: no argmax ties
+    lm.compile(sampler="greedy")
+    ids = lm.generate([tokenizer.encode("a cab")], max_length=12)["token_ids"][0]
+    expected = tokenizer.decode([i for i in ids if i not in tokenizer.special_token_ids])
+    assert lm.generate(b"a cab", max_length=12) == expected
+    assert lm.generate(np.array(b"a cab"), max_length=12) == expected  # a 0-d bytes array: one prompt
+    with pytest.raises(ValueError, match=r"inputs is bytes that are not UTF-8 .*at byte 2.*pass the prompt as a str"):
+        lm.generate(b"a \xff cab", max_length=12)
+
+
+def test_from_preset_loads_the_backbone_under_the_given_dtype(tmp_path):
+    lm = text_lm(newline_tokenizer())
+    lm.save_to_preset(str(tmp_path / "lm"))  # task.json: the task preset loader
+    lm.backbone.save_to_preset(str(tmp_path / "backbone"))  # config.json only: the LM head is built around it
+    table = to_numpy(lm.backbone.token_embedding.embeddings)
+    x = random_inputs(vocabulary_size=lm.backbone.vocabulary_size)
+    for name in ("lm", "backbone"):
+        loaded = kgpt.GPTCausalLM.from_preset(str(tmp_path / name), dtype="bfloat16")
+        assert loaded.backbone.dtype_policy.name == "bfloat16", name
+        weights = loaded.backbone.token_embedding.embeddings
+        assert keras.backend.standardize_dtype(weights.dtype) == "bfloat16", name
+        np.testing.assert_allclose(to_numpy(weights).astype("float32"), table, rtol=2**-8)  # the saved weights
+        assert keras.backend.standardize_dtype(loaded(x).dtype) == "bfloat16", name
+    kept = kgpt.GPTCausalLM.from_preset(str(tmp_path / "lm"))
+    assert kept.backbone.dtype_policy.name == "float32"
+    with pytest.raises(ValueError, match=r"^dtype must name a float or mixed policy .* got 'int8'"):
+        kgpt.GPTCausalLM.from_preset(str(tmp_path / "lm"), dtype="int8")
+
+
 def test_score_text_matches_score_ids():
     from conftest import char_tokenizer
 

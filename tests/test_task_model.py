@@ -157,3 +157,18 @@ def test_head_and_views_must_agree():
         kgpt.GPTTaskModel(tiny_backbone(), head=3)
     with pytest.raises(ValueError, match="lm_coef must be a finite number >= 0, got -1"):
         kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.RegressionHead(), lm_coef=-1)
+
+
+def test_from_preset_loads_the_backbone_under_the_given_dtype(tmp_path):
+    model = kgpt.GPTTaskModel(tiny_backbone(), head=kgpt.tasks.heads.RegressionHead(), num_views=2)
+    model.save_to_preset(str(tmp_path / "task"))
+    loaded = kgpt.GPTTaskModel.from_preset(str(tmp_path / "task"), dtype="mixed_bfloat16")
+    assert loaded.backbone.dtype_policy.name == "mixed_bfloat16"
+    assert loaded.backbone.compute_dtype == "bfloat16" and loaded.backbone.variable_dtype == "float32"
+    for got, want in zip(loaded.get_weights(), model.get_weights()):  # float32 variables: the saved weights
+        np.testing.assert_array_equal(got, want)
+    x = packed(transforms.Similarity(), [([[1, 2], [3]], ())])
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), atol=0.05)
+    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "task")).backbone.dtype_policy.name == "float32"
+    with pytest.raises(ValueError, match=r"^dtype must name a float or mixed policy .* got 'int8'"):
+        kgpt.GPTTaskModel.from_preset(str(tmp_path / "task"), dtype="int8")

@@ -36,6 +36,9 @@ GPT1_CONFIG = {
     "dropout": 0.1,
 }
 
+# The constructor's size arguments: positive integers.
+_SIZES = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "intermediate_dim", "max_sequence_length")
+
 # start, delimiter, extract (paper section 3.3), appended after the vocabulary.
 NUM_SPECIAL_TOKENS = 3
 
@@ -139,7 +142,8 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         dtype=None,
         **kwargs,
     ):
-        GPTBackbone.check_config(
+        # Checked values: NumPy integers and floats become Python ones, for Keras' layers and a JSON config.
+        checked = GPTBackbone.check_config(
             {
                 "vocabulary_size": vocabulary_size,
                 "num_layers": num_layers,
@@ -152,6 +156,12 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
                 "initializer_range": initializer_range,
                 "dtype": dtype,
             }
+        )
+        vocabulary_size, num_layers, num_heads, hidden_dim, intermediate_dim, max_sequence_length = (
+            checked[k] for k in _SIZES
+        )
+        dropout, attention_dropout, initializer_range = (
+            checked[k] for k in ("dropout", "attention_dropout", "initializer_range")
         )
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
@@ -235,26 +245,23 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         """Raises `ValueError` or `TypeError` naming the entry of `config` (every constructor argument but
         `kwargs`) that cannot build the model: what it is and what is allowed.
 
-        The constructor checks its arguments with it, and a preset's `config.json` is checked with it before
+        Returns a copy of `config` with its sizes as Python ints and its rates as Python floats (NumPy
+        integers and floats pass, as their values), which the constructor builds with and saves. The
+        constructor checks its arguments with it, and a preset's `config.json` is checked with it before
         anything is built (`kgpt.io.presets.check_backbone_config`).
         """
-        for key in (
-            "vocabulary_size",
-            "num_layers",
-            "num_heads",
-            "hidden_dim",
-            "intermediate_dim",
-            "max_sequence_length",
-        ):
-            checks.positive_int(config[key], key)
-        checks.rate(config["dropout"], "dropout")
-        checks.rate(config["attention_dropout"], "attention_dropout", allow_none=True)
-        checks.positive(config["initializer_range"], "initializer_range")
+        config = dict(config)
+        for key in _SIZES:
+            config[key] = checks.positive_int(config[key], key)
+        config["dropout"] = checks.rate(config["dropout"], "dropout")
+        config["attention_dropout"] = checks.rate(config["attention_dropout"], "attention_dropout", allow_none=True)
+        config["initializer_range"] = checks.positive(config["initializer_range"], "initializer_range")
         if config["hidden_dim"] % config["num_heads"]:
             raise ValueError(
                 f"hidden_dim ({config['hidden_dim']}) must be divisible by num_heads ({config['num_heads']})."
             )
-        _check_dtype(config["dtype"])
+        check_dtype(config["dtype"])
+        return config
 
     @staticmethod
     def weight_shapes(config):
@@ -446,7 +453,24 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         return x, ops.stack(caches, axis=1)
 
 
-def _check_dtype(dtype):
+def task_config_with_dtype(config):
+    """A task's `from_config` config with its `dtype`, when given, moved into its backbone's config.
+
+    A keras-hub task computes in its backbone's dtype policy, and keras-hub's
+    task loader passes `from_preset(..., dtype=...)` on to the backbone; a
+    task's own config holds no dtype, so one there is such an override
+    (`kgpt.io.presets.load_task_preset` puts it there).
+    """
+    dtype = config.get("dtype")
+    backbone = config.get("backbone")
+    if dtype is None or not isinstance(backbone, dict) or not isinstance(backbone.get("config"), dict):
+        return config
+    config = {k: v for k, v in config.items() if k != "dtype"}
+    config["backbone"] = {**backbone, "config": {**backbone["config"], "dtype": dtype}}
+    return config
+
+
+def check_dtype(dtype):
     """A dtype given by name is a float or mixed policy: a quantized or integer one cannot build the model."""
     if not isinstance(dtype, str):
         return  # None, or a policy object or config (a saved model's), which Keras checks itself

@@ -22,7 +22,7 @@ from kgpt.errors import CheckpointError
 from kgpt.io import hub
 from kgpt.io.presets import CONFIG_FILE, TASK_CONFIG_FILE, PresetMixin, check_overrides, tokenizer_fits
 from kgpt.layers.int8 import QuantizeMixin
-from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.gpt_backbone import GPTBackbone, check_dtype, task_config_with_dtype
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.lm_loss import LMLossMixin, resolve_chunk_size
 from kgpt.models.optimizers import WarmupSchedule, gpt_adamw
@@ -237,6 +237,11 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
     # --- text ----------------------------------------------------------------
 
     @classmethod
+    def from_config(cls, config):
+        # A `dtype` (from_preset's) is the backbone's: keras-hub's Task would take it and then keep the backbone's.
+        return super().from_config(task_config_with_dtype(config))
+
+    @classmethod
     def from_preset(cls, preset, **kwargs):
         """Loads a kgpt preset (a local folder, `hf://OWNER/REPO[@REVISION]` or a named preset such as
         `"gpt1_base_en"`), with a text preprocessor when it holds a tokenizer.
@@ -248,8 +253,10 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         (token ids only); so does `preprocessor=None`. A preset that holds a
         backbone only (as converted from the Hub's openai-gpt files) gets
         the tied LM head, as keras-hub builds a task without `task.json`.
-        `kwargs` override config entries (e.g. `dropout`).
+        `kwargs` override config entries; `dtype` (e.g. `"mixed_bfloat16"`) is the backbone's dtype policy, as
+        in keras-hub.
         """
+        check_dtype(kwargs.get("dtype"))
         preset = hub.local(preset, cls.backbone_cls)
         if (
             isinstance(preset, (str, os.PathLike))
@@ -258,7 +265,10 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         ):
             load_weights = kwargs.pop("load_weights", True)
             check_overrides(cls, kwargs)
-            backbone = cls.backbone_cls.from_preset(preset, load_weights=load_weights)
+            dtype = kwargs.pop("dtype", None)
+            backbone = cls.backbone_cls.from_preset(
+                preset, load_weights=load_weights, **({} if dtype is None else {"dtype": dtype})
+            )
             lm = cls(backbone, **{"preprocessor": None, **kwargs})
         else:
             lm = super().from_preset(preset, **kwargs)
@@ -606,9 +616,9 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         """Continues prompts token by token with the compiled sampler.
 
         Args:
-            inputs: text (needs a preprocessor): a prompt string or a list of
-                them; or token ids: a list of prompts (lists of token ids),
-                padded here to `max_length`, or keras-hub's dict
+            inputs: text (needs a preprocessor): a prompt string (or UTF-8
+                bytes) or a list of them; or token ids: a list of prompts
+                (lists of token ids), padded here to `max_length`, or keras-hub's dict
                 `{"token_ids", "padding_mask"}` of right-padded
                 `[batch, max_length]` arrays where `padding_mask` marks the
                 prompt. Token ids never go through the preprocessor.
@@ -642,6 +652,14 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             self._check_length(max_length)
         if isinstance(inputs, np.ndarray) and inputs.ndim == 0:
             inputs = inputs.item()  # a 0-d array of one prompt: the prompt
+        if isinstance(inputs, bytes):  # one prompt as UTF-8, as in a list of them or a tf.string tensor
+            try:
+                inputs = inputs.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(
+                    f"inputs is bytes that are not UTF-8 ({e.reason} at byte {e.start}): {inputs!r:.60}; "
+                    f"pass the prompt as a str."
+                ) from None
         checks.not_a_generator(inputs, "inputs")
         text = inputs_kind.is_text(inputs)
         if text:

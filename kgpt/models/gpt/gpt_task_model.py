@@ -26,7 +26,7 @@ from kgpt.layers.dropout import Dropout
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.models import compile_cost
-from kgpt.models.gpt.gpt_backbone import GPTBackbone
+from kgpt.models.gpt.gpt_backbone import GPTBackbone, check_dtype, task_config_with_dtype
 from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor, encode_dataset, packed_length, segment_columns
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.optimizers import gpt_adamw
@@ -168,6 +168,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
 
     @classmethod
     def from_config(cls, config):
+        config = task_config_with_dtype(config)  # a `dtype` (from_preset's) is the backbone's
         if isinstance(config.get("head"), dict):
             config["head"] = keras.saving.deserialize_keras_object(config["head"])
         return super().from_config(config)
@@ -206,11 +207,13 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 for it, is the same.
             lm_coef, classifier_dropout: for a new model (default: the
                 paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
-            **kwargs: overrides of the saved config (e.g. `dtype`).
+            **kwargs: overrides of the saved config; `dtype` (e.g. `"mixed_bfloat16"`) is the
+                backbone's dtype policy, as in keras-hub.
         """
         load_weights = kwargs.pop("load_weights", True)
         checks.boolean(load_weights, "load_weights")
         check_overrides(cls, kwargs)
+        check_dtype(kwargs.get("dtype"))
         sequence_length = checks.positive_int(sequence_length, "sequence_length", allow_none=True)
         max_length = packed_length(sequence_length, checks.positive_int(max_length, "max_length", allow_none=True))
         if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):

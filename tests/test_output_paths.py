@@ -155,7 +155,8 @@ def test_a_run_stopped_before_writing_anything_gives_its_claim_back(tmp_path):
         with run.workspace(config, "finetune", {"init": "classifier"}, "kgpt-test-"):
             raise ConfigError("refused after the claim")
     assert not (out / "run.json").exists()
-    with pytest.raises(ConfigError):  # the corrected command is not refused as "a run with other settings"
+    # The corrected command is not refused as "a run with other settings".
+    with pytest.raises(ConfigError, match="stopped after writing"):
         with run.workspace(config, "finetune", {"init": "lm"}, "kgpt-test-"):
             (out / "metrics.json").write_text("{}")
             raise ConfigError("stopped after writing")
@@ -288,12 +289,13 @@ def test_outputs_are_created_with_the_umask_and_keep_the_mode_of_the_file_they_r
     assert [n for n in os.listdir(tmp_path) if n.endswith(".tmp")] == []
 
 
-def test_an_output_that_is_a_symbolic_link_is_written_through_and_stays_a_link(tmp_path):
+def test_a_predict_output_that_is_a_symbolic_link_is_written_through_and_stays_a_link(tmp_path):
     (tmp_path / "shared").mkdir()
     (tmp_path / "shared" / "p.tsv").write_text("old\n")
     os.symlink(tmp_path / "shared" / "p.tsv", tmp_path / "p.tsv")  # the link was replaced by a file
-    storage.write_text(str(tmp_path / "p.tsv"), "new\n")
+    storage.write_text(predict.through_link(str(tmp_path / "p.tsv")), "new\n")
     assert os.path.islink(tmp_path / "p.tsv") and (tmp_path / "shared" / "p.tsv").read_text() == "new\n"
+    assert predict.through_link(str(tmp_path / "q.tsv")) == str(tmp_path / "q.tsv")
 
 
 def test_a_claimed_directorys_run_file_is_readable_by_the_group_and_others_under_umask_022(umask, tmp_path):

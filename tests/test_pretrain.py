@@ -307,9 +307,9 @@ def test_what_a_corpus_folder_holds_besides_its_txt_files_is_named_and_a_glob_re
         assert corpus_files(str(books)) == [str(books / "a.txt")]
     assert [r.getMessage() for r in caplog.records] == [
         f"Warning: --corpus {books}: 3 other file(s) not read (.hidden.txt, B.TXT, c.txt.gz): a folder gives its "
-        f"*.txt files, hidden ones excepted. To read others, pass a pattern in quotes, such as '{books}/**/*.txt'.",
-        f"Warning: --corpus {books}: 1 subfolder(s) not read (more/): a folder gives its *.txt files, hidden ones "
-        f"excepted. To read others, pass a pattern in quotes, such as '{books}/**/*.txt'.",
+        f"*.txt files, hidden ones excepted; name a file *.txt (a .gz decompressed) to read it.",
+        f"Warning: --corpus {books}: 1 subfolder(s) not read (more/): to read their *.txt files too, pass a pattern "
+        f"in quotes, such as '{books}/**/*.txt'.",
     ]
     assert corpus_files(f"{books}/**/*.txt") == [str(books / "a.txt"), str(books / "more" / "d.txt")]
 

@@ -19,14 +19,13 @@ refused unless `--overwrite`.
 """
 
 import dataclasses
-import logging
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
 
-logger = logging.getLogger("kgpt.cli.analyze")  # not "__main__" under python -m: kgpt's handler prints "kgpt.*"
+logger = common.command_logger("analyze")
 
 MODES = ("zero-shot", "zero-shot-curve", "transfer", "ablations")
 DEFAULT_TASKS = {

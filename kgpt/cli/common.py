@@ -146,6 +146,12 @@ def interrupted_message(prog, resumes=None):
     return f"{prog}: interrupted."
 
 
+def command_logger(name):
+    """The logger of the command module `kgpt.cli.NAME`: named so even under `python -m`, where the module's
+    `__name__` is "__main__", whose messages kgpt's handler (`log.to_stdout`) would not print."""
+    return std_logging.getLogger(f"kgpt.cli.{name}")
+
+
 def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None):
     """`absl.app.run(main)`, with a user's mistakes reported in one line (see the module docstring).
 

@@ -13,7 +13,6 @@ also holds the labels and the task's metrics are printed. See
 `kgpt.jobs.predict` for the input formats.
 """
 
-import logging
 import os
 import sys
 
@@ -21,7 +20,7 @@ from absl import app, flags
 
 from kgpt.cli import common  # first: quiet TensorFlow start-up
 
-logger = logging.getLogger("kgpt.cli.predict")  # not "__main__" under python -m: kgpt's handler prints "kgpt.*"
+logger = common.command_logger("predict")
 
 flags.DEFINE_string(
     "model",
@@ -139,7 +138,7 @@ def main(argv):
         )
         if inputs.columns:
             logger.info(f"Segments from column(s) {', '.join(inputs.columns)}.")
-        count = predict.write(model, inputs, FLAGS.output, FLAGS.batch_size, verbose=verbose)
+        count = predict.write(model, inputs, predict.through_link(FLAGS.output), FLAGS.batch_size, verbose=verbose)
     else:
         task = kgpt.TaskRegistry().get(model.task_name)
         if hasattr(task, "with_files"):  # its registered form reads only its embedded demo's files
@@ -155,7 +154,7 @@ def main(argv):
         if FLAGS.output == "-":
             sys.stdout.write(finetune_outputs.predictions_tsv(task, split, evaluation))
         else:
-            finetune_outputs.write_predictions(FLAGS.output, task, split, evaluation)
+            finetune_outputs.write_predictions(predict.through_link(FLAGS.output), task, split, evaluation)
         count = len(split)
     logger.info(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
 

@@ -18,7 +18,6 @@ explicitly overrides.
 """
 
 import dataclasses
-import logging
 import typing
 
 from absl import app, flags
@@ -27,7 +26,7 @@ from absl import logging as absl_logging
 from kgpt.cli import common  # first: quiet TensorFlow start-up
 from kgpt.jobs import config as config_lib
 
-logger = logging.getLogger("kgpt.cli.train")  # not "__main__" under python -m: kgpt's handler prints "kgpt.*"
+logger = common.command_logger("train")
 
 CONFIGS = {"lm": config_lib.PretrainConfig, "finetune": config_lib.FinetuneConfig}
 # Flags with no config field: they choose what the command does ("verbose" is kgpt.cli.common's).

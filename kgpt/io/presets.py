@@ -322,9 +322,10 @@ def replace_preset(directory, write):
     stale = sorted(n for n in os.listdir(directory) if n not in written and (n in MODEL_FILES or _SHARD_FILE.match(n)))
     for name in stale:
         os.remove(os.path.join(directory, name))
-    if stale:  # another kind of model was saved there (a task model, where a backbone is saved now)
+    removed = [n for n in stale if not _SHARD_FILE.match(n)]  # stale shards: the same model, sharded otherwise
+    if removed:  # another kind of model was saved there (a task model, where a backbone is saved now)
         logger.warning(
-            f"Warning: {directory} held another model's preset: its {', '.join(stale)} are removed, as this model "
+            f"Warning: {directory} held another model's preset: its {', '.join(removed)} are removed, as this model "
             f"has none."
         )
     # The configs last: until they move, a reader loads the old config with the old weights it checks.

@@ -279,10 +279,7 @@ def write_json(path, data):
 
 
 def _write_local(path, text):
-    """A temporary file in the same directory, then `os.replace`: the file is the old one or the new one. A
-    symbolic link is written through (its target replaced), as `open(path, "w")` would, and stays a link."""
-    if os.path.islink(path):
-        path = os.path.realpath(path)
+    """A temporary file in the same directory, then `os.replace`: the file is the old one or the new one."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")

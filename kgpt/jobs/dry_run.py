@@ -396,7 +396,8 @@ def task_data(task, data_dir, splits=None, required=None, rows=ROWS, preprocesso
     """The first `rows` examples of each split read through the task's plugin, counted; labels checked.
 
     A split that is missing is reported, as the job reports it, unless it is
-    `required` (a split name, or several), whose `FileNotFoundError` is raised; a malformed row is the job's `DataError`. With `preprocessor`
+    `required` (a split name, or several), whose `FileNotFoundError` is
+    raised; a malformed row is the job's `DataError`. With `preprocessor`
     (the run's), each split is read and tokenized by the run's own
     `encode_split`, and `encoded` receives each split's `EncodedSplit`.
     `labeled`, a set, receives the names of the splits found with labels.

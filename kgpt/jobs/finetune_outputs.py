@@ -113,7 +113,7 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     return results
 
 
-# What a run that learned nothing scores, and the warning it ends with when it did no better.
+# The warning a run ends with when it did no better than what learns nothing (`kgpt.tasks.metrics.baselines`).
 
 
 def baseline_check(task, results):

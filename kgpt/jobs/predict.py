@@ -324,6 +324,12 @@ def check_output(output, input_format, overwrite=False, input=None):
         raise ConfigError(f"--output {output} exists: pass --overwrite to replace it.")
 
 
+def through_link(output):
+    """The file `--output` names: a symbolic link's target, written as `open(path, "w")` would (the link
+    stays)."""
+    return os.path.realpath(output) if os.path.islink(output) else output
+
+
 def output_format(output, input_format):
     """The table format of `output` by its extension; the input's for `-` or another extension."""
     return tables.EXTENSIONS.get(os.path.splitext(output)[1].lower(), input_format) if output != "-" else input_format

@@ -87,13 +87,20 @@ def _unread_in_folder(folder):
     read = set(os.path.basename(p) for p in glob.glob(os.path.join(glob.escape(folder), "*.txt")))
     subfolders = [n + "/" for n in names if n not in read and os.path.isdir(os.path.join(folder, n))]
     others = [n for n in names if n not in read and n + "/" not in subfolders]
-    for what, unread in (("other file(s)", others), ("subfolder(s)", subfolders)):
-        if unread:
-            logger.warning(
-                f"Warning: --corpus {folder}: {len(unread)} {what} not read ({', '.join(unread[:5])}"
-                f"{', ...' if len(unread) > 5 else ''}): a folder gives its *.txt files, hidden ones excepted. To read "
-                f"others, pass a pattern in quotes, such as '{os.path.join(folder, '**', '*.txt')}'."
-            )
+    if others:
+        logger.warning(
+            f"Warning: --corpus {folder}: {len(others)} other file(s) not read ({_few(others)}): a folder gives its "
+            f"*.txt files, hidden ones excepted; name a file *.txt (a .gz decompressed) to read it."
+        )
+    if subfolders:
+        logger.warning(
+            f"Warning: --corpus {folder}: {len(subfolders)} subfolder(s) not read ({_few(subfolders)}): to read "
+            f"their *.txt files too, pass a pattern in quotes, such as '{os.path.join(folder, '**', '*.txt')}'."
+        )
+
+
+def _few(names):
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
 def load_tokenizer(tokenizer, num_merges, files, work):

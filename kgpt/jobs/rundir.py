@@ -7,7 +7,9 @@ never held by a process it forks), and a
 the same command again in the directory continues (or re-evaluates) that
 run; a directory holding another run's outputs, or files kgpt did not
 write, is refused unless `overwrite=True`, which clears kgpt's own outputs
-first. Every output is written under a temporary name and moved into place
+first. A run that stops before writing anything but its claim (a check that
+fails after it) gives the claim back, so the corrected command is a new run.
+Every output is written under a temporary name and moved into place
 with `os.replace`, so a file is always either the old one or the new one.
 
 A remote directory (`gs://...`, any path with a scheme: `kgpt.io.storage`)
@@ -17,11 +19,14 @@ object store has no lock that dies with its process.
 """
 
 import json
+import logging
 import os
 
 from kgpt.errors import OutputDirError
 from kgpt.io import remote_lock, run_folder, storage
 from kgpt.io.run_folder import CHECKPOINTS, LOCK_FILE, RUN_FILE
+
+logger = logging.getLogger(__name__)
 
 # Everything a kgpt job writes into its output directory: what --overwrite clears.
 OUTPUTS = (
@@ -118,7 +123,10 @@ class RunDirectory:
     def __exit__(self, exc_type, exc, tb):
         try:
             if exc_type is not None and self._wrote_claim:
-                self._unclaim_if_empty()
+                try:
+                    self._unclaim_if_empty()
+                except Exception as e:  # noqa: BLE001 - the run's own error is the one to see
+                    logger.warning(f"Warning: {self.path}: its run.json could not be removed ({e}).")
         finally:
             self._release()
 

@@ -321,10 +321,12 @@ def test_two_processes_train_like_one_even_when_killed_or_stopped_and_only_proce
     for shard in sorted((reference / "shards").glob("tokens_*.bin")):
         assert (out / "shards" / shard.name).read_bytes() == shard.read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
-    # Process 0 reports the progress (a line every 10 steps); process 1 says it joined, and nothing else.
+    # Process 0 reports the progress (a line every 10 steps); process 1 says what it runs and that it joined,
+    # and nothing else.
     assert any(line.startswith("step 30/36, loss ") and "tokens/s" in line for line in lines(logs[0]))
     second = [line for line in lines(logs[1]) if not line.startswith("[Gloo]")]
-    assert len(second) == 1 and second[0].startswith("Joined a run of 2 processes as process 1"), second
+    assert len(second) == 2 and second[0].startswith("kgpt-train --task lm on Keras "), second
+    assert second[1].startswith("Joined a run of 2 processes as process 1"), second
 
 
 @pytest.mark.skipif(not JAX, reason="keras.distribution.ModelParallel is JAX's")

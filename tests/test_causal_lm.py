@@ -167,12 +167,18 @@ def test_get_config_round_trip(causal_lm):
 # --- text in, text out (with a GPTCausalLMPreprocessor) ------------------------
 
 
-def test_generate_text_equals_generate_ids():
-    tokenizer = newline_tokenizer()
+def greedy_text_lm(tokenizer):
+    """A tiny text LM that generates greedily, its logits far apart (no argmax ties)."""
     lm = text_lm(tokenizer)
     table = lm.backbone.token_embedding.embeddings
-    table.assign(to_numpy(table) * 20)  # far-apart logits: no argmax ties
+    table.assign(to_numpy(table) * 20)
     lm.compile(sampler="greedy")
+    return lm
+
+
+def test_generate_text_equals_generate_ids():
+    tokenizer = newline_tokenizer()
+    lm = greedy_text_lm(tokenizer)
     prompts = ["a cab", "the dog"]
     ids = lm.generate([tokenizer.encode(p) for p in prompts], max_length=12)["token_ids"]
     expected = [tokenizer.decode([i for i in row if i not in tokenizer.special_token_ids]) for row in ids]
@@ -198,10 +204,7 @@ def test_generate_text_errors():
 
 def test_generate_takes_bytes_as_utf8_text():
     tokenizer = newline_tokenizer()
-    lm = text_lm(tokenizer)
-    table = lm.backbone.token_embedding.embeddings
-    table.assign(to_numpy(table) * 20)  # far-apart logits: no argmax ties
-    lm.compile(sampler="greedy")
+    lm = greedy_text_lm(tokenizer)
     ids = lm.generate([tokenizer.encode("a cab")], max_length=12)["token_ids"][0]
     expected = tokenizer.decode([i for i in ids if i not in tokenizer.special_token_ids])
     assert lm.generate(b"a cab", max_length=12) == expected

@@ -93,7 +93,6 @@ def main(argv):
     from kgpt.jobs import run
     from kgpt.jobs.finetune_model import with_local_init
     from kgpt.jobs.rundir import RunDirectory
-    from kgpt.parallel import cluster
     from kgpt.tasks.registry import TaskRegistry
 
     logger.info(
@@ -121,16 +120,8 @@ def main(argv):
         )
     # The modes share the directory (zero-shot reads the model that transfer pre-trained there); each
     # experiment's own run under runs/ is claimed with its settings by its job.
-    claim = RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite)
-    run.on_chief(claim.__enter__, f"claiming {output_dir}")
-    try:
+    with run.claimed(RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite)):
         _run(mode, config, tasks, output_dir, TaskRegistry(), seeds)
-    except BaseException as e:
-        if cluster.is_chief():  # stopped before writing anything: the claim is given back
-            claim.__exit__(type(e), e, e.__traceback__)
-        raise
-    if cluster.is_chief():
-        claim.__exit__(None, None, None)
 
 
 def _config(mode, tasks):

@@ -354,9 +354,7 @@ def workspace(run_config, job, settings, prefix, within=None):
             with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
                 yield Run(None, scratch, **options)
             return
-        claim = RunDirectory(run_config.output_dir, job, settings, overwrite=run_config.overwrite)
-        on_chief(claim.__enter__, f"claiming {run_config.output_dir}")
-        try:
+        with claimed(RunDirectory(run_config.output_dir, job, settings, overwrite=run_config.overwrite)) as claim:
             if storage.is_remote(run_config.output_dir):
                 with storage.Mirror(
                     run_config.output_dir, names=OUTPUTS, lock=claim.remote_lock, writer=cluster.is_chief()
@@ -364,12 +362,25 @@ def workspace(run_config, job, settings, prefix, within=None):
                     yield Run(run_config.output_dir, mirror.local, mirror, **options)
             else:
                 yield Run(run_config.output_dir, run_config.output_dir, within.mirror if within else None, **options)
-        except BaseException as e:
-            if cluster.is_chief():  # a run that stopped before writing anything gives its claim back
-                claim.__exit__(type(e), e, e.__traceback__)
-            raise
+
+
+@contextlib.contextmanager
+def claimed(claim):
+    """Holds `claim` (a `RunDirectory`), taken and released by process 0 alone; yields it.
+
+    The other processes go on only if process 0 could claim the directory;
+    a body that stops with an error hands the claim that error, so a run
+    that wrote nothing gives the claim back (`RunDirectory.__exit__`).
+    """
+    on_chief(claim.__enter__, f"claiming {claim.path}")
+    try:
+        yield claim
+    except BaseException as e:
         if cluster.is_chief():
-            claim.__exit__(None, None, None)
+            claim.__exit__(type(e), e, e.__traceback__)
+        raise
+    if cluster.is_chief():
+        claim.__exit__(None, None, None)
 
 
 def on_chief(fn, what):

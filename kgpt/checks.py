@@ -38,6 +38,29 @@ def positive_int(value, name, minimum=1, maximum=None, allow_none=False, or_else
     return value
 
 
+KERAS_MODEL_ARGUMENTS = {"name": None, "dtype": None, "trainable": True}  # with defaults: what a config may hold
+
+
+def model_kwargs(kwargs, owner, also=()):
+    """Refuses keyword arguments a Keras model would drop silently (its functional `__init__` keeps only
+    `name` and `trainable`), so a misspelt one (`dropuot=0.2`) is named instead of changing nothing.
+
+    `kwargs` may hold the names of `KERAS_MODEL_ARGUMENTS` and `also`.
+
+    Example:
+    ```python
+    model_kwargs({"name": "gpt"}, "GPTBackbone")  # passes
+    model_kwargs({"dropuot": 0.2}, "GPTBackbone")  # TypeError: GPTBackbone got an unexpected keyword argument 'dropuot'.
+    ```
+    """
+    unknown = sorted(set(kwargs) - set(KERAS_MODEL_ARGUMENTS) - set(also))
+    if unknown:
+        s = "s" if len(unknown) > 1 else ""
+        raise TypeError(
+            f"{owner} got {'an ' if not s else ''}unexpected keyword argument{s} {', '.join(map(repr, unknown))}."
+        )
+
+
 def one_of(value, name, allowed):
     """`value` when it is one of the names `allowed`.
 

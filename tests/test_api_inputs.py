@@ -410,6 +410,24 @@ def test_task_model_refuses_bad_settings():
             kgpt.GPTTaskModel(backbone, head=ClassificationHead(["a", "b"]), **kwargs)
 
 
+def test_models_name_a_keyword_argument_keras_would_drop():
+    from kgpt.tasks.heads import ClassificationHead
+
+    backbone = kgpt.GPTBackbone(**TINY, name="gpt", trainable=True)  # Keras' own pass
+    lstm = dict(vocabulary_size=50, hidden_dim=8, lstm_units=8)
+    for build, owner in [
+        (lambda **kw: kgpt.GPTBackbone(**TINY, **kw), "GPTBackbone"),
+        (lambda **kw: kgpt.LSTMBackbone(**lstm, **kw), "LSTMBackbone"),
+        (lambda **kw: kgpt.GPTCausalLM(backbone, **kw), "GPTCausalLM"),
+        (lambda **kw: kgpt.GPTTaskModel(backbone, head=ClassificationHead(["a", "b"]), **kw), "GPTTaskModel"),
+    ]:
+        with pytest.raises(TypeError, match=rf"^{owner} got an unexpected keyword argument 'dropuot'\.$"):
+            build(dropuot=0.2)  # was dropped silently: the model trained with the default rate
+        with pytest.raises(TypeError, match=rf"^{owner} got unexpected keyword arguments 'a', 'b'\.$"):
+            build(b=1, a=2)
+    kgpt.GPTCausalLM(backbone, compile=False, name="lm")
+
+
 def test_causal_lm_preprocessor_refuses_bad_arguments():
     from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 

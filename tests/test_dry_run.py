@@ -361,8 +361,8 @@ def test_an_unfinished_pretraining_run_as_init_is_named_so(tmp_path):
         (lambda c: c.pop("num_heads"), "missing key 'num_heads': a GPTBackbone config needs vocabulary_size, "),
         (lambda c: c.update(dropout=-0.5), "dropout must be a number in [0, 1), got -0.5."),
         (lambda c: c.update(dropout=float("nan")), "dropout must be a number in [0, 1), got nan."),
-        (lambda c: c.update(num_heads=4), "does not fit the model"),  # as many weights, in other shapes
-        (lambda c: c.update(num_layers=1), "does not fit the model"),  # fewer weights than the file holds
+        (lambda c: c.update(num_heads=4), "num_heads is 4, but "),  # as many weights, in other shapes
+        (lambda c: c.update(num_layers=1), "num_layers is 1, but "),  # fewer weights than the file holds
     ],
     ids=["missing key", "negative dropout", "NaN dropout", "other heads", "fewer layers"],
 )

@@ -57,3 +57,26 @@ def test_task_model_trains_on_an_lstm_backbone():
     history = model.fit(x, {"task": np.arange(8) % 2, "lm": ids[..., 1:]}, epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
     assert keras.ops.convert_to_numpy(model.predict(x)).shape == (8, 2)
+
+
+def test_numpy_sizes_build_a_model_with_a_plain_config_and_bad_sizes_are_named():
+    import json
+
+    backbone = kgpt.LSTMBackbone(**{k: (np.float32(v) if k == "dropout" else np.int64(v)) for k, v in SIZES.items()})
+    config = backbone.get_config()
+    assert all(type(config[k]) is type(v) and config[k] == v for k, v in SIZES.items())
+    assert json.loads(json.dumps(config))["lstm_units"] == SIZES["lstm_units"]
+    assert to_numpy(backbone(random_inputs())).shape == (3, 12, 16)
+    with pytest.raises(ValueError, match=r"^lstm_units must be an integer >= 1, got 0\.$"):
+        kgpt.LSTMBackbone(**{**SIZES, "lstm_units": 0})
+    with pytest.raises(TypeError, match=r"^num_layers must be an integer, got '2' \(str\)\.$"):
+        kgpt.LSTMBackbone(**SIZES, num_layers="2")
+    with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got 1\.5\.$"):
+        kgpt.LSTMBackbone(**{**SIZES, "dropout": 1.5})
+    # The task model's auxiliary weight saves as a float too.
+    model = kgpt.GPTTaskModel(
+        backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), lm_coef=np.float32(0.5), classifier_dropout=0
+    )
+    config = model.get_config()
+    assert type(config["lm_coef"]) is float and type(config["classifier_dropout"]) is float
+    json.dumps(config)

@@ -8,6 +8,7 @@ so the model given to kgpt-predict need not exist.
 
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -15,6 +16,7 @@ import sys
 import pytest
 from conftest import cli
 
+import kgpt
 from kgpt.cli import analyze, train
 from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import storage
@@ -205,6 +207,24 @@ def test_a_predict_output_it_cannot_write_is_refused_naming_the_flag(
 def test_predict_outputs_it_writes_pass():
     for output, read in (("-", "csv"), ("p.TSV", "text"), ("p.tab", "text"), ("p.jsonl", "csv"), ("p.csv", "tsv")):
         predict.check_output(output, read)
+
+
+def test_a_predict_output_that_is_a_file_of_the_split_it_predicts_is_refused(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("data/tsv_format")
+    dev = "data/tsv_format/scitail_1.0_dev.tsv"
+    with open(dev, "w") as f:
+        f.write("A cat sat.\tA cat sat.\tentails\n")
+    os.symlink(dev, "link.tsv")
+    task = kgpt.TaskRegistry().get("scitail")
+    for output in (dev, "./" + dev, "link.tsv"):
+        with pytest.raises(ConfigError, match=rf"^--output {re.escape(output)} is {dev}, a file of the 'dev' split"):
+            predict.check_output_not_read(output, task, "dev", "data")
+    predict.check_output_not_read("p.tsv", task, "dev", "data")  # not there: the split is not read
+    with open("other.tsv", "w") as f:
+        f.write("mine\n")
+    predict.check_output_not_read("other.tsv", task, "dev", "data")
+    assert open(dev).read() == "A cat sat.\tA cat sat.\tentails\n"
 
 
 def run_predict(folder, *commands):

@@ -170,9 +170,16 @@ def test_missing_head_weights(saved):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"num_layers": 3}, r"the file holds 50 arrays, the model has 34 weights"),  # Keras alone loads this silently
+        # Keras alone loads this silently.
+        ({"num_layers": 3}, r"num_layers is 2, but .*model.weights.h5 holds the weights of a model with num_layers=3"),
         # Fewer weights than the config needs: refused from the sizes, before the model is built.
-        ({"vocabulary_size": 50}, r"describes a model of at least [\d,]+ weights, but .*model.weights.h5 holds [\d,]+"),
+        (
+            {"vocabulary_size": 50},
+            r"vocabulary_size is \d+, but .* holds the weights of a model with vocabulary_size=50",
+        ),
+        # More than one size differs: the arrays are compared.
+        ({"num_layers": 3, "num_heads": 4}, r"the file holds 50 arrays, the model has 34 weights"),
+        ({"num_layers": 1, "max_sequence_length": 8}, r"describes a model of at least [\d,]+ weights, but .* holds"),
     ],
 )
 def test_weights_of_another_model_are_refused(saved, tmp_path, overrides, message):
@@ -181,7 +188,7 @@ def test_weights_of_another_model_are_refused(saved, tmp_path, overrides, messag
     with pytest.raises(
         kgpt.CheckpointError,
         match=r"model.weights.h5 (does not fit the model .*config.json describes|"
-        r"holds [\d,]+: the config and the weights do not belong)",
+        r"holds [\d,]+: the config and the weights do not belong|holds the weights of a model with)",
     ):
         kgpt.GPTBackbone.from_preset(str(saved))
     with pytest.raises(kgpt.CheckpointError, match=message):
@@ -206,16 +213,21 @@ def _edit_json(path, edit):
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda c: c["config"].update(vocabulary_size=20_000_000), r"at least 320,[\d,]+ weights, but .* holds"),
-        (lambda c: c["config"].update(num_layers=10**9), r"at least [\d,]+ weights, but .*model.weights.h5 holds"),
+        # One size edited is named, with the value the weights were saved with.
+        (lambda c: c["config"].update(vocabulary_size=20_000_000), r"vocabulary_size is 20000000, but .*size=98:"),
+        (lambda c: c["config"].update(num_layers=10**9), r"num_layers is 1000000000, but .*model with num_layers=2:"),
+        (lambda c: c["config"].update(num_layers=10**9, hidden_dim=32), r"at least [\d,]+ weights, but .* holds"),
         (lambda c: c["config"].update(hidden_dim="abc"), r"config.json: hidden_dim must be an integer, got 'abc'"),
         (lambda c: c["config"].update(dropout=[1]), r"config.json: dropout must be a number in \[0, 1\), got \[1\]"),
         (lambda c: c["config"].pop("num_heads"), r"config.json: missing key 'num_heads': a GPTBackbone config needs"),
         (lambda c: c["config"].update(dropout=float("nan")), r"config.json: dropout must be a number in .*got nan"),
         (lambda c: c["config"].update(num_heads=3), r"config.json: hidden_dim \(16\) must be divisible by num_heads"),
         # Sizes the weights do not have, though no more of them than the file holds: refused before building too.
-        (lambda c: c["config"].update(num_heads=4), r"does not fit the model .*config.json describes.* \[4, 4\] x6"),
-        (lambda c: c["config"].update(max_sequence_length=8), r"Expected but missing: \[8, 16\] x1"),
+        (lambda c: c["config"].update(num_heads=4), r"config.json: num_heads is 4, but .* num_heads=2: the config"),
+        (
+            lambda c: c["config"].update(num_heads=4, max_sequence_length=8),
+            r"does not fit the model .*config.json describes.*Expected but missing: \[4, 4\] x6, .*\[8, 16\] x1",
+        ),
     ],
 )
 def test_tampered_config_is_refused_before_anything_is_built(tmp_path, edit, message):
@@ -254,7 +266,7 @@ def test_config_nested_too_deeply_is_a_checkpoint_error(tmp_path):
 def test_tampered_task_config_is_refused_before_anything_is_built(tmp_path):
     task_model().save_to_preset(str(tmp_path))  # untrained: only its task.json is read before the refusal
     _edit_json(tmp_path / "task.json", lambda c: c["config"]["backbone"]["config"].update(num_layers=10**9))
-    with pytest.raises(kgpt.CheckpointError, match=r"task.json describes a model of at least"):
+    with pytest.raises(kgpt.CheckpointError, match=r"task.json: num_layers is 1000000000, but .* num_layers=2:"):
         kgpt.GPTTaskModel.from_preset(str(tmp_path))
 
 

@@ -162,6 +162,20 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
     )
     assert cut.returncode == 0, cut.stderr[-3000:]
     assert re.search(r"dev: (\d+) read, \1 used, \1 truncated \(\d+ tokens cut\)\.", cut.stdout), cut.stdout
+    # --output naming the split's own file, with --overwrite: it was replaced by its predictions.
+    dev = os.path.join(data, "tsv_format", "scitail_1.0_dev.tsv")
+    before = open(dev).read()
+    same = subprocess.run(
+        [sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--data_dir={data}", "--split=dev"]
+        + [f"--output={dev}", "--overwrite"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert same.returncode == 1 and "Traceback" not in same.stderr, same.stderr[-3000:]
+    assert f"--output {dev} is {dev}, a file of the 'dev' split it predicts" in same.stderr
+    assert open(dev).read() == before
 
 
 def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):

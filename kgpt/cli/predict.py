@@ -146,6 +146,7 @@ def main(argv):
                 f"--data_dir reads a task's own format; a {model.task_name} model reads your "
                 f"tables: pass --input FILE (.csv, .tsv or .jsonl)."
             )
+        predict.check_output_not_read(FLAGS.output, task, FLAGS.split, FLAGS.data_dir)
         split = finetune_data.encode_split(task, FLAGS.split, FLAGS.data_dir, model.preprocessor)
         logger.info(finetune_data.describe_counts(FLAGS.split, split.counts))  # rows skipped or cut, as training says
         evaluation = finetune_outputs.evaluate_split(task, model, split, FLAGS.batch_size)

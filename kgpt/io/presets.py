@@ -79,19 +79,20 @@ def constructor_arguments(cls):
         for name, p in inspect.signature(cls.__init__).parameters.items()
         if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL) and name != "self"
     }
-    return {"name": None, "dtype": None, "trainable": True, **arguments}
+    return {**checks.KERAS_MODEL_ARGUMENTS, **arguments}
 
 
 def check_backbone_config(config, path, weights_path=None):
     """Refuses, before anything is built, a backbone config (`path`'s) that cannot build its model or does not fit
     the weights file `weights_path` (None: not checked), in one line naming `path` and the entry.
 
-    A missing entry is named; an entry the class does not take is named in a warning (Keras would drop it
-    silently); the values are checked by the class's `check_config` where it has one. A config whose sizes
-    were tampered with (`vocabulary_size: 2e7`, `num_layers: 1e9`) would allocate gigabytes before the weights
-    are compared: the file's arrays are compared first with the sizes (`min_weight_count`), then, unless the
-    model is quantized (its file holds scales too), one by one with the arrays the config describes
-    (`weight_shapes`). Classes without these methods are checked as far as they have them.
+    A missing entry is named; an entry the class does not take is named in a warning and removed from
+    `config` (its constructor refuses it); the values are checked by the class's `check_config` where it has
+    one. A config whose sizes were tampered with (`vocabulary_size: 2e7`, `num_layers: 1e9`) would allocate
+    gigabytes before the weights are compared: the file's arrays are compared first with the sizes
+    (`min_weight_count`), then, unless the model is quantized (its file holds scales too), one by one with the
+    arrays the config describes (`weight_shapes`); where one size alone differs from the weights', it is named
+    with the weights' value. Classes without these methods are checked as far as they have them.
     """
     cls = keras.saving.get_registered_object(config.get("registered_name") or "")
     if not isinstance(cls, type):
@@ -109,6 +110,8 @@ def check_backbone_config(config, path, weights_path=None):
             f"Warning: {path}: {cls.__name__} takes no {', '.join(map(repr, unknown))}: ignored. Its config "
             f"takes {', '.join(sorted(arguments))}."
         )
+        for key in unknown:  # the constructor refuses them
+            del inner[key]
     if hasattr(cls, "check_config"):
         try:
             cls.check_config({**arguments, **inner})
@@ -122,15 +125,40 @@ def check_backbone_config(config, path, weights_path=None):
         raise CheckpointError(f"{path}: {e}") from None
     found = collections.Counter(file_shapes(weights_path))
     held = sum(math.prod(shape) * n for shape, n in found.items())
+    dtype = inner.get("dtype")
+    quantized = isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicyMap"
+    shapes = hasattr(cls, "weight_shapes") and not quantized
+    if needed > held or (shapes and found != cls.weight_shapes(inner)):
+        changed = _changed_entry(cls, inner, found) if shapes else None
+        if changed:
+            key, value = changed
+            raise CheckpointError(
+                f"{path}: {key} is {inner[key]}, but {weights_path} holds the weights of a model with {key}="
+                f"{value}: the config and the weights do not belong together (was {key} edited?)."
+            )
     if needed > held:
         raise CheckpointError(
             f"{path} describes a model of at least {needed:,} weights, but {weights_path} holds "
             f"{held:,}: the config and the weights do not belong together."
         )
-    dtype = inner.get("dtype")
-    quantized = isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicyMap"
-    if hasattr(cls, "weight_shapes") and not quantized:
+    if shapes:
         _check_shapes(weights_path, f"the model {path} describes", found, cls.weight_shapes(inner))
+
+
+def _changed_entry(cls, config, found):
+    """`(key, value)`: the one size of `config` that, set to `value`, describes the arrays `found` (`{shape:
+    count}`), where exactly one does; None otherwise. Values are tried from the arrays' sizes and counts."""
+    candidates = {size for shape in found for size in shape} | set(range(1, sum(found.values()) + 1))
+    sizes = [k for k, v in config.items() if isinstance(v, int) and not isinstance(v, bool)]
+    matches = []
+    for key in sizes:
+        for value in candidates - {config[key]}:
+            try:
+                if cls.weight_shapes({**config, key: value}) == found:
+                    matches.append((key, value))
+            except (TypeError, ValueError, KeyError, ZeroDivisionError):
+                continue
+    return matches[0] if len(matches) == 1 else None
 
 
 # A run's output directory holds its model only once the run ends: what each job is, the command resuming it and

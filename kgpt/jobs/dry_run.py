@@ -513,6 +513,8 @@ def predict(
     predict_lib.check_output(
         output, "text" if not input else format or predict_lib.guess_format(input), overwrite, input
     )
+    if not input:
+        predict_lib.check_output_not_read(output, task, split, data_dir)
     plan.add(
         "output",
         "standard output"

@@ -324,6 +324,29 @@ def check_output(output, input_format, overwrite=False, input=None):
         raise ConfigError(f"--output {output} exists: pass --overwrite to replace it.")
 
 
+def check_output_not_read(output, task, split, data_dir):
+    """Refuses an `--output` that is one of the files `task` reads for `split` of `data_dir` (so that
+    `--overwrite` never replaces the data it predicts), naming the file.
+
+    The files are the ones the reader names in its examples' sources (`"file:line"`); the split is read
+    only when `output` exists.
+    """
+    if output == "-" or not os.path.exists(output):
+        return
+    seen = set()
+    for item in task.iter_examples(split, data_dir, {}):
+        name = str(item.source).rsplit(":", 1)[0]
+        if name in seen:
+            continue
+        seen.add(name)
+        for path in (name, os.path.join(data_dir, name)):
+            if os.path.isfile(path) and os.path.samefile(path, output):
+                raise ConfigError(
+                    f"--output {output} is {path}, a file of the {split!r} split it predicts: name another "
+                    f"file, so that the data stays."
+                )
+
+
 def through_link(output):
     """The file `--output` names: a symbolic link's target, written as `open(path, "w")` would (the link
     stays)."""

@@ -142,6 +142,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         dtype=None,
         **kwargs,
     ):
+        checks.model_kwargs(kwargs, type(self).__name__)
         # Checked values: NumPy integers and floats become Python ones, for Keras' layers and a JSON config.
         checked = GPTBackbone.check_config(
             {

@@ -101,6 +101,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
     preprocessor_cls = GPTCausalLMPreprocessor
 
     def __init__(self, backbone, preprocessor=None, **kwargs):
+        checks.model_kwargs(kwargs, type(self).__name__, also=("compile",))
         if preprocessor is not None:
             tokenizer_fits(preprocessor, backbone)
         length = getattr(preprocessor, "sequence_length", None)

@@ -105,7 +105,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         num_classes=None,
         **kwargs,
     ):
+        checks.model_kwargs(kwargs, type(self).__name__, also=("compile",))
         num_views = checks.positive_int(num_views, "num_views")
+        lm_coef = checks.nonnegative(lm_coef, "lm_coef")  # a float: a NumPy scalar is not saved in JSON
+        classifier_dropout = checks.rate(classifier_dropout, "classifier_dropout")
         head = _head(head, num_classes, num_views)
         if preprocessor is not None:
             _check_fits(preprocessor, backbone, head, num_views)
@@ -116,9 +119,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         self.fold_ids = FoldViews(name="fold_token_ids")
         self.fold_mask = FoldViews(name="fold_padding_mask")
         self.extract_states = ExtractStates(num_views, name="extract_states")
-        self.classifier_dropout_layer = Dropout(
-            checks.rate(classifier_dropout, "classifier_dropout"), name="classifier_dropout"
-        )
+        self.classifier_dropout_layer = Dropout(classifier_dropout, name="classifier_dropout")
         self.classifier = keras.layers.Dense(
             head.units(num_views),
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.02),
@@ -136,7 +137,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             states = ops.sum(states, axis=1)  # [B, H]
         scores = self.classifier(self.classifier_dropout_layer(states))  # [B, units] or [B, K, units]
         outputs = {"task": head.outputs(scores)}
-        if checks.nonnegative(lm_coef, "lm_coef") > 0:
+        if lm_coef > 0:
             outputs["lm"] = self.unfold_lm(hidden[:, :-1])  # [B, K, L-1, H]
         compile_now = kwargs.pop("compile", True)  # after the config below, which compile() reads
         super().__init__(

@@ -10,6 +10,7 @@ import keras
 from keras_hub.layers import ReversibleEmbedding
 from keras_hub.models import Backbone
 
+from kgpt import checks
 from kgpt.io.presets import PresetMixin
 from kgpt.models.gpt.gpt_backbone import AddedTokensMixin, _normal
 
@@ -50,6 +51,20 @@ class LSTMBackbone(AddedTokensMixin, PresetMixin, Backbone):
         dtype=None,
         **kwargs,
     ):
+        checks.model_kwargs(kwargs, type(self).__name__)
+        # Plain ints and a float, checked here: NumPy sizes fail inside Keras' LSTM, and they are saved.
+        vocabulary_size, hidden_dim, lstm_units, num_layers, max_sequence_length = (
+            checks.positive_int(value, name)
+            for value, name in (
+                (vocabulary_size, "vocabulary_size"),
+                (hidden_dim, "hidden_dim"),
+                (lstm_units, "lstm_units"),
+                (num_layers, "num_layers"),
+                (max_sequence_length, "max_sequence_length"),
+            )
+        )
+        dropout = checks.rate(dropout, "dropout")
+
         # === Layers ===
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,

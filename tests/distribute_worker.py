@@ -65,6 +65,28 @@ for job, mode in steps:
         )
         _, scores = finetune(config)
         results[f"finetune:{mode}"] = scores["history"]["loss"] + [scores["splits"]["dev"]["accuracy"]]
+    elif job == "lm_evaluate":  # padded text, its short rows on one replica and its long ones on the other
+        import numpy as np
+
+        import kgpt
+
+        rng = np.random.default_rng(0)
+        ids = rng.integers(1, 64, (16, 24)).astype("int32")
+        mask = (np.arange(24)[None, :] < np.repeat([3, 24], 8)[:, None]).astype("int32")
+        x, y, weights = {"token_ids": ids[:, :-1], "padding_mask": mask[:, :-1]}, ids[:, 1:], mask[:, 1:]
+        keras.utils.set_random_seed(5)
+        sizes = dict(num_layers=1, num_heads=2, hidden_dim=16, intermediate_dim=32, max_sequence_length=32)
+        plain = kgpt.GPTCausalLM(kgpt.GPTBackbone(vocabulary_size=64, **sizes))
+        logits = keras.ops.convert_to_numpy(plain(x)).astype("float64")
+        top = logits.max(-1, keepdims=True)
+        log_probs = logits - top - np.log(np.exp(logits - top).sum(-1, keepdims=True))
+        losses = -np.take_along_axis(log_probs, y[..., None], -1)[..., 0]
+        results["lm_evaluate:exact"] = float((losses * weights).sum() / weights.sum())
+        with distribute.training_scope(mode, batch_size=16):
+            lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(vocabulary_size=64, **sizes))
+            lm.set_weights(plain.get_weights())
+            lm.compile()
+            results[f"lm_evaluate:{mode}"] = lm.evaluate(x, y, sample_weight=weights, batch_size=16, verbose=0)[0]
 jobs = [job for job, _ in steps]
 if "model_parallel" in jobs:  # JAX: a backbone sharded over a ("batch", "model") mesh of 2 devices
     import numpy as np

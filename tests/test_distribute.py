@@ -53,14 +53,20 @@ def test_data_parallel_losses_match_one_device(tmp_path):
     # the suite's other worker would have had).
     if JAX:
         runs = {
-            "first": "pretrain:none,finetune:none,pretrain:data_parallel,finetune:data_parallel,model_parallel:none"
+            "first": "pretrain:none,finetune:none,pretrain:data_parallel,finetune:data_parallel,lm_evaluate:"
+            "data_parallel,model_parallel:none"
         }
     else:
-        runs = {"first": "pretrain:none,finetune:none,pretrain:data_parallel", "second": "finetune:data_parallel"}
+        runs = {
+            "first": "pretrain:none,finetune:none,pretrain:data_parallel",
+            "second": "finetune:data_parallel",
+            "third": "lm_evaluate:data_parallel",
+        }
     processes = {name: start_worker(str(tmp_path), jobs, preset, log=tmp_path / name) for name, jobs in runs.items()}
     try:
         first = worker_figures(processes["first"], tmp_path / "first")
         second = worker_figures(processes["second"], tmp_path / "second") if "second" in runs else first
+        third = worker_figures(processes["third"], tmp_path / "third") if "third" in runs else first
     finally:
         for process in processes.values():
             if process.poll() is None:
@@ -72,6 +78,9 @@ def test_data_parallel_losses_match_one_device(tmp_path):
     # replica's share (it once held one replica's, 0.35% off).
     np.testing.assert_allclose(parallel, single, rtol=2e-4)
     np.testing.assert_allclose(second["finetune:data_parallel"][:-1], first["finetune:none"][:-1], rtol=2e-4)
+    # GPTCausalLM.evaluate on padded text split over 2 devices: the mean over the batch's tokens (on TensorFlow
+    # it was the mean of each replica's mean, 0.34% off here).
+    np.testing.assert_allclose(third["lm_evaluate:data_parallel"], third["lm_evaluate:exact"], rtol=2e-5)
     if JAX:  # keras.distribution.ModelParallel: a backbone sharded over a ("batch", "model") mesh
         assert second["kernel_shards"] == 2 and second["kernel_shard_shape"] == [16, 16]  # 32 columns in 2
         assert second["model_parallel_max_difference"] < 1e-5

@@ -38,6 +38,21 @@ def positive_int(value, name, minimum=1, maximum=None, allow_none=False, or_else
     return value
 
 
+class RepeatedKeyError(ValueError):
+    """A JSON object gives one key twice (`args[0]`: the key)."""
+
+
+def unique_keys(pairs):
+    """`object_pairs_hook` for `json.load`: a key given twice in one object raises `RepeatedKeyError` (`json`
+    keeps the last value without a word)."""
+    obj = {}
+    for key, value in pairs:
+        if key in obj:
+            raise RepeatedKeyError(key)
+        obj[key] = value
+    return obj
+
+
 KERAS_MODEL_ARGUMENTS = {"name": None, "dtype": None, "trainable": True}  # with defaults: what a config may hold
 
 

@@ -256,6 +256,14 @@ def test_the_shapes_a_config_describes_are_the_models(sizes):
     )
 
 
+def test_a_key_given_twice_in_a_preset_file_is_named(tmp_path):
+    backbone().save_to_preset(str(tmp_path))
+    text = (tmp_path / "config.json").read_text()
+    (tmp_path / "config.json").write_text(text.replace('"num_layers": 2,', '"num_layers": 2, "num_layers": 12,', 1))
+    with pytest.raises(kgpt.CheckpointError, match=r"config.json: the key 'num_layers' is given twice in one object"):
+        kgpt.GPTBackbone.from_preset(str(tmp_path))  # json read 12, the last
+
+
 def test_config_nested_too_deeply_is_a_checkpoint_error(tmp_path):
     backbone().save_to_preset(str(tmp_path))
     (tmp_path / "config.json").write_text("[" * 100_000 + "]" * 100_000)

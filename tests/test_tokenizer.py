@@ -87,6 +87,10 @@ def test_bad_files_name_the_file(tmp_path):
     gaps.write_text(json.dumps({"a": 0, "b": 2}))
     with pytest.raises(ValueError, match="gaps.json: ids must be exactly 0..1"):
         GPTTokenizer.from_original(str(gaps), str(good_merges))
+    twice = tmp_path / "twice.json"
+    twice.write_text('{"a": 0, "b": 1, "a": 2}')  # json keeps the last "a": the vocabulary lost a token
+    with pytest.raises(ValueError, match=r"twice.json: the token 'a' is given twice\.$"):
+        GPTTokenizer.from_original(str(twice), str(good_merges))
     enc = tmp_path / "enc.json"
     enc.write_text(json.dumps({"a": 0, "b": 1, "ab": 2}))
     no_header = tmp_path / "nohdr.bpe"

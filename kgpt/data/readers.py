@@ -10,6 +10,7 @@ import contextvars
 import json
 import os
 
+from kgpt import checks
 from kgpt.errors import DataError
 
 # The list `recording` gives the readers, while one step of a task's reader runs. A task's reader is
@@ -185,27 +186,14 @@ def read_jsonl(path):
     """
     for line_no, line in _data_lines(path):
         try:
-            obj = json.loads(line, object_pairs_hook=_unique_keys)
+            obj = json.loads(line, object_pairs_hook=checks.unique_keys)
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
-        except _RepeatedKeyError as e:
+        except checks.RepeatedKeyError as e:
             raise DataError(f"{path}:{line_no}: the key {e.args[0]!r} is given twice in one object.") from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}.")
         yield line_no, obj
-
-
-class _RepeatedKeyError(Exception):
-    pass
-
-
-def _unique_keys(pairs):
-    obj = {}
-    for key, value in pairs:
-        if key in obj:
-            raise _RepeatedKeyError(key)
-        obj[key] = value
-    return obj
 
 
 def field(obj, key, source):

@@ -46,9 +46,11 @@ def read_json(path, what):
         raise CheckpointError(f"Missing {path}: expected {what}.")
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f, object_pairs_hook=checks.unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}); expected {what}.") from e
+    except checks.RepeatedKeyError as e:
+        raise CheckpointError(f"{path}: the key {e.args[0]!r} is given twice in one object; expected {what}.") from None
     except RecursionError:
         raise CheckpointError(f"{path} is nested too deeply to be {what}.") from None
 

@@ -20,7 +20,7 @@ import kgpt
 from kgpt.cli import analyze, train
 from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import storage
-from kgpt.jobs import predict, run
+from kgpt.jobs import predict, run, rundir
 from kgpt.jobs.config import RunConfig
 from kgpt.jobs.rundir import RunDirectory
 
@@ -225,6 +225,40 @@ def test_a_predict_output_that_is_a_file_of_the_split_it_predicts_is_refused(mon
         f.write("mine\n")
     predict.check_output_not_read("other.tsv", task, "dev", "data")
     assert open(dev).read() == "A cat sat.\tA cat sat.\tentails\n"
+
+
+def test_a_predict_output_naming_the_input_or_a_model_file_in_any_form_is_refused(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "in.tsv").write_text("hello\n")
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    os.symlink("model", "link")
+    url = f"file://{tmp_path}/in.tsv"
+    with pytest.raises(ConfigError, match=rf"^--output {re.escape(url)} is the --input file"):
+        predict.check_output(url, "text", True, "in.tsv")
+    for output in ("model/config.json", f"file://{tmp_path}/model/config.json", "link/config.json", "model/p.tsv"):
+        with pytest.raises(ConfigError, match=rf"^--output {re.escape(output)} is in the --model folder model:"):
+            predict.check_output(output, "text", True, "in.tsv", "model")
+    predict.check_output("model.tsv", "text", True, "in.tsv", "model")  # beside it, not in it
+    task = kgpt.TaskRegistry().get("scitail")
+    os.makedirs("data/tsv_format")
+    dev = "data/tsv_format/scitail_1.0_dev.tsv"
+    with open(dev, "w") as f:
+        f.write("A cat sat.\tA cat sat.\tentails\n")
+    with pytest.raises(ConfigError, match="a file of the 'dev' split"):
+        predict.check_output_not_read(f"file://{tmp_path}/{dev}", task, "dev", "data")
+
+
+def test_an_output_dir_that_is_or_holds_the_init_model_in_any_form_is_refused(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    assert rundir.written_by_run(str(model), f"file://{model}") == "."
+    assert rundir.written_by_run(f"file://{model}/", str(model)) == "."
+    assert rundir.written_by_run(str(model), str(tmp_path)) is None  # "model" is not a run's output
+    (tmp_path / "pretrained").mkdir()
+    assert rundir.written_by_run(str(tmp_path / "pretrained"), f"file://{tmp_path}") == "pretrained"
+    assert rundir.written_by_run("gs://b/m", "gs://b/m/") == "."
+    assert rundir.written_by_run("gs://b/m", "gs://b/n") is None
 
 
 def run_predict(folder, *commands):

@@ -90,6 +90,25 @@ def test_a_save_over_another_kind_of_model_names_what_it_removes(tmp_path, caplo
         f"model has none."
     ]
     assert sorted(os.listdir(tmp_path)) == ["config.json", "metadata.json", "model.weights.h5"]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="kgpt"):
+        model.save_to_preset(str(tmp_path))  # the pre-trained backbone's weights are replaced
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: {tmp_path} held another model's preset: it is replaced by this model's, which adds "
+        f"task.json, task.weights.h5."
+    ]
+
+
+def test_a_preset_is_a_local_folder_not_a_url(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for url in ("ram://m", "s3://b/m"):
+        with pytest.raises(ValueError, match=rf"^preset_dir {url}: save_to_preset writes a local folder \(save here"):
+            backbone().save_to_preset(url)
+        with pytest.raises(kgpt.CheckpointError, match=rf"^{url}: kgpt loads a preset from a local folder"):
+            kgpt.GPTTaskModel.from_preset(url)
+    with pytest.raises(ValueError, match=rf"^preset_dir file://{tmp_path}/m: .* \(pass {tmp_path}/m\)\.$"):
+        backbone().save_to_preset(f"file://{tmp_path}/m")
+    assert os.listdir(tmp_path) == []  # no local "ram:" folder, no half-written preset
 
 
 def test_tokenizer_round_trip_keeps_the_splitter(tmp_path):

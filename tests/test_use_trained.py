@@ -93,8 +93,9 @@ def test_init_must_be_fine_tuned_for_epochs_0_and_for_the_same_task(trained, tmp
         rf"\(it was fine-tuned from {preset}\)",
     ):
         finetune_lib.finetune(config(out, data, None, task="snli"))
-    with pytest.raises(ValueError, match="is the --init model"):
-        finetune_lib.finetune(config(out, data, out, epochs=0))
+    for output_dir in (out, f"file://{os.path.abspath(out)}"):  # --overwrite would have cleared the model
+        with pytest.raises(ValueError, match="is the --init model"):
+            finetune_lib.finetune(config(out, data, output_dir, epochs=0))
 
 
 def test_keep_best_records_the_epoch_whose_dev_score_is_kept(trained):

@@ -92,8 +92,10 @@ def main(argv):
     if FLAGS.output == "-":  # the predictions own standard output
         common.log_to_stderr()
     written = "text" if FLAGS.data_dir else FLAGS.format or predict.guess_format(FLAGS.input)
-    predict.check_output(FLAGS.output, written, FLAGS.overwrite, FLAGS.input)  # before the model loads
     from kgpt.io import hub, storage
+
+    local_model = None if hub.is_hub(FLAGS.model) else FLAGS.model
+    predict.check_output(FLAGS.output, written, FLAGS.overwrite, FLAGS.input, local_model)  # before the model loads
 
     for flag in ("input", "data_dir") + (() if hub.is_hub(FLAGS.model) else ("model",)):
         storage.check_local(FLAGS[flag].value, f"--{flag}")

@@ -26,6 +26,7 @@ import tempfile
 import urllib.parse
 
 from kgpt.errors import CheckpointError
+from kgpt.io import storage
 from kgpt.io.presets import CONFIG_FILE, MODEL_FILES, MODEL_WEIGHTS_FILE, PARTIAL_DIR, read_json
 
 PREFIX = "hf://"
@@ -270,6 +271,9 @@ def _openai_files(preset, files, cached_only=False):
 def local(preset, backbone_cls):
     """`preset` itself, or the local folder of the Hub preset it names (`fetch` with `backbone_cls`'s conversion)."""
     if not is_hub(preset):
+        storage.refuse_url(
+            preset, "kgpt loads a preset from a local folder or hf://OWNER/REPO", "copy it here first", CheckpointError
+        )
         return preset
     return fetch(preset, getattr(backbone_cls, "convert_openai_gpt", None))
 

@@ -29,7 +29,7 @@ import keras
 
 from kgpt import checks
 from kgpt.errors import CheckpointError
-from kgpt.io import run_folder
+from kgpt.io import run_folder, storage
 
 CONFIG_FILE = "config.json"
 MODEL_WEIGHTS_FILE = "model.weights.h5"
@@ -316,6 +316,13 @@ def check_save_target(preset_dir):
     path = os.fspath(preset_dir)
     if not path:
         raise ValueError("preset_dir is empty: pass the folder to save the preset in.")
+    storage.refuse_url(
+        path,
+        "save_to_preset writes a local folder",
+        "save here, then copy it; a run's --output_dir may be remote",
+        ValueError,
+        "preset_dir",
+    )
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"{path} is a file: a preset is saved as a folder; pass a folder's path.")
     run_folder.check_save_target(path)
@@ -349,6 +356,13 @@ def replace_preset(directory, write):
     shutil.rmtree(tmp, ignore_errors=True)
     write(tmp)
     written = set(os.listdir(tmp))
+    before = set(os.listdir(directory))
+    added = sorted(n for n in written - before if n in MODEL_FILES and n != METADATA_FILE)
+    if CONFIG_FILE in before and added:  # a task model, where a backbone preset was: its weights go too
+        logger.warning(
+            f"Warning: {directory} held another model's preset: it is replaced by this model's, which adds "
+            f"{', '.join(added)}."
+        )
     stale = sorted(n for n in os.listdir(directory) if n not in written and (n in MODEL_FILES or _SHARD_FILE.match(n)))
     for name in stale:
         os.remove(os.path.join(directory, name))

@@ -64,6 +64,27 @@ def is_remote(path):
     return scheme(path) is not None
 
 
+def local_form(path):
+    """The local path `path` names: itself without a scheme, `/x` for `file:///x`; None for another scheme.
+
+    For comparing an output with what a run reads: `file:///m` and `/m` are one folder.
+    """
+    name = scheme(path)
+    if name is None:
+        return os.fspath(path)
+    return os.fspath(path)[len(name) + 3 :] if name == "file" else None
+
+
+def refuse_url(path, why, otherwise, error=StorageError, flag=None):
+    """Raises `error` for a `path` with a URL scheme where kgpt reads or writes a local one, as
+    `"[FLAG ]PATH: WHY (WHAT TO DO)."`: the local path a `file://` one stands for, else `otherwise`."""
+    name = scheme(path) if path is not None else None
+    if name is None:
+        return
+    label = f"{flag} {path}" if flag else path
+    raise error(f"{label}: {why} (" + (f"pass {local_form(path)}" if name == "file" else otherwise) + ").")
+
+
 def join(path, *names):
     """`os.path.join` for a local path, `/`-joined for a remote one."""
     if not is_remote(path):
@@ -215,14 +236,7 @@ def check_local(path, flag):
     `ram:/t.csv` and reported missing. Only outputs may be remote
     (`--output_dir gs://...`); `local_copy` brings a remote folder here.
     """
-    name = scheme(path) if path is not None else None
-    if name is None:
-        return
-    local = path[len(name) + 3 :] if name == "file" else None
-    raise StorageError(
-        f"{flag} {path}: kgpt reads its inputs from local files "
-        + (f"(pass {local})." if local else "(copy it here first; outputs may be remote).")
-    )
+    refuse_url(path, "kgpt reads its inputs from local files", "copy it here first; outputs may be remote", flag=flag)
 
 
 def _call(what, fn, *args):

@@ -511,7 +511,7 @@ def predict(
         task = (registry or TaskRegistry()).get(saved.get("task_name"))
         plan.add("input", task_data(task, data_dir, [split], required=split))
     predict_lib.check_output(
-        output, "text" if not input else format or predict_lib.guess_format(input), overwrite, input
+        output, "text" if not input else format or predict_lib.guess_format(input), overwrite, input, model
     )
     if not input:
         predict_lib.check_output_not_read(output, task, split, data_dir)

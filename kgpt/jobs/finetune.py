@@ -32,7 +32,7 @@ from kgpt.jobs.finetune_data import read_splits, split_fingerprint
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
-from kgpt.jobs.rundir import same_path
+from kgpt.jobs.rundir import written_by_run
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
 from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns
 from kgpt.parallel import cluster
@@ -131,10 +131,16 @@ def check_config(config):
             raise ConfigError(
                 f"scratch_baseline fine-tunes the same model from fresh weights beside a pre-trained one, but {why}."
             )
-    if config.output_dir and config.init not in SPECIAL_INITS and same_path(config.output_dir, config.init):
+    inside = written_by_run(config.init, config.output_dir) if config.init not in SPECIAL_INITS else None
+    if inside == ".":
         raise ConfigError(
             f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
             f"another --output_dir."
+        )
+    if inside:
+        raise ConfigError(
+            f"--init {config.init} is in {inside} of output_dir {config.output_dir}, which a run there writes "
+            f"(--overwrite clears it): pass another --output_dir, or copy the model elsewhere first."
         )
 
 

@@ -295,20 +295,29 @@ def check_model(model_dir, given=None):
         raise ConfigError(f"--model {given} is not a fine-tuned model (no task.json of a GPTTaskModel): {run}.")
 
 
-def check_output(output, input_format, overwrite=False, input=None):
+def check_output(output, input_format, overwrite=False, input=None, model=None):
     """Refuses an `output` that `write` could not write as asked, in one line naming --output; for the
     command before its model loads and for --dry_run.
 
     `input_format` is the input's (`"text"` for a text file or a task's
     split, whose predictions are a TSV). The extension must be one the
     output is written in; an existing file needs `overwrite`, and is never
-    the `input` file itself.
+    the `input` file itself nor a file in the `model` folder, whatever
+    form (`file://`, a link) names it.
     """
     if output == "-":
         return
     storage.check_path(output, "--output", folder=False)
-    if input and os.path.exists(output) and os.path.exists(input) and os.path.samefile(output, input):
-        raise ConfigError(f"--output {output} is the --input file: name another file, so that the input stays.")
+    local = storage.local_form(output)
+    if local is not None and input and os.path.exists(local) and os.path.exists(input):
+        if os.path.samefile(local, input):
+            raise ConfigError(f"--output {output} is the --input file: name another file, so that the input stays.")
+    if local is not None and model and os.path.isdir(model):
+        inside = os.path.relpath(os.path.realpath(local), os.path.realpath(model))
+        if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
+            raise ConfigError(
+                f"--output {output} is in the --model folder {model}: name a file outside it, so that the model stays."
+            )
     extension = os.path.splitext(output)[1].lower()
     if input_format == "text" and tables.EXTENSIONS.get(extension) != "tsv":
         raise ConfigError(
@@ -331,7 +340,8 @@ def check_output_not_read(output, task, split, data_dir):
     The files are the ones the reader names in its examples' sources (`"file:line"`); the split is read
     only when `output` exists.
     """
-    if output == "-" or not os.path.exists(output):
+    local = storage.local_form(output) if output != "-" else None
+    if local is None or not os.path.exists(local):
         return
     seen = set()
     for item in task.iter_examples(split, data_dir, {}):
@@ -340,7 +350,7 @@ def check_output_not_read(output, task, split, data_dir):
             continue
         seen.add(name)
         for path in (name, os.path.join(data_dir, name)):
-            if os.path.isfile(path) and os.path.samefile(path, output):
+            if os.path.isfile(path) and os.path.samefile(path, local):
                 raise ConfigError(
                     f"--output {output} is {path}, a file of the {split!r} split it predicts: name another "
                     f"file, so that the data stays."

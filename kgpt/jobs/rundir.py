@@ -71,13 +71,30 @@ REWRITTEN = ("data", "zero_shot_data")
 
 
 def same_path(a, b):
-    """Whether two paths name the same existing directory (or the same path, when neither exists)."""
+    """Whether two paths name the same existing directory (or the same path, when neither exists); a
+    `file://` path is its local path, another remote one equal only to itself."""
     if a is None or b is None:
         return False
+    if storage.local_form(a) is None or storage.local_form(b) is None:
+        return os.fspath(a).rstrip("/") == os.fspath(b).rstrip("/")
+    a, b = storage.local_form(a), storage.local_form(b)
     try:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def written_by_run(path, directory):
+    """The name in `directory` that a run there writes (and `--overwrite` clears) which is or holds the
+    existing `path` (`"."` for `directory` itself), or None."""
+    if path is None or directory is None or same_path(path, directory):
+        return None if path is None or directory is None else "."
+    local, folder = storage.local_form(path), storage.local_form(directory)
+    if local is None or folder is None or not os.path.exists(local):
+        return None
+    relative = os.path.relpath(os.path.realpath(local), os.path.realpath(folder))
+    top = relative.split(os.sep)[0]
+    return top if top in OUTPUTS else None
 
 
 class RunDirectory:

@@ -101,9 +101,20 @@ def test_check_calls_each_metric_once_and_names_one_returning_no_number():
         raise ValueError("needs 100 labels")
 
     metrics.check(moods(wants_more))  # left to its first real call, which may well succeed
+    with pytest.raises(RegistryError, match=r"^Task 'moods': its metric 'wants_more' raised ValueError: needs 100 "):
+        metrics.check(moods(wants_more), [0, 1, 1, 0, 1])  # a run's training targets: it is broken
 
 
-def test_fine_tuning_names_a_metric_returning_no_number_before_it_trains(tiny_preset, tmp_path, monkeypatch):
+def test_a_metric_that_raises_is_named_with_its_task_in_one_line():
+    def mood(labels, predictions):
+        return {}["f1"]
+
+    with pytest.raises(RegistryError, match=r"^Task 'moods': its metric 'mood' raised KeyError: 'f1' \(on 2 labels;"):
+        metrics.score("moods", "mood", mood, [0, 1], [0, 1])
+
+
+@pytest.mark.parametrize("returned, message", [("array", r"returned an array of shape \(2,\)"), ("raise", "raised")])
+def test_fine_tuning_names_a_broken_metric_before_it_trains(tiny_preset, tmp_path, monkeypatch, returned, message):
     from kgpt.jobs import finetune, run
     from kgpt.jobs.config import FinetuneConfig
 
@@ -113,11 +124,13 @@ def test_fine_tuning_names_a_metric_returning_no_number_before_it_trains(tiny_pr
     monkeypatch.setattr(run, "fit", fit)
 
     def mood(labels, predictions):
+        if returned == "raise":
+            raise ZeroDivisionError("the plugin's bug")
         return np.array([0.5, 0.5])
 
     registry = kgpt.TaskRegistry(plugins=[Plugin(moods(mood))], entry_points=[])
     config = FinetuneConfig(
         task="moods", data_dir=str(tmp_path), init=tiny_preset, epochs=1, batch_size=4, max_length=16
     )
-    with pytest.raises(RegistryError, match=r"^Task 'moods'.*: its metric 'mood' returned an array of shape \(2,\)"):
+    with pytest.raises(RegistryError, match=rf"^Task 'moods'.*: its metric 'mood' {message}"):
         finetune.finetune(config, registry)

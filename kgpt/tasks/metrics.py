@@ -87,29 +87,46 @@ def resolve(metric):
 def score(task, name, fn, labels, predictions):
     """`fn(labels, predictions)` as a float: a task's metric `name` must return a number (NaN allowed).
 
-    Anything else (a string, an array, None) raises `RegistryError` naming the
-    task, the metric and what it returned, at the first call (`check` makes
-    that call before any work).
+    Anything else (a string, an array, None), or an exception inside the
+    metric, raises `RegistryError` naming the task, its plugin, the metric and
+    what it returned or raised (`check` makes that call before any work).
     """
-    return _number(task, name, fn(labels, predictions))
+    try:
+        value = fn(labels, predictions)
+    except Exception as e:  # noqa: BLE001 - a plugin's code: named as the plugin's, the traceback kept as the cause
+        raise RegistryError(
+            f"{_owner(task)}: its metric {name!r} raised {type(e).__name__}: {str(e)[:200]} (on {len(labels):,} "
+            f"labels; KGPT_TRACEBACK=1 shows where)."
+        ) from e
+    return _number(task, name, value)
 
 
 def check(task, labels=None):
-    """Scores each of `task`'s metrics once, `labels` against themselves: one that returns no number raises
-    `score`'s `RegistryError` before a run spends any work on the task.
+    """Scores each of `task`'s metrics once, `labels` against themselves: one that raises or returns no number
+    raises `score`'s `RegistryError` before a run spends any work on the task.
 
-    `labels` default to four targets of the task's head (0, 1, 1, 0). A metric
-    that raises on so few labels (one wanting every class, say) is left to its
-    first real call.
+    `labels` are a run's training targets (every class a metric may want is
+    there); by default four targets of the task's head (0, 1, 1, 0), on which
+    a metric that raises (one wanting every class, say) is left to its first
+    real call.
     """
-    labels = np.asarray([0, 1, 1, 0] if labels is None else labels, dtype=getattr(task.head, "target_dtype", None))
+    few = labels is None
+    labels = np.asarray([0, 1, 1, 0] if few else labels, dtype=getattr(task.head, "target_dtype", None))
     for metric in task.metrics:
         name, fn = resolve(metric)
+        if not few:
+            score(task, name, fn, labels, labels.copy())
+            continue
         try:
             value = fn(labels, labels.copy())
         except Exception:  # noqa: BLE001 - a plugin's metric may refuse these labels and score real predictions
             continue
         _number(task, name, value)
+
+
+def _owner(task):
+    plugin = getattr(task, "plugin", "")
+    return f"Task {getattr(task, 'name', task)!r}{f' of {plugin}' if plugin else ''}"
 
 
 def _number(task, name, value):
@@ -120,9 +137,8 @@ def _number(task, name, value):
     shown = (
         f"an array of shape {value.shape}" if isinstance(value, np.ndarray) else f"{type(value).__name__} {value!r:.60}"
     )
-    plugin = getattr(task, "plugin", "")
     raise RegistryError(
-        f"Task {getattr(task, 'name', task)!r}{f' of {plugin}' if plugin else ''}: its metric {name!r} returned "
+        f"{_owner(task)}: its metric {name!r} returned "
         f"{shown}, not a number; a metric returns one float (kgpt.testing.check_task checks a task's metrics)."
     )
 

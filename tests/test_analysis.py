@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ from conftest import char_tokenizer
 from test_train_callbacks import async_dispatch, events
 
 import kgpt
+from kgpt.errors import ConfigError
 from kgpt.jobs import experiments as analysis
 from kgpt.jobs import run
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
@@ -100,6 +102,29 @@ def test_ablations_errors(tiny_preset, tmp_path):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["bigger"], output_dir=str(tmp_path))
     with pytest.raises(ValueError, match="The lstm row needs --lstm_init"):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["lstm"], output_dir=str(tmp_path))
+
+
+def test_an_ablation_started_from_the_wrong_architecture_is_refused(tiny_preset, tiny_lstm_preset, tmp_path):
+    from kgpt.jobs import dry_run
+
+    # Both were fine-tuned and reported under the row's title.
+    for init, lstm_init, message in (
+        (tiny_preset, tiny_preset, rf"^--lstm_init {tiny_preset} is a pre-trained transformer, not an LSTM"),
+        (tiny_lstm_preset, tiny_lstm_preset, rf"^--init {tiny_lstm_preset} is a pre-trained lstm, not a transformer"),
+    ):
+        config = fine(init)
+        with pytest.raises(ConfigError, match=message):
+            analysis.ablations(config, {"sst2": None}, lstm_init=lstm_init, output_dir=str(tmp_path / "run"))
+        with pytest.raises(ConfigError, match=message):
+            dry_run.analyze(
+                "ablations",
+                config,
+                {"sst2": None},
+                str(tmp_path / "dry"),
+                rows=list(analysis.TABLE5),
+                lstm_init=lstm_init,
+            )
+    assert not os.path.exists(tmp_path / "run" / "runs")
 
 
 def test_unknown_or_repeated_architectures_and_rows_are_refused_before_any_work(tmp_path):
@@ -234,6 +259,12 @@ def test_cli_usage_errors():
     for args, message in (
         (["--seeds=0,x"], "--seeds: expected integers"),
         (["--seeds=1,1"], "--seeds: expected distinct integers"),
+        # These passed --dry_run and failed after the first seed's runs.
+        (["--seeds=0,-1"], r"^--seeds: each seed must be between 0 and 4294967295, got -1\.$"),
+        (["--seeds=99999999999"], "--seeds: each seed must be between 0 and 4294967295, got 99999999999"),
+        (["--tasks=,"], r"^--tasks: expected NAME or NAME=DATA_DIR, got ''\.$"),  # it named --zero_shot
+        (["--tasks=sst2="], r"^--tasks: expected .*, got 'sst2=' \(drop '=' for the task's embedded data\)\.$"),
+        (["--tasks=sst2,sst2=glue/SST-2"], r"^--tasks: task 'sst2' is named twice; name it once\.$"),
         (["--seeds=0,1", "--init=x"], "--seeds only applies to ablations, not zero-shot"),
     ):
         flags.FLAGS(["kgpt-analyze", *args])

@@ -297,6 +297,8 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
         ("pretrain", "zero_shot_examples", 0, "zero_shot_examples must be an integer >= 1, got 0."),
         ("pretrain", "zero_shot_examples", -1, "zero_shot_examples must be an integer >= 1, got -1."),
         ("pretrain", "zero_shot_every", 0, "zero_shot_every must be an integer >= 1, got 0."),
+        # A traceback from Keras when the model was built, after --dry_run had found no problem.
+        ("pretrain", "lstm_units", 0, "lstm_units must be an integer >= 1, got 0."),
     ],
 )
 def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, value, message):

@@ -24,6 +24,7 @@ from absl import app, flags
 from absl import logging as absl_logging
 
 from kgpt.cli import common, train  # common first: quiet TensorFlow start-up
+from kgpt.jobs import config as config_lib
 
 logger = common.command_logger("analyze")
 
@@ -81,7 +82,7 @@ def main(argv):
         raise ConfigError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).")
     _check_choices("architectures", ARCHITECTURES)  # before any vocabulary, corpus or model work, dry run too
     _check_choices("rows", TABLE5_ROWS)
-    tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode])
+    tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode], "--tasks")
     seeds = _seeds()
     if seeds is not None and mode != "ablations":
         raise app.UsageError(f"--seeds only applies to ablations, not {mode}; use --seed.", exitcode=2)
@@ -219,6 +220,10 @@ def _seeds():
         raise app.UsageError(
             f"--seeds: expected distinct integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.", exitcode=2
         )
+    low, high = config_lib.SEEDS
+    for seed in seeds:
+        if not low <= seed <= high:
+            raise app.UsageError(f"--seeds: each seed must be between {low} and {high}, got {seed}.", exitcode=2)
     return seeds
 
 

@@ -162,14 +162,21 @@ def lstm_settings():
     return unset
 
 
-def parse_task_dirs(items):
-    """`["sst2", "cola=glue/CoLA"]` -> `{"sst2": None, "cola": "glue/CoLA"}`."""
+def parse_task_dirs(items, flag="--zero_shot"):
+    """`["sst2", "cola=glue/CoLA"]` -> `{"sst2": None, "cola": "glue/CoLA"}`; a usage error naming `flag` for
+    an empty name or folder, or a task named twice."""
     parsed = {}
     for item in items:
-        name, _, data_dir = item.partition("=")
-        if not name:
-            raise app.UsageError(f"--zero_shot: expected NAME or NAME=DATA_DIR, got {item!r}.", exitcode=2)
-        parsed[name.strip()] = data_dir.strip() or None
+        name, equals, data_dir = (part.strip() for part in item.partition("="))
+        if not name or (equals and not data_dir):
+            raise app.UsageError(
+                f"{flag}: expected NAME or NAME=DATA_DIR, got {item!r}"
+                + (" (drop '=' for the task's embedded data)." if name else "."),
+                exitcode=2,
+            )
+        if name in parsed:
+            raise app.UsageError(f"{flag}: task {name!r} is named twice; name it once.", exitcode=2)
+        parsed[name] = data_dir or None
     return parsed
 
 

@@ -37,6 +37,7 @@ from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub, storage
 from kgpt.io.presets import MODEL_WEIGHTS_FILE, check_backbone_preset, check_task_preset, file_shapes, read_json
 from kgpt.io.run_folder import CHECKPOINTS
+from kgpt.jobs import experiments
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN
@@ -571,6 +572,7 @@ def analyze(
             f"{', '.join(map(str, wanted))} block(s)",
         )
     else:
+        experiments.check_starts(rows, config.init, lstm_init)
         if "lstm" in rows:
             plan.add(
                 "LSTM",

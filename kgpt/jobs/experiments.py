@@ -110,6 +110,15 @@ def _init(base, output_dir):
     return _demo_pretrained(output_dir, "transformer", base.seed) if base.init in (None, "demo") else base.init
 
 
+def check_starts(rows, init, lstm_init):
+    """Raises `ConfigError` when the ablation `rows` would start from a model of the wrong architecture:
+    `lstm_init` not an LSTM, or `init` (a local folder or None) not a transformer."""
+    if "lstm" in rows and lstm_init is not None:
+        pretrained_lib.check_architecture(lstm_init, "lstm", "--lstm_init")
+    if set(rows) - {"lstm"} and init not in (None, "demo"):
+        pretrained_lib.check_architecture(init, "transformer", "--init")
+
+
 def transfer_depth(base, layers=None, output_dir="analysis", registry=None):
     """Fine-tunes `base.task` with the embeddings + first n blocks transferred, for each n in `layers`.
 
@@ -303,6 +312,7 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
                 "(kgpt-train --task lm --architecture lstm --output_dir DIR)."
             )
         lstm_init = _demo_pretrained(output_dir, "lstm", base.seed)
+    check_starts(rows, init, lstm_init)
     settings = {
         "full": {"init": init},
         "no_pretraining": {"init": init, "pretrained_weights": False},

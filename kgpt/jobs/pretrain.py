@@ -166,6 +166,7 @@ def check_config(config):
         num_heads=1,
         hidden_dim=1,
         intermediate_dim=1,
+        lstm_units=1,
         num_merges=0,
         warmup_steps=0,
         checkpoint_every=0,

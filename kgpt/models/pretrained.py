@@ -2,7 +2,7 @@
 
 import os
 
-from kgpt.errors import CheckpointError
+from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub
 from kgpt.io.presets import check_finished, load_any_backbone
 from kgpt.models.converters import original
@@ -36,6 +36,24 @@ def format_of(path):
             f"({original.HF_WEIGHTS_FILE}). (kgpt-train --init scratch fine-tunes without pre-training.)"
         )
     return "preset"
+
+
+def check_architecture(path, architecture, flag):
+    """Raises `ConfigError` naming `flag` when the pre-trained model at `path` (a local folder) is not a
+    `"transformer"` or an `"lstm"` as `architecture` says: an ablation's row would be labelled wrongly."""
+    from kgpt.io.presets import CONFIG_FILE, read_json
+
+    found = "transformer"
+    if format_of(path) == "preset":
+        name = read_json(os.path.join(path, CONFIG_FILE), "a backbone's Keras config")
+        found = (
+            "lstm" if isinstance(name, dict) and str(name.get("registered_name")).endswith("LSTMBackbone") else found
+        )
+    if found != architecture:
+        what = {"lstm": "an LSTM (kgpt-train --task lm --architecture lstm)", "transformer": "a transformer"}
+        raise ConfigError(
+            f"{flag} {path} is a pre-trained {found}, not {what[architecture]}: its row would be labelled wrongly."
+        )
 
 
 def load_pretrained(path, num_heads=12, dtype=None):

@@ -9,6 +9,13 @@ class DataError(ValueError):
     """A malformed input row or file; the message starts with `file:line`."""
 
 
+class EmptyTextError(DataError):
+    """A text with no tokens: empty, or only what the tokenizer drops (control characters, a lone BOM).
+
+    A run's reading leaves such an example out and counts it; a prediction refuses it.
+    """
+
+
 class ReaderTypeError(DataError, TypeError):
     """A task's reader returned or yielded something else than `kgpt.Example`/`Skipped`.
 

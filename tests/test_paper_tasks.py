@@ -362,5 +362,7 @@ def test_story_cloze_errors(tmp_path):
 def test_empty_text_is_counted_not_silently_dropped(tmp_path):
     data = write_glue(tmp_path / "sst2", "sst2")
     with open(os.path.join(data, "train.tsv"), "a") as f:
-        f.write(" \t1\n")
-    assert encode("sst2", data).counts["skipped_reasons"] == {"empty text field": 1}
+        f.write(" \t1\n\x01\x02\t0\n\x7f\ufeff\t1\n")  # the last two: no tokens, trained on as [start][extract] before
+    counts = encode("sst2", data).counts
+    assert counts["skipped_reasons"] == {"empty text field": 1, "text with no tokens": 2}
+    assert counts["read"] == counts["used"] + counts["skipped"]

@@ -120,6 +120,9 @@ def test_preprocessor_takes_keras_hub_style_inputs():
         (transforms.Classification(), ["fine", ""], r"inputs example 1: a text is empty \(''\): leave the example out"),
         (transforms.Entailment(), (["p"], ["   "]), r"inputs example 0: a text is empty \('   '\)"),
         (transforms.MultipleChoice(2), (["ctx"], [["yes", ""]]), r"inputs example 0: a text is empty"),
+        # Control characters and a lone byte-order mark: no tokens, [start][extract] predicted as well.
+        (transforms.Classification(), ["fine", "\x01\x02"], r"inputs example 1: the text '\\x01\\x02' has no tokens"),
+        (transforms.Entailment(), (["p"], ["\ufeff"]), r"inputs example 0: the text '\\ufeff' has no tokens"),
     ],
 )
 def test_preprocessor_errors_name_the_example(transform, inputs, message):
@@ -283,3 +286,14 @@ def test_reader_rows_that_are_not_text_name_their_source():
     silent = kgpt.Task(name="silent", transform=transforms.Classification(), labels=("a", "b"), read=lambda s, d: None)
     with pytest.raises(TypeError, match=r"Task 'silent': read\('train', ...\) returned NoneType"):
         silent.examples("train", "data")
+
+
+def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
+    from kgpt.jobs import predict
+
+    path = tmp_path / "in.txt"
+    path.write_text("fine\n\x01\x02\n")
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=16)
+    inputs = predict.read_inputs(str(path), preprocessor.transform, "text", None)
+    with pytest.raises(kgpt.DataError, match=rf"^{path}:2: the text '\\x01\\x02' has no tokens"):
+        predict.encode(preprocessor, inputs)

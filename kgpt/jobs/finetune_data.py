@@ -13,7 +13,7 @@ import os
 import numpy as np
 
 from kgpt.data import batching
-from kgpt.errors import DataError
+from kgpt.errors import DataError, EmptyTextError
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,11 @@ def encode_split(task, split, data_dir, preprocessor, rows=None):
     tally = {}
     truncated = tokens_cut = used = 0
     for item in task.iter_examples(split, data_dir, tally):
-        views, cut = preprocessor.encode(item.segments, item.choices)
+        try:
+            views, cut = preprocessor.encode(item.segments, item.choices)
+        except EmptyTextError:  # counted as the reader counts an empty text
+            tally["skipped"]["text with no tokens"] += 1
+            continue
         truncated += cut > 0
         tokens_cut += cut
         used += 1

@@ -35,7 +35,7 @@ import sys
 
 from kgpt.data import batching, tables
 from kgpt.data.readers import _data_lines
-from kgpt.errors import ConfigError, DataError
+from kgpt.errors import ConfigError, DataError, EmptyTextError
 from kgpt.io import storage
 from kgpt.io.storage import write_text
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
@@ -228,8 +228,11 @@ def encode(preprocessor, inputs):
     """`inputs` -> an `EncodedSplit` (ids kept); truncation is counted in its `counts`."""
     builder = batching.SplitBuilder("inputs", preprocessor.transform.num_views, preprocessor.max_length)
     truncated = tokens_cut = 0
-    for (segments, choices), uid in zip(inputs.examples, inputs.ids):
-        views, cut = preprocessor.encode(segments, choices)
+    for (segments, choices), uid, source in zip(inputs.examples, inputs.ids, inputs.sources or inputs.ids):
+        try:
+            views, cut = preprocessor.encode(segments, choices)
+        except EmptyTextError as e:  # a prediction for every row, or a refusal naming it
+            raise EmptyTextError(f"{source}: {e}.") from None
         truncated += cut > 0
         tokens_cut += cut
         builder.add(views, uid=uid)

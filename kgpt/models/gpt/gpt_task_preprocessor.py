@@ -15,6 +15,7 @@ from keras_hub.models import Preprocessor
 
 from kgpt import checks
 from kgpt.data import batching, inputs_kind
+from kgpt.errors import EmptyTextError
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
 from kgpt.tasks import transforms
@@ -128,11 +129,17 @@ class GPTTaskPreprocessor(Preprocessor):
             if not isinstance(text, str):
                 raise ValueError(f"expected text, got {type(text).__name__} {text!r:.80}")
             if not text.strip():  # a task's reader counts and skips such rows (`Task.iter_examples`)
-                raise ValueError(f"a text is empty ({text!r}): leave the example out")
-        encode = self.tokenizer.encode
+                raise EmptyTextError(f"a text is empty ({text!r}): leave the example out")
+        encoded = [self.tokenizer.encode(text) for text in (*segments, *choices)]
+        for text, ids in zip((*segments, *choices), encoded):
+            if not len(ids):  # the view would be the special tokens alone; a run's split counts and skips it
+                raise EmptyTextError(
+                    f"the text {text!r:.40} has no tokens (the tokenizer drops all its characters): leave the "
+                    f"example out"
+                )
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
         return transforms.build_views(
-            self.transform, [encode(s) for s in segments], [encode(c) for c in choices], layout, self.sequence_length
+            self.transform, encoded[: len(segments)], encoded[len(segments) :], layout, self.sequence_length
         )
 
     # --- a batch -------------------------------------------------------------

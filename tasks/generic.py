@@ -44,6 +44,7 @@ import re
 import kgpt
 from kgpt.data import tables
 from kgpt.errors import ConfigError, DataError
+from kgpt.tasks import heads
 from kgpt.tasks.metrics import METRICS
 from kgpt.tasks.transforms import Classification, Entailment, MultipleChoice
 from kgpt_tasks import glue_demo
@@ -249,6 +250,8 @@ def _label(table, row, column, line):
     label = table.value(row, column, line).strip()
     if not label:
         raise DataError(f"{table.path}:{line}: empty label in column {column!r}.")
+    if heads.unwritable(label):
+        raise DataError(f"{table.path}:{line}: label {label!r} in column {column!r} {heads.unwritable(label)}.")
     return label
 
 

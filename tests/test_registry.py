@@ -289,6 +289,7 @@ def test_list_table_shows_tasks_and_problems():
         (dict(name="lm"), "reserved"),
         (dict(labels=("a",)), "at least 2 labels"),
         (dict(labels=("a", "a")), "labels repeat"),
+        (dict(labels=("a", "b\tc")), r"label 'b\\tc' holds a tab or line break, which the predictions' TSV"),
         (dict(metrics=("bleu",)), "Unknown metric 'bleu'"),
         (dict(transform="entailment"), "transform must be a kgpt.tasks.transforms.Transform"),
         (

@@ -225,6 +225,11 @@ def test_a_field_over_pythons_csv_limit_is_read_whole(tmp_path):
         ("w.tsv", "text\tlabel\n".encode("utf-16-le"), r"w\.tsv:1: byte 1 of the line is a NUL"),
         ("h.tsv", b"text\tlabel\ttext\nx\ty\tz\n", r"h\.tsv:1: the header names column 'text' twice"),
         ("e.csv", b"\xef\xbb\xbftext,label\na,\n", r"e\.csv:2: empty label in column 'label'"),
+        (  # it broke the predictions' TSV (a column p_<label> and the rows) and validation.tsv, exit 0
+            "q.csv",
+            b'text,label\na,"x\ny"\nb,z\n',
+            r"q\.csv:2: label 'x\\ny' in column 'label' holds a tab or line break, which the predictions' TSV",
+        ),
     ],
 )
 def test_files_that_are_not_what_they_claim_are_named_in_one_line(tmp_path, name, data, error):

@@ -134,6 +134,14 @@ class Categorical(Head):
 
 
 @keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
+def unwritable(label):
+    """Why the label name `label` cannot be written in a predictions file (a TSV, with a `p_<label>` column),
+    or None."""
+    if any(c in str(label) for c in "\t\n\r"):
+        return "holds a tab or line break, which the predictions' TSV cannot hold"
+    return None
+
+
 class ClassificationHead(Categorical):
     """One of `labels`: logits, cross-entropy, softmax probabilities.
 
@@ -160,6 +168,9 @@ class ClassificationHead(Categorical):
             raise ValueError(f"A classification head needs at least 2 labels, got {labels!r}.")
         if len(set(labels)) != len(labels):
             raise ValueError(f"ClassificationHead labels repeat: {labels}.")
+        for name in labels:
+            if unwritable(name):
+                raise ValueError(f"ClassificationHead label {name!r} {unwritable(name)}.")
         self.labels = labels
 
     def units(self, num_views):

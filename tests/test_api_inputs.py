@@ -490,6 +490,10 @@ def test_fit_and_predict_refuse_bad_batches(lm):
     ids = np.ones((2, 8), "int32")
     with pytest.raises(ValueError, match=r"y must have the shape of x\['token_ids'\] \(2, 8\).*got \(2, 5\)"):
         lm.fit({"token_ids": ids, "padding_mask": ids}, ids[:, :5], verbose=0)
+    for method in ("fit", "evaluate"):  # AttributeError: 'NoneType' object has no attribute 'shape'
+        with pytest.raises(ValueError, match=rf"^{method}\(\) on token ids needs y, the next token at each position"):
+            getattr(lm, method)({"token_ids": ids, "padding_mask": ids}, verbose=0)
+    lm.fit({"token_ids": ids, "padding_mask": ids}, ids, verbose=0)  # the model still trains (TensorFlow could not)
     with pytest.raises(ValueError, match="sampler='nucleus' is not a keras-hub sampler"):
         text_lm(newline_tokenizer()).compile(sampler="nucleus")
 

@@ -120,6 +120,10 @@ def test_lm_predict_names_what_is_wrong_with_x(lm, x, error, match):
             r"token ids is \{'task': targets \[batch\], 'lm': x\['token_ids'\]\[..., 1:\]\}",
         ),
         (np.array([0, 1, 1, 0]), r"y is a ndarray; the model's outputs are \['lm', 'task'\]"),
+        (  # an optree structure error, after which a TensorFlow model could not fit again
+            None,
+            r"^(fit|evaluate|train_on_batch)\(\) on token ids needs y, \{'task': targets \[batch\], 'lm': x\['tok",
+        ),
         ("task_lm_extra", r"unknown|has keys \['extra', 'lm', 'task'\]"),
         ("task_7", r"y\['task'\]\[2\] is 7: class indices must be in \[0, 2\) \(the head's 2 classes\)"),
         ("task_-1", r"y\['task'\]\[0\] is -1: class indices must be in \[0, 2\)"),
@@ -154,6 +158,8 @@ def test_targets_on_token_ids_are_checked(task, method, y, match):
     kwargs = {} if method == "train_on_batch" else {"verbose": 0}
     with pytest.raises(ValueError if "dtype" not in match else TypeError, match=match):
         getattr(task, method)(x, y, **kwargs)
+    if y is None and method == "fit":
+        task.fit(x, good, **kwargs)  # the model still trains
 
 
 def test_sample_weights_and_validation_data_are_checked_too(task):

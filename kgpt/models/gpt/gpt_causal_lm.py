@@ -347,6 +347,11 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if isinstance(x, (str, bytes)):
             raise TypeError(f"{method}() takes a list of texts, got one string: pass [{x!r:.40}].")
         self._check_ids(x, y)
+        if method != "predict" and y is None and not inputs_kind.is_text(x) and _concrete_ids(x) is not None:
+            raise ValueError(
+                f"{method}() on token ids needs y, the next token at each position, of x['token_ids']'s shape "
+                f"(as the preprocessor makes them: x from ids[:, :-1], y = ids[:, 1:]); or pass text."
+            )
         if inputs_kind.is_text(x):
             self._check_texts(x, y, method)
         return checks.dataset_ids(x, self.backbone.vocabulary_size, targets=True), batch_size

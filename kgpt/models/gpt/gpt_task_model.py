@@ -411,10 +411,11 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             )
         return encode_dataset(ds, self.encode, self.num_views, self.head.target_dtype, "lm" in self.output, targets)
 
-    def _check_inputs(self, x, batch_size, y=None, sample_weight=None, name="x"):
+    def _check_inputs(self, x, batch_size, y=None, sample_weight=None, name="x", targets=None):
         """What `fit`, `evaluate` and the `predict` methods check before anything runs; returns `batch_size`.
 
-        On token ids, `y` and `sample_weight` too (`_check_targets`).
+        On token ids, `y` and `sample_weight` too (`_check_targets`; `targets`
+        names the method that needs `y`).
         """
         checks.not_none(x, name)
         checks.not_a_generator(x, name)
@@ -423,7 +424,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             checks.token_id_dict(x, "[batch, num_views, length]", name)
             checks.model_inputs(x, self.backbone.vocabulary_size, self.backbone.max_sequence_length, ndim=3, name=name)
             self._check_views(x, name)
-            self._check_targets(x, y, sample_weight)
+            self._check_targets(x, y, sample_weight, targets)
         return checks.batch_size(batch_size)
 
     def _check_views(self, x, name):
@@ -453,8 +454,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 f"then padding (the head reads the last real token)."
             )
 
-    def _check_targets(self, x, y, sample_weight):
-        """Targets beside token-id arrays: `{"task": [batch], "lm": token_ids[..., 1:]}` (a bare task array
+    def _check_targets(self, x, y, sample_weight, targets=None):
+        """Targets beside token-id arrays (required by the method `targets` names, `"fit"` or `"evaluate"`): `{"task": [batch], "lm": token_ids[..., 1:]}` (a bare task array
         without the LM output), each in range and one per example. Class indices past the head's classes
         trained silently on JAX and failed deep in TensorFlow's graph; LM targets past the vocabulary gave NaN."""
         ids = checks.concrete(x.get("token_ids")) if isinstance(x, dict) else None
@@ -462,10 +463,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             return
         ids = np.asarray(ids)
         outputs = sorted(self.output)
+        layout = "{'task': targets [batch]" + (", 'lm': x['token_ids'][..., 1:]}" if "lm" in outputs else "}")
         if y is not None:
             if not isinstance(y, dict) and outputs == ["task"]:
                 y = {"task": y}
-            layout = "{'task': targets [batch]" + (", 'lm': x['token_ids'][..., 1:]}" if "lm" in outputs else "}")
             if not isinstance(y, dict) or sorted(map(str, y)) != outputs:
                 got = f"has keys {sorted(map(str, y))}" if isinstance(y, dict) else f"is a {type(y).__name__}"
                 raise ValueError(
@@ -486,6 +487,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                         f"(x['token_ids'][..., 1:], each position's next token), got {lm.shape}."
                     )
             checks.same_batch(len(ids), {f"y[{k!r}]": v for k, v in y.items()})
+        elif targets:
+            raise ValueError(f"{targets}() on token ids needs y, {layout}; or pass text with its labels.")
         if isinstance(sample_weight, dict):
             checks.same_batch(len(ids), {f"sample_weight[{k!r}]": v for k, v in sample_weight.items()})
         elif sample_weight is not None:
@@ -521,7 +524,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         NumPy's global generator is left alone.
         `validation_data=(texts, labels)` is encoded the same way.
         """
-        batch_size = self._check_inputs(x, batch_size, y, kwargs.get("sample_weight"))
+        batch_size = self._check_inputs(x, batch_size, y, kwargs.get("sample_weight"), targets="fit")
         if isinstance(validation_data, tuple) and len(validation_data) in (2, 3):
             self._check_inputs(validation_data[0], None, *validation_data[1:], name="validation_data[0]")
         if inputs_kind.is_text_dataset(x):
@@ -577,7 +580,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """Keras `evaluate`; on raw text, `y` holds labels."""
-        batch_size = self._check_inputs(x, batch_size, y, kwargs.get("sample_weight"))
+        batch_size = self._check_inputs(x, batch_size, y, kwargs.get("sample_weight"), targets="evaluate")
         if inputs_kind.is_text_dataset(x):
             x = self._encode_dataset(x, targets=True)
         elif _is_text(x) or isinstance(x, batching.EncodedSplit):
@@ -639,11 +642,11 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         return export_task_model(self, filepath, format=format, verbose=verbose, **kwargs)
 
     def train_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        self._check_inputs(x, None, y, sample_weight)
+        self._check_inputs(x, None, y, sample_weight, targets="train_on_batch")
         return keras.Model.train_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
     def test_on_batch(self, x, y=None, sample_weight=None, **kwargs):
-        self._check_inputs(x, None, y, sample_weight)
+        self._check_inputs(x, None, y, sample_weight, targets="test_on_batch")
         return keras.Model.test_on_batch(self, x, y, sample_weight=sample_weight, **kwargs)
 
     def save_task_weights(self, filepath):

@@ -343,6 +343,9 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
 
 
 DATASET_ID_ERROR = "A token id in the dataset is out of range at"
+# How an error in a dataset of text's encoding (a batch read inside tf.data) starts: `dataset_errors` finds it in
+# TensorFlow's error and gives its line alone.
+DATASET_TEXT_ERROR = "In a tf.data.Dataset of text, "
 
 
 # Keras' JAX trainer detaches every variable's value while a fit, evaluate or predict loop runs: a call
@@ -361,8 +364,8 @@ def one_loop_at_a_time():
 
 @contextlib.contextmanager
 def dataset_errors(model):
-    """Around a Keras loop on `model`: `one_loop_at_a_time`, and the error `dataset_ids` raises while Keras
-    reads a dataset turned into a one-line `ValueError`.
+    """Around a Keras loop on `model`: `one_loop_at_a_time`, and the errors `dataset_ids` and a dataset of
+    text's encoding raise while Keras reads a dataset turned into a one-line `ValueError`.
 
     Whatever fails inside the call, `model` keeps its weights: Keras' JAX
     trainer detaches them from the variables while a loop runs, and a failure
@@ -376,6 +379,8 @@ def dataset_errors(model):
         except Exception as e:  # noqa: BLE001 - re-raised, as it was or as a ValueError
             _restore(model, kept)
             text = str(e)
+            if DATASET_TEXT_ERROR in text and not isinstance(e, ValueError):
+                raise ValueError(text[text.index(DATASET_TEXT_ERROR) :].splitlines()[0]) from None
             if DATASET_ID_ERROR not in text:
                 raise
             line = text[text.index(DATASET_ID_ERROR) :].split("]")[0]

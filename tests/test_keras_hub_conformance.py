@@ -394,14 +394,25 @@ def test_a_dataset_of_strings_is_refused_when_it_cannot_train(classifier):
         classifier.fit(tf.data.Dataset.from_tensor_slices(TEXTS).batch(2))
     with pytest.raises(ValueError, match=r"not batched: batch it first"):
         classifier.fit(tf.data.Dataset.from_tensor_slices((TEXTS, [0, 1])))
-    with pytest.raises(ValueError, match=r"dataset label 1: .*'maybe'"):
+    with pytest.raises(ValueError, match=r"^In a tf.data.Dataset of text, batch 0 \(from 0\) label 1: .*'maybe'"):
         classifier.fit(tf.data.Dataset.from_tensor_slices((TEXTS, ["pos", "maybe"])).batch(2))
+    # Past the first batch, read inside tf.data: TensorFlow's InvalidArgumentError with its EagerPyFunc traceback.
+    later = tf.data.Dataset.from_tensor_slices((TEXTS * 3, ["pos", "neg"] * 2 + ["maybe", "pos"])).batch(2)
+    with pytest.raises(
+        ValueError,
+        match=r"^In a tf.data.Dataset of text, batch 2 \(from 0\) label 0: label 'maybe' is not one of 'neg', 'pos'\.$",
+    ):
+        classifier.fit(later, verbose=0)
+    with pytest.raises(
+        ValueError, match=r"^In a tf.data.Dataset of text, batch 1 \(from 0\) example 1: a text is empty"
+    ):
+        classifier.predict(tf.data.Dataset.from_tensor_slices(TEXTS + [TEXTS[0], " "]).batch(2), verbose=0)
     pairs = kgpt.GPTTaskModel(
         classifier.backbone,
         heads.ClassificationHead(["a", "b"]),
         preprocessor=kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Entailment(), max_length=LENGTH),
     )
-    with pytest.raises(ValueError, match=r"dataset example 0: entailment needs 2 text segments, got 1"):
+    with pytest.raises(ValueError, match=r"batch 0 \(from 0\) example 0: entailment needs 2 text segments, got 1"):
         pairs.predict(tf.data.Dataset.from_tensor_slices(TEXTS).batch(2), verbose=0)
 
 

@@ -331,12 +331,15 @@ def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
     num_x = len(tf.nest.flatten(x_spec))
     target_type = tf.float32 if np.dtype(target_dtype).kind == "f" else tf.int32
 
-    def encode_batch(*tensors):
+    def encode_batch(index, *tensors):
         texts = tf.nest.pack_sequence_as(x_spec, [t.numpy() for t in tensors[:num_x]])
         labels = None
         if targets:
             labels = [v.decode("utf-8") if isinstance(v, bytes) else v for v in tensors[num_x].numpy().tolist()]
-        split = encode(texts, labels, name="dataset")
+        try:
+            split = encode(texts, labels, name=f"batch {int(index)} (from 0)")
+        except (ValueError, TypeError) as e:  # on one line: `checks.dataset_errors` finds it in TensorFlow's error
+            raise type(e)(checks.DATASET_TEXT_ERROR + " ".join(str(e).split())) from None
         indices = np.arange(len(split))
         if not targets:
             inputs = split.inputs(indices)
@@ -348,9 +351,9 @@ def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
         x, y, _ = keras.utils.unpack_x_y_sample_weight(element) if isinstance(element, tuple) else (element, None, None)
         return tf.nest.flatten(x) + ([y] if targets else [])
 
-    def to_model(*element):
+    def to_model(index, element):
         types = (tf.int32, tf.int32) + ((target_type, tf.float32) if targets else ())
-        outputs = tf.py_function(encode_batch, split_element(element[0] if len(element) == 1 else element), types)
+        outputs = tf.py_function(encode_batch, [index, *split_element(element)], types)
         for tensor in outputs[:2]:
             tensor.set_shape((None, num_views, None))
         inputs = {"token_ids": outputs[0], "padding_mask": outputs[1]}
@@ -367,5 +370,5 @@ def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
     # The first batch is encoded here, eagerly: a mistake in the data (a segment missing, an unknown label)
     # is then a ValueError naming the example, not an error from inside the tf.data pipeline.
     for element in ds.take(1):
-        encode_batch(*split_element(element))
-    return ds.map(to_model)
+        encode_batch(0, *split_element(element))
+    return ds.enumerate().map(to_model)

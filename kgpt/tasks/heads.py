@@ -133,7 +133,6 @@ class Categorical(Head):
         return _softmax(outputs)
 
 
-@keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
 def unwritable(label):
     """Why the label name `label` cannot be written in a predictions file (a TSV, with a `p_<label>` column),
     or None."""
@@ -142,6 +141,7 @@ def unwritable(label):
     return None
 
 
+@keras.saving.register_keras_serializable(package="kgpt.tasks.heads")
 class ClassificationHead(Categorical):
     """One of `labels`: logits, cross-entropy, softmax probabilities.
 

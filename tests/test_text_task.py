@@ -297,3 +297,15 @@ def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
     inputs = predict.read_inputs(str(path), preprocessor.transform, "text", None)
     with pytest.raises(kgpt.DataError, match=rf"^{path}:2: the text '\\x01\\x02' has no tokens"):
         predict.encode(preprocessor, inputs)
+
+
+def test_a_model_fine_tuned_on_one_column_refuses_two_segments():
+    preprocessor = kgpt.GPTTaskPreprocessor(
+        char_tokenizer(), transforms.Classification(), max_length=16, columns=["review"]
+    )
+    # Classification joins segments: the pair was predicted as one text (kgpt-predict refused it).
+    with pytest.raises(
+        ValueError, match=r"^inputs example 0: 2 text segment\(s\), where the model was fine-tuned on 1 "
+    ):
+        preprocessor([("a cab", "bad")])
+    preprocessor(["a cab"])

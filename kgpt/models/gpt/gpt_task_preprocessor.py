@@ -125,6 +125,12 @@ class GPTTaskPreprocessor(Preprocessor):
         problem = self.transform.check(tuple(segments), tuple(choices))
         if problem:
             raise ValueError(problem)
+        if self.columns and not self.transform.takes_choices and len(segments) != len(self.columns):
+            # Classification joins any number of segments: a pair would be predicted as one text.
+            raise ValueError(
+                f"{len(segments)} text segment(s), where the model was fine-tuned on {len(self.columns)} "
+                f"column(s) ({', '.join(self.columns)}): give each example {len(self.columns)}"
+            )
         for text in (*segments, *choices):
             if not isinstance(text, str):
                 raise ValueError(f"expected text, got {type(text).__name__} {text!r:.80}")

@@ -120,7 +120,10 @@ class FileTask(kgpt.Task):
                 f"--test_file), --text_columns and --label_column"
                 f"{' and --choice_columns' if kind == CHOICE else ''}."
             )
-        text_columns, choice_columns = _names(text_columns), _names(choice_columns)
+        text_columns, choice_columns = (
+            _names(text_columns, "--text_columns"),
+            _names(choice_columns, "--choice_columns"),
+        )
         given = {"train": train_file, "validation": validation_file, "test": test_file}
         # Absolute: finetune's data_dir (where ids are relative to) may be another folder then.
         paths = {
@@ -151,7 +154,7 @@ class FileTask(kgpt.Task):
                 f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
                 f"join the texts into one column, or pick two."
             )
-        metrics = _names(metrics)
+        metrics = _names(metrics, "--metrics")
         unknown = [m for m in metrics if m not in METRICS]
         if unknown:
             raise ConfigError(
@@ -182,12 +185,19 @@ class FileTask(kgpt.Task):
         }
 
 
-def _names(columns):
+def _names(columns, flag):
+    """Names given as a list or comma-separated: a tuple; an empty or repeated one is a `ConfigError` naming `flag`
+    (`review,` was read as `review` alone)."""
     if columns is None:
         return ()
-    if isinstance(columns, str):
-        columns = columns.split(",")
-    return tuple(c.strip() for c in columns if c.strip())
+    given = columns.split(",") if isinstance(columns, str) else list(columns)
+    names = tuple(str(c).strip() for c in given)
+    if "" in names:
+        raise ConfigError(f"{flag} {','.join(map(str, given))!r}: an empty name; name each once, comma-separated.")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"{flag}: {', '.join(map(repr, twice))} named twice; name each once.")
+    return names
 
 
 def _sorted_labels(labels):

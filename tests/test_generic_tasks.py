@@ -163,6 +163,13 @@ def test_options_that_cannot_work_name_the_flag(reviews, tmp_path):
         with_files("text-classification", train_file=train, text_columns=["review"], label_column="review")
     with pytest.raises(ConfigError, match="--choice_columns: multiple-choice needs two or more"):
         with_files("multiple-choice", train_file=train, text_columns=["review"], label_column="stars")
+    # Read as review alone, and as one metric, before.
+    with pytest.raises(ConfigError, match=r"^--text_columns 'review,': an empty name"):
+        with_files("text-classification", train_file=train, text_columns=["review", ""], label_column="stars")
+    with pytest.raises(ConfigError, match=r"^--metrics: 'f1' named twice"):
+        with_files(
+            "text-classification", train_file=train, text_columns="review", label_column="stars", metrics="f1,f1"
+        )
     with pytest.raises(ConfigError, match="--metrics: 'auc' is no metric; kgpt has accuracy, f1, matthews"):
         with_files(
             "text-classification",

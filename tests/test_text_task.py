@@ -39,6 +39,7 @@ def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
         (heads.RegressionHead(), True, r"f.tsv:3: target True is not a number"),
         (heads.RegressionHead(), "nan", r"f.tsv:3: target 'nan' is not a finite number"),
         (heads.RegressionHead(), "inf", r"f.tsv:3: target 'inf' is not a finite number"),
+        (heads.RegressionHead(), "1e308", r"f.tsv:3: target '1e308' is beyond float32's range"),  # trained as inf
         (heads.RegressionHead(), "high", r"f.tsv:3: target 'high' is not a number"),
         (heads.MultipleChoiceHead(2), 2, r"f.tsv:3: answer 2 is not a choice index 0..1"),
     ],

@@ -520,6 +520,19 @@ def test_presets_refuse_bad_paths_and_arguments(tmp_path, lm):
         kgpt.GPTTaskModel.from_preset(folder, task="sst2", max_length=0)
 
 
+def test_a_max_length_past_the_context_is_said_when_a_task_model_loads(tmp_path, lm, caplog):
+    folder = str(tmp_path / "lm")
+    lm.save_to_preset(folder)
+    context = lm.backbone.max_sequence_length
+    with caplog.at_level("WARNING", logger="kgpt"):  # kgpt-predict --max_length 1000 was capped without a word
+        model = kgpt.GPTTaskModel.from_preset(folder, task="sst2", max_length=context + 1)
+    assert model.preprocessor.sequence_length == context
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: max_length {context + 1} is longer than the model's context ({context} tokens, preset {folder}): "
+        f"views are cut to {context} tokens."
+    ]
+
+
 def test_from_preset_without_weights_builds_fresh_ones(tmp_path, lm):
     folder = str(tmp_path / "lm")
     lm.save_to_preset(folder)

@@ -34,7 +34,7 @@ from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import written_by_run
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
-from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns
+from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns, within_context
 from kgpt.parallel import cluster
 from kgpt.tasks.registry import TaskRegistry
 
@@ -303,11 +303,7 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
             f"delimiter and extract tokens and one of text): start from a model pre-trained with --sequence_length "
             f"{MIN_MAX_LENGTH} or more."
         )
-    if max_length and max_length > context:
-        logger.warning(
-            f"Warning: max_length {max_length} is longer than the model's context ({context} "
-            f"tokens, {origin}): views are cut to {context} tokens."
-        )
+    max_length = within_context(max_length or None, context, origin)
     columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
     return GPTTaskPreprocessor(
         tokenizer,

@@ -27,7 +27,13 @@ from kgpt.layers.int8 import QuantizeMixin
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
 from kgpt.models import compile_cost
 from kgpt.models.gpt.gpt_backbone import GPTBackbone, check_dtype, task_config_with_dtype
-from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor, encode_dataset, packed_length, segment_columns
+from kgpt.models.gpt.gpt_task_preprocessor import (
+    GPTTaskPreprocessor,
+    encode_dataset,
+    packed_length,
+    segment_columns,
+    within_context,
+)
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
@@ -228,7 +234,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 )
             model = load_task_preset(cls, preset, load_weights=load_weights, **kwargs)
             if max_length is not None and model.preprocessor is not None:
-                model.preprocessor.sequence_length = min(max_length, model.backbone.max_sequence_length)
+                limit = model.backbone.max_sequence_length
+                model.preprocessor.sequence_length = within_context(max_length, limit, f"preset {preset}")
             name = getattr(task, "name", task)
             if name is not None and name != model.task_name:
                 raise ValueError(
@@ -254,7 +261,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         # A table task's columns are saved, as kgpt-train saves them: kgpt-predict reads the same ones by default.
         columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None
         preprocessor = GPTTaskPreprocessor(
-            tokenizer, task.transform, sequence_length=min(max_length or limit, limit), columns=columns
+            tokenizer,
+            task.transform,
+            sequence_length=within_context(max_length, limit, f"preset {preset}") or limit,
+            columns=columns,
         )
         chosen = {"lm_coef": lm_coef, "classifier_dropout": classifier_dropout}
         return cls(

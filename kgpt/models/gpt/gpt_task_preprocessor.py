@@ -9,6 +9,8 @@ the one policy of `kgpt.tasks.transforms.truncate` and count what was cut; then
 targets and weights.
 """
 
+import logging
+
 import keras
 import numpy as np
 from keras_hub.models import Preprocessor
@@ -19,6 +21,8 @@ from kgpt.errors import EmptyTextError
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
 from kgpt.tasks import transforms
+
+logger = logging.getLogger(__name__)
 
 MIN_MAX_LENGTH = 4  # start, delimiter and extract tokens, and one token of text
 
@@ -303,6 +307,18 @@ def packed_length(sequence_length, max_length):
             f"packed length: pass sequence_length only."
         )
     return sequence_length if sequence_length is not None else max_length
+
+
+def within_context(max_length, context, origin="the model"):
+    """`max_length` (tokens per view), or the model's `context` when it is past it, said in a warning naming
+    `origin` (None stays None: the caller's default)."""
+    if max_length is not None and max_length > context:
+        logger.warning(
+            f"Warning: max_length {max_length} is longer than the model's context ({context} "
+            f"tokens, {origin}): views are cut to {context} tokens."
+        )
+        return context
+    return max_length
 
 
 def segment_columns(inputs):

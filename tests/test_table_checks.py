@@ -45,6 +45,10 @@ def test_a_key_given_twice_in_a_json_line_is_refused_at_its_line(tmp_path):
         list(tables.read_table(path).rows)
     with pytest.raises(DataError, match=r"t\.jsonl:2: the key 'text' is given twice"):
         with_files("text-classification", path, text_columns="text", label_column="label")
+    # kgpt-predict wrote it back as Infinity, which is no JSON.
+    path = write(tmp_path / "o.jsonl", '{"text": "a", "score": 1.5}\n{"text": "b", "score": 1e400}\n')
+    with pytest.raises(DataError, match=r"^.*o\.jsonl:2: the number 1e400 is beyond a double's range\.$"):
+        list(tables.read_table(path).rows)
     write(tmp_path / "n.jsonl", '{"text": "a", "meta": {"k": 1, "k": 2}}\n')  # nested: json would keep 2 as well
     with pytest.raises(DataError, match=r"n\.jsonl:1: the key 'k' is given twice"):
         list(readers.read_jsonl(str(tmp_path / "n.jsonl")))

@@ -8,6 +8,7 @@ decides what to skip and yields `kgpt.Skipped` so it is counted.
 import contextlib
 import contextvars
 import json
+import math
 import os
 
 from kgpt import checks
@@ -186,7 +187,9 @@ def read_jsonl(path):
     """
     for line_no, line in _data_lines(path):
         try:
-            obj = json.loads(line, object_pairs_hook=checks.unique_keys)
+            obj = json.loads(line, object_pairs_hook=checks.unique_keys, parse_float=_finite_float)
+        except OverflowError as e:
+            raise DataError(f"{path}:{line_no}: the number {e.args[0]} is beyond a double's range.") from None
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
         except checks.RepeatedKeyError as e:
@@ -194,6 +197,15 @@ def read_jsonl(path):
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}.")
         yield line_no, obj
+
+
+def _finite_float(text):
+    """A JSON number as a float; one past a double's range (`1e400`, which `json` reads as infinity and writes back as
+    `Infinity`, no JSON) raises `OverflowError` with its text."""
+    value = float(text)
+    if math.isinf(value):
+        raise OverflowError(text)
+    return value
 
 
 def field(obj, key, source):

@@ -298,6 +298,11 @@ def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
     inputs = predict.read_inputs(str(path), preprocessor.transform, "text", None)
     with pytest.raises(kgpt.DataError, match=rf"^{path}:2: the text '\\x01\\x02' has no tokens"):
         predict.encode(preprocessor, inputs)
+    # "No input file" before, for a file that is there.
+    with pytest.raises(kgpt.DataError, match=r"^/dev/null: no examples \(the file is empty\)\.$"):
+        predict.read_inputs("/dev/null", preprocessor.transform, "text")
+    with pytest.raises(kgpt.DataError, match=rf"^--input {tmp_path} is a folder: name a file"):
+        predict.read_inputs(str(tmp_path), preprocessor.transform, "text")
 
 
 def test_a_model_fine_tuned_on_one_column_refuses_two_segments():

@@ -141,7 +141,9 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
     format = format or guess_format(path)
     if format not in FORMATS:
         raise ValueError(f"Unknown input format {format!r}: use one of {', '.join(FORMATS)}.")
-    if not os.path.isfile(path):
+    if os.path.isdir(path):
+        raise DataError(f"--input {path} is a folder: name a file of texts or a table.")
+    if not os.path.exists(path):
         raise FileNotFoundError(f"No input file {path}.")
     records = fields = None
     if format == "text":

@@ -316,3 +316,18 @@ def test_only_the_demo_runs_the_baseline_unless_asked():
     assert not finetune_lib.runs_baseline(FinetuneConfig(init="demo", pretrained_weights=False))
     assert not finetune_lib.runs_baseline(FinetuneConfig(init="some/preset"))
     assert finetune_lib.runs_baseline(FinetuneConfig(init="some/preset", scratch_baseline=True))
+
+
+def test_example_ids_a_task_repeats_are_said(caplog):
+    def read(split, data_dir):
+        return [kgpt.Example(("a cab",), "x", source=f"f.tsv:{i}", uid=str(i % 2)) for i in range(4)]
+
+    task = kgpt.Task("twice", kgpt.tasks.transforms.Classification(), read, labels=("x", "y"))
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
+    with caplog.at_level("WARNING", logger="kgpt"):  # its predictions file named rows 0, 1, 0, 1
+        split = finetune_data.encode_split(task, "train", "data", preprocessor)
+    assert split.uids == ["0", "1", "0", "1"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "Warning: train: 2 example id(s) repeat an earlier one (first '0'), as task 'twice' gives them: its "
+        "predictions file cannot tell those rows apart."
+    ]

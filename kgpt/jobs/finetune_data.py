@@ -60,6 +60,18 @@ def encode_split(task, split, data_dir, preprocessor, rows=None):
         "truncated": truncated,
         "tokens_cut": tokens_cut,
     }
+    seen, repeated = set(), []
+    for uid in builder.uids:
+        if uid in seen:
+            repeated.append(uid)
+        seen.add(uid)
+    if repeated:  # the predictions file names each row by its id
+        plugin = getattr(task, "plugin", "")
+        logger.warning(
+            f"Warning: {split}: {len(repeated):,} example id(s) repeat an earlier one (first {repeated[0]!r}), as task "
+            f"{task.name!r}{f' of {plugin}' if plugin else ''} gives them: its predictions file cannot tell those "
+            f"rows apart."
+        )
     return builder.build(counts, target_dtype=task.head.target_dtype)
 
 

@@ -220,8 +220,17 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     with pytest.raises(kgpt.DataError) as raised:
         predict_lib.read_inputs(str(text), kgpt.tasks.transforms.Classification(), trained=["review"])
     assert str(raised.value) == (
-        f"{text}:2: 2 tab-separated field(s); the model was trained on 1 text segment(s) (review): give each line 1."
+        f"{text}:2: 2 tab-separated field(s); the model was trained on 1 column(s) (review): give each line 1."
     )
+    # A multiple-choice line with one answer too many: read as a second context without a word.
+    text.write_text("ctx\tyes\tno\nctx\tyes\tno\tmaybe\n")
+    choose = kgpt.tasks.transforms.MultipleChoice(2)
+    with pytest.raises(kgpt.DataError, match=rf"^{text}:2: 4 tab-separated field\(s\); the model was trained on 3 "):
+        predict_lib.read_inputs(str(text), choose, trained=["question", "a", "b"])
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), choose, max_length=16, columns=["question", "a", "b"])
+    with pytest.raises(ValueError, match=r"2 text segment\(s\), where the model was fine-tuned on 1 text column\(s\) "):
+        preprocessor.encode(["ctx", "more"], ["yes", "no"])
+    preprocessor.encode(["ctx"], ["yes", "no"])
 
 
 def test_output_directories_are_claimed_and_never_silently_replaced(trained, tmp_path):

@@ -159,13 +159,14 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
         rows, used = _named_rows(table, columns)
         records, fields = [], table.columns
     examples, ids, sources = [], [], []
-    expected = len(trained) if trained and format == "text" and not transform.takes_choices else None
+    # A multiple-choice line's answers are its last fields: one too many was read as a second context.
+    expected = len(trained) if trained and format == "text" else None
     for line_no, uid, values, *record in rows:
         source = f"{path}:{line_no}"
         if expected is not None and len(values) != expected:
             raise DataError(
-                f"{source}: {len(values)} tab-separated field(s); the model was trained on {expected} text "
-                f"segment(s) ({', '.join(trained)}): give each line {expected}."
+                f"{source}: {len(values)} tab-separated field(s); the model was trained on {expected} "
+                f"column(s) ({', '.join(trained)}): give each line {expected}."
             )
         example = _example(values, transform, source)
         examples.append(example)

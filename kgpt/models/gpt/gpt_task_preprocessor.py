@@ -129,11 +129,15 @@ class GPTTaskPreprocessor(Preprocessor):
         problem = self.transform.check(tuple(segments), tuple(choices))
         if problem:
             raise ValueError(problem)
-        if self.columns and not self.transform.takes_choices and len(segments) != len(self.columns):
-            # Classification joins any number of segments: a pair would be predicted as one text.
+        # Classification joins any number of segments (a pair was predicted as one text), and a multiple-choice
+        # example takes any number of contexts: the columns say how many.
+        texts = (
+            len(self.columns) - (self.transform.num_views if self.transform.takes_choices else 0) if self.columns else 0
+        )
+        if self.columns and len(segments) != texts:
             raise ValueError(
-                f"{len(segments)} text segment(s), where the model was fine-tuned on {len(self.columns)} "
-                f"column(s) ({', '.join(self.columns)}): give each example {len(self.columns)}"
+                f"{len(segments)} text segment(s), where the model was fine-tuned on {texts} text column(s) "
+                f"({', '.join(self.columns[:texts])}): give each example {texts}"
             )
         for text in (*segments, *choices):
             if not isinstance(text, str):

@@ -233,6 +233,12 @@ def test_sequence_length_in_fine_tuning_points_to_max_length(monkeypatch, capsys
     ) in err
 
 
+def test_an_empty_list_flag_is_refused_not_read_as_left_out(monkeypatch, capsys):
+    code, _, err = cli(monkeypatch, capsys, train, "--task=text-classification", "--metrics=", "--dry_run")
+    assert code == 2 and "Traceback" not in err
+    assert "--metrics is empty: name one or more, comma-separated (or leave the flag out)." in err
+
+
 def test_preset_with_another_models_tokenizer(monkeypatch, capsys, presets, tmp_path):
     preset = presets / "other_tokenizer"
     code, _, err = cli(

@@ -31,6 +31,10 @@ class RegistryError(LookupError):
     """An unknown, conflicting or broken task: raised when a task is asked for by name."""
 
 
+class MetricError(RegistryError):
+    """A task's metric raised (`kgpt.tasks.metrics.score`): the plugin's code failed, not kgpt's."""
+
+
 class CheckpointError(ValueError):
     """A preset or checkpoint file is missing, corrupt, or does not fit the model."""
 

@@ -104,6 +104,11 @@ def test_check_calls_each_metric_once_and_names_one_returning_no_number():
     with pytest.raises(RegistryError, match=r"^Task 'moods': its metric 'wants_more' raised ValueError: needs 100 "):
         metrics.check(moods(wants_more), [0, 1, 1, 0, 1])  # a run's training targets: it is broken
 
+    def inverse_errors(labels, predictions):  # undefined for a perfect prediction only
+        return 1 / int((labels != predictions).sum())
+
+    metrics.check(moods(inverse_errors), [0, 1, 1, 0, 1])
+
 
 def test_a_metric_that_raises_is_named_with_its_task_in_one_line():
     def mood(labels, predictions):
@@ -112,10 +117,16 @@ def test_a_metric_that_raises_is_named_with_its_task_in_one_line():
     with pytest.raises(RegistryError, match=r"^Task 'moods': its metric 'mood' raised KeyError: 'f1' \(on 2 labels;"):
         metrics.score("moods", "mood", mood, [0, 1], [0, 1])
 
+    def lines(labels, predictions):
+        raise ValueError("first\nsecond")
+
+    with pytest.raises(RegistryError, match=r"raised ValueError: first second \(on 2 labels; [^\n]*$"):
+        metrics.score("moods", "lines", lines, [0, 1], [0, 1])
+
 
 @pytest.mark.parametrize("returned, message", [("array", r"returned an array of shape \(2,\)"), ("raise", "raised")])
 def test_fine_tuning_names_a_broken_metric_before_it_trains(tiny_preset, tmp_path, monkeypatch, returned, message):
-    from kgpt.jobs import finetune, run
+    from kgpt.jobs import dry_run, finetune, run
     from kgpt.jobs.config import FinetuneConfig
 
     def fit(*args, **kwargs):
@@ -134,3 +145,5 @@ def test_fine_tuning_names_a_broken_metric_before_it_trains(tiny_preset, tmp_pat
     )
     with pytest.raises(RegistryError, match=rf"^Task 'moods'.*: its metric 'mood' {message}"):
         finetune.finetune(config, registry)
+    with pytest.raises(RegistryError, match=rf"^Task 'moods'.*: its metric 'mood' {message}"):
+        dry_run.finetune(config, registry)  # it said "no problem found"

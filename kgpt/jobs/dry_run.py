@@ -290,6 +290,9 @@ def finetune(config, registry=None):
     else:
         plan.add("tokens", tokens(encoded, preprocessor.max_length, start[1]))
         plan.add("labels", labels(task, encoded))
+        train = encoded.get(task.splits[0])
+        if train is not None and train.targets is not None:  # the run's own check, on the rows read here
+            metrics_lib.check(task, train.targets)
     batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
     training = (
         f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef "

@@ -10,7 +10,7 @@ import numbers
 
 import numpy as np
 
-from kgpt.errors import RegistryError
+from kgpt.errors import MetricError, RegistryError
 
 
 def accuracy(labels, predictions):
@@ -89,39 +89,39 @@ def score(task, name, fn, labels, predictions):
 
     Anything else (a string, an array, None), or an exception inside the
     metric, raises `RegistryError` naming the task, its plugin, the metric and
-    what it returned or raised (`check` makes that call before any work).
+    what it returned or raised, in one line (`check` makes that call before
+    any work).
     """
     try:
         value = fn(labels, predictions)
     except Exception as e:  # noqa: BLE001 - a plugin's code: named as the plugin's, the traceback kept as the cause
-        raise RegistryError(
-            f"{_owner(task)}: its metric {name!r} raised {type(e).__name__}: {str(e)[:200]} (on {len(labels):,} "
-            f"labels; KGPT_TRACEBACK=1 shows where)."
+        raise MetricError(
+            f"{_owner(task)}: its metric {name!r} raised {type(e).__name__}: {' '.join(str(e).split())[:200]} "
+            f"(on {len(labels):,} labels; KGPT_TRACEBACK=1 shows where)."
         ) from e
     return _number(task, name, value)
 
 
 def check(task, labels=None):
-    """Scores each of `task`'s metrics once, `labels` against themselves: one that raises or returns no number
+    """Scores each of `task`'s metrics on `labels`: one that returns no number, or that raises on every try,
     raises `score`'s `RegistryError` before a run spends any work on the task.
 
     `labels` are a run's training targets (every class a metric may want is
-    there); by default four targets of the task's head (0, 1, 1, 0), on which
-    a metric that raises (one wanting every class, say) is left to its first
-    real call.
+    there), scored against themselves and, if the metric raises on that,
+    against themselves shifted by one (a metric undefined for a perfect
+    prediction); by default four targets of the task's head (0, 1, 1, 0), on
+    which a metric that raises (one wanting every class, say) is left to its
+    first real call.
     """
     few = labels is None
     labels = np.asarray([0, 1, 1, 0] if few else labels, dtype=getattr(task.head, "target_dtype", None))
     for metric in task.metrics:
         name, fn = resolve(metric)
-        if not few:
-            score(task, name, fn, labels, labels.copy())
-            continue
         try:
-            value = fn(labels, labels.copy())
-        except Exception:  # noqa: BLE001 - a plugin's metric may refuse these labels and score real predictions
-            continue
-        _number(task, name, value)
+            score(task, name, fn, labels, labels.copy())
+        except MetricError:
+            if not few:
+                score(task, name, fn, labels, np.roll(labels, 1))
 
 
 def _owner(task):

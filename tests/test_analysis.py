@@ -104,7 +104,9 @@ def test_ablations_errors(tiny_preset, tmp_path):
         analysis.ablations(fine(tiny_preset), {"sst2": None}, rows=["lstm"], output_dir=str(tmp_path))
 
 
-def test_an_ablation_started_from_the_wrong_architecture_is_refused(tiny_preset, tiny_lstm_preset, tmp_path):
+def test_an_ablation_started_from_the_wrong_architecture_is_refused(
+    tiny_preset, tiny_lstm_preset, tmp_path, monkeypatch
+):
     from kgpt.jobs import dry_run
 
     # Both were fine-tuned and reported under the row's title.
@@ -125,6 +127,11 @@ def test_an_ablation_started_from_the_wrong_architecture_is_refused(tiny_preset,
                 lstm_init=lstm_init,
             )
     assert not os.path.exists(tmp_path / "run" / "runs")
+    monkeypatch.setattr(analysis, "_demo_pretrained", lambda *a: pytest.fail("pre-trained before the refusal"))
+    with pytest.raises(ConfigError, match=r"^--lstm_init .* is a pre-trained transformer"):
+        analysis.ablations(fine("demo"), {"sst2": None}, lstm_init=tiny_preset, output_dir=str(tmp_path / "demo"))
+    for init in ("scratch", "demo"):  # no files to check: "scratch" was refused as no folder
+        analysis.check_starts(["full", "no_aux_lm"], init, None)
 
 
 def test_unknown_or_repeated_architectures_and_rows_are_refused_before_any_work(tmp_path):
@@ -297,3 +304,14 @@ def test_cli_claims_its_output_directory(tmp_path):
         finally:
             flags.FLAGS.unparse_flags()
     assert (tmp_path / "mine" / "notes.txt").read_text() == "not kgpt's"
+    # --overwrite cleared the pre-trained model the analysis was to score.
+    os.symlink(tmp_path / "lm", tmp_path / "link")
+    for extra in ([], ["--dry_run"]):
+        flags.FLAGS(
+            ["kgpt-analyze", f"--init={tmp_path / 'lm'}", f"--output_dir={tmp_path / 'link'}", "--overwrite", *extra]
+        )
+        try:
+            with pytest.raises(ConfigError, match=r"^--init .*lm is --output_dir .*link, which the analysis writes"):
+                analyze.main(["kgpt-analyze", "zero-shot"])
+        finally:
+            flags.FLAGS.unparse_flags()

@@ -90,10 +90,11 @@ def main(argv):
         raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
     import keras
 
+    from kgpt.errors import ConfigError
     from kgpt.io import hub
     from kgpt.jobs import run
-    from kgpt.jobs.finetune_model import with_local_init
-    from kgpt.jobs.rundir import RunDirectory
+    from kgpt.jobs.finetune_model import SPECIAL_INITS, with_local_init
+    from kgpt.jobs.rundir import RunDirectory, written_by_run
     from kgpt.tasks.registry import TaskRegistry
 
     logger.info(
@@ -110,6 +111,13 @@ def main(argv):
     if getattr(config, "init", None) is not None and hub.is_hub(config.init):
         # A Hub --init: the whole preset (converted once); its dry run checks the files as for a folder.
         config = with_local_init(config)
+    for flag, start in (("--init", getattr(config, "init", None)), ("--lstm_init", FLAGS.lstm_init)):
+        inside = written_by_run(start, output_dir) if start not in SPECIAL_INITS else None
+        if inside:  # --overwrite would clear the model the experiments start from
+            where = "is" if inside == "." else f"is in {inside} of"
+            raise ConfigError(
+                f"{flag} {start} {where} --output_dir {output_dir}, which the analysis writes: pass another --output_dir."
+            )
     if FLAGS.dry_run:
         _dry_run(mode, config, tasks, output_dir, seeds)
         return

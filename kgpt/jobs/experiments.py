@@ -18,6 +18,7 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_LSTM, DEMO_PRETRAIN, demo_pretrain_config
+from kgpt.jobs.finetune_model import SPECIAL_INITS
 from kgpt.models import pretrained as pretrained_lib
 from kgpt.parallel import cluster
 from kgpt.tasks.registry import TaskRegistry
@@ -112,10 +113,10 @@ def _init(base, output_dir):
 
 def check_starts(rows, init, lstm_init):
     """Raises `ConfigError` when the ablation `rows` would start from a model of the wrong architecture:
-    `lstm_init` not an LSTM, or `init` (a local folder or None) not a transformer."""
+    `lstm_init` not an LSTM, or `init` (a local folder, or one of `SPECIAL_INITS`) not a transformer."""
     if "lstm" in rows and lstm_init is not None:
         pretrained_lib.check_architecture(lstm_init, "lstm", "--lstm_init")
-    if set(rows) - {"lstm"} and init not in (None, "demo"):
+    if set(rows) - {"lstm"} and init not in (None, *SPECIAL_INITS):
         pretrained_lib.check_architecture(init, "transformer", "--init")
 
 
@@ -304,6 +305,7 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
     if not rows or len(set(rows)) != len(rows):
         raise ConfigError(f"Ablation rows {rows}: name one or more of {', '.join(TABLE5)}, each once (--rows).")
     registry = registry or TaskRegistry()
+    check_starts(rows, base.init, lstm_init)  # before the demo models are pre-trained
     init = _init(base, output_dir)
     if "lstm" in rows and lstm_init is None:
         if base.init not in (None, "demo"):
@@ -312,7 +314,6 @@ def ablations(base, tasks, rows=tuple(TABLE5), lstm_init=None, output_dir="analy
                 "(kgpt-train --task lm --architecture lstm --output_dir DIR)."
             )
         lstm_init = _demo_pretrained(output_dir, "lstm", base.seed)
-    check_starts(rows, init, lstm_init)
     settings = {
         "full": {"init": init},
         "no_pretraining": {"init": init, "pretrained_weights": False},

@@ -407,6 +407,7 @@ def test_a_dataset_of_strings_is_refused_when_it_cannot_train(classifier):
         ValueError, match=r"^In a tf.data.Dataset of text, batch 1 \(from 0\) example 1: a text is empty"
     ):
         classifier.predict(tf.data.Dataset.from_tensor_slices(TEXTS + [TEXTS[0], " "]).batch(2), verbose=0)
+    classifier.predict(TEXTS, verbose=0)  # on JAX its weights were left detached: every later call failed
     pairs = kgpt.GPTTaskModel(
         classifier.backbone,
         heads.ClassificationHead(["a", "b"]),

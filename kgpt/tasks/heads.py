@@ -231,7 +231,7 @@ class RegressionHead(Head):
             raise DataError(f"{where}target {label!r} is not a number.") from None
         if not math.isfinite(value):
             raise DataError(f"{where}target {label!r} is not a finite number.")
-        if abs(value) > np.finfo(np.float32).max:  # the targets are float32: it would train as infinity
+        if abs(value) > float(np.finfo(np.float32).max):  # the targets are float32: it would train as infinity
             raise DataError(f"{where}target {label!r} is beyond float32's range (±3.4e38), which training uses.")
         return value
 

@@ -296,7 +296,7 @@ def batch_size(value, allow_none=True):
     return positive_int(value, "batch_size", allow_none=allow_none)
 
 
-def dataset_ids(dataset, vocabulary_size, targets=False):
+def dataset_ids(dataset, vocabulary_size, targets=False, needs_y=None):
     """`dataset` with its token ids checked as each batch is read: a `tf.data.Dataset` map on the host.
 
     Ids in a dataset cannot be checked before the call, and the compiled step
@@ -306,6 +306,9 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
     `DATASET_ID_ERROR` and the position's name, which `dataset_errors` turns
     into a `ValueError`. `targets`: the `y` of the elements are token ids
     too (a causal LM's next tokens). Elements of text pass unchanged.
+    `needs_y` names the method (`"fit"`, `"evaluate"`) for which elements of
+    token ids without targets are a `ValueError` (Keras failed on their
+    structure, and a TensorFlow model could not fit again).
 
     Example:
     ```python
@@ -318,6 +321,12 @@ def dataset_ids(dataset, vocabulary_size, targets=False):
 
     if not isinstance(dataset, tf.data.Dataset):
         return dataset
+    spec = dataset.element_spec
+    if needs_y and isinstance(spec, dict) and "token_ids" in spec:
+        raise ValueError(
+            f"{needs_y}() on a tf.data.Dataset of token ids needs (x, y) elements, y the targets as for arrays of "
+            f"token ids; its elements are x alone."
+        )
 
     def check(ids, name):
         if not ids.dtype.is_integer:

@@ -494,6 +494,12 @@ def test_fit_and_predict_refuse_bad_batches(lm):
         with pytest.raises(ValueError, match=rf"^{method}\(\) on token ids needs y, the next token at each position"):
             getattr(lm, method)({"token_ids": ids, "padding_mask": ids}, verbose=0)
     lm.fit({"token_ids": ids, "padding_mask": ids}, ids, verbose=0)  # the model still trains (TensorFlow could not)
+    import tensorflow as tf  # a dataset of token ids without y, likewise
+
+    alone = tf.data.Dataset.from_tensor_slices({"token_ids": ids, "padding_mask": ids}).batch(2)
+    with pytest.raises(ValueError, match=r"^fit\(\) on a tf.data.Dataset of token ids needs \(x, y\) elements"):
+        lm.fit(alone, verbose=0)
+    lm.fit({"token_ids": ids, "padding_mask": ids}, ids, verbose=0)
     with pytest.raises(ValueError, match="sampler='nucleus' is not a keras-hub sampler"):
         text_lm(newline_tokenizer()).compile(sampler="nucleus")
 

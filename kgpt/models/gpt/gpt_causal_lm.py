@@ -354,7 +354,8 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             )
         if inputs_kind.is_text(x):
             self._check_texts(x, y, method)
-        return checks.dataset_ids(x, self.backbone.vocabulary_size, targets=True), batch_size
+        needs_y = method if method != "predict" else None
+        return checks.dataset_ids(x, self.backbone.vocabulary_size, targets=True, needs_y=needs_y), batch_size
 
     def _check_ids(self, x, y):
         """Token ids given as arrays are in the vocabulary (a lookup past it gives NaN on JAX, an error deep

@@ -573,7 +573,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             y = batch_size = None
             shuffle = False  # the dataset draws each epoch's order itself
         vocabulary = self.backbone.vocabulary_size
-        x, validation_data = checks.dataset_ids(x, vocabulary), checks.dataset_ids(validation_data, vocabulary)
+        x = checks.dataset_ids(x, vocabulary, needs_y="fit")
+        validation_data = checks.dataset_ids(validation_data, vocabulary, needs_y="evaluate")
         with checks.dataset_errors(self):
             return keras.Model.fit(
                 self,
@@ -597,7 +598,11 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             x, y, batch_size = self._text_dataset(x, y, batch_size), None, None
         with checks.dataset_errors(self):
             return keras.Model.evaluate(
-                self, checks.dataset_ids(x, self.backbone.vocabulary_size), y, batch_size=batch_size, **kwargs
+                self,
+                checks.dataset_ids(x, self.backbone.vocabulary_size, needs_y="evaluate"),
+                y,
+                batch_size=batch_size,
+                **kwargs,
             )
 
     def predict(self, x, batch_size=None, verbose="auto", **kwargs):

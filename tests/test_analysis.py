@@ -311,7 +311,7 @@ def test_cli_claims_its_output_directory(tmp_path):
             ["kgpt-analyze", f"--init={tmp_path / 'lm'}", f"--output_dir={tmp_path / 'link'}", "--overwrite", *extra]
         )
         try:
-            with pytest.raises(ConfigError, match=r"^--init .*lm is --output_dir .*link, which the analysis writes"):
+            with pytest.raises(ConfigError, match=r"^--init .*lm is the output directory .*link, which the run writes"):
                 analyze.main(["kgpt-analyze", "zero-shot"])
         finally:
             flags.FLAGS.unparse_flags()

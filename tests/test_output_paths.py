@@ -6,6 +6,7 @@ and kgpt-train's cannot both be defined in one); the paths are checked before an
 so the model given to kgpt-predict need not exist.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -21,7 +22,7 @@ from kgpt.cli import analyze, train
 from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import storage
 from kgpt.jobs import predict, run, rundir
-from kgpt.jobs.config import RunConfig
+from kgpt.jobs.config import FinetuneConfig, RunConfig
 from kgpt.jobs.rundir import RunDirectory
 
 # A tiny pre-training, should a path wrongly pass its checks.
@@ -259,6 +260,25 @@ def test_an_output_dir_that_is_or_holds_the_init_model_in_any_form_is_refused(tm
     assert rundir.written_by_run(str(tmp_path / "pretrained"), f"file://{tmp_path}") == "pretrained"
     assert rundir.written_by_run("gs://b/m", "gs://b/m/") == "."
     assert rundir.written_by_run("gs://b/m", "gs://b/n") is None
+
+
+def test_training_data_in_what_a_run_writes_is_refused(tmp_path):
+    from kgpt.jobs import finetune
+
+    (tmp_path / "out" / "data").mkdir(parents=True)
+    (tmp_path / "out" / "data" / "train.csv").write_text("text,label\na,x\nb,y\n")
+    (tmp_path / "out" / "mine.csv").write_text("text,label\na,x\nb,y\n")
+    out = str(tmp_path / "out")
+    # --overwrite deleted the training file with the run's data/, then stopped: no such file.
+    config = FinetuneConfig(
+        task="text-classification", init="scratch", data_dir=out, train_file="data/train.csv", output_dir=out
+    )
+    with pytest.raises(ConfigError, match=r"^--train_file .*data/train.csv is in data of the output directory .*out,"):
+        finetune.check_config(config)
+    finetune.check_config(dataclasses.replace(config, train_file="mine.csv"))  # beside the outputs: left alone
+    with pytest.raises(ConfigError, match=r"^--data_dir .* is in data of the output directory"):
+        rundir.check_inputs_outside(out, {"--data_dir": f"file://{out}/data/"}, beside=("--data_dir",))
+    rundir.check_inputs_outside(out, {"--data_dir": out}, beside=("--data_dir",))
 
 
 def run_predict(folder, *commands):

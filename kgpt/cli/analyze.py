@@ -94,7 +94,7 @@ def main(argv):
     from kgpt.io import hub
     from kgpt.jobs import run
     from kgpt.jobs.finetune_model import SPECIAL_INITS, with_local_init
-    from kgpt.jobs.rundir import RunDirectory, written_by_run
+    from kgpt.jobs.rundir import RunDirectory, check_inputs_outside
     from kgpt.tasks.registry import TaskRegistry
 
     logger.info(
@@ -111,13 +111,10 @@ def main(argv):
     if getattr(config, "init", None) is not None and hub.is_hub(config.init):
         # A Hub --init: the whole preset (converted once); its dry run checks the files as for a folder.
         config = with_local_init(config)
-    for flag, start in (("--init", getattr(config, "init", None)), ("--lstm_init", FLAGS.lstm_init)):
-        inside = written_by_run(start, output_dir) if start not in SPECIAL_INITS else None
-        if inside:  # --overwrite would clear the model the experiments start from
-            where = "is" if inside == "." else f"is in {inside} of"
-            raise ConfigError(
-                f"{flag} {start} {where} --output_dir {output_dir}, which the analysis writes: pass another --output_dir."
-            )
+    starts = {"--init": getattr(config, "init", None), "--lstm_init": FLAGS.lstm_init}
+    inputs = {flag: path for flag, path in starts.items() if path not in SPECIAL_INITS}
+    inputs.update({f"--tasks {name}=": data_dir for name, data_dir in tasks.items()})
+    check_inputs_outside(output_dir, inputs)  # --overwrite cleared the model the experiments start from
     if FLAGS.dry_run:
         _dry_run(mode, config, tasks, output_dir, seeds)
         return

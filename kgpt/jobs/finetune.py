@@ -32,7 +32,7 @@ from kgpt.jobs.finetune_data import read_splits, split_fingerprint
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
-from kgpt.jobs.rundir import written_by_run
+from kgpt.jobs.rundir import check_inputs_outside
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
 from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns, within_context
 from kgpt.parallel import cluster
@@ -131,17 +131,13 @@ def check_config(config):
             raise ConfigError(
                 f"scratch_baseline fine-tunes the same model from fresh weights beside a pre-trained one, but {why}."
             )
-    inside = written_by_run(config.init, config.output_dir) if config.init not in SPECIAL_INITS else None
-    if inside == ".":
-        raise ConfigError(
-            f"output_dir {config.output_dir} is the --init model: fine-tuning would overwrite it. Pass "
-            f"another --output_dir."
-        )
-    if inside:
-        raise ConfigError(
-            f"--init {config.init} is in {inside} of output_dir {config.output_dir}, which a run there writes "
-            f"(--overwrite clears it): pass another --output_dir, or copy the model elsewhere first."
-        )
+    inputs = {"--data_dir": config.data_dir}
+    for name in TABLE_FILES:  # read relative to --data_dir
+        if getattr(config, name):
+            inputs[f"--{name}"] = os.path.join(config.data_dir or "", getattr(config, name))
+    if config.init not in SPECIAL_INITS:
+        inputs["--init"] = config.init
+    check_inputs_outside(config.output_dir, inputs, beside=("--data_dir",))
 
 
 def finetune(config, registry=None):
@@ -188,10 +184,9 @@ def resolve_task(config, registry=None):
 
 
 # Options of the tasks that read your own table files (`kgpt_tasks.generic`: docs/your-data.md).
+TABLE_FILES = ("train_file", "validation_file", "test_file")
 FILE_OPTIONS = (
-    "train_file",
-    "validation_file",
-    "test_file",
+    *TABLE_FILES,
     "text_columns",
     "label_column",
     "choice_columns",

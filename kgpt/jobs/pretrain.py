@@ -26,6 +26,7 @@ from kgpt.io import storage
 from kgpt.io.run_folder import saving_outputs
 from kgpt.jobs import run
 from kgpt.jobs.config import SEEDS, check_integers, check_settings, recorded_settings, setting
+from kgpt.jobs.rundir import check_inputs_outside
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
@@ -200,6 +201,8 @@ def check_config(config):
     storage.check_local(config.corpus, "--corpus")
     if config.tokenizer != "train":
         storage.check_local(config.tokenizer, "--tokenizer")
+    inputs = {"--corpus": config.corpus, "--tokenizer": config.tokenizer if config.tokenizer != "train" else None}
+    check_inputs_outside(config.output_dir, inputs)
     if config.shards_dir and "://" in config.shards_dir:
         raise ConfigError(
             f"shards_dir {config.shards_dir}: shards are memory-mapped from a local folder (a remote "

@@ -22,7 +22,7 @@ import json
 import logging
 import os
 
-from kgpt.errors import OutputDirError
+from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import remote_lock, run_folder, storage
 from kgpt.io.run_folder import CHECKPOINTS, LOCK_FILE, RUN_FILE
 
@@ -95,6 +95,21 @@ def written_by_run(path, directory):
     relative = os.path.relpath(os.path.realpath(local), os.path.realpath(folder))
     top = relative.split(os.sep)[0]
     return top if top in OUTPUTS else None
+
+
+def check_inputs_outside(directory, inputs, beside=()):
+    """Raises `ConfigError` when an input of `inputs` (`{flag: path}`) is the output `directory` or lies in
+    what a run there writes, which the run replaces and `--overwrite` clears; the flags in `beside` may be
+    `directory` itself (a data folder whose files a run leaves alone)."""
+    for flag, path in inputs.items():
+        inside = written_by_run(path, directory)
+        if inside is None or (inside == "." and flag in beside):
+            continue
+        where = "is" if inside == "." else f"is in {inside} of"
+        raise ConfigError(
+            f"{flag} {path} {where} the output directory {directory}, which the run writes (--overwrite clears "
+            f"it): pass another output directory, or move it out first."
+        )
 
 
 class RunDirectory:

@@ -408,6 +408,11 @@ def test_a_dataset_of_strings_is_refused_when_it_cannot_train(classifier):
     ):
         classifier.predict(tf.data.Dataset.from_tensor_slices(TEXTS + [TEXTS[0], " "]).batch(2), verbose=0)
     classifier.predict(TEXTS, verbose=0)  # on JAX its weights were left detached: every later call failed
+    bytes_ = tf.data.Dataset.from_tensor_slices((TEXTS * 2, [b"pos", b"neg", b"pos", b"\xff"])).batch(2)
+    with pytest.raises(
+        ValueError, match=r"^In a tf.data.Dataset of text, batch 1 \(from 0\): a text or label is not UTF-8"
+    ):
+        classifier.evaluate(bytes_, verbose=0)  # TensorFlow's error, 31 to 68 lines
     pairs = kgpt.GPTTaskModel(
         classifier.backbone,
         heads.ClassificationHead(["a", "b"]),

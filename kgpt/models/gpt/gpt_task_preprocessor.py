@@ -358,12 +358,15 @@ def encode_dataset(ds, encode, num_views, target_dtype, lm, targets):
     target_type = tf.float32 if np.dtype(target_dtype).kind == "f" else tf.int32
 
     def encode_batch(index, *tensors):
-        texts = tf.nest.pack_sequence_as(x_spec, [t.numpy() for t in tensors[:num_x]])
-        labels = None
-        if targets:
-            labels = [v.decode("utf-8") if isinstance(v, bytes) else v for v in tensors[num_x].numpy().tolist()]
+        name = f"batch {int(index)} (from 0)"
         try:
-            split = encode(texts, labels, name=f"batch {int(index)} (from 0)")
+            texts = tf.nest.pack_sequence_as(x_spec, [t.numpy() for t in tensors[:num_x]])
+            labels = None
+            if targets:
+                labels = [v.decode("utf-8") if isinstance(v, bytes) else v for v in tensors[num_x].numpy().tolist()]
+            split = encode(texts, labels, name=name)
+        except UnicodeDecodeError as e:  # a label or text of bytes that are not UTF-8
+            raise ValueError(f"{checks.DATASET_TEXT_ERROR}{name}: a text or label is not UTF-8 ({e.reason}).") from None
         except (ValueError, TypeError) as e:  # on one line: `checks.dataset_errors` finds it in TensorFlow's error
             raise type(e)(checks.DATASET_TEXT_ERROR + " ".join(str(e).split())) from None
         indices = np.arange(len(split))

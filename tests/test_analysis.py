@@ -272,6 +272,7 @@ def test_cli_usage_errors():
         (["--tasks=,"], r"^--tasks: expected NAME or NAME=DATA_DIR, got ''\.$"),  # it named --zero_shot
         (["--tasks=sst2="], r"^--tasks: expected .*, got 'sst2=' \(drop '=' for the task's embedded data\)\.$"),
         (["--tasks=sst2,sst2=glue/SST-2"], r"^--tasks: task 'sst2' is named twice; name it once\.$"),
+        (["--tasks="], r"^--tasks is empty: name one or more"),  # the default tasks, without a word
         (["--seeds=0,1", "--init=x"], "--seeds only applies to ablations, not zero-shot"),
     ):
         flags.FLAGS(["kgpt-analyze", *args])

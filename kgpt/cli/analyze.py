@@ -80,6 +80,7 @@ def main(argv):
         from kgpt.errors import ConfigError
 
         raise ConfigError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).")
+    common.refuse_empty_lists(["tasks", "layers", "rows", "architectures", "seeds"])
     _check_choices("architectures", ARCHITECTURES)  # before any vocabulary, corpus or model work, dry run too
     _check_choices("rows", TABLE5_ROWS)
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode], "--tasks")

@@ -83,6 +83,16 @@ def several_processes(coordinator_address, num_processes, process_id):
     return found.several or found.coordinator == "auto"
 
 
+def refuse_empty_lists(names):
+    """A usage error for a list flag among `names` given with nothing in it: absl gives an empty list
+    (`--metrics ''`), which would read as the flag left out, the default, without a word."""
+    for name in names:
+        if flags.FLAGS[name].present and isinstance(flags.FLAGS[name].value, list) and not flags.FLAGS[name].value:
+            raise app.UsageError(
+                f"--{name} is empty: name one or more, comma-separated (or leave the flag out).", exitcode=2
+            )
+
+
 def start_backends(devices=True):
     """Imports TensorFlow and the Keras backend and finds the devices, without their start-up noise.
 

@@ -107,11 +107,7 @@ def _values(config_cls, skip=()):
         for f in dataclasses.fields(config_cls)
         if f.name != "task" and f.name not in skip and FLAGS[f.name].value is not None
     }
-    for name, value in values.items():  # `--metrics ''` is an empty list, which read as the flag left out
-        if FLAGS[name].present and isinstance(value, list) and not value:
-            raise app.UsageError(
-                f"--{name} is empty: name one or more, comma-separated (or leave the flag out).", exitcode=2
-            )
+    common.refuse_empty_lists(values)
     if values.get("zero_shot") is not None:
         values["zero_shot"] = parse_task_dirs(values["zero_shot"])
     return values

@@ -241,6 +241,11 @@ def test_a_predict_output_naming_the_input_or_a_model_file_in_any_form_is_refuse
         with pytest.raises(ConfigError, match=rf"^--output {re.escape(output)} is in the --model folder model:"):
             predict.check_output(output, "text", True, "in.tsv", "model")
     predict.check_output("model.tsv", "text", True, "in.tsv", "model")  # beside it, not in it
+    (tmp_path / "folder.tsv").mkdir()  # predicted, then failed on a temporary file left beside it
+    with pytest.raises(
+        storage.StorageError, match=rf"^--output file://{tmp_path}/folder.tsv is a folder, not a file\.$"
+    ):
+        predict.check_output(f"file://{tmp_path}/folder.tsv", "text", True, "in.tsv")
     task = kgpt.TaskRegistry().get("scitail")
     os.makedirs("data/tsv_format")
     dev = "data/tsv_format/scitail_1.0_dev.tsv"

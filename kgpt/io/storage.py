@@ -206,6 +206,11 @@ def check_path(path, flag="--output_dir", folder=True):
                 f"{flag} {path}: a file:// path must be absolute, file:///PATH with three slashes "
                 f"(file://{rest} names host {rest.split('/')[0]!r}); or pass the local path {rest}."
             )
+        if name == "file":  # the local path's checks: a folder where a file is wanted failed after the work
+            try:
+                check_path(rest, flag, folder)
+            except StorageError as e:
+                raise StorageError(str(e).replace(f"{flag} {rest}", f"{flag} {path}", 1)) from None
         return
     if path.startswith("~") and os.path.expanduser(path) != path:
         raise StorageError(

@@ -237,10 +237,12 @@ def test_a_predict_output_naming_the_input_or_a_model_file_in_any_form_is_refuse
     url = f"file://{tmp_path}/in.tsv"
     with pytest.raises(ConfigError, match=rf"^--output {re.escape(url)} is the --input file"):
         predict.check_output(url, "text", True, "in.tsv")
-    for output in ("model/config.json", f"file://{tmp_path}/model/config.json", "link/config.json", "model/p.tsv"):
-        with pytest.raises(ConfigError, match=rf"^--output {re.escape(output)} is in the --model folder model:"):
+    for output in ("model/config.json", f"file://{tmp_path}/model/config.json", "link/config.json"):
+        with pytest.raises(ConfigError, match=rf"^--output {re.escape(output)} is config.json of the --model folder"):
             predict.check_output(output, "text", True, "in.tsv", "model")
-    predict.check_output("model.tsv", "text", True, "in.tsv", "model")  # beside it, not in it
+    predict.check_output("model.tsv", "text", True, "in.tsv", "model")  # beside it
+    predict.check_output("model/p.tsv", "text", True, "in.tsv", "model")  # a new file in it, beside its files
+    predict.check_output("p.tsv", "text", True, "in.tsv", ".")  # run from inside the model folder
     (tmp_path / "folder.tsv").mkdir()  # predicted, then failed on a temporary file left beside it
     with pytest.raises(
         storage.StorageError, match=rf"^--output file://{tmp_path}/folder.tsv is a folder, not a file\.$"

@@ -39,6 +39,7 @@ from kgpt.errors import ConfigError, DataError, EmptyTextError
 from kgpt.io import storage
 from kgpt.io.storage import write_text
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
+from kgpt.jobs.rundir import written_by_run
 from kgpt.models.gpt.gpt_task_preprocessor import segment_columns
 from kgpt.parallel import distribute
 
@@ -318,12 +319,12 @@ def check_output(output, input_format, overwrite=False, input=None, model=None):
     if local is not None and input and os.path.exists(local) and os.path.exists(input):
         if os.path.samefile(local, input):
             raise ConfigError(f"--output {output} is the --input file: name another file, so that the input stays.")
-    if local is not None and model and os.path.isdir(model):
-        inside = os.path.relpath(os.path.realpath(local), os.path.realpath(model))
-        if inside != os.pardir and not inside.startswith(os.pardir + os.sep):
-            raise ConfigError(
-                f"--output {output} is in the --model folder {model}: name a file outside it, so that the model stays."
-            )
+    inside = written_by_run(output, model) if model and os.path.isdir(model) else None
+    if inside:  # a file of the model (its config, weights, run outputs); a new file beside them is fine
+        raise ConfigError(
+            f"--output {output} is {'the --model folder' if inside == '.' else f'{inside} of the --model folder'} "
+            f"{model}: name another file, so that the model stays."
+        )
     extension = os.path.splitext(output)[1].lower()
     if input_format == "text" and tables.EXTENSIONS.get(extension) != "tsv":
         raise ConfigError(

@@ -265,6 +265,7 @@ def test_cli_usage_errors():
         flags.FLAGS.unparse_flags()
     for args, message in (
         (["--seeds=0,x"], "--seeds: expected integers"),
+        (["--seeds=1_000,٣"], "--seeds: expected integers"),  # read as 1000 and 3
         (["--seeds=1,1"], "--seeds: expected distinct integers"),
         # These passed --dry_run and failed after the first seed's runs.
         (["--seeds=0,-1"], r"^--seeds: each seed must be between 0 and 4294967295, got -1\.$"),

@@ -217,6 +217,10 @@ def _seeds():
     if FLAGS.seeds is None:
         return None
     try:
+        if not all(
+            s.strip().isascii() and s.strip().removeprefix("-").isdigit() for s in FLAGS.seeds
+        ):  # not "٣", "1_000"
+            raise ValueError
         seeds = [int(s) for s in FLAGS.seeds]
     except ValueError:
         raise app.UsageError(

@@ -264,8 +264,10 @@ def test_a_column_name_that_is_almost_right_is_suggested(tmp_path):
         with_files("text-classification", path, text_columns="Review", label_column="sentiment_label")
     with pytest.raises(DataError, match=r"no column 'stars' \(--label_column\); it has"):
         with_files("text-classification", path, text_columns="Review", label_column="stars")
-    with pytest.raises(ConfigError, match=r"--text_columns: name the text column"):
+    with pytest.raises(ConfigError, match=r"^--text_columns ' , ': an empty name"):
         with_files("text-classification", path, text_columns=" , ", label_column="stars")
+    with pytest.raises(ConfigError, match=r"--text_columns: name the text column"):
+        with_files("text-classification", path, text_columns=[], label_column="stars")
 
 
 # --- a task preset saved from Python keeps its columns ----------------------------------------------------------------

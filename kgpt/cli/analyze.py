@@ -80,7 +80,7 @@ def main(argv):
         from kgpt.errors import ConfigError
 
         raise ConfigError(f"--output_dir {output_dir}: kgpt-analyze writes a local folder (or a mounted bucket).")
-    common.refuse_empty_lists(["tasks", "layers", "rows", "architectures", "seeds"])
+    common.refuse_empty_lists(["tasks", "layers"])  # an empty --rows or --architectures is named below
     _check_choices("architectures", ARCHITECTURES)  # before any vocabulary, corpus or model work, dry run too
     _check_choices("rows", TABLE5_ROWS)
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode], "--tasks")
@@ -112,10 +112,11 @@ def main(argv):
     if getattr(config, "init", None) is not None and hub.is_hub(config.init):
         # A Hub --init: the whole preset (converted once); its dry run checks the files as for a folder.
         config = with_local_init(config)
-    starts = {"--init": getattr(config, "init", None), "--lstm_init": FLAGS.lstm_init}
-    inputs = {flag: path for flag, path in starts.items() if path not in SPECIAL_INITS}
-    inputs.update({f"--tasks {name}=": data_dir for name, data_dir in tasks.items()})
-    check_inputs_outside(output_dir, inputs)  # --overwrite cleared the model the experiments start from
+    if FLAGS.overwrite:  # it cleared the model the experiments start from; the modes share a folder otherwise
+        starts = {"--init": getattr(config, "init", None), "--lstm_init": FLAGS.lstm_init}
+        inputs = {flag: path for flag, path in starts.items() if path not in SPECIAL_INITS}
+        inputs.update({f"--tasks {name}=": data_dir for name, data_dir in tasks.items()})
+        check_inputs_outside(output_dir, inputs)
     if FLAGS.dry_run:
         _dry_run(mode, config, tasks, output_dir, seeds)
         return

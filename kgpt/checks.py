@@ -38,6 +38,20 @@ def positive_int(value, name, minimum=1, maximum=None, allow_none=False, or_else
     return value
 
 
+def shown(value, limit=60, quote=True):
+    """`repr(value)` (or `str` without `quote`) for a message, cut to about `limit` characters with its full
+    length named: a label of 400 digits or a 10 MB field is echoed as its start, not whole.
+
+    Example: `shown("7" * 400)  # "'7777...' (400 characters)"`
+    """
+    text = repr(value) if quote else str(value)
+    if len(text) <= limit:
+        return text
+    end = "..." + (text[0] if quote and isinstance(value, str) else "")
+    length = len(value) if isinstance(value, (str, bytes)) else len(text)
+    return f"{text[: limit - len(end)]}{end} ({length:,} characters)"
+
+
 class RepeatedKeyError(ValueError):
     """A JSON object gives one key twice (`args[0]`: the key)."""
 

@@ -42,6 +42,7 @@ import random
 import re
 
 import kgpt
+from kgpt import checks
 from kgpt.data import tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.tasks import heads
@@ -261,7 +262,9 @@ def _label(table, row, column, line):
     if not label:
         raise DataError(f"{table.path}:{line}: empty label in column {column!r}.")
     if heads.unwritable(label):
-        raise DataError(f"{table.path}:{line}: label {label!r} in column {column!r} {heads.unwritable(label)}.")
+        raise DataError(
+            f"{table.path}:{line}: label {checks.shown(label)} in column {column!r} {heads.unwritable(label)}."
+        )
     return label
 
 
@@ -309,7 +312,7 @@ class Reader:
             if value not in self.labels:
                 same = [label for label in self.labels if _spelling(label) == _spelling(value)]
                 raise DataError(
-                    f"{source}: label {value!r} is not one of the training file's labels "
+                    f"{source}: label {checks.shown(value)} is not one of the training file's labels "
                     f"({', '.join(map(repr, self.labels))})"
                     f"{f'; it spells {same[0]!r} another way' if same else ''}."
                 )
@@ -317,7 +320,7 @@ class Reader:
         if self.kind == REGRESSION:
             number = float(value) if NUMBER.fullmatch(value) else math.nan
             if not math.isfinite(number):
-                raise DataError(f"{source}: {column!r} holds {value!r}, not a finite number.")
+                raise DataError(f"{source}: {column!r} holds {checks.shown(value)}, not a finite number.")
             return number
         matches = [i for i, choice in enumerate(choices) if choice.strip() == value]
         if re.fullmatch(r"-?[0-9]+", value):  # not str.isdigit(): int() refuses "²", which it takes
@@ -337,7 +340,7 @@ class Reader:
             return index
         if not matches:
             raise DataError(
-                f"{source}: answer {value!r} in {column!r} is neither a choice index (0.."
+                f"{source}: answer {checks.shown(value)} in {column!r} is neither a choice index (0.."
                 f"{len(choices) - 1}) nor the text of a choice."
             )
         if len(matches) > 1:

@@ -154,6 +154,25 @@ def test_a_regression_value_is_a_plainly_written_finite_number(tmp_path):
         task.examples("validation", None)
 
 
+def test_a_huge_label_or_number_is_echoed_as_its_start_and_length(tmp_path):
+    digits = "7" * 401
+    path = tmp_path / "r.jsonl"
+    path.write_text(f'{{"text": "a", "score": 1}}\n{{"text": "b", "score": {digits}}}\n')
+    task = with_files("text-regression", str(path), text_columns="text", label_column="score")
+    with pytest.raises(DataError, match=r"r\.jsonl:2: 'score' holds '7{50,60}\.\.\.' \(401 characters\), not a") as e:
+        task.examples("train", None)
+    assert len(str(e.value)) < 200
+    path = tmp_path / "c.jsonl"
+    path.write_text(f'{{"text": "a", "label": "x"}}\n{{"text": "b", "label": "y"}}\n')
+    dev = write(tmp_path / "d.jsonl", f'{{"text": "a", "label": {digits}}}\n')
+    task = with_files("text-classification", str(path), text_columns="text", label_column="label", validation_file=dev)
+    with pytest.raises(DataError, match=r"d\.jsonl:1: label '7+\.\.\.' \(401 characters\) is not one of"):
+        task.examples("validation", None)
+    write(path, f'{{"text": "b", "score": {digits}e5}}\n')
+    with pytest.raises(DataError, match=r"c\.jsonl:1: the number 7+\.\.\. \(403 characters\) is beyond a double"):
+        list(tables.read_table(str(path)).rows)
+
+
 # --- CSV ------------------------------------------------------------------------------------------------------------
 
 

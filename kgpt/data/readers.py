@@ -189,7 +189,9 @@ def read_jsonl(path):
         try:
             obj = json.loads(line, object_pairs_hook=checks.unique_keys, parse_float=_finite_float)
         except OverflowError as e:
-            raise DataError(f"{path}:{line_no}: the number {e.args[0]} is beyond a double's range.") from None
+            raise DataError(
+                f"{path}:{line_no}: the number {checks.shown(e.args[0], quote=False)} is beyond a double's range."
+            ) from None
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
         except checks.RepeatedKeyError as e:

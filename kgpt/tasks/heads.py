@@ -38,7 +38,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from kgpt.checks import positive_int
+from kgpt.checks import positive_int, shown
 from kgpt.errors import DataError
 from kgpt.tasks.configurable import Configurable
 
@@ -190,7 +190,7 @@ class ClassificationHead(Categorical):
             if not numeric and 0 <= label < len(self.labels):
                 return int(label)
         where = f"{source}: " if source else ""
-        raise DataError(f"{where}label {label!r} is not one of {', '.join(map(repr, self.labels))}.")
+        raise DataError(f"{where}label {shown(label)} is not one of {', '.join(map(repr, self.labels))}.")
 
     def prediction_name(self, value):
         return self.labels[int(value)]
@@ -224,15 +224,15 @@ class RegressionHead(Head):
     def target(self, label, source=""):
         where = f"{source}: " if source else ""
         if isinstance(label, bool):
-            raise DataError(f"{where}target {label!r} is not a number.")
+            raise DataError(f"{where}target {shown(label)} is not a number.")
         try:
             value = float(label)
         except (TypeError, ValueError):
-            raise DataError(f"{where}target {label!r} is not a number.") from None
+            raise DataError(f"{where}target {shown(label)} is not a number.") from None
         if not math.isfinite(value):
-            raise DataError(f"{where}target {label!r} is not a finite number.")
+            raise DataError(f"{where}target {shown(label)} is not a finite number.")
         if abs(value) > float(np.finfo(np.float32).max):  # the targets are float32: it would train as infinity
-            raise DataError(f"{where}target {label!r} is beyond float32's range (±3.4e38), which training uses.")
+            raise DataError(f"{where}target {shown(label)} is beyond float32's range (±3.4e38), which training uses.")
         return value
 
     def decode(self, outputs):
@@ -267,7 +267,7 @@ class MultipleChoiceHead(Categorical):
         if isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < self.num_choices:
             return int(label)
         where = f"{source}: " if source else ""
-        raise DataError(f"{where}answer {label!r} is not a choice index 0..{self.num_choices - 1}.")
+        raise DataError(f"{where}answer {shown(label)} is not a choice index 0..{self.num_choices - 1}.")
 
     def prediction_name(self, value):
         return int(value)

@@ -20,7 +20,7 @@ class FakeScorer:
         self.table = table
         self.asked = []
 
-    def log_probs(self, pairs):
+    def log_probs(self, pairs, sources=None):
         self.asked.extend(pairs)
         return [np.asarray(self.table[p], "float64") for p in pairs]
 
@@ -173,6 +173,16 @@ def test_evaluate_runs_on_the_embedded_data(tmp_path):
         assert result["examples"]["used"] == result["examples"]["read"] > 0
     # CoLA's threshold was fit on its training split for that evaluation only.
     assert task("cola").zero_shot.threshold is None
+
+
+def test_a_text_with_no_tokens_is_named_by_its_file_and_line(tmp_path):
+    lm, tokenizer = tiny_lm()
+    data = task("cola").default_data(str(tmp_path / "cola"))
+    with open(f"{data}/dev.tsv", "a") as f:
+        f.write("kgpt\t1\t\t\x01\x02\n")  # not empty, but the tokenizer drops every character
+    lines = len(open(f"{data}/dev.tsv").read().splitlines())
+    with pytest.raises(kgpt.DataError, match=rf"dev\.tsv:{lines}: nothing to score: '\\x01\\x02' leaves no token"):
+        zero_shot.evaluate(lm, tokenizer, task("cola"), data)
 
 
 @pytest.mark.parametrize("count", [0, -1, 2.5])

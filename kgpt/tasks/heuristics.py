@@ -21,7 +21,9 @@ import copy
 
 import numpy as np
 
+from kgpt.checks import shown
 from kgpt.data import batching
+from kgpt.errors import DataError
 from kgpt.tasks import metrics as metrics_lib
 
 
@@ -48,17 +50,22 @@ class Scorer:
         self.prefix = [] if newline is None else [newline]
         self.truncated = 0
 
-    def log_probs(self, pairs):
-        """`[(context, continuation)]` texts -> one float array of per-token log-probs per pair."""
+    def log_probs(self, pairs, sources=None):
+        """`[(context, continuation)]` texts -> one float array of per-token log-probs per pair.
+
+        `sources[i]` (an example's `file:line`) names pair `i` in the error a
+        continuation with no tokens raises.
+        """
         encoded = []
         limit = self.lm.backbone.max_sequence_length
-        for context, continuation in pairs:
+        for i, (context, continuation) in enumerate(pairs):
             ctx = self.prefix + self.tokenizer.encode(context)
             cont = self.tokenizer.encode(continuation)
             if not ctx:  # no newline token in this vocabulary: the first token is only context
                 ctx, cont = cont[:1], cont[1:]
             if not cont:
-                raise ValueError(f"Nothing to score: {continuation!r} leaves no token to predict.")
+                where = f"{sources[i]}: " if sources is not None and sources[i] else ""
+                raise DataError(f"{where}nothing to score: {shown(continuation)} leaves no token to predict.")
             cont = cont[: limit - 1]
             keep = max(1, limit - len(cont))
             if len(ctx) > keep:
@@ -134,7 +141,7 @@ class ThresholdedLogProb(Heuristic):
 
     def scores(self, scorer, examples):
         texts = [" ".join(e.segments) for e in examples]
-        return np.array([_mean(lp) for lp in scorer.log_probs([("", t) for t in texts])])
+        return np.array([_mean(lp) for lp in scorer.log_probs([("", t) for t in texts], [e.source for e in examples])])
 
     def decide(self, task, scores, threshold):
         positive = task.labels.index(self.positive)
@@ -184,7 +191,10 @@ class NextWordChoice(Heuristic):
     def predict(self, scorer, task, examples):
         labels = list(self.words)
         pairs = [(f"{' '.join(e.segments)} {self.suffix}", self.words[label]) for e in examples for label in labels]
-        scores = np.array([float(np.sum(lp)) for lp in scorer.log_probs(pairs)]).reshape(len(examples), len(labels))
+        sources = [e.source for e in examples for _ in labels]
+        scores = np.array([float(np.sum(lp)) for lp in scorer.log_probs(pairs, sources)]).reshape(
+            len(examples), len(labels)
+        )
         return np.array([task.labels.index(labels[i]) for i in scores.argmax(axis=1)])
 
 
@@ -195,7 +205,7 @@ class AnswerLogProb(Heuristic):
 
     def predict(self, scorer, task, examples):
         pairs = [(" ".join(e.segments), choice) for e in examples for choice in e.choices]
-        scores = [_mean(lp) for lp in scorer.log_probs(pairs)]
+        scores = [_mean(lp) for lp in scorer.log_probs(pairs, _choice_sources(examples))]
         return _argmax_per_example(examples, scores)
 
 
@@ -211,8 +221,12 @@ class PronounSubstitution(Heuristic):
 
     def predict(self, scorer, task, examples):
         pairs = [(f"{e.segments[0]} {choice}", e.segments[1]) for e in examples for choice in e.choices]
-        scores = [_mean(lp) for lp in scorer.log_probs(pairs)]
+        scores = [_mean(lp) for lp in scorer.log_probs(pairs, _choice_sources(examples))]
         return _argmax_per_example(examples, scores)
+
+
+def _choice_sources(examples):
+    return [f"{e.source} (choice {i})".lstrip() for e in examples for i in range(len(e.choices))]
 
 
 def _argmax_per_example(examples, scores):

@@ -187,6 +187,16 @@ def test_a_merges_file_cut_short_is_refused(tmp_path):
     with pytest.raises(kgpt.CheckpointError, match="vocab_40000.bpe:20002: expected two symbols"):
         GPTTokenizer.from_original(str(tmp_path))
 
+    # Two merges swapped: the second joins a symbol the first (now later) makes, so it could never fire.
+    made = {a + b: i for i, (a, b) in enumerate(line.split() for line in lines[1:40001])}
+    user, part = next((i, p) for i, line in enumerate(lines[1:40001]) for p in line.split() if p in made)
+    maker = made[part]
+    swapped = list(lines)
+    swapped[1 + maker], swapped[1 + user] = lines[1 + user], lines[1 + maker]
+    (tmp_path / "vocab_40000.bpe").write_text("\n".join(swapped), encoding="utf-8")
+    with pytest.raises(kgpt.CheckpointError, match=rf"vocab_40000.bpe:{maker + 2}: merge .* joins {part!r}, which no"):
+        GPTTokenizer.from_original(str(tmp_path))
+
 
 def test_over_long_words_are_cut_and_counted(gpt1):
     import random

@@ -107,7 +107,7 @@ def read_merges(path, encoder):
         raise CheckpointError(f"{path}:1: unknown splitter {recorded.group(1)!r} (expected spacy or regex).")
     while len(lines) > 1 and not lines[-1]:  # the file's final newline(s)
         lines.pop()
-    merges = []
+    merges, made = [], set()
     for number, line in enumerate(lines[1:], start=2):
         parts = line.split()
         if len(parts) != 2:
@@ -117,6 +117,15 @@ def read_merges(path, encoder):
                 f"{path}:{number}: merge {line!r} makes {''.join(parts)!r}, which the encoder file lacks: "
                 f"the two files are from different vocabularies."
             )
+        # BPE builds each symbol from characters and earlier merges' symbols (GPT-1's files do): a part that
+        # is neither never occurs, so the merge is dead and its symbol a token no text encodes to.
+        unmade = next((p for p in parts if p not in made and not is_base_symbol(p)), None)
+        if unmade is not None:
+            raise CheckpointError(
+                f"{path}:{number}: merge {line!r} joins {unmade!r}, which no earlier merge makes: the merges "
+                f"are out of order, or edited."
+            )
+        made.add("".join(parts))
         merges.append(tuple(parts))
     return merges, recorded and recorded.group(1)
 

@@ -565,6 +565,27 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     assert not (folder / "again.csv").exists()
 
 
+def test_json_lines_predictions_keep_each_rows_own_text(guide_run, tmp_path):
+    folder, _ = guide_run
+    model = kgpt.GPTTaskModel.from_preset(str(folder / "my-reviews"))
+    lines = [
+        '{"stars": 1.50, "review": "Great \\u00e9 value", "n": 1e3}',
+        '  {"review":"bad" , "big": 12345678901234567890.5}',
+    ]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    inputs = predict_lib.read_inputs(str(tmp_path / "in.jsonl"), model.preprocessor.transform, columns=["review"])
+    assert predict_lib.write(model, inputs, str(tmp_path / "out.jsonl")) == 2
+    written = (tmp_path / "out.jsonl").read_text(encoding="utf-8").splitlines()
+    # Loaded and dumped, 1.50 became 1.5, 1e3 1000.0 and the big number 1.2345678901234567e+19.
+    for line, before in zip(written, lines):
+        assert line.startswith(before.rstrip()[:-1].rstrip() + ", ")
+        row = json.loads(line)
+        assert list(row)[-3:] == ["prediction", "p_negative", "p_positive"] and row["prediction"] in (
+            "negative",
+            "positive",
+        )
+
+
 def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(tmp_path):
     def model_dir(name, transform, columns=None):
         folder = tmp_path / name

@@ -225,8 +225,6 @@ def write_table(path, format, columns, rows):
     A TSV value holding a tab or a line break is a `DataError` (TSV has no
     quoting: write CSV or JSON lines instead). Returns the rows written.
     """
-    from kgpt.io.storage import write_text  # atomic: no half-written file is left behind
-
     rows, lines = list(rows), []
     if format == "jsonl":
         lines = [json.dumps({c: row[c] for c in columns}, ensure_ascii=False) + "\n" for row in rows]
@@ -249,9 +247,26 @@ def write_table(path, format, columns, rows):
         for row in rows:
             writer.writerow([row[c] for c in columns])
         lines = [buffer.getvalue()]
+    write_lines(path, lines)
+    return len(rows)
+
+
+def write_lines(path, lines):
+    """Writes `lines` (each ending in a newline) to `path` at once (`-`: standard output)."""
+    from kgpt.io.storage import write_text  # atomic: no half-written file is left behind
+
     text = "".join(lines)
     if path == "-":
         sys.stdout.write(text)
     else:
         write_text(path, text)
-    return len(rows)
+
+
+def extended_json_line(line, values):
+    """A JSON-lines row as it was written, with `values` added as its last keys: its own text (a number's
+    spelling, `1.50` or `1e3`, and its keys' order) is kept, where loading and dumping it would rewrite it.
+
+    Example: `extended_json_line('{"x": 1.50}', {"p": 0.5})  # '{"x": 1.50, "p": 0.5}\\n'`
+    """
+    body = line.rstrip()[:-1].rstrip()  # a JSON object: its closing brace is the line's last character
+    return f"{body}{'' if body.endswith('{') else ', '}{json.dumps(values, ensure_ascii=False)[1:]}\n"

@@ -31,13 +31,11 @@ import collections
 import json
 import logging
 import os
-import sys
 
-from kgpt.data import batching, tables
+from kgpt.data import batching, readers, tables
 from kgpt.data.readers import _data_lines
 from kgpt.errors import ConfigError, DataError, EmptyTextError
 from kgpt.io import storage
-from kgpt.io.storage import write_text
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.jobs.rundir import written_by_run
 from kgpt.models.gpt.gpt_task_preprocessor import segment_columns
@@ -49,9 +47,10 @@ FORMATS = ("text", *tables.FORMATS)
 ID_COLUMNS = ("id", "index", "idx")
 NOT_SEGMENTS = (*ID_COLUMNS, "label", "gold_label")
 
-# `records`: a table's rows as read ({column: value}), written back with the predictions; `fields`: its columns.
+# `records`: a table's rows as read ({column: value}), written back with the predictions; `fields`: its columns;
+# `lines`: a JSON-lines table's rows as written, which JSON-lines predictions extend (numbers keep their spelling).
 Inputs = collections.namedtuple(
-    "Inputs", "examples ids sources columns format records fields", defaults=("text", None, None)
+    "Inputs", "examples ids sources columns format records fields lines", defaults=("text", None, None, None)
 )
 
 
@@ -146,7 +145,7 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
         raise DataError(f"--input {path} is a folder: name a file of texts or a table.")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No input file {path}.")
-    records = fields = None
+    records = fields = lines = None
     if format == "text":
         if columns:
             raise ConfigError(
@@ -159,6 +158,8 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
         table = tables.read_table(path, format)
         rows, used = _named_rows(table, columns)
         records, fields = [], table.columns
+        if table.format == "jsonl":
+            text, lines = dict(readers.read_lines(path)), []
     examples, ids, sources = [], [], []
     # A multiple-choice line's answers are its last fields: one too many was read as a second context.
     expected = len(trained) if trained and format == "text" else None
@@ -175,9 +176,11 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
         sources.append(source)
         if records is not None:
             records.append(record[0])
+        if lines is not None:
+            lines.append(text[line_no])
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty).")
-    return Inputs(examples, ids, sources, used, format, records, fields)
+    return Inputs(examples, ids, sources, used, format, records, fields, lines)
 
 
 def _named_rows(table, columns):
@@ -274,18 +277,18 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
     predictions = head.decode(outputs)
     rows = prediction_rows(head, split.uids, predictions, head.probabilities(outputs))
     if inputs.records is None:
-        text = "\n".join(["\t".join(["id", *added]), *rows]) + "\n"
-        if output == "-":
-            sys.stdout.write(text)
-        else:
-            write_text(output, text)
+        tables.write_lines(output, ["\t".join(["id", *added]) + "\n", *(row + "\n" for row in rows)])
         return len(split)
-    merged = []
+    merged, predicted = [], []
     for record, row, value in zip(inputs.records, rows, predictions):
         values = row.split("\t")[1:]  # after the id: the prediction and its probabilities, as the TSV writes them
         if format == "jsonl":  # typed: a label name stays text, an answer index or a value a number
             values = [head.prediction_name(value), *map(float, values[1:])]
-        merged.append({**record, **dict(zip(added, values))})
+        predicted.append(dict(zip(added, values)))
+        merged.append({**record, **predicted[-1]})
+    if format == "jsonl" and inputs.lines is not None:
+        tables.write_lines(output, list(map(tables.extended_json_line, inputs.lines, predicted)))
+        return len(predicted)
     return tables.write_table(output, format, [*inputs.fields, *added], merged)
 
 

@@ -52,6 +52,29 @@ def shown(value, limit=60, quote=True):
     return f"{text[: limit - len(end)]}{end} ({length:,} characters)"
 
 
+_COMMAND_LINE = [False]
+
+
+def option(name):
+    """An option as the user gave it, for a message: `--name` while a kgpt command runs (`command_line()`),
+    the keyword `name` in Python.
+
+    Example: `option("train_file")  # "train_file"; "--train_file" inside command_line()`
+    """
+    return f"--{name}" if _COMMAND_LINE[0] else name
+
+
+@contextlib.contextmanager
+def command_line():
+    """Within it, messages name options as flags (`option`); each command's `main` runs inside it. Process-wide, not
+    per thread: tf.data's threads read its files too."""
+    before, _COMMAND_LINE[0] = _COMMAND_LINE[0], True
+    try:
+        yield
+    finally:
+        _COMMAND_LINE[0] = before
+
+
 class RepeatedKeyError(ValueError):
     """A JSON object gives one key twice (`args[0]`: the key)."""
 

@@ -74,7 +74,7 @@ class Files:
         """The split's file (a relative path is under `data_dir`); `FileNotFoundError` when not given."""
         name = self.paths.get(split)
         if name is None:
-            raise FileNotFoundError(f"no --{SPLIT_FLAGS[split]} given")
+            raise FileNotFoundError(f"no {checks.option(SPLIT_FLAGS[split])} given")
         return os.path.join(data_dir, name) if data_dir else name
 
 
@@ -117,13 +117,13 @@ class FileTask(kgpt.Task):
         kind = self.name
         if not train_file:
             raise ConfigError(
-                f"--task {kind} reads your files: give --train_file (and --validation_file, "
-                f"--test_file), --text_columns and --label_column"
-                f"{' and --choice_columns' if kind == CHOICE else ''}."
+                f"Task {kind!r} reads your files: give {checks.option('train_file')} (and "
+                f"{checks.option('validation_file')}, {checks.option('test_file')}), {checks.option('text_columns')} "
+                f"and {checks.option('label_column')}{' and ' + checks.option('choice_columns') if kind == CHOICE else ''}."
             )
         text_columns, choice_columns = (
-            _names(text_columns, "--text_columns"),
-            _names(choice_columns, "--choice_columns"),
+            _names(text_columns, checks.option("text_columns")),
+            _names(choice_columns, checks.option("choice_columns")),
         )
         given = {"train": train_file, "validation": validation_file, "test": test_file}
         # Absolute: finetune's data_dir (where ids are relative to) may be another folder then.
@@ -136,41 +136,45 @@ class FileTask(kgpt.Task):
             if name:
                 tables.table_format(name)  # an unknown extension is refused before anything is read
                 if not os.path.isfile(name):
-                    raise ConfigError(f"--{SPLIT_FLAGS[split]} {name}: no such file.")
+                    raise ConfigError(f"{checks.option(SPLIT_FLAGS[split])} {name}: no such file.")
         table = tables.read_table(train_path)
         header = table.columns
         has = f"{train_path} has {', '.join(map(repr, header))}"
         if not text_columns:
             raise ConfigError(
-                f"--text_columns: name the text column(s) of {train_path} ({has[len(train_path) + 1 :]})."
+                f"{checks.option('text_columns')}: name the text column(s) of {train_path} ({has[len(train_path) + 1 :]})."
             )
         if not label_column:
-            raise ConfigError(f"--label_column: name the {'answer' if kind == CHOICE else 'label'} column ({has}).")
+            raise ConfigError(
+                f"{checks.option('label_column')}: name the {'answer' if kind == CHOICE else 'label'} column ({has})."
+            )
         if kind == CHOICE and len(choice_columns) < 2:
-            raise ConfigError(f"--choice_columns: multiple-choice needs two or more answer-choice columns ({has}).")
+            raise ConfigError(
+                f"{checks.option('choice_columns')}: multiple-choice needs two or more answer-choice columns ({has})."
+            )
         if kind != CHOICE and choice_columns:
-            raise ConfigError(f"--choice_columns is for --task multiple-choice, not {kind}.")
+            raise ConfigError(f"{checks.option('choice_columns')} is for task 'multiple-choice', not {kind!r}.")
         if kind != CHOICE and len(text_columns) > 2:
             raise ConfigError(
-                f"--text_columns: {kind} takes one text column or a pair, got {len(text_columns)}; "
+                f"{checks.option('text_columns')}: {kind} takes one text column or a pair, got {len(text_columns)}; "
                 f"join the texts into one column, or pick two."
             )
-        metrics = _names(metrics, "--metrics")
+        metrics = _names(metrics, checks.option("metrics"))
         unknown = [m for m in metrics if m not in METRICS]
         if unknown:
             raise ConfigError(
-                f"--metrics: {', '.join(map(repr, unknown))} is no metric; kgpt has {', '.join(METRICS)}."
+                f"{checks.option('metrics')}: {', '.join(map(repr, unknown))} is no metric; kgpt has {', '.join(METRICS)}."
             )
         every = [*text_columns, *choice_columns, label_column]
         twice = sorted({c for c in every if every.count(c) > 1})
         if twice:
             raise ConfigError(
-                f"Column(s) {', '.join(map(repr, twice))} given twice in --text_columns, "
-                f"--choice_columns and --label_column."
+                f"Column(s) {', '.join(map(repr, twice))} given twice in {checks.option('text_columns')}, "
+                f"{checks.option('choice_columns')} and {checks.option('label_column')}."
             )
-        table.require(text_columns, "--text_columns")
-        table.require(choice_columns, "--choice_columns")
-        table.require([label_column], "--label_column")
+        table.require(text_columns, checks.option("text_columns"))
+        table.require(choice_columns, checks.option("choice_columns"))
+        table.require([label_column], checks.option("label_column"))
         files = Files(paths, text_columns, label_column, choice_columns, tuple(metrics) if metrics else None)
         labels = _training_labels(files, data_dir) if kind == CLASSIFICATION else None
         task = build(kind, files, labels, description=f"{kind} on {train_file}.")
@@ -212,7 +216,7 @@ def _sorted_labels(labels):
 def _training_labels(files, data_dir):
     """The label set of the training file; a bad or empty label is a `DataError` at its line."""
     table = tables.read_table(files.path("train", data_dir))
-    table.require([files.label_column], "--label_column")
+    table.require([files.label_column], checks.option("label_column"))
     spellings, counts = collections.Counter(), collections.Counter()
     for line, row in table.rows:
         counts[_label(table, row, files.label_column, line)] += 1
@@ -277,10 +281,13 @@ class Reader:
     def __call__(self, split, data_dir):
         files = self.files
         table = tables.read_table(files.path(split, data_dir))
-        table.require([*files.text_columns, *files.choice_columns], "--text_columns/--choice_columns")
+        table.require(
+            [*files.text_columns, *files.choice_columns],
+            f"{checks.option('text_columns')}/{checks.option('choice_columns')}",
+        )
         labeled = files.label_column in table.columns
         if not labeled and split != "test":
-            table.require([files.label_column], "--label_column")
+            table.require([files.label_column], checks.option("label_column"))
         empty, ambiguous = collections.Counter(), {}
         first_empty = None
         for line, row in table.rows:

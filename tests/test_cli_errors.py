@@ -239,6 +239,27 @@ def test_an_empty_list_flag_is_refused_not_read_as_left_out(monkeypatch, capsys)
     assert "--metrics is empty: name one or more, comma-separated (or leave the flag out)." in err
 
 
+def test_the_command_names_a_file_tasks_options_as_flags(monkeypatch, capsys, tmp_path):
+    (tmp_path / "t.csv").write_text("review,stars\na,1\nb,2\n")
+    base = ("--task=text-classification", "--init=scratch", "--dry_run")
+    code, _, err = cli(monkeypatch, capsys, train, *base, f"--train_file={tmp_path / 't.csv'}", "--label_column=stars")
+    assert code == 1 and "Traceback" not in err
+    assert "--text_columns: name the text column(s) of" in err
+    code, _, err = cli(
+        monkeypatch,
+        capsys,
+        train,
+        *base,
+        f"--train_file={tmp_path / 't.csv'}",
+        "--text_columns=text",
+        "--label_column=stars",
+    )
+    assert "no column 'text' (--text_columns); it has 'review', 'stars'" in err
+    # Python names them by keyword (test_generic_tasks), here too once the command has ended.
+    with pytest.raises(kgpt.ConfigError, match=r"^text_columns: name the text"):
+        kgpt.TaskRegistry().get("text-classification").with_files(str(tmp_path / "t.csv"), label_column="stars")
+
+
 def test_preset_with_another_models_tokenizer(monkeypatch, capsys, presets, tmp_path):
     preset = presets / "other_tokenizer"
     code, _, err = cli(

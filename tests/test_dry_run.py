@@ -446,7 +446,7 @@ def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_count
     found = dict(dry_run.finetune(config, REGISTRY))
     assert found["data"].endswith(
         "train: 3+ rows read, 3 used; validation: 2 rows read, 2 used; test: not found "
-        "(no --test_file given) (the first 3 rows of each split tokenized)"
+        "(no test_file given) (the first 3 rows of each split tokenized)"
     ), found["data"]
     assert found["tokens"].startswith("views of up to 16 tokens (the model's context: 16): train: 1 of 3 rows cut")
 

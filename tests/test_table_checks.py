@@ -163,7 +163,7 @@ def test_a_huge_label_or_number_is_echoed_as_its_start_and_length(tmp_path):
         task.examples("train", None)
     assert len(str(e.value)) < 200
     path = tmp_path / "c.jsonl"
-    path.write_text(f'{{"text": "a", "label": "x"}}\n{{"text": "b", "label": "y"}}\n')
+    path.write_text('{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n')
     dev = write(tmp_path / "d.jsonl", f'{{"text": "a", "label": {digits}}}\n')
     task = with_files("text-classification", str(path), text_columns="text", label_column="label", validation_file=dev)
     with pytest.raises(DataError, match=r"d\.jsonl:1: label '7+\.\.\.' \(401 characters\) is not one of"):
@@ -271,21 +271,21 @@ def test_a_column_name_that_is_almost_right_is_suggested(tmp_path):
     path = write(tmp_path / "t.csv", "Review,Sentiment label\na,b\nc,d\n")
     with pytest.raises(
         DataError,
-        match=r"t\.csv: no column 'review' \(--text_columns; did you mean 'Review'\?\); "
+        match=r"t\.csv: no column 'review' \(text_columns; did you mean 'Review'\?\); "
         r"it has 'Review', 'Sentiment label'\.$",
     ):
         with_files("text-classification", path, text_columns="review", label_column="Sentiment label")
     with pytest.raises(
         DataError,
-        match=r"no column 'sentiment_label' \(--label_column; did you mean 'Sentiment "
+        match=r"no column 'sentiment_label' \(label_column; did you mean 'Sentiment "
         r"label'\?\)",
     ):
         with_files("text-classification", path, text_columns="Review", label_column="sentiment_label")
-    with pytest.raises(DataError, match=r"no column 'stars' \(--label_column\); it has"):
+    with pytest.raises(DataError, match=r"no column 'stars' \(label_column\); it has"):
         with_files("text-classification", path, text_columns="Review", label_column="stars")
-    with pytest.raises(ConfigError, match=r"^--text_columns ' , ': an empty name"):
+    with pytest.raises(ConfigError, match=r"^text_columns ' , ': an empty name"):
         with_files("text-classification", path, text_columns=" , ", label_column="stars")
-    with pytest.raises(ConfigError, match=r"--text_columns: name the text column"):
+    with pytest.raises(ConfigError, match=r"^text_columns: name the text column"):
         with_files("text-classification", path, text_columns=[], label_column="stars")
 
 

@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow is impor
 
 from absl import app, flags, logging
 
-from kgpt import log
+from kgpt import checks, log
 from kgpt._quiet import LiveFilter, quiet_stderr
 
 flags.DEFINE_bool("verbose", False, "Show the full traceback of errors, and TensorFlow's start-up log lines.")
@@ -206,7 +206,8 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
                 deferred = start() if start is not None else False
             if not flags.FLAGS.verbose:
                 start_backends(devices=not deferred)
-            return main(argv)
+            with checks.command_line():
+                return main(argv)
         except app.UsageError:
             raise
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - sorted into mistakes and bugs below

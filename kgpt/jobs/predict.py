@@ -32,6 +32,7 @@ import json
 import logging
 import os
 
+from kgpt import checks
 from kgpt.data import batching, readers, tables
 from kgpt.data.readers import _data_lines
 from kgpt.errors import ConfigError, DataError, EmptyTextError
@@ -88,7 +89,7 @@ def columns_for(model_dir, input, format=None, columns=None, transform=None):
     was trained on (its `trained_columns`, else its transformation's exact
     segment count); a transformation taking answer choices takes them as one
     list column or one column each, so its count is not checked here. A
-    mistake raises `ConfigError` naming --columns. `transform` defaults to the
+    mistake raises `ConfigError` naming `columns` (`--columns` in kgpt-predict). `transform` defaults to the
     one saved in `model_dir`.
     """
     if columns is None:
@@ -98,19 +99,21 @@ def columns_for(model_dir, input, format=None, columns=None, transform=None):
     known = f" (the model was trained on {', '.join(trained)})" if trained else ""
     if not columns or any(not isinstance(c, str) or not c.strip() for c in columns):
         raise ConfigError(
-            f"--columns {','.join(map(str, columns))!r} names an empty column: name the table columns holding "
-            f"the segments{known}, or leave --columns out for the trained ones."
+            f"{checks.option('columns')} {','.join(map(str, columns))!r} names an empty column: name the table "
+            f"columns holding the segments{known}, or leave {checks.option('columns')} out for the trained ones."
         )
     repeated = sorted({c for c in columns if columns.count(c) > 1})
     if repeated:
-        raise ConfigError(f"--columns names {', '.join(map(repr, repeated))} more than once: name each column once.")
+        raise ConfigError(
+            f"{checks.option('columns')} names {', '.join(map(repr, repeated))} more than once: name each column once."
+        )
     transform = transform if transform is not None else _saved_transform(model_dir)
     if transform is None or transform.takes_choices:
         return columns
     expected = len(trained) if trained else transform.num_segments
     if expected is not None and len(columns) != expected:
         raise ConfigError(
-            f"--columns names {len(columns)} column(s) ({', '.join(columns)}); the model was trained on "
+            f"{checks.option('columns')} names {len(columns)} column(s) ({', '.join(columns)}); the model was trained on "
             f"{expected} text segment(s){known}: name {expected}."
         )
     return columns
@@ -190,7 +193,7 @@ def _named_rows(table, columns):
     if not used:
         raise DataError(f"{path}: no text columns (it has only {', '.join(header)}); name them with columns.")
     if table.format != "jsonl":
-        table.require(used, "--columns")
+        table.require(used, checks.option("columns"))
     id_column = next((c for c in ID_COLUMNS if c in header), None)
 
     def field(rec, column, n):

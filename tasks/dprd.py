@@ -62,7 +62,7 @@ def read(split, data_dir):
 
 TASK = kgpt.Task(
     name="dprd",
-    transform=MultipleChoice(2),
+    transform=MultipleChoice(2, num_segments=2),  # the sentence before the pronoun and after it
     read=read,
     splits=("train", "test"),
     description="DPRD Winograd-style pronoun resolution (zero-shot in the paper, section 5).",

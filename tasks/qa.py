@@ -116,7 +116,7 @@ def read_story_cloze(split, data_dir):
 TASKS = [
     kgpt.Task(
         name="race",
-        transform=MultipleChoice(4),
+        transform=MultipleChoice(4, num_segments=2),  # the article and the question
         read=race_reader(["middle", "high"]),
         paper_score="59.0 acc",
         description="RACE reading comprehension, middle + high school.",
@@ -124,7 +124,7 @@ TASKS = [
     ),
     kgpt.Task(
         name="race-middle",
-        transform=MultipleChoice(4),
+        transform=MultipleChoice(4, num_segments=2),  # the article and the question
         read=race_reader(["middle"]),
         paper_score="62.9 acc",
         description="RACE-m: middle-school passages only.",
@@ -132,7 +132,7 @@ TASKS = [
     ),
     kgpt.Task(
         name="race-high",
-        transform=MultipleChoice(4),
+        transform=MultipleChoice(4, num_segments=2),  # the article and the question
         read=race_reader(["high"]),
         paper_score="57.4 acc",
         description="RACE-h: high-school passages only.",
@@ -140,7 +140,7 @@ TASKS = [
     ),
     kgpt.Task(
         name="story-cloze",
-        transform=MultipleChoice(2),
+        transform=MultipleChoice(2, num_segments=1),  # the four sentences, joined
         read=read_story_cloze,
         splits=("val", "test"),
         paper_score="86.5 acc",

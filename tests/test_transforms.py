@@ -1,5 +1,6 @@
 """The paper's input transformations (Figure 1): exact token layouts and truncation."""
 
+import keras
 import pytest
 
 from kgpt.tasks import heads, transforms
@@ -54,6 +55,22 @@ def test_no_room_for_text_is_an_error():
 def test_check_reports_wrong_arity():
     assert "needs 2 text segments, got 1" in transforms.Entailment().check(["a"])
     assert "needs 4 answer choices, got 2" in transforms.MultipleChoice(4).check(["ctx"], ["a", "b"])
+
+
+def test_multiple_choice_with_a_context_count_refuses_another_and_keeps_it_in_its_config():
+    race = transforms.MultipleChoice(4, num_segments=2)
+    assert race.check(["article", "question"], ["a", "b", "c", "d"]) is None
+    # An answer too many, split as a text line is: read as a third context segment before.
+    assert race.check(["article", "question", "a"], ["b", "c", "d", "e"]) == (
+        "multiple_choice needs 2 context segments, got 3"
+    )
+    assert transforms.MultipleChoice(4).check(["article", "question", "a"], ["b", "c", "d", "e"]) is None
+    assert race.get_config() == {"num_choices": 4, "num_segments": 2}
+    assert transforms.MultipleChoice(4).get_config() == {"num_choices": 4}  # as models saved before it have it
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(race))
+    assert restored == race and restored.num_segments == 2
+    with pytest.raises(ValueError, match="num_segments must be an integer >= 1, got 0"):
+        transforms.MultipleChoice(2, num_segments=0)
 
 
 def test_multiple_choice_needs_two_choices_or_more():

@@ -227,6 +227,17 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     choose = kgpt.tasks.transforms.MultipleChoice(2)
     with pytest.raises(kgpt.DataError, match=rf"^{text}:2: 4 tab-separated field\(s\); the model was trained on 3 "):
         predict_lib.read_inputs(str(text), choose, trained=["question", "a", "b"])
+    # A built-in task's model (RACE: an article and a question, 4 answers) records no columns: its transformation
+    # keeps the context count, so a line with a fifth answer is not read as a third context.
+    race = kgpt.TaskRegistry().get("race").transform
+    text.write_text("article\tquestion\ta\tb\tc\td\narticle\tquestion\ta\tb\tc\td\te\n")
+    with pytest.raises(kgpt.DataError) as raised:
+        predict_lib.read_inputs(str(text), race)
+    assert str(raised.value) == (
+        f"{text}:2: 7 field(s); the model takes 2 context segment(s), then its 4 answers: give 6."
+    )
+    text.write_text("article\tquestion\ta\tb\tc\td\n")
+    assert predict_lib.read_inputs(str(text), race).examples == [(("article", "question"), ("a", "b", "c", "d"))]
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), choose, max_length=16, columns=["question", "a", "b"])
     with pytest.raises(ValueError, match=r"2 text segment\(s\), where the model was fine-tuned on 1 text column\(s\) "):
         preprocessor.encode(["ctx", "more"], ["yes", "no"])

@@ -215,7 +215,12 @@ def _example(fields, transform, source):
         if fields and isinstance(fields[-1], list):
             fields, choices = fields[:-1], tuple(fields[-1])
         else:
-            k = transform.num_views
+            k, contexts = transform.num_views, transform.num_segments
+            if contexts is not None and len(fields) != contexts + k:
+                raise DataError(
+                    f"{source}: {len(fields)} field(s); the model takes {contexts} context segment(s), then its {k} "
+                    f"answers: give {contexts + k}."
+                )
             if len(fields) <= k:
                 raise DataError(
                     f"{source}: {len(fields)} field(s); a choice among {k} answers needs at least {k + 1}: the "

@@ -115,17 +115,26 @@ class MultipleChoice(Transform):
 
     The context is one or more segments (e.g. an article and a question),
     concatenated. The head gives one score per answer and a softmax over them.
+    `num_segments`, when given, is how many context segments every example
+    has (RACE: 2): it is saved with the model, so a text line or table row
+    with one answer too many is refused instead of read as another context.
+
+    Example: `MultipleChoice(4, num_segments=2).check(("article",), ("a", "b", "c", "d"))`
+    gives `"multiple_choice needs 2 context segments, got 1"`.
     """
 
     kind = "multiple_choice"
     takes_choices = True
 
-    def __init__(self, num_choices):
+    def __init__(self, num_choices, num_segments=None):
         self.num_views = positive_int(num_choices, "num_choices", minimum=2)
+        self.num_segments = positive_int(num_segments, "num_segments", allow_none=True)
 
     def check(self, segments, choices=()):
         if not segments:
             return "multiple_choice needs at least one context segment"
+        if self.num_segments is not None and len(segments) != self.num_segments:
+            return f"multiple_choice needs {self.num_segments} context segments, got {len(segments)}"
         if len(choices) != self.num_views:
             return f"multiple_choice needs {self.num_views} answer choices, got {len(choices)}"
         return None
@@ -134,7 +143,11 @@ class MultipleChoice(Transform):
         return [(tuple(segments), (choice,)) for choice in choices]
 
     def get_config(self):
-        return {"num_choices": self.num_views}
+        # num_segments only when set: a model saved without it keeps its config.
+        config = {"num_choices": self.num_views}
+        if self.num_segments is not None:
+            config["num_segments"] = self.num_segments
+        return config
 
 
 def truncate(segments, budget):

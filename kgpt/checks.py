@@ -7,6 +7,7 @@ backend. Nothing here runs inside a compiled step.
 """
 
 import contextlib
+import math
 import numbers
 import sys
 import threading
@@ -44,6 +45,8 @@ def shown(value, limit=60, quote=True):
 
     Example: `shown("7" * 400)  # "'7777...' (400 characters)"`
     """
+    if isinstance(value, int) and value.bit_length() > 10_000:  # str() refuses an int of 4,300 digits or more
+        return f"an integer of about {int(value.bit_length() * math.log10(2)):,} digits"
     text = repr(value) if quote else str(value)
     if len(text) <= limit:
         return text
@@ -52,27 +55,40 @@ def shown(value, limit=60, quote=True):
     return f"{text[: limit - len(end)]}{end} ({length:,} characters)"
 
 
-_COMMAND_LINE = [False]
+def listed(values, most=10):
+    """`values` for a message: each `shown`, comma-separated, the first `most` of them with the count of all.
 
-
-def option(name):
-    """An option as the user gave it, for a message: `--name` while a kgpt command runs (`command_line()`),
-    the keyword `name` in Python.
-
-    Example: `option("train_file")  # "train_file"; "--train_file" inside command_line()`
+    Example: `listed(["a", "b", "c"], most=2)  # "'a', 'b', ... (3 in all)"`
     """
-    return f"--{name}" if _COMMAND_LINE[0] else name
+    values = list(values)
+    text = ", ".join(shown(v) for v in values[:most])
+    return f"{text}, ... ({len(values):,} in all)" if len(values) > most else text
+
+
+_COMMANDS = [0]  # commands running in this process; a counter, so that overlapping ones in threads end right
+_COMMANDS_LOCK = threading.Lock()
+
+
+def option(name, keyword=None):
+    """An option as the user gave it, for a message: `--name` while a kgpt command runs (`command_line()`),
+    the keyword (`keyword`, default `name`) in Python.
+
+    Example: `option("input", "path")  # "path"; "--input" inside command_line()`
+    """
+    return f"--{name}" if _COMMANDS[0] else keyword or name
 
 
 @contextlib.contextmanager
 def command_line():
     """Within it, messages name options as flags (`option`); each command's `main` runs inside it. Process-wide, not
-    per thread: tf.data's threads read its files too."""
-    before, _COMMAND_LINE[0] = _COMMAND_LINE[0], True
+    per thread: tf.data's threads read a command's files too."""
+    with _COMMANDS_LOCK:
+        _COMMANDS[0] += 1
     try:
         yield
     finally:
-        _COMMAND_LINE[0] = before
+        with _COMMANDS_LOCK:
+            _COMMANDS[0] -= 1
 
 
 class RepeatedKeyError(ValueError):

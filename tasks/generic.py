@@ -225,17 +225,20 @@ def _training_labels(files, data_dir):
     labels = tuple(_sorted_labels(counts))
     if len(labels) < 2:
         raise DataError(
-            f"{table.path}: every row has label {labels[0]!r} in column {files.label_column!r}: a "
+            f"{table.path}: every row has label {checks.shown(labels[0])} in column {files.label_column!r}: a "
             f"classifier needs two labels or more."
         )
-    rare = [f"{name!r} ({n})" for name, n in counts.items() if n < 2]
+    rare = [name for name, n in counts.items() if n < 2]
     if rare:
         logger.warning(
-            f"{table.path}: label(s) {', '.join(rare)} occur once only in {sum(counts.values())} rows: "
+            f"{table.path}: label(s) {checks.listed(rare)} occur once only in {sum(counts.values())} rows: "
             f"the model can hardly learn them."
         )
     logger.info(
-        f"{table.path}: {len(labels)} labels " + ", ".join(f"{name!r} ({counts[name]})" for name in labels) + "."
+        f"{table.path}: {len(labels)} labels "
+        + ", ".join(f"{checks.shown(name)} ({counts[name]})" for name in labels[:20])
+        + (f", ... ({len(labels) - 20:,} more)" if len(labels) > 20 else "")
+        + "."
     )
     return labels
 
@@ -320,7 +323,7 @@ class Reader:
                 same = [label for label in self.labels if _spelling(label) == _spelling(value)]
                 raise DataError(
                     f"{source}: label {checks.shown(value)} is not one of the training file's labels "
-                    f"({', '.join(map(repr, self.labels))})"
+                    f"({checks.listed(self.labels)})"
                     f"{f'; it spells {same[0]!r} another way' if same else ''}."
                 )
             return value

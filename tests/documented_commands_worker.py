@@ -18,6 +18,8 @@ import traceback
 
 from absl import app, flags
 
+from kgpt import checks
+
 
 def main():
     group = sys.argv[1]
@@ -53,7 +55,8 @@ def run(main, command, mistakes):
         argv = flags.FLAGS(
             [command["prog"], *command["args"], *(["--dry_run"] if command.get("dry_run", True) else [])]
         )
-        main(argv)
+        with checks.command_line():  # as common.run calls main: messages name flags
+            main(argv)
     except app.UsageError as e:
         code, error = 2, str(e)
     except flags.Error as e:

@@ -260,6 +260,28 @@ def test_the_command_names_a_file_tasks_options_as_flags(monkeypatch, capsys, tm
         kgpt.TaskRegistry().get("text-classification").with_files(str(tmp_path / "t.csv"), label_column="stars")
 
 
+def test_commands_overlapping_in_threads_leave_python_names_behind():
+    import threading
+
+    from kgpt import checks
+
+    entered, leave = threading.Barrier(2), threading.Event()
+
+    def command():
+        with checks.command_line():
+            entered.wait(timeout=30)
+            leave.wait(timeout=30)
+
+    other = threading.Thread(target=command)
+    other.start()
+    with checks.command_line():  # A enters, B enters, A leaves, B leaves: a saved flag left it on for good
+        entered.wait(timeout=30)
+    assert checks.option("train_file") == "--train_file"  # the other command still runs
+    leave.set()
+    other.join(timeout=30)
+    assert checks.option("train_file") == "train_file" and checks.option("input", "path") == "path"
+
+
 def test_preset_with_another_models_tokenizer(monkeypatch, capsys, presets, tmp_path):
     preset = presets / "other_tokenizer"
     code, _, err = cli(

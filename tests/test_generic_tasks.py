@@ -588,6 +588,24 @@ def test_json_lines_predictions_keep_each_rows_own_text(guide_run, tmp_path):
         )
 
 
+def test_json_lines_predictions_refuse_a_later_line_they_would_spoil(guide_run, tmp_path):
+    folder, _ = guide_run
+    model = kgpt.GPTTaskModel.from_preset(str(folder / "my-reviews"))
+    path = tmp_path / "in.jsonl"
+    # A second "prediction" key in line 2 (the first line's keys alone were checked): kgpt refused its own output.
+    path.write_text('{"review": "ab"}\n{"review": "cd", "prediction": "old"}\n', encoding="utf-8")
+    inputs = predict_lib.read_inputs(str(path), model.preprocessor.transform, columns=["review"])
+    with pytest.raises(DataError, match=rf"^{path}:2: the input already has column\(s\) 'prediction', which"):
+        predict_lib.write(model, inputs, str(tmp_path / "out.jsonl"))
+    assert not (tmp_path / "out.jsonl").exists()
+    # As CSV, a key of line 2's own was dropped and one it lacks raised a bare KeyError.
+    path.write_text('{"review": "ab", "x": 1}\n{"x": 2, "review": "cd"}\n{"review": "ef", "y": 3}\n', encoding="utf-8")
+    inputs = predict_lib.read_inputs(str(path), model.preprocessor.transform, columns=["review"])
+    with pytest.raises(DataError, match=rf"^{path}:3: keys 'y' and no 'x', where the first line has 'review', 'x': a "):
+        predict_lib.write(model, inputs, str(tmp_path / "out.csv"))
+    assert predict_lib.write(model, inputs, str(tmp_path / "out.jsonl")) == 3  # JSON lines keep each line's keys
+
+
 def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(tmp_path):
     def model_dir(name, transform, columns=None):
         folder = tmp_path / name

@@ -171,9 +171,43 @@ def test_a_huge_label_or_number_is_echoed_as_its_start_and_length(tmp_path):
     write(path, f'{{"text": "b", "score": {digits}e5}}\n')
     with pytest.raises(DataError, match=r"c\.jsonl:1: the number 7+\.\.\. \(403 characters\) is beyond a double"):
         list(tables.read_table(str(path)).rows)
+    # The training labels a dev label is not among, a repeated key and a table's columns were echoed whole.
+    long, many = "L" * 5000, [f"c{i}" for i in range(100)]
+    rows = [f'{{"text": "a", "label": "{long}{i % 2}"}}' for i in range(4)]
+    write(path, "\n".join(rows) + "\n")
+    write(tmp_path / "d.jsonl", '{"text": "a", "label": "z"}\n')
+    task = with_files("text-classification", str(path), text_columns="text", label_column="label", validation_file=dev)
+    with pytest.raises(DataError, match=r"d\.jsonl:1: label 'z' is not one of the training file's labels \('L+\.\.\.'"):
+        task.examples("validation", None)
+    with pytest.raises(DataError) as e:
+        task.examples("validation", None)
+    assert len(str(e.value)) < 300
+    write(path, f'{{"{long}": 1, "{long}": 2}}\n')
+    with pytest.raises(DataError, match=r"c\.jsonl:1: the key 'L+\.\.\.' \(5,000 characters\) is given twice") as e:
+        list(readers.read_jsonl(str(path)))
+    assert len(str(e.value)) < 200
+    write(path, ",".join(many) + "\n" + ",".join("x" * 100) + "\n")
+    with pytest.raises(
+        DataError, match=r"no column 'text' \(text_columns\); it has 'c0', .*'c29', \.\.\. \(100 in all\)\.$"
+    ):
+        tables.read_table(str(path), "csv").require(["text"], "text_columns")
 
 
 # --- CSV ------------------------------------------------------------------------------------------------------------
+
+
+def test_a_json_integer_past_pythons_digit_limit_is_one_line_at_its_line(tmp_path):
+    # int() refuses 4,300 digits or more: json.loads raised a bare ValueError.
+    digits = "7" * 4301
+    path = write(tmp_path / "t.jsonl", f'{{"text": "a", "label": "x"}}\n{{"text": "b", "label": {digits}}}\n')
+    with pytest.raises(DataError, match=rf"^{path}:2: the number 7777.* \(4,301 characters\) is beyond a double"):
+        list(readers.read_jsonl(path))
+    # In Python, such an int as a regression target: OverflowError before, and a ValueError from str() in the message.
+    head = kgpt.tasks.heads.RegressionHead()
+    with pytest.raises(DataError, match=r"^target 1000.*\(401 characters\) is beyond float32's range"):
+        head.target(10**400)
+    with pytest.raises(DataError, match=r"^target an integer of about 5,000 digits is beyond float32's range"):
+        head.target(10**5000)
 
 
 def test_a_quote_left_open_to_the_end_names_the_line_it_opens_on(tmp_path):

@@ -301,7 +301,7 @@ def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
     # "No input file" before, for a file that is there.
     with pytest.raises(kgpt.DataError, match=r"^/dev/null: no examples \(the file is empty\)\.$"):
         predict.read_inputs("/dev/null", preprocessor.transform, "text")
-    with pytest.raises(kgpt.DataError, match=rf"^--input {tmp_path} is a folder: name a file"):
+    with pytest.raises(kgpt.DataError, match=rf"^path {tmp_path} is a folder: name a file"):
         predict.read_inputs(str(tmp_path), preprocessor.transform, "text")
 
 

@@ -196,6 +196,11 @@ def test_a_merges_file_cut_short_is_refused(tmp_path):
     (tmp_path / "vocab_40000.bpe").write_text("\n".join(swapped), encoding="utf-8")
     with pytest.raises(kgpt.CheckpointError, match=rf"vocab_40000.bpe:{maker + 2}: merge .* joins {part!r}, which no"):
         GPTTokenizer.from_original(str(tmp_path))
+    # A merge given twice can apply once only: loaded without a word before.
+    again = [*lines[:4], lines[2], *lines[4:]]
+    (tmp_path / "vocab_40000.bpe").write_text("\n".join(again), encoding="utf-8")
+    with pytest.raises(kgpt.CheckpointError, match=rf"^.*vocab_40000.bpe:5: merge {lines[2]!r} is line 3's again\.$"):
+        GPTTokenizer.from_original(str(tmp_path))
 
 
 def test_over_long_words_are_cut_and_counted(gpt1):

@@ -181,8 +181,15 @@ def test_a_text_with_no_tokens_is_named_by_its_file_and_line(tmp_path):
     with open(f"{data}/dev.tsv", "a") as f:
         f.write("kgpt\t1\t\t\x01\x02\n")  # not empty, but the tokenizer drops every character
     lines = len(open(f"{data}/dev.tsv").read().splitlines())
-    with pytest.raises(kgpt.DataError, match=rf"dev\.tsv:{lines}: nothing to score: '\\x01\\x02' leaves no token"):
+    with pytest.raises(kgpt.DataError, match=rf"dev\.tsv:{lines}: nothing to score: '\\x01\\x02' has no tokens\.$"):
         zero_shot.evaluate(lm, tokenizer, task("cola"), data)
+    # DPRD scores the text after the pronoun, which was blamed on a choice.
+    scorer = kgpt.tasks.heuristics.Scorer(lm, tokenizer)
+    example = kgpt.Example(segments=("The cat saw", "\x01"), choices=("it", "him"), label=0, source="f.tsv:7")
+    with pytest.raises(
+        kgpt.DataError, match=r"^f\.tsv:7 \(the text after the pronoun\): nothing to score: '\\x01' has no tokens\.$"
+    ):
+        task("dprd").zero_shot.predict(scorer, task("dprd"), [example])
 
 
 @pytest.mark.parametrize("count", [0, -1, 2.5])

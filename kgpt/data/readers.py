@@ -187,7 +187,9 @@ def read_jsonl(path):
     """
     for line_no, line in _data_lines(path):
         try:
-            obj = json.loads(line, object_pairs_hook=checks.unique_keys, parse_float=_finite_float)
+            obj = json.loads(
+                line, object_pairs_hook=checks.unique_keys, parse_float=_finite_float, parse_int=_bounded_int
+            )
         except OverflowError as e:
             raise DataError(
                 f"{path}:{line_no}: the number {checks.shown(e.args[0], quote=False)} is beyond a double's range."
@@ -195,7 +197,9 @@ def read_jsonl(path):
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
         except checks.RepeatedKeyError as e:
-            raise DataError(f"{path}:{line_no}: the key {e.args[0]!r} is given twice in one object.") from None
+            raise DataError(
+                f"{path}:{line_no}: the key {checks.shown(e.args[0])} is given twice in one object."
+            ) from None
         if not isinstance(obj, dict):
             raise DataError(f"{path}:{line_no}: expected a JSON object, got {type(obj).__name__}.")
         yield line_no, obj
@@ -208,6 +212,15 @@ def _finite_float(text):
     if math.isinf(value):
         raise OverflowError(text)
     return value
+
+
+def _bounded_int(text):
+    """A JSON integer; one of more digits than Python converts (4,300, far past a double's range) raises
+    `OverflowError` with its text, as `_finite_float` does, where `int` raised a bare `ValueError`."""
+    try:
+        return int(text)
+    except ValueError:
+        raise OverflowError(text) from None
 
 
 def field(obj, key, source):

@@ -30,6 +30,7 @@ import logging
 import os
 import sys
 
+from kgpt import checks
 from kgpt.data import readers
 from kgpt.errors import ConfigError, DataError
 
@@ -74,9 +75,9 @@ class Table:
         if missing:
             near = [n for c in missing for n in _near(c, self.columns)]
             raise DataError(
-                f"{self.path}: no column {', '.join(map(repr, missing))} ({what}"
-                f"{'; did you mean ' + ', '.join(map(repr, near)) + '?' if near else ''}); it has "
-                f"{', '.join(map(repr, self.columns)) or 'none'}."
+                f"{self.path}: no column {checks.listed(missing)} ({what}"
+                f"{'; did you mean ' + checks.listed(near) + '?' if near else ''}); it has "
+                f"{checks.listed(self.columns, most=30) or 'none'}."
             )
 
     def value(self, row, column, line):

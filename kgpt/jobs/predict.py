@@ -145,14 +145,14 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
     if format not in FORMATS:
         raise ValueError(f"Unknown input format {format!r}: use one of {', '.join(FORMATS)}.")
     if os.path.isdir(path):
-        raise DataError(f"--input {path} is a folder: name a file of texts or a table.")
+        raise DataError(f"{checks.option('input', 'path')} {path} is a folder: name a file of texts or a table.")
     if not os.path.exists(path):
         raise FileNotFoundError(f"No input file {path}.")
     records = fields = lines = None
     if format == "text":
         if columns:
             raise ConfigError(
-                "columns name the columns of a table (.csv, .tsv, .jsonl); a text file's fields are "
+                f"{checks.option('columns')} name the columns of a table (.csv, .tsv, .jsonl); a text file's fields are "
                 "its tab-separated parts."
             )
         rows = ((n, None, line.split("\t")) for n, line in _data_lines(path))
@@ -191,7 +191,9 @@ def _named_rows(table, columns):
     path, header = table.path, table.columns
     used = list(columns) if columns else [k for k in header if k not in NOT_SEGMENTS]
     if not used:
-        raise DataError(f"{path}: no text columns (it has only {', '.join(header)}); name them with columns.")
+        raise DataError(
+            f"{path}: no text columns (it has only {', '.join(header)}); name them with {checks.option('columns')}."
+        )
     if table.format != "jsonl":
         table.require(used, checks.option("columns"))
     id_column = next((c for c in ID_COLUMNS if c in header), None)
@@ -274,13 +276,8 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
     head = model.head
     added = ["prediction", *prediction_columns(head)]
     if inputs.records is not None:
-        taken = [c for c in added if c in inputs.fields]
-        if taken:
-            raise DataError(
-                f"{inputs.sources[0].rsplit(':', 1)[0]}: the input already has column(s) "
-                f"{', '.join(map(repr, taken))}, which the predictions would replace; rename them."
-            )
         format = format or output_format(output, inputs.format)
+        _check_records(inputs, added, format)
     outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
     predictions = head.decode(outputs)
     rows = prediction_rows(head, split.uids, predictions, head.probabilities(outputs))
@@ -298,6 +295,31 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
         tables.write_lines(output, list(map(tables.extended_json_line, inputs.lines, predicted)))
         return len(predicted)
     return tables.write_table(output, format, [*inputs.fields, *added], merged)
+
+
+def _check_records(inputs, added, format):
+    """A `DataError` at its line for a row that already has one of the `added` columns (a JSON line's own keys
+    count too), or, for a CSV or TSV output, a JSON line whose keys are not the first line's: a column of
+    its own would be dropped, and one it lacks has no cell."""
+    for record, source in zip(inputs.records, inputs.sources):
+        taken = [c for c in added if c in record or c in inputs.fields]
+        if taken:
+            where = source if inputs.format == "jsonl" else source.rsplit(":", 1)[0]
+            raise DataError(
+                f"{where}: the input already has column(s) {', '.join(map(repr, taken))}, which the predictions "
+                f"would replace; rename them."
+            )
+        if format != "jsonl" and list(record) != inputs.fields:
+            if set(record) == set(inputs.fields):
+                continue  # the same keys in another order: written in the first line's order
+            other = [k for k in record if k not in inputs.fields]
+            lacks = [k for k in inputs.fields if k not in record]
+            raise DataError(
+                f"{source}: {'keys ' + ', '.join(map(repr, other)) if other else ''}"
+                f"{' and ' if other and lacks else ''}{'no ' + ', '.join(map(repr, lacks)) if lacks else ''}, "
+                f"where the first line has {', '.join(map(repr, inputs.fields))}: a {format} output has one set of "
+                f"columns; write a .jsonl output, which keeps each line as it is."
+            )
 
 
 def check_model(model_dir, given=None):

@@ -229,9 +229,11 @@ class RegressionHead(Head):
             value = float(label)
         except (TypeError, ValueError):
             raise DataError(f"{where}target {shown(label)} is not a number.") from None
-        if not math.isfinite(value):
+        except OverflowError:  # an int past a double's range (10**400), so past float32's too
+            value = None
+        if value is not None and not math.isfinite(value):
             raise DataError(f"{where}target {shown(label)} is not a finite number.")
-        if abs(value) > float(np.finfo(np.float32).max):  # the targets are float32: it would train as infinity
+        if value is None or abs(value) > float(np.finfo(np.float32).max):  # float32 targets: it would train as inf
             raise DataError(f"{where}target {shown(label)} is beyond float32's range (±3.4e38), which training uses.")
         return value
 

@@ -61,11 +61,17 @@ class Scorer:
         for i, (context, continuation) in enumerate(pairs):
             ctx = self.prefix + self.tokenizer.encode(context)
             cont = self.tokenizer.encode(continuation)
-            if not ctx:  # no newline token in this vocabulary: the first token is only context
+            moved = not ctx and bool(cont)
+            if moved:  # no newline token in this vocabulary: the first token is only context
                 ctx, cont = cont[:1], cont[1:]
             if not cont:
                 where = f"{sources[i]}: " if sources is not None and sources[i] else ""
-                raise DataError(f"{where}nothing to score: {shown(continuation)} leaves no token to predict.")
+                why = (
+                    "is one token, the context of an empty one here (the vocabulary has no newline to start it)"
+                    if moved
+                    else "has no tokens"
+                )
+                raise DataError(f"{where}nothing to score: {shown(continuation)} {why}.")
             cont = cont[: limit - 1]
             keep = max(1, limit - len(cont))
             if len(ctx) > keep:
@@ -221,7 +227,8 @@ class PronounSubstitution(Heuristic):
 
     def predict(self, scorer, task, examples):
         pairs = [(f"{e.segments[0]} {choice}", e.segments[1]) for e in examples for choice in e.choices]
-        scores = [_mean(lp) for lp in scorer.log_probs(pairs, _choice_sources(examples))]
+        sources = [f"{e.source} (the text after the pronoun)".lstrip() for e in examples for _ in e.choices]
+        scores = [_mean(lp) for lp in scorer.log_probs(pairs, sources)]
         return _argmax_per_example(examples, scores)
 
 

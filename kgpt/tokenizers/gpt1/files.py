@@ -107,24 +107,31 @@ def read_merges(path, encoder):
         raise CheckpointError(f"{path}:1: unknown splitter {recorded.group(1)!r} (expected spacy or regex).")
     while len(lines) > 1 and not lines[-1]:  # the file's final newline(s)
         lines.pop()
-    merges, made = [], set()
+    merges, made, lines_of = [], set(), {}
     for number, line in enumerate(lines[1:], start=2):
         parts = line.split()
+        where = f"{path}:{number}: merge {checks.shown(line)}"
         if len(parts) != 2:
-            raise CheckpointError(f"{path}:{number}: expected two symbols separated by a space, got {line!r}.")
+            raise CheckpointError(
+                f"{path}:{number}: expected two symbols separated by a space, got {checks.shown(line)}."
+            )
         if "".join(parts) not in encoder:
             raise CheckpointError(
-                f"{path}:{number}: merge {line!r} makes {''.join(parts)!r}, which the encoder file lacks: "
-                f"the two files are from different vocabularies."
+                f"{where} makes {checks.shown(''.join(parts))}, which the encoder file lacks: the two files are "
+                f"from different vocabularies."
             )
         # BPE builds each symbol from characters and earlier merges' symbols (GPT-1's files do): a part that
-        # is neither never occurs, so the merge is dead and its symbol a token no text encodes to.
+        # is neither never occurs, so the merge is dead and its symbol a token no text encodes to; so is a merge
+        # given twice.
         unmade = next((p for p in parts if p not in made and not is_base_symbol(p)), None)
         if unmade is not None:
             raise CheckpointError(
-                f"{path}:{number}: merge {line!r} joins {unmade!r}, which no earlier merge makes: the merges "
-                f"are out of order, or edited."
+                f"{where} joins {checks.shown(unmade)}, which no earlier merge makes: the merges are out of order, "
+                f"or edited."
             )
+        if tuple(parts) in lines_of:
+            raise CheckpointError(f"{where} is line {lines_of[tuple(parts)]}'s again.")
+        lines_of[tuple(parts)] = number
         made.add("".join(parts))
         merges.append(tuple(parts))
     return merges, recorded and recorded.group(1)

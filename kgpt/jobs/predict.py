@@ -108,6 +108,14 @@ def columns_for(model_dir, input, format=None, columns=None, transform=None):
             f"{checks.option('columns')} names {', '.join(map(repr, repeated))} more than once: name each column once."
         )
     transform = transform if transform is not None else _saved_transform(model_dir)
+    if transform is not None and transform.takes_choices and transform.num_segments is not None and not trained:
+        contexts, k = transform.num_segments, transform.num_views
+        if len(columns) not in (contexts + 1, contexts + k):
+            raise ConfigError(
+                f"{checks.option('columns')} names {len(columns)} column(s) ({', '.join(columns)}); the model takes "
+                f"{contexts} context segment(s), then its {k} answers as {k} columns or one list: name "
+                f"{contexts + k} or {contexts + 1}."
+            )
     if transform is None or transform.takes_choices:
         return columns
     expected = len(trained) if trained else transform.num_segments

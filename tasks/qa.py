@@ -20,6 +20,7 @@ import os
 
 import kgpt
 from kgpt.data import readers
+from kgpt.tasks.heads import MultipleChoiceHead
 from kgpt.tasks.heuristics import AnswerLogProb
 from kgpt.tasks.transforms import MultipleChoice
 
@@ -117,6 +118,7 @@ TASKS = [
     kgpt.Task(
         name="race",
         transform=MultipleChoice(4, num_segments=2),  # the article and the question
+        head=MultipleChoiceHead(4, names=LETTERS),  # predictions written as the data's answers are
         read=race_reader(["middle", "high"]),
         paper_score="59.0 acc",
         description="RACE reading comprehension, middle + high school.",
@@ -125,6 +127,7 @@ TASKS = [
     kgpt.Task(
         name="race-middle",
         transform=MultipleChoice(4, num_segments=2),  # the article and the question
+        head=MultipleChoiceHead(4, names=LETTERS),  # predictions written as the data's answers are
         read=race_reader(["middle"]),
         paper_score="62.9 acc",
         description="RACE-m: middle-school passages only.",
@@ -133,6 +136,7 @@ TASKS = [
     kgpt.Task(
         name="race-high",
         transform=MultipleChoice(4, num_segments=2),  # the article and the question
+        head=MultipleChoiceHead(4, names=LETTERS),  # predictions written as the data's answers are
         read=race_reader(["high"]),
         paper_score="57.4 acc",
         description="RACE-h: high-school passages only.",
@@ -141,6 +145,7 @@ TASKS = [
     kgpt.Task(
         name="story-cloze",
         transform=MultipleChoice(2, num_segments=1),  # the four sentences, joined
+        head=MultipleChoiceHead(2, names=("1", "2")),  # AnswerRightEnding's values
         read=read_story_cloze,
         splits=("val", "test"),
         paper_score="86.5 acc",

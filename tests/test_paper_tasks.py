@@ -1,5 +1,6 @@
 """The paper's 12 datasets as built-in tasks: each trains end to end on tiny files in its real format."""
 
+import csv
 import json
 import os
 
@@ -261,6 +262,11 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
     ]
     for split in scored:
         assert set(metric_names) <= set(results["splits"][split]), (split, results["splits"][split])
+    if getattr(task.head, "names", None):  # RACE's letters, Story Cloze's 1 and 2: written as the data has them
+        rows = list(csv.DictReader(open(tmp_path / "out" / "predictions" / f"{scored[0]}.tsv"), delimiter="\t"))
+        assert rows and {r["prediction"] for r in rows} <= set(task.head.names), rows[:2]
+        assert {r["label"] for r in rows} <= set(task.head.names), rows[:2]
+        assert [k for k in rows[0] if k.startswith("p_")] == [f"p_{n}" for n in task.head.names]
     for split, file_name in (task.submissions or {}).items():
         lines = (tmp_path / "out" / "submission" / file_name).read_text().splitlines()
         assert lines[0] == "index\tprediction"

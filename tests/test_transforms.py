@@ -3,6 +3,7 @@
 import keras
 import pytest
 
+import kgpt
 from kgpt.tasks import heads, transforms
 
 S, D, E = 100, 101, 102  # start, delimiter, extract
@@ -71,6 +72,23 @@ def test_multiple_choice_with_a_context_count_refuses_another_and_keeps_it_in_it
     assert restored == race and restored.num_segments == 2
     with pytest.raises(ValueError, match="num_segments must be an integer >= 1, got 0"):
         transforms.MultipleChoice(2, num_segments=0)
+
+
+def test_a_multiple_choice_head_with_names_writes_and_reads_them():
+    race = heads.MultipleChoiceHead(4, names="ABCD")
+    assert race.target("C") == 2 and race.target(3) == 3 and race.prediction_name(2) == "C"
+    assert race.output_names() == ["A", "B", "C", "D"]
+    with pytest.raises(kgpt.DataError, match=r"^x:1: answer 'E' is not a choice index 0\.\.3 or one of A, B, C, D\.$"):
+        race.target("E", "x:1")
+    cloze = heads.MultipleChoiceHead(2, names=("1", "2"))
+    assert cloze.target("1") == 0 and cloze.target(1) == 1  # a text is a name, an int an index
+    restored = keras.saving.deserialize_keras_object(keras.saving.serialize_keras_object(race))
+    assert restored == race and restored.names == ["A", "B", "C", "D"]
+    assert heads.MultipleChoiceHead(4).get_config() == {"num_choices": 4}  # as models saved before names have it
+    assert heads.MultipleChoiceHead(4).prediction_name(2) == 2
+    for names, error in ((("A", "A"), "2 distinct choice names"), ("ABC", "2 distinct"), (("a\tb", "c"), "a tab")):
+        with pytest.raises(ValueError, match=error):
+            heads.MultipleChoiceHead(2, names=names)
 
 
 def test_multiple_choice_needs_two_choices_or_more():

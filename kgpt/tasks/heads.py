@@ -248,14 +248,30 @@ class RegressionHead(Head):
 class MultipleChoiceHead(Categorical):
     """The right one of `num_choices` answers: one logit per choice view, softmax over them.
 
-    Example: `kgpt.tasks.heads.MultipleChoiceHead(4).target(2)  # 2`
+    `names`, when given, are what the dataset calls the choices (RACE: `"ABCD"`; Story Cloze: `"1"`, `"2"`):
+    predictions are written as those names, and a text target is one of them; an integer target is an index
+    either way.
+
+    Example:
+    ```python
+    kgpt.tasks.heads.MultipleChoiceHead(4).target(2)                          # 2
+    kgpt.tasks.heads.MultipleChoiceHead(4, names="ABCD").prediction_name(2)  # 'C'
+    ```
     """
 
     kind = "multiple_choice"
     pooling = "each"
 
-    def __init__(self, num_choices):
+    def __init__(self, num_choices, names=None):
         self.num_choices = positive_int(num_choices, "num_choices", minimum=2)
+        if names is not None:
+            names = [str(n) for n in names] if not isinstance(names, str) else list(names)
+            if len(names) != self.num_choices or len(set(names)) != len(names):
+                raise ValueError(f"names must be {self.num_choices} distinct choice names, got {shown(names)}.")
+            bad = next((n for n in names if not n.strip() or unwritable(n)), None)
+            if bad is not None:
+                raise ValueError(f"The choice name {shown(bad)} {unwritable(bad) or 'is blank'}.")
+        self.names = names
 
     def units(self, num_views):
         return 1
@@ -264,18 +280,22 @@ class MultipleChoiceHead(Categorical):
         return ops.squeeze(scores, axis=-1)  # [B, K, 1] -> [B, K]
 
     def target(self, label, source=""):
-        if isinstance(label, str) and label.strip().isdigit():
+        if self.names is not None and isinstance(label, str):
+            if label in self.names:
+                return self.names.index(label)
+        elif isinstance(label, str) and label.strip().isdigit():
             label = int(label)
         if isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < self.num_choices:
             return int(label)
         where = f"{source}: " if source else ""
-        raise DataError(f"{where}answer {shown(label)} is not a choice index 0..{self.num_choices - 1}.")
+        names = f" or one of {', '.join(self.names)}" if self.names is not None else ""
+        raise DataError(f"{where}answer {shown(label)} is not a choice index 0..{self.num_choices - 1}{names}.")
 
     def prediction_name(self, value):
-        return int(value)
+        return self.names[int(value)] if self.names is not None else int(value)
 
     def output_names(self):
-        return [str(k) for k in range(self.num_choices)]
+        return list(self.names) if self.names is not None else [str(k) for k in range(self.num_choices)]
 
     def check(self, transform):
         problem = super().check(transform)
@@ -284,7 +304,11 @@ class MultipleChoiceHead(Categorical):
         return problem
 
     def get_config(self):
-        return {"num_choices": self.num_choices}
+        # names only when given: a model saved without them keeps its config.
+        config = {"num_choices": self.num_choices}
+        if self.names is not None:
+            config["names"] = list(self.names)
+        return config
 
 
 # The names presets saved before the heads had names of their own record (`"registered_name":

@@ -55,13 +55,14 @@ def shown(value, limit=60, quote=True):
     return f"{text[: limit - len(end)]}{end} ({length:,} characters)"
 
 
-def listed(values, most=10):
-    """`values` for a message: each `shown`, comma-separated, the first `most` of them with the count of all.
+def listed(values, most=10, show=shown):
+    """`values` for a message: each `show`n (`str` for texts already made), comma-separated, the first `most` of
+    them with the count of all.
 
     Example: `listed(["a", "b", "c"], most=2)  # "'a', 'b', ... (3 in all)"`
     """
     values = list(values)
-    text = ", ".join(shown(v) for v in values[:most])
+    text = ", ".join(show(v) for v in values[:most])
     return f"{text}, ... ({len(values):,} in all)" if len(values) > most else text
 
 

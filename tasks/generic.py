@@ -228,10 +228,10 @@ def _training_labels(files, data_dir):
             f"{table.path}: every row has label {checks.shown(labels[0])} in column {files.label_column!r}: a "
             f"classifier needs two labels or more."
         )
-    rare = [name for name, n in counts.items() if n < 2]
+    rare = [f"{checks.shown(name)} ({n})" for name, n in counts.items() if n < 2]
     if rare:
         logger.warning(
-            f"{table.path}: label(s) {checks.listed(rare)} occur once only in {sum(counts.values())} rows: "
+            f"{table.path}: label(s) {checks.listed(rare, show=str)} occur once only in {sum(counts.values())} rows: "
             f"the model can hardly learn them."
         )
     logger.info(
@@ -306,6 +306,11 @@ class Reader:
                 first_empty = first_empty or source
                 yield kgpt.Skipped(source, f"empty text in column {blank!r}")
                 continue
+            if not labeled and files.label_column in row:  # a JSON line: the first had none, so none were read
+                raise DataError(
+                    f"{source}: has {files.label_column!r}, which the file's first line has not: give every line "
+                    f"a label, or none."
+                )
             label = self._target(table, row, line, choices, ambiguous) if labeled else None
             yield kgpt.Example(segments=tuple(texts), label=label, choices=tuple(choices), source=source, uid=source)
         if empty:

@@ -196,18 +196,18 @@ def test_keep_best_without_a_labeled_split_to_pick_by_is_refused_by_the_dry_run_
         "--keep=best",
         "--batch_size=4",
     )
-    errors = []
-    for dry in ([], ["--dry_run"]):
-        code, _, err = cli(monkeypatch, capsys, train, *flags, *dry, f"--output_dir={tmp_path / 'o'}")
-        assert code == 1 and "Traceback" not in err, err[-3000:]
-        errors.append(err.strip().splitlines()[-1])
-    assert (
-        errors[0]
-        == errors[1]
-        == (
-            "kgpt-train: error: keep='best' picks the epoch by dev score, but no labeled split besides 'train' was found."
-        )
+    refused = (
+        "kgpt-train: error: keep='best' picks the epoch by dev score, but no labeled split besides 'train' was "
+        "found (a test split is never used to choose the model: give a validation split)."
     )
+    # A labeled --test_file alone: each epoch was scored on it and the best test epoch kept, reported as "dev".
+    for test in ([], [f"--test_file={train_file}"]):
+        errors = []
+        for dry in ([], ["--dry_run"]):
+            code, _, err = cli(monkeypatch, capsys, train, *flags, *test, *dry, f"--output_dir={tmp_path / 'o'}")
+            assert code == 1 and "Traceback" not in err, err[-3000:]
+            errors.append(err.strip().splitlines()[-1])
+        assert errors[0] == errors[1] == refused
 
 
 def test_a_truncated_weights_file_is_named(preset, tmp_path):

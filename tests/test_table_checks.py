@@ -54,6 +54,17 @@ def test_a_key_given_twice_in_a_json_line_is_refused_at_its_line(tmp_path):
         list(readers.read_jsonl(str(tmp_path / "n.jsonl")))
 
 
+def test_a_json_lines_test_file_labeled_from_its_second_line_is_refused_there(tmp_path):
+    # Its first line has no label: the file was read as unlabeled, its later labels ignored and nothing scored.
+    train = write(tmp_path / "t.jsonl", '{"text": "a", "label": "x"}\n{"text": "b", "label": "y"}\n')
+    test = write(tmp_path / "s.jsonl", '{"text": "a"}\n{"text": "b", "label": "y"}\n')
+    task = with_files("text-classification", train, text_columns="text", label_column="label", test_file=test)
+    with pytest.raises(DataError, match=r"^.*s\.jsonl:2: has 'label', which the file's first line has not: give"):
+        task.examples("test", None)
+    write(tmp_path / "s.jsonl", '{"text": "a"}\n{"text": "b"}\n')  # unlabeled throughout: read as before
+    assert [e.label for e in task.examples("test", None)[0]] == [None, None]
+
+
 # --- labels and answers ----------------------------------------------------------------------------------------------
 
 

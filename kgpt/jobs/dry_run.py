@@ -49,7 +49,7 @@ from kgpt.jobs.finetune_model import (
     starting_tokenizer,
     untrained_head,
 )
-from kgpt.jobs.finetune_training import check_keep
+from kgpt.jobs.finetune_training import check_keep, dev_split
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models import pretrained as pretrained_lib
 from kgpt.models.converters import original
@@ -280,7 +280,7 @@ def finetune(config, registry=None):
         ),
     )
     if config.epochs:
-        check_keep(config.keep, next((s for s in splits if s in labeled and s != task.splits[0]), None), task.splits[0])
+        check_keep(config.keep, dev_split([s for s in splits if s in labeled], task.splits[0]), task.splits[0])
     if preprocessor is None:
         plan.add(
             "tokens",

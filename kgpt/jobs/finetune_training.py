@@ -101,7 +101,7 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
         ),
         lm_loss_chunk_size=config.lm_loss_chunk_size or None,
     )
-    dev_name = next((n for n, s in splits.items() if n != train_name and s.targets is not None), None)
+    dev_name = dev_split([n for n, s in splits.items() if s.targets is not None], train_name)
     check_keep(config.keep, dev_name, train_name)
     if config.keep == "best" and distribute.spread_over_processes(model):
         raise ConfigError(
@@ -374,9 +374,17 @@ class FinetuneProgress(callbacks_lib.Progress):
         return self.best["epoch"]
 
 
+def dev_split(labeled, train_name):
+    """The split each epoch is scored on (and `keep="best"` picks by): the first of the `labeled` split names
+    besides `train_name`, never a test split (`test`, `test_matched`, ...), which would then choose the model it
+    reports; None when there is none."""
+    return next((n for n in labeled if n != train_name and not n.startswith("test")), None)
+
+
 def check_keep(keep, dev_name, train_name):
-    """Raises `ConfigError` for `keep="best"` without a labeled split (`dev_name` None) to pick the epoch by."""
+    """Raises `ConfigError` for `keep="best"` without a labeled dev split (`dev_name` None) to pick the epoch by."""
     if keep == "best" and dev_name is None:
         raise ConfigError(
-            f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} was found."
+            f"keep='best' picks the epoch by dev score, but no labeled split besides {train_name!r} was found "
+            f"(a test split is never used to choose the model: give a validation split)."
         )

@@ -192,11 +192,11 @@ def test_a_huge_label_or_number_is_echoed_as_its_start_and_length(tmp_path):
         task.examples("validation", None)
     with pytest.raises(DataError) as e:
         task.examples("validation", None)
-    assert len(str(e.value)) < 300
+    assert len(str(e.value)) - len(str(tmp_path)) < 250
     write(path, f'{{"{long}": 1, "{long}": 2}}\n')
     with pytest.raises(DataError, match=r"c\.jsonl:1: the key 'L+\.\.\.' \(5,000 characters\) is given twice") as e:
         list(readers.read_jsonl(str(path)))
-    assert len(str(e.value)) < 200
+    assert len(str(e.value)) - len(str(tmp_path)) < 150
     write(path, ",".join(many) + "\n" + ",".join("x" * 100) + "\n")
     with pytest.raises(
         DataError, match=r"no column 'text' \(text_columns\); it has 'c0', .*'c29', \.\.\. \(100 in all\)\.$"

@@ -14,7 +14,7 @@ import pytest
 from conftest import TINY, char_tokenizer
 
 import kgpt
-from kgpt.errors import OutputDirError
+from kgpt.errors import ConfigError, OutputDirError
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import predict as predict_lib
 from kgpt.jobs.config import FinetuneConfig
@@ -198,6 +198,13 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     assert (
         inputs.examples == [(("p", "h"), ())] and inputs.ids == ["a7"] and inputs.columns == ["premise", "hypothesis"]
     )
+    # A built-in single-text model (no recorded columns) on a table with a source and the gold label: every
+    # column was joined into the text.
+    csv_path = tmp_path / "s.csv"
+    csv_path.write_text("id,sentence,source,sentiment\n1,a fine film,web,positive\n")
+    with pytest.raises(ConfigError, match=r"s\.csv: its columns sentence, source, sentiment would all be read as text"):
+        predict_lib.read_inputs(str(csv_path), kgpt.tasks.transforms.Classification())
+    assert predict_lib.read_inputs(str(csv_path), kgpt.tasks.transforms.Classification(), columns=["sentence"]).examples
     tsv = tmp_path / "x.tsv"
     tsv.write_text("index\tq\tctx\tans\n3\tq?\tc\tyes\n")
     inputs = predict_lib.read_inputs(str(tsv), transform, columns=["ctx", "ans"])

@@ -168,6 +168,8 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
     else:
         table = tables.read_table(path, format)
         rows, used = _named_rows(table, columns)
+        if columns is None:
+            _check_default_columns(path, used, transform)
         records, fields = [], table.columns
         if table.format == "jsonl":
             text, lines = dict(readers.read_lines(path)), []
@@ -192,6 +194,22 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
     if not examples:
         raise DataError(f"{path}: no examples (the file is empty).")
     return Inputs(examples, ids, sources, used, format, records, fields, lines)
+
+
+def _check_default_columns(path, used, transform):
+    """A `ConfigError` when a table's columns, taken as the segments for a model that recorded none (a built-in
+    task's), are not as many as its transformation takes: an extra column (a source, the gold label under another
+    name) was read as text."""
+    k = transform.num_views if transform.takes_choices else 0
+    contexts = transform.num_segments
+    if contexts is None and not transform.takes_choices:
+        contexts = 1  # Classification joins what it is given: more than one column is the user's to choose
+    if contexts is None or len(used) in (contexts + k, *((contexts + 1,) if k else ())):
+        return
+    raise ConfigError(
+        f"{path}: its columns {', '.join(used)} would all be read as text, where the model takes {contexts} "
+        f"text segment(s){f' and {k} answers' if k else ''}: name them with {checks.option('columns')}."
+    )
 
 
 def _named_rows(table, columns):

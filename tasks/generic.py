@@ -177,6 +177,7 @@ class FileTask(kgpt.Task):
         table.require([label_column], checks.option("label_column"))
         files = Files(paths, text_columns, label_column, choice_columns, tuple(metrics) if metrics else None)
         labels = _training_labels(files, data_dir) if kind == CLASSIFICATION else None
+        _check_metrics(kind, metrics, labels)
         task = build(kind, files, labels, description=f"{kind} on {train_file}.")
         object.__setattr__(task, "plugin", self.plugin)  # its reading errors name the plugin, as the registry's copy
         return task
@@ -188,6 +189,24 @@ class FileTask(kgpt.Task):
             "choice_columns": list(self.files.choice_columns),
             "label_column": self.files.label_column,
         }
+
+
+def _check_metrics(kind, metrics, labels):
+    """A `ConfigError` naming the metrics option for a metric that cannot score `kind`: a class metric of values
+    (accuracy of floats is exact equality: 0.0), binary F1 of other than two labels or of answers."""
+    classes = ("accuracy", "f1", "matthews")  # f1 of values: the binary check below has the message
+    wrong = [m for m in metrics if m in classes] if kind == REGRESSION else []
+    if wrong:
+        raise ConfigError(
+            f"{checks.option('metrics')}: {', '.join(map(repr, wrong))} compare(s) classes; {kind} predicts values: "
+            f"use pearson or spearman."
+        )
+    if "f1" in metrics and (kind == CHOICE or len(labels) != 2):
+        has = f"the training file has {len(labels)} labels" if kind == CLASSIFICATION else "it scores answers"
+        raise ConfigError(
+            f"{checks.option('metrics')}: 'f1' is the binary F1 of a task of two labels; {has}: use accuracy or "
+            f"matthews."
+        )
 
 
 def _names(columns, flag):

@@ -171,6 +171,13 @@ def test_options_that_cannot_work_are_named(reviews, tmp_path):
         with_files(
             "text-classification", train_file=train, text_columns="review", label_column="stars", metrics="f1,f1"
         )
+    # Accuracy of floats is exact equality: it reported 0.0000 as the headline; f1 raised a plugin author's ValueError.
+    for kind, metrics, error in (
+        ("text-regression", "accuracy,pearson", r"^metrics: 'accuracy' compare\(s\) classes; text-regression predicts"),
+        ("text-regression", "f1", r"^metrics: 'f1' compare\(s\) classes"),
+    ):
+        with pytest.raises(ConfigError, match=error):
+            with_files(kind, train_file=train, text_columns="review", label_column="stars", metrics=metrics)
     with pytest.raises(ConfigError, match="metrics: 'auc' is no metric; kgpt has accuracy, f1, matthews"):
         with_files(
             "text-classification",

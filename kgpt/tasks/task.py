@@ -91,6 +91,7 @@ class Task:
             or `heads.RegressionHead()` when there are no labels.
         metrics: metric keys of `kgpt.tasks.metrics.METRICS` or callables
             `fn(labels, predictions) -> float`; the first is the headline.
+            Default: `("accuracy",)`, or `("pearson",)` for a head of values.
         splits: the splits `read` understands; the first trains.
         description: one line for `kgpt-train --list_tasks`.
         default_data: optional `fn(directory) -> data_dir` that writes a small
@@ -111,7 +112,7 @@ class Task:
     read: Callable[[str, str], Iterable]
     labels: tuple | None = None
     head: heads_lib.Head | None = None
-    metrics: tuple = ("accuracy",)
+    metrics: tuple | None = None
     splits: tuple = ("train", "dev", "test")
     description: str = ""
     default_data: Callable[[str], str] | None = None
@@ -125,13 +126,16 @@ class Task:
             object.__setattr__(self, "labels", tuple(self.labels))
         if isinstance(self.metrics, str) or callable(self.metrics):
             object.__setattr__(self, "metrics", (self.metrics,))
-        object.__setattr__(self, "metrics", tuple(self.metrics))
         object.__setattr__(self, "splits", tuple(self.splits))
         if self.head is None and isinstance(self.transform, transforms.Transform):
             try:
                 object.__setattr__(self, "head", heads_lib.for_task(self.transform, self.labels))
             except ValueError as e:
                 raise ValueError(f"Task {self.name!r}: {e}") from None
+        if self.metrics is None:  # accuracy of classes or answers; of values, a correlation
+            values = isinstance(self.head, heads_lib.Head) and not self.head.output_names()
+            object.__setattr__(self, "metrics", ("pearson",) if values else ("accuracy",))
+        object.__setattr__(self, "metrics", tuple(self.metrics))
         self.validate()
 
     def validate(self):
@@ -162,6 +166,12 @@ class Task:
             raise ValueError(f"{where}: give at least one metric.")
         for metric in self.metrics:
             metrics_lib.resolve(metric)
+            if metric in ("accuracy", "matthews") and not self.head.output_names():
+                raise ValueError(
+                    f"{where}: metric {metric!r} compares classes, and this task's {self.head.kind} head predicts "
+                    f"values (exact equality of floats scores 0). Use 'pearson' or 'spearman', or pass a callable "
+                    f"fn(labels, predictions) -> float."
+                )
             binary = isinstance(self.head, heads_lib.ClassificationHead) and len(self.head.labels) == 2
             if isinstance(metric, str) and metric == "f1" and not binary:
                 raise ValueError(

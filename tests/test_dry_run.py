@@ -182,6 +182,31 @@ def test_a_prompt_longer_than_the_context_is_refused_by_the_dry_run_as_by_the_ru
     assert "--prompt is measured against --sequence_length once it is" in found["tokenizer"]
 
 
+def test_a_max_length_with_no_room_for_a_pairs_text_is_refused_by_the_dry_run_as_by_the_run(
+    preset, monkeypatch, capsys, tmp_path
+):
+    # 4 fits one text ([start] t [extract]) but not a pair: a ValueError traceback from the first example.
+    train_file = tmp_path / "pairs.csv"
+    train_file.write_text("a,b,label\n" + "".join(f"row {i},other {i},{'xy'[i % 2]}\n" for i in range(8)))
+    flags = ("--task=text-classification", f"--train_file={train_file}", "--text_columns=a,b", "--label_column=label")
+    errors = []
+    for dry in ([], ["--dry_run"]):
+        args = (*flags, f"--init={preset}", "--max_length=4", *dry, f"--output_dir={tmp_path / 'o'}")
+        code, _, err = cli(monkeypatch, capsys, train, *args)
+        assert code == 1 and "Traceback" not in err, err[-3000:]
+        errors.append(err.strip().splitlines()[-1])
+    assert (
+        errors[0]
+        == errors[1]
+        == (
+            "kgpt-train: error: --max_length 4 leaves no room for text in each entailment view: its start, delimiter and "
+            "extract tokens and a token of each part take 5."
+        )
+    )
+    with pytest.raises(ValueError, match="sequence_length must be an integer >= 5, got 4"):
+        kgpt.GPTTaskPreprocessor(char_tokenizer(), kgpt.tasks.transforms.MultipleChoice(2), sequence_length=4)
+
+
 def test_keep_best_without_a_labeled_split_to_pick_by_is_refused_by_the_dry_run_as_by_the_run(
     preset, monkeypatch, capsys, tmp_path
 ):

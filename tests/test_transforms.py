@@ -91,6 +91,12 @@ def test_a_multiple_choice_head_with_names_writes_and_reads_them():
             heads.MultipleChoiceHead(2, names=names)
 
 
+def test_the_shortest_view_holding_text_is_the_transformations():
+    assert transforms.Classification().min_length == 3  # [start] t [extract]
+    assert transforms.Entailment().min_length == transforms.Similarity().min_length == 5  # and a delimiter, a second t
+    assert transforms.MultipleChoice(4).min_length == transforms.MultipleChoice(4, num_segments=2).min_length == 5
+
+
 def test_multiple_choice_needs_two_choices_or_more():
     for make in (transforms.MultipleChoice, heads.MultipleChoiceHead):
         with pytest.raises(ValueError, match="num_choices must be an integer >= 2, got 1"):

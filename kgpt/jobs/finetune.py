@@ -299,6 +299,12 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
             f"{MIN_MAX_LENGTH} or more."
         )
     max_length = within_context(max_length or None, context, origin)
+    shortest = task.transform.min_length
+    if max_length is not None and max_length < shortest:
+        raise ConfigError(
+            f"{checks.option('max_length')} {max_length} leaves no room for text in each {task.transform.kind} view: "
+            f"its start, delimiter and extract tokens and a token of each part take {shortest}."
+        )
     columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
     return GPTTaskPreprocessor(
         tokenizer,

@@ -58,6 +58,14 @@ class Transform(Configurable):
     def groups(self, segments, choices=()):
         raise NotImplementedError
 
+    @property
+    def min_length(self):
+        """The shortest view that holds text: the start and extract tokens, a delimiter between parts, and one
+        token of each part (3 for classification, 5 for a pair or an answer after its context)."""
+        segments = [[0]] * (self.num_segments or 1)
+        parts = len(self.groups(segments, [[0]] * self.num_views if self.takes_choices else ())[0])
+        return 1 + 2 * parts
+
     def check(self, segments, choices=()):
         """Error text when an example does not fit this transformation, else None."""
         if self.num_segments is None:

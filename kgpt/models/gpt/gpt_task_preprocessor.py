@@ -99,7 +99,7 @@ class GPTTaskPreprocessor(Preprocessor):
         # `max_length`, the earlier name, stays accepted: presets saved before hold it in preprocessor.json.
         length = packed_length(sequence_length, max_length)
         length = 512 if length is None else length
-        length = checks.positive_int(length, "sequence_length", minimum=MIN_MAX_LENGTH)
+        length = checks.positive_int(length, "sequence_length", minimum=max(MIN_MAX_LENGTH, transform.min_length))
         if columns is not None and (
             isinstance(columns, str) or not all(isinstance(c, str) for c in columns) or not columns
         ):

@@ -613,6 +613,14 @@ def test_json_lines_predictions_refuse_a_later_line_they_would_spoil(guide_run, 
     assert predict_lib.write(model, inputs, str(tmp_path / "out.jsonl")) == 3  # JSON lines keep each line's keys
 
 
+def test_predicted_values_are_written_in_full():
+    from kgpt.jobs.finetune_outputs import prediction_rows
+
+    values = np.array([1234.567, 98765.43], "float32")  # 1234.57 and 98765.4 with six significant digits
+    rows = list(prediction_rows(kgpt.tasks.heads.RegressionHead(), ["a", "b"], values, values, labels=values))
+    assert rows == ["a\t1234.567\t1234.567", "b\t98765.43\t98765.43"]
+
+
 def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(tmp_path):
     def model_dir(name, transform, columns=None):
         folder = tmp_path / name

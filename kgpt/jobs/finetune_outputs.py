@@ -38,10 +38,6 @@ def evaluate_split(task, model, split, batch_size):
     return Evaluation(predictions, task.head.probabilities(outputs), metrics)
 
 
-def _format(value, digits=6):
-    return f"{value:.{digits}g}" if isinstance(value, (float, np.floating)) else str(value)
-
-
 def prediction_columns(head):
     """Column names after `id` and `prediction`: `p_<label>` per class or choice, none for one value."""
     return [f"p_{name}" for name in head.output_names()]
@@ -50,12 +46,13 @@ def prediction_columns(head):
 def prediction_rows(head, uids, predictions, probabilities, labels=None):
     """TSV rows: id, prediction (label name, choice or value), one probability per output name[, label]."""
     names = head.output_names()
+    # str: a value's shortest text in its own precision (a float32 1234.567 is '1234.567'; 6 digits cut it).
     for i, (uid, value) in enumerate(zip(uids, predictions)):
-        row = [str(uid), _format(head.prediction_name(value))]
+        row = [str(uid), str(head.prediction_name(value))]
         if names:
             row += [f"{p:.6f}" for p in np.asarray(probabilities[i]).reshape(-1)]
         if labels is not None:
-            row.append(_format(head.prediction_name(labels[i])))
+            row.append(str(head.prediction_name(labels[i])))
         yield "\t".join(row)
 
 

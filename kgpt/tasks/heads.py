@@ -241,7 +241,8 @@ class RegressionHead(Head):
         return np.asarray(outputs, "float32")
 
     def prediction_name(self, value):
-        return float(value)
+        # The shortest number that reads back to the float32 value: 1234.567, not 1234.5670166015625.
+        return float(str(np.float32(value)))
 
 
 @keras.saving.register_keras_serializable(package="kgpt.tasks.heads")

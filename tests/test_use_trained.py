@@ -312,6 +312,21 @@ def test_a_checkpoint_past_the_fine_tuning_runs_last_step_is_refused_naming_its_
         finetune_lib.finetune(config(preset, data, str(copy), keep="best", epochs=3))
 
 
+def test_a_missing_or_damaged_weights_file_of_a_checkpoint_is_named(trained, tmp_path):
+    """The best epoch's weights, read back when a run resumed after it, gave h5py's words (the step checkpoints'
+    were named already): both go through checkpoint.load_weights."""
+    from kgpt.train import checkpoint as checkpoint_lib
+
+    _, _, out, _ = trained
+    model = kgpt.GPTTaskModel.from_preset(out)
+    path = tmp_path / "model.weights.h5"
+    with pytest.raises(kgpt.CheckpointError, match=rf"^{path}: the checkpoint is missing\.$"):
+        checkpoint_lib.load_weights(model, str(path))
+    path.write_bytes(b"\x89HDF\r\n\x1a\n" + bytes(1000))  # an HDF5 signature, then nothing
+    with pytest.raises(kgpt.CheckpointError, match=rf"^{path} is not a readable Keras weights file \(truncated or"):
+        checkpoint_lib.load_weights(model, str(path))
+
+
 RUN = """
 import sys
 from kgpt.jobs import finetune

@@ -19,7 +19,6 @@ from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.jobs.finetune_outputs import evaluate_split
-from kgpt.layers import lora
 from kgpt.models import compile_cost
 from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import cluster, distribute
@@ -365,7 +364,9 @@ class FinetuneProgress(callbacks_lib.Progress):
             if self._best_weights is not None:
                 model.set_weights(self._best_weights)
             else:  # resumed after the best epoch: its weights are on disk
-                lora.load_weights(model, os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS))
+                checkpoint_lib.load_weights(
+                    model, os.path.join(self.training.directory, "best", checkpoint_lib.WEIGHTS)
+                )
         metric = self.training.metric
         logger.info(
             f"Keeping epoch {self.best['epoch']} of {len(self.epochs)}: the best dev {metric} "

@@ -35,6 +35,7 @@ import shutil
 import keras
 import numpy as np
 
+from kgpt import checks
 from kgpt.errors import CheckpointError
 from kgpt.io.presets import check_weights_file, read_json
 from kgpt.io.run_folder import LATEST, STATE
@@ -269,14 +270,24 @@ def restore(model, directory, settings, total_steps=None, epochs=None):
         _orbax_restore(model, os.path.join(folder, SHARDED))
         _restore_rng(model, os.path.join(folder, RNG))
         return state
-    path = os.path.join(folder, WEIGHTS)
-    check_weights_file(path, lora.file_variables(model))
-    try:
-        lora.load_weights(model, path)
-    except Exception as e:  # h5py and Keras raise many types for a damaged file
-        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {e}).") from e
+    load_weights(model, os.path.join(folder, WEIGHTS))
     _restore_rng(model, os.path.join(folder, RNG))
     return state
+
+
+def load_weights(model, path):
+    """Loads a checkpoint's weights file (a step's, or the best epoch's) into `model`; a missing, damaged or
+    other model's file is a `CheckpointError` naming it, not h5py's own words."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{path}: the checkpoint is missing.")
+    try:
+        check_weights_file(path, lora.file_variables(model))
+        lora.load_weights(model, path)
+    except CheckpointError:
+        raise
+    except Exception as e:  # h5py and Keras raise many types for a damaged file
+        why = checks.shown(str(e), 200, quote=False)
+        raise CheckpointError(f"{path}: the checkpoint cannot be read ({type(e).__name__}: {why}).") from e
 
 
 def _restore_rng(model, path):

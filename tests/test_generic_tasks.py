@@ -649,6 +649,9 @@ def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(
     assert predict_lib.columns_for(pairs, "in.jsonl", columns=["p", "h"]) == ["p", "h"]
     choices = model_dir("choices", kgpt.tasks.transforms.MultipleChoice(2), ["ctx", "a", "b"])  # or one list column
     assert predict_lib.columns_for(choices, "in.jsonl", columns=["ctx", "answers"]) == ["ctx", "answers"]
+    # A third answer column for a 2-answer model: a ValueError from the preprocessor, naming no row, before.
+    with pytest.raises(ConfigError, match=r"^columns names 4 column\(s\) \(ctx, a, b, c\); the model takes 1 context"):
+        predict_lib.columns_for(choices, "in.csv", columns=["ctx", "a", "b", "c"])
     # A built-in task's model records no columns; its context count says how many (each row was refused before).
     race = model_dir("race", kgpt.tasks.transforms.MultipleChoice(4, num_segments=2))
     with pytest.raises(ConfigError, match=r"^columns names 7 column\(s\) \(a, q, 1, 2, 3, 4, 5\); the model takes 2 "):

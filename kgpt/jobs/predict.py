@@ -108,8 +108,9 @@ def columns_for(model_dir, input, format=None, columns=None, transform=None):
             f"{checks.option('columns')} names {', '.join(map(repr, repeated))} more than once: name each column once."
         )
     transform = transform if transform is not None else _saved_transform(model_dir)
-    if transform is not None and transform.takes_choices and transform.num_segments is not None and not trained:
-        contexts, k = transform.num_segments, transform.num_views
+    if transform is not None and transform.takes_choices and (trained or transform.num_segments is not None):
+        k = transform.num_views
+        contexts = len(trained) - k if trained else transform.num_segments
         if len(columns) not in (contexts + 1, contexts + k):
             raise ConfigError(
                 f"{checks.option('columns')} names {len(columns)} column(s) ({', '.join(columns)}); the model takes "

@@ -2,6 +2,7 @@
 kgpt-predict, and output directories that are never silently destroyed."""
 
 import json
+import logging
 import os
 import re
 import signal
@@ -310,6 +311,22 @@ def test_a_checkpoint_past_the_fine_tuning_runs_last_step_is_refused_naming_its_
     (checkpoints / "latest.json").write_text(json.dumps({"checkpoint": "step-000000012"}))
     with pytest.raises(kgpt.CheckpointError, match=r"step-000000012.state\.json says step 12, past this run's 9 steps"):
         finetune_lib.finetune(config(preset, data, str(copy), keep="best", epochs=3))
+
+
+def test_a_finished_run_whose_checkpoints_went_says_so_before_it_trains_again(trained, tmp_path, caplog):
+    import shutil
+
+    preset, data, out, _ = trained
+    copy = tmp_path / "out"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns(".lock"))
+    # The pointer gone, the folders there: the run started over without a word.
+    (copy / "checkpoint" / "latest.json").unlink()
+    with pytest.raises(kgpt.CheckpointError, match=r"checkpoint holds step-000000009 but no latest\.json, which"):
+        finetune_lib.finetune(config(preset, data, str(copy), keep="best", epochs=3))
+    shutil.rmtree(copy / "checkpoint")  # to free the disk: the same command trained again, replacing the model
+    caplog.set_level(logging.WARNING, logger="kgpt")
+    finetune_lib.finetune(config(preset, data, str(copy), keep="best", epochs=3))
+    assert any("holds a finished run's outputs but no checkpoint" in r.getMessage() for r in caplog.records)
 
 
 def test_a_missing_or_damaged_weights_file_of_a_checkpoint_is_named(trained, tmp_path):

@@ -277,7 +277,15 @@ class Run:
         if total_steps is None and isinstance(settings.get("max_steps"), int):
             total_steps = settings["max_steps"]
         epochs = settings.get("epochs") if isinstance(settings.get("epochs"), int) else None
-        return checkpoint_lib.restore(model, self.checkpoint_dir, settings, total_steps, epochs)
+        state = checkpoint_lib.restore(model, self.checkpoint_dir, settings, total_steps, epochs)
+        if state is None and os.path.exists(os.path.join(self.directory, "metrics.json")):
+            # A finished run whose checkpoints were deleted (to free the disk): the same command trains again.
+            logger.warning(
+                f"Warning: {self.location} holds a finished run's outputs but no checkpoint in "
+                f"{os.path.join(self.location, CHECKPOINTS)}: training again from the start; its model and "
+                f"metrics.json are replaced when the run ends."
+            )
+        return state
 
     def callbacks(
         self, progress, hint, before=(), after=(), total_steps=None, tokens_per_step=None, examples_per_step=None

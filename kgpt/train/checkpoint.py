@@ -30,6 +30,7 @@ state = kgpt.train.checkpoint.restore(model, "out/checkpoint", settings)  # None
 
 import logging
 import os
+import re
 import shutil
 
 import keras
@@ -204,6 +205,17 @@ def latest(directory):
             logger.warning(f"Resuming from {chosen or 'the start'}, as process 0 does (this process sees {name}).")
             name = chosen
     if name is None:
+        steps = (
+            sorted(n for n in os.listdir(directory) if re.fullmatch(r"step-\d{9}", n))
+            if os.path.isdir(directory)
+            else []
+        )
+        if steps:  # the pointer is written last: without it the newest folder is not known to be whole
+            raise CheckpointError(
+                f"{directory} holds {steps[-1]} but no {LATEST}, which names the newest complete checkpoint: "
+                f'write {{"checkpoint": "{steps[-1]}"}} to {pointer} to resume from it, or delete {directory} to '
+                f"start over."
+            )
         return None
     folder = os.path.join(directory, str(name))
     if not isinstance(name, str) or os.sep in name or not os.path.isdir(folder):

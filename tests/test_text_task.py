@@ -194,6 +194,10 @@ def test_fit_and_predict_on_raw_strings(tiny_preset, tmp_path, kind):
     assert loaded.predict_labels(texts) == model.predict_labels(texts)
     # Evaluate takes text and labels too.
     assert np.isfinite(loaded.evaluate(texts, labels, verbose=0, return_dict=True)["loss"])
+    # And fit's validation_data, in Keras' (x, y) form: ((premises, hypotheses), label names) was read as two text
+    # columns of 2 examples with no labels (and (texts, label names) of one segment as a pair without labels).
+    history = loaded.fit(texts, labels, validation_data=(texts, labels), batch_size=4, epochs=1, verbose=0)
+    assert np.isfinite(history.history["val_loss"]).all()
 
 
 def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_path):

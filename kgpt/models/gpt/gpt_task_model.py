@@ -557,7 +557,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 split, None, batch_size, seed=seed, epochs=passes, compile_batches=cost, attention_length=attention
             )
             if validation_data is not None:
-                if isinstance(validation_data, batching.EncodedSplit) or _is_text(validation_data):
+                # Keras' form: a tuple is (x, y) or (x, y, sample_weight), never text alone: (texts, label names)
+                # was read as a pair of text columns, with no labels.
+                if not isinstance(validation_data, tuple):
                     validation_data = (validation_data, None)
                 if len(validation_data) > 2 and validation_data[2] is not None:
                     raise ValueError("validation_data on text is (texts, labels): sample weights are not supported.")

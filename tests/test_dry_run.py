@@ -349,6 +349,16 @@ def test_a_finetuned_init_whose_labels_differ_from_the_training_files_is_named_s
         dry_run.finetune(three, REGISTRY)
     assert str(dry.value) == str(job.value)
     assert f"was fine-tuned on the labels neg, pos, but {three.train_file} has neg, neutral, pos" in str(job.value)
+    # A one-text model given a pair of columns: evaluated with --epochs 0 as if its scores were reproduced.
+    path = tmp_path / "pairs.csv"
+    path.write_text("text,more,label\n" + "".join(f"row {i},other,{'neg pos'.split()[i % 2]}\n" for i in range(4)))
+    pairs = dataclasses.replace(config(str(path), init=tuned, epochs=0), text_columns=["text", "more"])
+    for check in (
+        lambda: finetune_model.starting_point(pairs, finetune.resolve_task(pairs, REGISTRY)),
+        lambda: dry_run.finetune(pairs, REGISTRY),
+    ):
+        with pytest.raises(kgpt.ConfigError, match=r"was fine-tuned on 1 column\(s\) \(text\), .*pairs.csv gives 2 "):
+            check()
 
 
 def test_an_unfinished_pretraining_run_as_init_is_named_so(tmp_path):

@@ -23,7 +23,7 @@ from kgpt.layers import lora
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
-from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor
+from kgpt.models.gpt.gpt_task_preprocessor import GPTTaskPreprocessor, segment_columns
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
 
@@ -214,10 +214,30 @@ def check_finetuned_init(
             f"--init {init}: its head ({saved_head.get_config()}) differs from task "
             f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved."
         )
+    saved_columns, columns = _saved_columns(init), segment_columns(task.inputs()) if hasattr(task, "inputs") else None
+    if saved_columns and columns and len(saved_columns) != len(columns):
+        # A one-text model given pairs: evaluated on inputs it never saw ("its scores are reproduced"), or
+        # trained on them, without a word.
+        raise ConfigError(
+            f"--init {init} was fine-tuned on {len(saved_columns)} column(s) ({', '.join(saved_columns)}), "
+            f"{train_file or 'the task'} gives {len(columns)} ({', '.join(columns)}): it goes on only with inputs "
+            f"of its shape. To fine-tune on these, --init the pre-trained model{origin}."
+        )
     if transfer_layers is not None or not pretrained_weights:
         raise ConfigError(
             f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init {init} is fine-tuned."
         )
+
+
+def _saved_columns(init):
+    """The table columns a fine-tuned `init`'s preprocessor records (`preprocessor.json`); None without."""
+    path = os.path.join(init, "preprocessor.json")
+    try:
+        config = read_json(path, "the preprocessor's config").get("config", {}) if os.path.exists(path) else {}
+    except ValueError:
+        return None  # a damaged file is named where the model loads
+    columns = config.get("columns") if isinstance(config, dict) else None
+    return columns if isinstance(columns, list) and all(isinstance(c, str) for c in columns) else None
 
 
 def untrained_head(init, task):

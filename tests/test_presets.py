@@ -78,6 +78,30 @@ def test_task_model_round_trip_is_exact_and_leaves_the_optimizer_state_out(tmp_p
     np.testing.assert_array_equal(model.predict(x), before)
 
 
+def test_a_model_without_a_tokenizer_saved_over_another_models_preset_removes_its_tokenizer(tmp_path, caplog):
+    # The old tokenizer stayed: from_preset then refused its vocabulary size, or took it without a word for the same.
+    tokenizer = char_tokenizer()
+    kgpt.GPTCausalLM(
+        kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()}),
+        preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=16),
+    ).save_to_preset(str(tmp_path))
+    assert (tmp_path / "tokenizer.json").exists()
+    other = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": 50})
+    with caplog.at_level("WARNING", logger="kgpt"):
+        other.save_to_preset(str(tmp_path))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: {tmp_path} held another model's preset: its tokenizer.json, assets/tokenizer are removed, as "
+        f"this model has no tokenizer.",
+        f"Warning: {tmp_path} held another model's preset: its preprocessor.json, task.json are removed, as this "
+        f"model has none.",
+    ]
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "metadata.json", "model.weights.h5"]
+    # The same model saved again without its tokenizer (as a pre-training run saves) keeps it.
+    tokenizer.save_to_preset(str(tmp_path))
+    other.save_to_preset(str(tmp_path))
+    assert (tmp_path / "tokenizer.json").exists()
+
+
 def test_a_save_over_another_kind_of_model_names_what_it_removes(tmp_path, caplog):
     model, _ = trained_task_model()
     model.save_to_preset(str(tmp_path))

@@ -330,6 +330,7 @@ def check_save_target(preset_dir):
 
 
 PARTIAL_DIR = ".preset.partial"
+TOKENIZER_FILE, TOKENIZER_ASSETS = "tokenizer.json", os.path.join("assets", "tokenizer")  # keras-hub's layout
 # What a save replaces: the files of keras-hub's preset layout that belong to one model. The tokenizer
 # stays when the new model has none (a pre-training run writes it first, the model later).
 MODEL_FILES = {
@@ -357,6 +358,21 @@ def replace_preset(directory, write):
     write(tmp)
     written = set(os.listdir(tmp))
     before = set(os.listdir(directory))
+    old_config, new_config = _text(os.path.join(directory, CONFIG_FILE)), _text(os.path.join(tmp, CONFIG_FILE))
+    if old_config is not None and new_config is not None and old_config != new_config and TOKENIZER_FILE not in written:
+        # Another model's tokenizer, which this one would load with (refused for another vocabulary size, taken
+        # without a word for the same one). The same model saved again (a pre-training run) keeps it.
+        gone = [name for name in (TOKENIZER_FILE, TOKENIZER_ASSETS) if os.path.exists(os.path.join(directory, name))]
+        for name in gone:
+            path = os.path.join(directory, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+        with contextlib.suppress(OSError):  # assets/ once empty
+            os.rmdir(os.path.join(directory, os.path.dirname(TOKENIZER_ASSETS)))
+        if gone:
+            logger.warning(
+                f"Warning: {directory} held another model's preset: its {', '.join(gone)} are removed, as this "
+                f"model has no tokenizer."
+            )
     added = sorted(n for n in written - before if n in MODEL_FILES and n != METADATA_FILE)
     if CONFIG_FILE in before and added:  # a task model, where a backbone preset was: its weights go too
         logger.warning(
@@ -379,6 +395,15 @@ def replace_preset(directory, write):
             shutil.rmtree(target, ignore_errors=True)
         os.replace(source, target)
     os.rmdir(tmp)
+
+
+def _text(path):
+    """The text of `path`, None when there is no such file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
 
 
 def stamp_metadata(preset_dir, **extra):

@@ -359,6 +359,14 @@ class Reader:
         matches = [i for i, choice in enumerate(choices) if choice.strip() == value]
         if re.fullmatch(r"-?[0-9]+", value):  # not str.isdigit(): int() refuses "²", which it takes
             index = int(value)
+            if not 0 <= index < len(choices) and len(matches) == 1:  # choices 4, 5, 6 and the answer 5: its text
+                _count(
+                    ambiguous,
+                    "are no choice index (out of range) but a choice's text: read as that choice; write answers "
+                    "as indices from 0 or as texts throughout",
+                    source,
+                )
+                return matches[0]
             if not 0 <= index < len(choices):
                 raise DataError(
                     f"{source}: answer {index} in {column!r} is out of range: the {len(choices)} "

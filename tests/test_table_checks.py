@@ -139,6 +139,15 @@ def test_an_answer_that_is_an_index_and_another_choices_text_is_counted(tmp_path
         )
         for w in warnings()
     )
+    # Numbers as choices, the answer one of them but no index: refused as "out of range" before.
+    write(tmp_path / "mc.tsv", "q\ta\tb\tanswer\n2 + 3?\t4\t5\t5\n2 + 2?\t4\t5\t4\nx?\tyes\tno\t7\n")
+    with pytest.raises(DataError, match=r"mc\.tsv:4: answer 7 in 'answer' is out of range"):
+        task.examples("train", None)
+    write(tmp_path / "mc.tsv", "q\ta\tb\tanswer\n2 + 3?\t4\t5\t5\n2 + 2?\t4\t5\t4\n")
+    assert [e.label for e in task.examples("train", None)[0]] == [1, 0]
+    assert any(
+        "2 answer(s) in 'answer' are no choice index (out of range) but a choice's text" in w for w in warnings()
+    )
     write(tmp_path / "mc.tsv", "q\ta\tb\tanswer\nx?\tyes\tno\t\u00b2\n")  # a digit to str.isdigit, not to int()
     with pytest.raises(DataError, match=r"mc\.tsv:2: answer '\u00b2' in 'answer' is neither a choice index"):
         task.examples("train", None)

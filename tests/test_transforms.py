@@ -86,6 +86,8 @@ def test_a_multiple_choice_head_with_names_writes_and_reads_them():
     assert restored == race and restored.names == ["A", "B", "C", "D"]
     assert heads.MultipleChoiceHead(4).get_config() == {"num_choices": 4}  # as models saved before names have it
     assert heads.MultipleChoiceHead(4).prediction_name(2) == 2
+    with pytest.raises(kgpt.DataError, match=r"^answer '²' is not a choice index 0\.\.3\.$"):  # int()'s ValueError
+        heads.MultipleChoiceHead(4).target("²")
     for names, error in ((("A", "A"), "2 distinct choice names"), ("ABC", "2 distinct"), (("a\tb", "c"), "a tab")):
         with pytest.raises(ValueError, match=error):
             heads.MultipleChoiceHead(2, names=names)

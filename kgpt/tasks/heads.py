@@ -284,7 +284,7 @@ class MultipleChoiceHead(Categorical):
         if self.names is not None and isinstance(label, str):
             if label in self.names:
                 return self.names.index(label)
-        elif isinstance(label, str) and label.strip().isdigit():
+        elif isinstance(label, str) and label.strip().isascii() and label.strip().isdigit():  # int() refuses "²"
             label = int(label)
         if isinstance(label, (int, np.integer)) and not isinstance(label, bool) and 0 <= label < self.num_choices:
             return int(label)

@@ -180,10 +180,16 @@ def _indices(value, name, limit, ndim, what, limit_name):
     if array.size == 0:
         raise ValueError(f"{name} is empty: there are no {what} in it.")
     if array.dtype == object or array.dtype.kind not in "iu":
-        kind = "strings" if array.dtype.kind in "USO" else f"dtype {array.dtype}"
+        if array.dtype.kind in "US" or (array.dtype == object and any(isinstance(v, str) for v in array.ravel())):
+            kind = "strings"
+        elif array.dtype == object:  # None, a dict (score({"token_ids": ...})): named, not called strings
+            odd = next(v for v in array.ravel() if not isinstance(v, numbers.Integral))
+            kind = "None" if odd is None else f"a {type(odd).__name__}"
+        else:
+            kind = f"dtype {array.dtype}"
         raise TypeError(
             f"{name} must hold integer {what}, got {kind}"
-            + (" (rows of different lengths?)" if array.dtype == object else "")
+            + (" (rows of different lengths?)" if any(isinstance(v, (list, tuple)) for v in array.ravel()) else "")
             + "."
         )
     if array.ndim != ndim:

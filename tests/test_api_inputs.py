@@ -184,6 +184,9 @@ def test_one_stop_token_id_is_taken_as_a_list(lm):
         (np.ones((0, 4), "int32"), None, ValueError, "is empty"),
         (np.ones((2, 4), "int32"), np.ones((2, 3)), ValueError, r"shape of token_ids \(2, 4\)"),
         (np.ones((2, 4), "int32"), np.full((2, 4), 0.5), ValueError, "only 0 and 1"),
+        # Both were "got strings".
+        (None, None, TypeError, r"integer token ids, got None\.$"),
+        ({"token_ids": np.ones((1, 4), "int32")}, None, TypeError, r"integer token ids, got a dict\.$"),
     ],
 )
 def test_score_refuses_bad_ids(lm, token_ids, mask, error, match):

@@ -281,6 +281,12 @@ def test_fit_labels_are_checked(tiny_preset):
         model.fit(texts, ["calm", "medium", "calm", "loud"], verbose=0)
     with pytest.raises(ValueError, match="Got 4 examples but 3 labels"):
         model.fit(texts, ["calm", "loud", "calm"], verbose=0)
+    # Keras' "cannot class_weight and sample_weight at the same time" and tf.data messages; steps ignored.
+    for kwargs in ({"class_weight": {0: 1.0, 1: 2.0}}, {"validation_split": 0.5}, {"sample_weight": np.ones(4)}):
+        with pytest.raises(ValueError, match=rf"^fit on text takes no {next(iter(kwargs))}: kgpt encodes and batches"):
+            model.fit(texts, ["calm", "loud", "calm", "loud"], verbose=0, **kwargs)
+    with pytest.raises(ValueError, match=r"^predict on text takes no steps: "):
+        model.predict(texts, steps=1)
 
 
 def test_reader_rows_that_are_not_text_name_their_source():

@@ -108,15 +108,14 @@ def columns_for(model_dir, input, format=None, columns=None, transform=None):
             f"{checks.option('columns')} names {', '.join(map(repr, repeated))} more than once: name each column once."
         )
     transform = transform if transform is not None else _saved_transform(model_dir)
-    if transform is not None and transform.takes_choices and (trained or transform.num_segments is not None):
-        k = transform.num_views
-        contexts = len(trained) - k if trained else transform.num_segments
-        if len(columns) not in (contexts + 1, contexts + k):
-            raise ConfigError(
-                f"{checks.option('columns')} names {len(columns)} column(s) ({', '.join(columns)}); the model takes "
-                f"{contexts} context segment(s), then its {k} answers as {k} columns or one list: name "
-                f"{contexts + k} or {contexts + 1}."
-            )
+    counts = _column_counts(transform, trained) if transform is not None and transform.takes_choices else None
+    if counts is not None and len(columns) not in counts[2]:
+        contexts, k, _ = counts
+        raise ConfigError(
+            f"{checks.option('columns')} names {len(columns)} column(s) ({', '.join(columns)}); the model takes "
+            f"{contexts} context segment(s), then its {k} answers as {k} columns or one list: name "
+            f"{contexts + k} or {contexts + 1}."
+        )
     if transform is None or transform.takes_choices:
         return columns
     expected = len(trained) if trained else transform.num_segments
@@ -197,16 +196,27 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
     return Inputs(examples, ids, sources, used, format, records, fields, lines)
 
 
+def _column_counts(transform, trained=None):
+    """`(contexts, answers, allowed)`: the context segments and answers a model takes, and how many table columns
+    hold them (the answers as one column each, or as one JSON list); None when the count is open (a
+    multiple-choice transformation of any number of contexts, with no `trained` columns)."""
+    k = transform.num_views if transform.takes_choices else 0
+    contexts = len(trained) - k if trained else transform.num_segments
+    if contexts is None and not transform.takes_choices:
+        contexts = 1  # Classification joins what it is given: more than one column is the user's to choose
+    if contexts is None:
+        return None
+    return contexts, k, (contexts + k, contexts + 1) if k else (contexts,)
+
+
 def _check_default_columns(path, used, transform):
     """A `ConfigError` when a table's columns, taken as the segments for a model that recorded none (a built-in
     task's), are not as many as its transformation takes: an extra column (a source, the gold label under another
     name) was read as text."""
-    k = transform.num_views if transform.takes_choices else 0
-    contexts = transform.num_segments
-    if contexts is None and not transform.takes_choices:
-        contexts = 1  # Classification joins what it is given: more than one column is the user's to choose
-    if contexts is None or len(used) in (contexts + k, *((contexts + 1,) if k else ())):
+    counts = _column_counts(transform)
+    if counts is None or len(used) in counts[2]:
         return
+    contexts, k, _ = counts
     raise ConfigError(
         f"{path}: its columns {', '.join(used)} would all be read as text, where the model takes {contexts} "
         f"text segment(s){f' and {k} answers' if k else ''}: name them with {checks.option('columns')}."

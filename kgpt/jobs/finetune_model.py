@@ -19,6 +19,7 @@ from kgpt.io import hub
 from kgpt.io.presets import TASK_CONFIG_FILE, deserialize, read_json
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config, setting_int
+from kgpt.jobs.predict import trained_columns
 from kgpt.layers import lora
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
@@ -214,7 +215,7 @@ def check_finetuned_init(
             f"--init {init}: its head ({saved_head.get_config()}) differs from task "
             f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved."
         )
-    saved_columns, columns = _saved_columns(init), segment_columns(task.inputs()) if hasattr(task, "inputs") else None
+    saved_columns, columns = trained_columns(init), segment_columns(task.inputs()) if hasattr(task, "inputs") else None
     if saved_columns and columns and len(saved_columns) != len(columns):
         # A one-text model given pairs: evaluated on inputs it never saw ("its scores are reproduced"), or
         # trained on them, without a word.
@@ -227,17 +228,6 @@ def check_finetuned_init(
         raise ConfigError(
             f"--transfer_layers and --nopretrained_weights start from a pre-trained model; --init {init} is fine-tuned."
         )
-
-
-def _saved_columns(init):
-    """The table columns a fine-tuned `init`'s preprocessor records (`preprocessor.json`); None without."""
-    path = os.path.join(init, "preprocessor.json")
-    try:
-        config = read_json(path, "the preprocessor's config").get("config", {}) if os.path.exists(path) else {}
-    except ValueError:
-        return None  # a damaged file is named where the model loads
-    columns = config.get("columns") if isinstance(config, dict) else None
-    return columns if isinstance(columns, list) and all(isinstance(c, str) for c in columns) else None
 
 
 def untrained_head(init, task):

@@ -183,13 +183,19 @@ def _indices(value, name, limit, ndim, what, limit_name):
         if array.dtype.kind in "US" or (array.dtype == object and any(isinstance(v, str) for v in array.ravel())):
             kind = "strings"
         elif array.dtype == object:  # None, a dict (score({"token_ids": ...})): named, not called strings
-            odd = next(v for v in array.ravel() if not isinstance(v, numbers.Integral))
-            kind = "None" if odd is None else f"a {type(odd).__name__}"
+            odd = [v for v in array.ravel() if not isinstance(v, numbers.Integral)][:1]
+            kind = (
+                f"a {type(odd[0]).__name__}" if odd and odd[0] is not None else "None" if odd else "integers past int64"
+            )
         else:
             kind = f"dtype {array.dtype}"
         raise TypeError(
             f"{name} must hold integer {what}, got {kind}"
-            + (" (rows of different lengths?)" if any(isinstance(v, (list, tuple)) for v in array.ravel()) else "")
+            + (
+                " (rows of different lengths?)"
+                if any(isinstance(v, (list, tuple, np.ndarray)) for v in array.ravel())
+                else ""
+            )
             + "."
         )
     if array.ndim != ndim:

@@ -187,6 +187,7 @@ def test_one_stop_token_id_is_taken_as_a_list(lm):
         # Both were "got strings".
         (None, None, TypeError, r"integer token ids, got None\.$"),
         ({"token_ids": np.ones((1, 4), "int32")}, None, TypeError, r"integer token ids, got a dict\.$"),
+        ([[1, 2**70]], None, TypeError, r"integer token ids, got integers past int64\.$"),  # a StopIteration
     ],
 )
 def test_score_refuses_bad_ids(lm, token_ids, mask, error, match):

@@ -70,6 +70,21 @@ _COMMANDS = [0]  # commands running in this process; a counter, so that overlapp
 _COMMANDS_LOCK = threading.Lock()
 
 
+def differences(saved, settings):
+    """`"key: old there, new now; ..."` for every setting that differs ("" when none)."""
+
+    def shown(value):
+        # An unset setting is its job's default (max_length: the model's context), which may be the value now.
+        return "not set" if value is None else repr(value)
+
+    keys = sorted(set(saved) | set(settings), key=str)
+    return "; ".join(
+        f"{k}: {shown(saved.get(k))} there, {shown(settings.get(k))} now"
+        for k in keys
+        if saved.get(k) != settings.get(k)
+    )
+
+
 def option(name, keyword=None):
     """An option as the user gave it, for a message: `--name` while a kgpt command runs (`command_line()`),
     the keyword (`keyword`, default `name`) in Python.

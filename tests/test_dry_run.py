@@ -361,6 +361,35 @@ def test_a_finetuned_init_whose_labels_differ_from_the_training_files_is_named_s
             check()
 
 
+def test_a_finetuned_multiple_choice_init_given_another_number_of_choices_is_named_by_its_columns(preset, tmp_path):
+    path = tmp_path / "three.csv"
+    path.write_text("q,a,b,c,label\n" + "".join(f"question {i},yes,no,maybe,{i % 2}\n" for i in range(4)))
+
+    def config(choices, **values):
+        return FinetuneConfig(
+            task="multiple-choice",
+            train_file=str(path),
+            text_columns=["q"],
+            choice_columns=choices,
+            label_column="label",
+            **values,
+        )
+
+    two = config(["a", "b"])
+    tuned = str(tmp_path / "tuned")
+    kgpt.GPTTaskModel.from_preset(preset, task=finetune.resolve_task(two, REGISTRY)).save_to_preset(tuned)
+    three = config(["a", "b", "c"], init=tuned)
+    # The head differs too (3 choices, not 2), but the plugin did not change: the columns say what did.
+    for check in (
+        lambda: finetune_model.starting_point(three, finetune.resolve_task(three, REGISTRY)),
+        lambda: dry_run.finetune(three, REGISTRY),
+    ):
+        with pytest.raises(
+            kgpt.ConfigError, match=r"was fine-tuned on 3 column\(s\) \(q, a, b\), .*three.csv gives 4 "
+        ):
+            check()
+
+
 def test_an_unfinished_pretraining_run_as_init_is_named_so(tmp_path):
     run = tmp_path / "lm"
     with RunDirectory(str(run), "pretrain", {"max_steps": 10}):  # its run.json, as the run writes it

@@ -384,3 +384,11 @@ def test_a_claimed_directorys_run_file_is_readable_by_the_group_and_others_under
     with RunDirectory(str(tmp_path / "run"), "pretrain", {"seed": 0}):
         pass
     assert mode(tmp_path / "run" / "run.json") == 0o644
+
+
+def test_a_setting_left_unset_is_named_so_when_a_rerun_gives_it(tmp_path):
+    # --max_length unset is the model's context: "None" read as if it could not be 64.
+    with RunDirectory(str(tmp_path), "finetune", {"max_length": None, "seed": 0}):
+        pass
+    with pytest.raises(OutputDirError, match=r"other settings \(max_length: not set there, 64 now\)"):
+        RunDirectory(str(tmp_path), "finetune", {"max_length": 64, "seed": 0}).inspect()

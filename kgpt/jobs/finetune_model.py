@@ -200,6 +200,15 @@ def check_finetuned_init(
             f"--task {saved_task} to evaluate or train it further, or --init the pre-trained model "
             f"to fine-tune for {task.name!r}{origin}."
         )
+    saved_columns, columns = trained_columns(init), segment_columns(task.inputs()) if hasattr(task, "inputs") else None
+    if saved_columns and columns and len(saved_columns) != len(columns):
+        # A one-text model given pairs: evaluated on inputs it never saw ("its scores are reproduced"), or
+        # trained on them, without a word.
+        raise ConfigError(
+            f"--init {init} was fine-tuned on {len(saved_columns)} column(s) ({', '.join(saved_columns)}), "
+            f"{train_file or 'the task'} gives {len(columns)} ({', '.join(columns)}): it goes on only with inputs "
+            f"of its shape. To fine-tune on these, --init the pre-trained model{origin}."
+        )
     if saved_head is not None and keras.saving.serialize_keras_object(
         saved_head
     ) != keras.saving.serialize_keras_object(task.head):
@@ -212,17 +221,9 @@ def check_finetuned_init(
                 f"--init the pre-trained model{origin}."
             )
         raise ConfigError(
-            f"--init {init}: its head ({saved_head.get_config()}) differs from task "
-            f"{task.name!r}'s ({task.head.get_config()}); the task plugin changed since it was saved."
-        )
-    saved_columns, columns = trained_columns(init), segment_columns(task.inputs()) if hasattr(task, "inputs") else None
-    if saved_columns and columns and len(saved_columns) != len(columns):
-        # A one-text model given pairs: evaluated on inputs it never saw ("its scores are reproduced"), or
-        # trained on them, without a word.
-        raise ConfigError(
-            f"--init {init} was fine-tuned on {len(saved_columns)} column(s) ({', '.join(saved_columns)}), "
-            f"{train_file or 'the task'} gives {len(columns)} ({', '.join(columns)}): it goes on only with inputs "
-            f"of its shape. To fine-tune on these, --init the pre-trained model{origin}."
+            f"--init {init}: its head ({saved_head.get_config()}) differs from the one task {task.name!r} builds "
+            f"now ({task.head.get_config()}; from its plugin and {train_file or 'data'}): it goes on only with the "
+            f"head it was trained with. To fine-tune a new one, --init the pre-trained model{origin}."
         )
     if transfer_layers is not None or not pretrained_weights:
         raise ConfigError(

@@ -22,6 +22,7 @@ import json
 import logging
 import os
 
+from kgpt import checks
 from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import remote_lock, run_folder, storage
 from kgpt.io.run_folder import CHECKPOINTS, LOCK_FILE, RUN_FILE
@@ -251,15 +252,9 @@ class RunDirectory:
                 f"{self.path} holds the outputs of a {job} run, not {self.job}: pass another --output_dir, or "
                 f"--overwrite to replace them."
             )
-        old = theirs.get("settings") or {}
-        keys = sorted(set(old) | set(self.settings), key=str)
-        changed = [
-            f"{k}: {old.get(k)!r} there, {self.settings.get(k)!r} now"
-            for k in keys
-            if old.get(k) != self.settings.get(k)
-        ]
+        changed = checks.differences(theirs.get("settings") or {}, self.settings)
         return (
-            f"{self.path} holds a {self.job} run with other settings ({'; '.join(changed)}): pass another "
+            f"{self.path} holds a {self.job} run with other settings ({changed}): pass another "
             f"--output_dir, or --overwrite to replace its outputs."
         )
 

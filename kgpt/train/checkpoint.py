@@ -250,14 +250,6 @@ def check_progress(state, path, total_steps=None, epochs=None):
         )
 
 
-def differences(saved, settings):
-    """`"key: old there, new now; ..."` for every setting that differs ("" when none)."""
-    keys = sorted(set(saved) | set(settings), key=str)
-    return "; ".join(
-        f"{k}: {saved.get(k)!r} there, {settings.get(k)!r} now" for k in keys if saved.get(k) != settings.get(k)
-    )
-
-
 def restore(model, directory, settings, total_steps=None, epochs=None):
     """Loads the latest checkpoint in `directory` into the compiled `model`; returns its state, or None.
 
@@ -270,7 +262,7 @@ def restore(model, directory, settings, total_steps=None, epochs=None):
     if found is None:
         return None
     folder, state = found
-    changed = differences(state.get("settings") or {}, settings)
+    changed = checks.differences(state.get("settings") or {}, settings)
     if changed:
         raise CheckpointError(
             f"{directory} holds a checkpoint of a run with other settings ({changed}): pass "

@@ -371,6 +371,28 @@ def test_a_run_that_learns_ends_without_the_warning(tiny_preset, tmp_path, capsy
     assert "learned nothing" not in capsys.readouterr().out
 
 
+def test_a_correlation_that_is_undefined_is_warned_of_and_written_as_null(tiny_preset, tmp_path, capsys, progress):
+    # Every validation label 2: Pearson and Spearman are NaN, which Python's json writes as NaN (not JSON).
+    config = FinetuneConfig(
+        task="text-regression",
+        init=tiny_preset,
+        train_file=write_csv(tmp_path / "t.csv", [["text", "y"]] + [[f"row {i}", str(i % 3)] for i in range(8)]),
+        validation_file=write_csv(tmp_path / "d.csv", [["text", "y"]] + [[f"dev {i}", "2"] for i in range(4)]),
+        text_columns=["text"],
+        label_column="y",
+        epochs=1,
+        batch_size=4,
+        output_dir=str(tmp_path / "out"),
+    )
+    finetune_lib.finetune(config, REGISTRY)
+    assert (
+        "Warning: pearson, spearman on validation is undefined (NaN; null in metrics.json): every one of its 4 labels "
+        "is 2.0, so its score cannot show learning." in capsys.readouterr().out
+    )
+    text = (tmp_path / "out" / "metrics.json").read_text()
+    assert "NaN" not in text and json.loads(text)["splits"]["validation"]["pearson"] is None
+
+
 def test_multiple_choice_baselines_and_warning_name_the_choice():
     from kgpt.jobs import finetune_outputs
 

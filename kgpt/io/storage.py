@@ -31,6 +31,7 @@ with kgpt.io.storage.Mirror("gs://bucket/run") as mirror:   # pulls the remote f
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -293,8 +294,22 @@ def write_text(path, text):
 
 
 def write_json(path, data):
-    """Writes `data` as indented JSON, atomically as `write_text` does."""
-    write_text(path, json.dumps(data, indent=2) + "\n")
+    """Writes `data` as indented JSON, atomically as `write_text` does; a NaN or infinite float is written as null.
+
+    Python's `NaN` and `Infinity` are not JSON: strict readers (JavaScript's
+    `JSON.parse`, Go's `encoding/json`) refuse the whole file.
+    """
+    write_text(path, json.dumps(_finite(data), indent=2, allow_nan=False) + "\n")
+
+
+def _finite(data):
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: _finite(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [_finite(v) for v in data]
+    return data
 
 
 def _write_local(path, text):

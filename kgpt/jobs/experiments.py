@@ -7,7 +7,6 @@ PNG (matplotlib, no display needed). `kgpt-analyze` is the command line.
 
 import csv
 import dataclasses
-import json
 import logging
 import os
 
@@ -15,6 +14,7 @@ import numpy as np
 
 from kgpt.analysis import zero_shot as zero_shot_lib
 from kgpt.errors import ConfigError, DataError
+from kgpt.io import storage
 from kgpt.jobs import finetune as finetune_lib
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_LSTM, DEMO_PRETRAIN, demo_pretrain_config
@@ -272,8 +272,7 @@ def zero_shot_table(init, tasks, output_dir=None, batch_size=32, registry=None):
     if output_dir:
         columns = ["task", "metric", "value (x100)", "majority label (x100)", "heuristic"]
         write_table(os.path.join(output_dir, "zero_shot"), columns, rows)
-        with open(os.path.join(output_dir, "zero_shot.json"), "w") as f:
-            json.dump(results, f, indent=2)
+        storage.write_json(os.path.join(output_dir, "zero_shot.json"), results)
     return results
 
 

@@ -99,6 +99,9 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
             results[name]["prediction_counts"] = metrics_lib.label_counts(task, predicted)
         if evaluation.metrics:
             logger.info(f"{name}: " + ", ".join(f"{k} {v:.4f}" for k, v in evaluation.metrics.items()))
+            undefined = undefined_scores(task, name, split, evaluation)
+            if undefined:
+                logger.warning(undefined)
         if directory and cluster.is_chief():
             write_predictions(os.path.join(directory, "predictions", f"{name}.tsv"), task, split, evaluation)
             if predict_test and name in (task.submissions or {}):
@@ -108,6 +111,31 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     if predict_test and not task.submissions:
         logger.info(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
     return results
+
+
+def undefined_scores(task, name, split, evaluation):
+    """The warning for split `name`'s metrics that are NaN (`metrics.json` holds them as null), with why; else None.
+
+    A correlation is undefined when the labels or the predictions are one
+    value: a split that cannot show learning, or a model that learned nothing.
+    """
+    undefined = [k for k, v in evaluation.metrics.items() if isinstance(v, float) and np.isnan(v)]
+    if not undefined:
+        return None
+    text = f"Warning: {', '.join(undefined)} on {name} is undefined (NaN; null in metrics.json)"
+    for values, what in ((split.targets, "labels"), (evaluation.predictions, "predictions")):
+        values = np.asarray(values) if values is not None else None
+        if values is not None and values.size and values.ndim == 1 and (values == values.flat[0]).all():
+            shown = task.prediction_name(values.flat[0].item())
+            return text + (
+                f": every one of its {values.size} {what} is {shown}, "
+                + (
+                    "so its score cannot show learning."
+                    if what == "labels"
+                    else "so the model learned nothing measurable."
+                )
+            )
+    return text + "."
 
 
 # The warning a run ends with when it did no better than what learns nothing (`kgpt.tasks.metrics.baselines`).

@@ -9,10 +9,20 @@ backend. Nothing here runs inside a compiled step.
 import contextlib
 import math
 import numbers
+import re
 import sys
 import threading
 
 import numpy as np
+
+# A number as a table spells it: Python's float() also takes "1_000", "infinity" and other scripts' digits.
+_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def number_text(text):
+    """The float `text` spells (spaces aside) as tables and other tools read numbers, else NaN (also for `"nan"`)."""
+    text = text.strip()
+    return float(text) if _NUMBER.fullmatch(text) else math.nan
 
 
 def positive_int(value, name, minimum=1, maximum=None, allow_none=False, or_else=None):

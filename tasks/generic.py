@@ -56,8 +56,6 @@ SPLITS = ("train", "validation", "test")
 # The option (and kgpt-train flag) naming each split's file.
 SPLIT_FLAGS = {"train": "train_file", "validation": "validation_file", "test": "test_file"}
 CLASSIFICATION, REGRESSION, CHOICE = "text-classification", "text-regression", "multiple-choice"
-# A number as a regression value or a label: Python's float() also takes "1_000", "infinity" and other scripts' digits.
-NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,9 +262,8 @@ def _training_labels(files, data_dir):
 
 def _spelling(label):
     """What two spellings of one label share: case and spaces aside, and a number's value (`1`, `1.0`, `1e0`)."""
-    text = label.strip()
-    number = float(text) if NUMBER.fullmatch(text) else math.nan
-    return repr(number) if math.isfinite(number) else text.casefold()
+    number = checks.number_text(label)
+    return repr(number) if math.isfinite(number) else label.strip().casefold()
 
 
 def _warn_spellings(path, column, spellings):
@@ -352,7 +349,7 @@ class Reader:
                 )
             return value
         if self.kind == REGRESSION:
-            number = float(value) if NUMBER.fullmatch(value) else math.nan
+            number = checks.number_text(value)
             if not math.isfinite(number):
                 raise DataError(f"{source}: {column!r} holds {checks.shown(value)}, not a finite number.")
             return number

@@ -41,6 +41,10 @@ def test_heads_turn_labels_into_targets_and_outputs_into_predictions():
         (heads.RegressionHead(), "inf", r"f.tsv:3: target 'inf' is not a finite number"),
         (heads.RegressionHead(), "1e308", r"f.tsv:3: target '1e308' is beyond float32's range"),  # trained as inf
         (heads.RegressionHead(), "high", r"f.tsv:3: target 'high' is not a number"),
+        # float() takes these; a table's reader and other tools do not.
+        (heads.RegressionHead(), "1_000", r"f.tsv:3: target '1_000' is not a number"),
+        (heads.RegressionHead(), "\u0661\u0662", r"f.tsv:3: target '\u0661\u0662' is not a number"),
+        (heads.RegressionHead(), b"1_0", r"f.tsv:3: target b'1_0' is not a number"),
         (heads.MultipleChoiceHead(2), 2, r"f.tsv:3: answer 2 is not a choice index 0..1"),
     ],
 )

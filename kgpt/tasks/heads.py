@@ -38,7 +38,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from kgpt.checks import positive_int, shown
+from kgpt.checks import number_text, positive_int, shown
 from kgpt.errors import DataError
 from kgpt.tasks.configurable import Configurable
 
@@ -225,6 +225,16 @@ class RegressionHead(Head):
         where = f"{source}: " if source else ""
         if isinstance(label, bool):
             raise DataError(f"{where}target {shown(label)} is not a number.")
+        if isinstance(label, (str, bytes)) and not math.isfinite(
+            number_text(label if isinstance(label, str) else label.decode("utf-8", "replace"))
+        ):
+            # Read as a table's text is: float() also takes "1_000" and "١٢".
+            try:
+                spelled = float(label)
+            except ValueError:
+                spelled = 0.0
+            what = "a number" if math.isfinite(spelled) else "a finite number"
+            raise DataError(f"{where}target {shown(label)} is not {what}.")
         try:
             value = float(label)
         except (TypeError, ValueError):

@@ -307,7 +307,7 @@ class Reader:
         labeled = files.label_column in table.columns
         if not labeled and split != "test":
             table.require([files.label_column], checks.option("label_column"))
-        empty, ambiguous = collections.Counter(), {}
+        empty, ambiguous, answers = collections.Counter(), {}, collections.Counter()
         first_empty = None
         for line, row in table.rows:
             source = f"{table.path}:{line}"
@@ -328,6 +328,8 @@ class Reader:
                     f"a label, or none."
                 )
             label = self._target(table, row, line, choices, ambiguous) if labeled else None
+            if self.kind == CHOICE and labeled:
+                answers[label] += 1
             yield kgpt.Example(segments=tuple(texts), label=label, choices=tuple(choices), source=source, uid=source)
         if empty:
             logger.warning(
@@ -335,6 +337,13 @@ class Reader:
             )
         for why, (count, first) in ambiguous.items():
             logger.warning(f"{table.path}: {count} answer(s) in {files.label_column!r} {why} (first at {first}).")
+        if split == "train" and len(+answers) == 1 and sum(answers.values()) > 1:
+            ((index, count),) = answers.items()
+            logger.warning(
+                f"{table.path}: every one of its {count} answers in {files.label_column!r} is choice {index} "
+                f"({files.choice_columns[index]!r}): the model can learn the position, not the texts. Shuffle "
+                f"each row's choices (and its answer with them)."
+            )
 
     def _target(self, table, row, line, choices, ambiguous):
         column, source = self.files.label_column, f"{table.path}:{line}"

@@ -228,6 +228,23 @@ def test_regression_values_and_an_unlabeled_test_file(tmp_path):
         task.examples("train", None)
 
 
+def test_training_answers_that_are_all_one_choice_are_warned_of(tmp_path, capsys, progress):
+    rows = [["q", "e1", "e2", "answer"]] + [[f"q{i}", "right", "wrong", "0"] for i in range(3)]
+    train = tmp_path / "mc.tsv"
+    train.write_text("".join("\t".join(r) + "\n" for r in rows))
+    task = with_files(
+        "multiple-choice", train_file=str(train), text_columns=["q"], choice_columns="e1,e2", label_column="answer"
+    )
+    assert [e.label for e in task.examples("train", None)[0]] == [0, 0, 0]
+    assert (
+        "mc.tsv: every one of its 3 answers in 'answer' is choice 0 ('e1'): the model can learn the position, not "
+        "the texts." in capsys.readouterr().out
+    )
+    train.write_text("".join("\t".join(r) + "\n" for r in [*rows, ["q3", "wrong", "right", "1"]]))
+    task.examples("train", None)
+    assert "every one of its" not in capsys.readouterr().out
+
+
 def test_multiple_choice_answers_by_index_or_text(tmp_path):
     rows = [
         ["story", "q", "e1", "e2", "e3", "answer"],

@@ -60,9 +60,15 @@ def shown(value, limit=60, quote=True):
     text = repr(value) if quote else str(value)
     if len(text) <= limit:
         return text
-    end = "..." + (text[0] if quote and isinstance(value, str) else "")
     length = len(value) if isinstance(value, (str, bytes)) else len(text)
-    return f"{text[: limit - len(end)]}{end} ({length:,} characters)"
+    if quote and isinstance(value, (str, bytes)):
+        # Cut the value, not its repr, so that no escape ("\x00", "\u2028") is cut in two.
+        count = limit
+        while count and len(repr(value[:count])) > limit - 3:
+            count -= 1
+        piece = repr(value[:count])
+        return f"{piece[:-1]}...{piece[-1]} ({length:,} characters)"
+    return f"{text[: limit - 3]}... ({length:,} characters)"
 
 
 def listed(values, most=10, show=shown):

@@ -5,6 +5,7 @@ The reading tests need no model; the kgpt-predict and tokenizer ones run a tiny 
 tokenizer, on both backends.
 """
 
+import ast
 import csv
 import gzip
 import json
@@ -172,6 +173,16 @@ def test_a_regression_value_is_a_plainly_written_finite_number(tmp_path):
     )
     with pytest.raises(DataError, match=r"r\.jsonl:1: 'score' holds 'NaN', not a finite number"):
         task.examples("validation", None)
+
+
+@pytest.mark.parametrize("value", ["\x00" * 100, b"\xff" * 100, "\U0010ffff" * 40, "ab'\"" * 30])
+def test_a_long_value_is_cut_between_its_characters_not_inside_an_escape(value):
+    from kgpt import checks
+
+    text, length = checks.shown(value).rsplit(" (", 1)
+    assert len(text) <= 60 and text[-4:-1] == "..." and length == f"{len(value)} characters)"
+    start = ast.literal_eval(text[:-4] + text[-1])  # refused for an escape cut in two
+    assert len(start) >= 5 and value.startswith(start)
 
 
 def test_a_huge_label_or_number_is_echoed_as_its_start_and_length(tmp_path):

@@ -4,6 +4,7 @@ kgpt-predict, and output directories that are never silently destroyed."""
 import json
 import logging
 import os
+import pathlib
 import re
 import signal
 import subprocess
@@ -311,6 +312,25 @@ def test_a_checkpoint_past_the_fine_tuning_runs_last_step_is_refused_naming_its_
     (checkpoints / "latest.json").write_text(json.dumps({"checkpoint": "step-000000012"}))
     with pytest.raises(kgpt.CheckpointError, match=r"step-000000012.state\.json says step 12, past this run's 9 steps"):
         finetune_lib.finetune(config(preset, data, str(copy), keep="best", epochs=3))
+
+
+def test_the_same_command_on_an_edited_dev_file_says_its_scores_are_of_other_examples(trained, tmp_path, caplog):
+    import shutil
+
+    preset, data, out, _ = trained
+    copy = shutil.copytree(data, tmp_path / "data")
+    evaluation = config(out, copy, str(tmp_path / "eval"), epochs=0, batch_size=None)
+    _, first = finetune_lib.finetune(evaluation)
+    dev = pathlib.Path(copy, "tsv_format", "scitail_1.0_dev.tsv")
+    dev.write_text("".join(dev.read_text().splitlines(keepends=True)[1:]))  # its first row deleted
+    caplog.set_level(logging.WARNING, logger="kgpt")
+    _, again = finetune_lib.finetune(evaluation)
+    warned = [r.getMessage() for r in caplog.records if "examples differ" in r.getMessage()]
+    assert warned == [
+        f"Warning: the dev examples differ from those this run scored before (metrics.json: accuracy "
+        f"{first['splits']['dev']['accuracy']:.4f}): the file changed; its scores below are of the data as it is now."
+    ]
+    assert again["splits"]["test"]["data"] == first["splits"]["test"]["data"] != again["splits"]["dev"]["data"]
 
 
 def test_a_finished_run_whose_checkpoints_went_says_so_before_it_trains_again(trained, tmp_path, caplog):

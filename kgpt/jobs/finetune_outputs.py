@@ -7,12 +7,14 @@ files) into the output directory.
 """
 
 import collections
+import json
 import logging
 import os
 
 import numpy as np
 
-from kgpt.io.storage import write_text
+from kgpt.io.storage import read_text, write_text
+from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.parallel import cluster, distribute
 from kgpt.tasks import metrics as metrics_lib
 
@@ -84,14 +86,23 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     A labeled split of a task that picks a label or a choice also gets its
     `baselines`, and a scored one its `prediction_counts`.
     """
-    results = {}
+    results, before = {}, _scored_before(directory)
     for name, split in splits.items():
         found = metrics_lib.baselines(task, split.targets)
+        data = split_fingerprint(split)
         if name == task.splits[0]:
-            results[name] = {"examples": split.counts, **({"baselines": found} if found else {})}
+            results[name] = {"examples": split.counts, "data": data, **({"baselines": found} if found else {})}
             continue
         evaluation = evaluate_split(task, model, split, batch_size)
-        results[name] = {**evaluation.metrics, "examples": split.counts}
+        results[name] = {**evaluation.metrics, "examples": split.counts, "data": data}
+        earlier = before.get(name) if isinstance(before.get(name), dict) else {}
+        if earlier.get("data") not in (None, data):
+            # The same command re-evaluates a finished run: a score of other examples would pass for the old one.
+            scores = ", ".join(f"{k} {earlier[k]:.4f}" for k in evaluation.metrics if isinstance(earlier.get(k), float))
+            logger.warning(
+                f"Warning: the {name} examples differ from those this run scored before (metrics.json"
+                f"{f': {scores}' if scores else ''}): the file changed; its scores below are of the data as it is now."
+            )
         if found:
             results[name]["baselines"] = found
         predicted = np.asarray(evaluation.predictions)
@@ -111,6 +122,18 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     if predict_test and not task.submissions:
         logger.info(f"Task {task.name!r} defines no submission format; predictions/ holds every split's predictions.")
     return results
+
+
+def _scored_before(directory):
+    """The `splits` of the `metrics.json` an earlier run of the same command wrote in `directory`; {} without one."""
+    path = os.path.join(directory, "metrics.json") if directory else None
+    if not path or not os.path.exists(path):
+        return {}
+    try:
+        splits = json.loads(read_text(path)).get("splits")
+    except (OSError, ValueError, AttributeError):  # unreadable: it is replaced at the end as it is
+        return {}
+    return splits if isinstance(splits, dict) else {}
 
 
 def undefined_scores(task, name, split, evaluation):

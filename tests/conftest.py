@@ -72,6 +72,16 @@ SLOW_FILES = (
 )
 
 
+def one_backend(name):
+    """Marks a test whose subject does not depend on the Keras backend (a CLI's flags, a file format, a plugin's
+    discovery) though it trains a tiny model: it runs on backend `name`, and on the other only under `-m large`.
+
+    The suite runs once per backend on 2 cores; what is the same code on both is paid for once. What each
+    backend does its own way (training steps, checkpoints, processes, precision) keeps running on both.
+    """
+    return pytest.mark.large if keras.config.backend() != name else pytest.mark.one_backend(name)
+
+
 def pytest_collection_modifyitems(items):
     slow = {name: rank for rank, name in enumerate(SLOW_FILES)}
     items.sort(key=lambda item: slow.get(item.path.name, len(slow)))  # stable: the rest keep their order

@@ -8,7 +8,7 @@ import sys
 
 import keras
 import pytest
-from conftest import char_tokenizer
+from conftest import char_tokenizer, one_backend
 from test_train_callbacks import async_dispatch, events
 
 import kgpt
@@ -81,6 +81,7 @@ def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tm
 
 
 @ON_JAX
+@one_backend("tensorflow")
 def test_ablations_over_seeds_give_each_seed_and_the_mean(tiny_preset, tmp_path):
     scores = analysis.ablations(
         fine(tiny_preset), {"sst2": None}, rows=["full", "no_pretraining"], seeds=[3, 5], output_dir=str(tmp_path)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import TINY, char_tokenizer, cli
+from conftest import TINY, char_tokenizer, cli, one_backend
 from test_paper_tasks import write_glue
 
 import kgpt
@@ -262,6 +262,7 @@ def test_release_files_are_checked_and_counted_by_the_loaders_readers(tmp_path, 
             dry_run.pretrained(str(tmp_path / "release"))
 
 
+@one_backend("jax")
 def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path):
     data = write_glue(tmp_path / "RTE", "rte")
     os.remove(os.path.join(data, "train.tsv"))
@@ -464,6 +465,7 @@ def test_a_key_the_init_config_does_not_take_is_warned_of_by_the_run_and_the_dry
         assert [r.getMessage() for r in caplog.records if warning in r.getMessage()], caplog.text
 
 
+@one_backend("tensorflow")
 def test_the_rows_cut_to_the_context_and_the_labels_are_counted_as_the_run_counts_them(preset, tmp_path, monkeypatch):
     def write(name, rows):
         path = tmp_path / name

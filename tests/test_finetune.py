@@ -8,7 +8,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TINY, char_tokenizer, to_numpy
+from conftest import TINY, char_tokenizer, one_backend, to_numpy
 
 import kgpt
 from kgpt.errors import ConfigError
@@ -242,6 +242,7 @@ def test_cli_fine_tunes_from_a_preset(tiny_preset, tmp_path):
     assert (tmp_path / "cli" / "metrics.json").exists()
 
 
+@one_backend("jax")
 def test_cli_errors():
     result = run_cli("--task=scitial")
     assert result.returncode != 0
@@ -258,6 +259,7 @@ def test_cli_lists_tasks():
     )
 
 
+@one_backend("tensorflow")
 def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_and_logs_both(
     tiny_preset, tmp_path, capsys, progress
 ):

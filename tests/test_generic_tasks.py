@@ -18,7 +18,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, char_tokenizer
+from conftest import TINY, char_tokenizer, one_backend
 
 import kgpt
 from kgpt.data import tables
@@ -298,6 +298,7 @@ def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path
 # --- a fine-tuning that learned nothing says so ---------------------------------------------------------------------
 
 
+@one_backend("jax")
 def test_a_run_predicting_one_label_ends_with_the_warning_and_its_baselines(tiny_preset, tmp_path, monkeypatch, capsys):
     from conftest import cli
 
@@ -388,6 +389,7 @@ def test_a_run_that_learns_ends_without_the_warning(tiny_preset, tmp_path, capsy
     assert "learned nothing" not in capsys.readouterr().out
 
 
+@one_backend("tensorflow")
 def test_a_correlation_that_is_undefined_is_warned_of_and_written_as_null(tiny_preset, tmp_path, capsys, progress):
     # Every validation label 2: Pearson and Spearman are NaN, which Python's json writes as NaN (not JSON).
     config = FinetuneConfig(
@@ -546,6 +548,7 @@ def test_the_guide_shows_its_files_and_commands():
     assert len(guide_commands("kgpt-train")) == 4 and len(guide_commands("kgpt-predict")) == 1
 
 
+@one_backend("jax")
 def test_the_guides_text_classification_commands_fine_tune_on_csv_and_json_lines(guide_run):
     folder, log = guide_run
     reviews = json.loads((folder / "my-reviews" / "metrics.json").read_text())

@@ -14,7 +14,7 @@ import socket
 import gpt1_reference
 import numpy as np
 import pytest
-from conftest import char_tokenizer, cli, to_numpy
+from conftest import char_tokenizer, cli, one_backend, to_numpy
 from hub_server import HEADS, FakeHub, openai_gpt_files
 
 import kgpt
@@ -153,6 +153,7 @@ def test_a_kgpt_preset_uploads_and_loads_back(served, tmp_path, monkeypatch, cap
         kgpt.upload_preset("hf://me/tiny-lm", str(tmp_path / "mine"))
 
 
+@one_backend("tensorflow")
 def test_fine_tuning_starts_from_a_hub_preset_on_the_command_line(served, arrays, tmp_path, monkeypatch, capsys):
     from kgpt.cli import train
 

@@ -13,7 +13,7 @@ import sys
 import keras_hub
 import numpy as np
 import pytest
-from conftest import cli
+from conftest import cli, one_backend
 
 import kgpt
 from kgpt.cli import train
@@ -122,6 +122,7 @@ def test_bad_tokenizer_folders_name_the_flag(monkeypatch, capsys, bpe_preset, tm
         assert line.startswith(f"kgpt-train: error: --tokenizer={folder}: ") and problem in line, line
 
 
+@one_backend("tensorflow")
 def test_a_keras_hub_tokenizer_pre_trains_fine_tunes_and_predicts(monkeypatch, capsys, bpe_preset, tmp_path):
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -9,6 +9,7 @@ import sys
 import tomllib
 
 import pytest
+from conftest import one_backend
 from test_cli_errors import cli
 
 import kgpt
@@ -72,6 +73,7 @@ def test_the_example_plugin_passes_its_own_contract_test(installed, tmp_path):
     assert entry.plugin == "sentiment" and "kgpt-sentiment 0.1.0" in entry.origin
 
 
+@one_backend("jax")
 def test_the_pages_commands_list_and_train_the_example(installed, monkeypatch, capsys, tmp_path):
     import kgpt_sentiment
 

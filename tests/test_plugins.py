@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 import pytest
-from conftest import char_tokenizer
+from conftest import char_tokenizer, one_backend
 
 import kgpt
 import kgpt.testing
@@ -70,6 +70,7 @@ def test_installed_plugin_passes_the_contract(site, monkeypatch, tmp_path):
     )
 
 
+@one_backend("tensorflow")
 def test_installed_plugin_lists_and_trains_from_the_cli(site, tiny_preset, tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([site, os.environ.get("PYTHONPATH", "")])}
 
@@ -173,6 +174,7 @@ def test_distribution_with_unreadable_entry_points_is_reported(tmp_path, monkeyp
     assert problem.endswith("); reinstall or uninstall it")
 
 
+@one_backend("jax")
 def test_cli_lists_tasks_and_broken_plugins(clashing_site):
     write_distribution(
         clashing_site, "kgpt-quits", {"quits": "kgpt_test_quits"}, {"kgpt_test_quits": "raise SystemExit(3)\n"}
@@ -229,6 +231,7 @@ def test_a_metric_returning_no_number_is_named_at_its_first_call(tiny_preset, tm
         fine_tune_moods("high", tiny_preset, tmp_path)
 
 
+@one_backend("tensorflow")
 def test_keep_best_warns_once_that_a_nan_metric_cannot_choose(tiny_preset, tmp_path, caplog):
     with caplog.at_level("WARNING"):
         _, results = fine_tune_moods(float("nan"), tiny_preset, tmp_path, epochs=2, keep="best")

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from conftest import one_backend
 
 import kgpt
 from kgpt.data.shards import build_shards
@@ -52,6 +53,7 @@ def test_prepare_builds_the_shards_and_stops(tmp_path, capsys, progress):
     assert any(line.startswith("Reusing") for line in lines)
 
 
+@one_backend("tensorflow")
 def test_cli_prepare_only_equals_a_one_process_build(tmp_path):
     corpus = write_corpus(tmp_path / "corpus", files=4, repeats=2500)  # 0.3-1.1 MB: the last in two chunks
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")

@@ -7,7 +7,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import cli, kill_at_step
+from conftest import cli, kill_at_step, one_backend
 
 import kgpt
 from kgpt.cli import analyze, train
@@ -152,6 +152,7 @@ def run_cli(*args, cwd):
     )
 
 
+@one_backend("jax")
 def test_cli_trains_and_writes_outputs(tmp_path):
     config = tiny_config(tmp_path)
     result = run_cli(

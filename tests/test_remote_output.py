@@ -15,7 +15,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import kill_at_step
+from conftest import kill_at_step, one_backend
 
 import kgpt
 from kgpt.errors import OutputDirError
@@ -184,6 +184,7 @@ def test_a_mirror_copies_changes_pointers_last_and_leaves_other_files_alone(monk
     assert sorted(gfile.listdir(remote + "/checkpoint")) == ["latest.json", "step-2"]
 
 
+@one_backend("tensorflow")
 def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_path):
     out = ram("lm")
     config = tiny_lm_config(tmp_path, out)
@@ -208,6 +209,7 @@ def test_pretraining_to_ram_resumes_from_and_refuses_by_the_remote_folder(tmp_pa
         assert sorted(gfile.listdir(out)) == [".lock", "mine.txt", "run.json"]
 
 
+@one_backend("jax")
 def test_fine_tuning_writes_a_preset_to_a_file_url_that_loads_back(tiny_preset, tmp_path):
     out = f"file://{tmp_path}/remote/rte"
     config = FinetuneConfig(

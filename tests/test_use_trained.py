@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import TINY, char_tokenizer
+from conftest import TINY, char_tokenizer, cli, one_backend
 
 import kgpt
 from kgpt.errors import ConfigError, OutputDirError
@@ -111,21 +111,20 @@ def test_keep_best_records_the_epoch_whose_dev_score_is_kept(trained):
     assert history[0].startswith("epoch,") and [r.split(",")[0] for r in history[1:]] == ["0", "1", "2"]
 
 
-def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
+@one_backend("tensorflow")
+def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path, monkeypatch, capsys):
+    from kgpt.cli import predict as predict_cli
+
+    def predict(*args):  # in this process: four starts of the command were most of this test's time
+        return cli(monkeypatch, capsys, predict_cli, f"--model={out}", *args)
+
     _, _, out, _ = trained
     pairs = [("the sun is hot.", "the sun is hot."), ("ice melts.", "a cat can swim."), ("gold rusts.", "gold rusts.")]
     text = tmp_path / "pairs.txt"
     text.write_text("".join(f"{p}\t{h}\n" for p, h in pairs))
     output = tmp_path / "p.tsv"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
-    done = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--input={text}", f"--output={output}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr
+    code, _, err = predict(f"--input={text}", f"--output={output}")
+    assert not code, err
     lines = output.read_text().splitlines()
     assert lines[0] == "id\tprediction\tp_entails\tp_neutral"
     rows = [line.split("\t") for line in lines[1:]]
@@ -136,48 +135,23 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
     assert [r[1] for r in rows] == model.predict_labels(tuple(map(list, zip(*pairs))))
     # A line with one segment for a two-segment task: one line naming the file and line, exit 1.
     text.write_text("the sun is hot.\tthe sun is hot.\nonly one segment\n")
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kgpt.cli.predict",
-            f"--model={out}",
-            f"--input={text}",
-            f"--output={tmp_path / 'q.tsv'}",
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert bad.returncode == 1 and "Traceback" not in bad.stderr
-    assert f"{text}:2: entailment needs 2 text segments, got 1" in bad.stderr
+    code, _, err = predict(f"--input={text}", f"--output={tmp_path / 'q.tsv'}")
+    assert code == 1 and "Traceback" not in err
+    assert f"{text}:2: entailment needs 2 text segments, got 1" in err
     assert not (tmp_path / "q.tsv").exists()
     # A split of the task's own files: its rows cut to --max_length are counted, as --input's are.
     data = trained[1]
-    cut = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--data_dir={data}", "--split=dev"]
-        + ["--max_length=8", f"--output={tmp_path / 'dev.tsv'}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
+    code, stdout, err = predict(
+        f"--data_dir={data}", "--split=dev", "--max_length=8", f"--output={tmp_path / 'dev.tsv'}"
     )
-    assert cut.returncode == 0, cut.stderr[-3000:]
-    assert re.search(r"dev: (\d+) read, \1 used, \1 truncated \(\d+ tokens cut\)\.", cut.stdout), cut.stdout
+    assert not code, err[-3000:]
+    assert re.search(r"dev: (\d+) read, \1 used, \1 truncated \(\d+ tokens cut\)\.", stdout), stdout
     # --output naming the split's own file, with --overwrite: it was replaced by its predictions.
     dev = os.path.join(data, "tsv_format", "scitail_1.0_dev.tsv")
     before = open(dev).read()
-    same = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", f"--model={out}", f"--data_dir={data}", "--split=dev"]
-        + [f"--output={dev}", "--overwrite"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert same.returncode == 1 and "Traceback" not in same.stderr, same.stderr[-3000:]
-    assert f"--output {dev} is {dev}, a file of the 'dev' split it predicts" in same.stderr
+    code, _, err = predict(f"--data_dir={data}", "--split=dev", f"--output={dev}", "--overwrite")
+    assert code == 1 and "Traceback" not in err, err[-3000:]
+    assert f"--output {dev} is {dev}, a file of the 'dev' split it predicts" in err
     assert open(dev).read() == before
 
 

@@ -7,9 +7,11 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
+import types
 
 # JAX: keep every XLA program compiled during the session on disk and reuse it
 # when the same program comes again (each new model's train step is a new trace
@@ -223,3 +225,63 @@ def cli(monkeypatch, capsys, module, *args):
         flags.FLAGS.unparse_flags()
     out = capsys.readouterr()
     return exited.value.code, out.out, out.err
+
+
+@pytest.fixture
+def command(monkeypatch, capsys):
+    """`command(module, *args, cwd=None)`: `cli` as `subprocess.run` gives a run, `.returncode` (0 on success),
+    `.stdout` and `.stderr`; for tests of a command's output and exit code, not of its process (a start of the
+    command in a new process is seconds of imports)."""
+
+    def run(module, *args, cwd=None):
+        with monkeypatch.context() as patch:
+            if cwd is not None:
+                patch.chdir(cwd)
+            code, out, err = cli(patch, capsys, module, *args)
+        return types.SimpleNamespace(returncode=code or 0, stdout=out, stderr=err)
+
+    return run
+
+
+_COMMANDS = """
+import contextlib, importlib, io, json, logging, os, sys
+from absl import flags
+
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"  # as in `cli`: no descriptor-level filter, the redirection sees every line
+module, path, results = importlib.import_module(sys.argv[1]), sys.argv[2], []
+for args in json.loads(sys.stdin.read()):
+    out, err, handlers = io.StringIO(), io.StringIO(), list(logging.getLogger("kgpt").handlers)
+    sys.argv = [module.__name__, *args]
+    flags.FLAGS.unparse_flags()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            module.run()
+        except SystemExit as e:
+            code = e.code
+    logging.getLogger("kgpt").handlers[:] = handlers
+    results.append({"returncode": code or 0, "stdout": out.getvalue(), "stderr": err.getvalue()})
+with open(path, "w") as f:
+    json.dump(results, f)
+"""
+
+
+def commands_in_one_process(module, commands, folder, timeout=600):
+    """Runs `commands` (argument lists) of the command `module` (`"kgpt.cli.predict"`) one after another in one new
+    process, in `folder`: `command`'s result for each. For kgpt-predict, whose flags clash with kgpt-train's in one
+    process (a test worker has the latter): one start-up, not one per command."""
+    fd, results = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    done = subprocess.run(
+        [sys.executable, "-c", _COMMANDS, module, results],
+        input=json.dumps([[str(a) for a in args] for args in commands]),
+        capture_output=True,
+        text=True,
+        cwd=folder,
+        timeout=timeout,
+    )
+    try:
+        assert done.returncode == 0, done.stderr[-3000:]
+        with open(results) as f:
+            return [types.SimpleNamespace(**result) for result in json.load(f)]
+    finally:
+        os.remove(results)

@@ -3,8 +3,6 @@
 import json
 import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -215,19 +213,16 @@ def test_fine_tunes_from_the_original_release_format(tmp_path, capsys, progress)
     assert 0.0 <= results["splits"]["dev"]["accuracy"] <= 1.0
 
 
-def run_cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.train", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=600,
-    )
+def run_cli(command, *args):
+    from kgpt.cli import train
+
+    return command(train, *args)
 
 
-def test_cli_fine_tunes_from_a_preset(tiny_preset, tmp_path):
+def test_cli_fine_tunes_from_a_preset(tiny_preset, tmp_path, command):
     data = scitail_demo.write(str(tmp_path / "data"))
     result = run_cli(
+        command,
         "--task=scitail",
         f"--data_dir={data}",
         f"--init={tiny_preset}",
@@ -242,17 +237,16 @@ def test_cli_fine_tunes_from_a_preset(tiny_preset, tmp_path):
     assert (tmp_path / "cli" / "metrics.json").exists()
 
 
-@one_backend("jax")
-def test_cli_errors():
-    result = run_cli("--task=scitial")
+def test_cli_errors(command):
+    result = run_cli(command, "--task=scitial")
     assert result.returncode != 0
     assert "Unknown task 'scitial'. Did you mean 'scitail'?" in result.stderr
-    result = run_cli("--task=scitail", "--data_dir=somewhere")
+    result = run_cli(command, "--task=scitail", "--data_dir=somewhere")
     assert result.returncode != 0 and "pass --init PRESET_DIR" in result.stderr
 
 
-def test_cli_lists_tasks():
-    result = run_cli("--list_tasks")
+def test_cli_lists_tasks(command):
+    result = run_cli(command, "--list_tasks")
     assert result.returncode == 0, result.stderr[-3000:]
     assert re.search(
         r"scitail\s+scitail\s+entailment\s+classification\s+entails,neutral\s+accuracy\s+88.3 acc", result.stdout

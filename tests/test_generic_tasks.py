@@ -18,7 +18,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, char_tokenizer, one_backend
+from conftest import TINY, char_tokenizer, commands_in_one_process, one_backend
 
 import kgpt
 from kgpt.data import tables
@@ -521,6 +521,11 @@ def run_kgpt_train(folder, commands):
     return done.stdout
 
 
+# Every test of guide_run (the guide's own commands, the subject of the tests, not the backend's): on one backend,
+# so the fixture is built on one.
+WITH_GUIDE_RUN = one_backend("tensorflow")
+
+
 @pytest.fixture(scope="module")
 def guide_folder(tmp_path_factory):
     """The guide's files (and those it names), and a tiny pre-trained model at `lm`."""
@@ -548,7 +553,7 @@ def test_the_guide_shows_its_files_and_commands():
     assert len(guide_commands("kgpt-train")) == 4 and len(guide_commands("kgpt-predict")) == 1
 
 
-@one_backend("jax")
+@WITH_GUIDE_RUN
 def test_the_guides_text_classification_commands_fine_tune_on_csv_and_json_lines(guide_run):
     folder, log = guide_run
     reviews = json.loads((folder / "my-reviews" / "metrics.json").read_text())
@@ -579,17 +584,11 @@ def test_the_guides_multiple_choice_and_regression_commands_fine_tune(guide_fold
     )
 
 
+@WITH_GUIDE_RUN
 def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     folder, _ = guide_run
     [args] = guide_commands("kgpt-predict")
-    done = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", *args],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-    )
+    [done] = commands_in_one_process("kgpt.cli.predict", [args], folder)
     assert done.returncode == 0, done.stderr[-3000:]
     with open(folder / "labelled.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -616,6 +615,7 @@ def test_the_guides_kgpt_predict_labels_new_csv_rows(guide_run):
     assert not (folder / "again.csv").exists()
 
 
+@WITH_GUIDE_RUN
 def test_json_lines_predictions_keep_each_rows_own_text(guide_run, tmp_path):
     folder, _ = guide_run
     model = kgpt.GPTTaskModel.from_preset(str(folder / "my-reviews"))
@@ -637,6 +637,7 @@ def test_json_lines_predictions_keep_each_rows_own_text(guide_run, tmp_path):
         )
 
 
+@WITH_GUIDE_RUN
 def test_json_lines_predictions_refuse_a_later_line_they_would_spoil(guide_run, tmp_path):
     folder, _ = guide_run
     model = kgpt.GPTTaskModel.from_preset(str(folder / "my-reviews"))
@@ -701,17 +702,12 @@ def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(
     assert predict_lib.columns_for(race, "in.jsonl", columns=["a", "q", "answers"]) == ["a", "q", "answers"]
 
 
+@WITH_GUIDE_RUN
 def test_kgpt_predict_refuses_an_empty_columns_in_one_line(guide_run):
     folder, _ = guide_run
     (folder / "c2.csv").write_text("review,src\ngood film,a\n")
-    done = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", "--model=my-reviews", "--input=c2.csv", "--columns=", "--output=-"],
-        cwd=folder,
-        capture_output=True,
-        text=True,
-        env=ENV,
-        timeout=600,
-    )
+    args = ["--model=my-reviews", "--input=c2.csv", "--columns=", "--output=-"]
+    [done] = commands_in_one_process("kgpt.cli.predict", [args], folder)
     assert done.returncode == 1 and "Traceback" not in done.stderr and not done.stdout, done.stderr[-3000:]
     assert (
         "kgpt-predict: error: --columns '' names an empty column: name the table columns holding the segments "
@@ -719,6 +715,7 @@ def test_kgpt_predict_refuses_an_empty_columns_in_one_line(guide_run):
     )
 
 
+@WITH_GUIDE_RUN
 def test_the_guides_python_example_runs(guide_run, monkeypatch):
     folder, _ = guide_run
     monkeypatch.chdir(folder)

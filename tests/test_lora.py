@@ -256,20 +256,12 @@ def test_a_bad_lora_rank_is_a_config_error(tmp_path):
         finetune_model.enable_lora(task_model(), 0)
 
 
-def test_cli_refuses_a_bad_lora_rank_by_flag_name():
-    result = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.train", "--task=scitail", "--lora_rank=0"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def test_cli_refuses_a_bad_lora_rank_by_flag_name(command):
+    from kgpt.cli import train
+
+    result = command(train, "--task=scitail", "--lora_rank=0")
     assert result.returncode != 0 and "--lora_rank" in result.stderr and "Traceback" not in result.stderr
-    result = subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.train", "--task=lm", "--lora_rank=4"],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    result = command(train, "--task=lm", "--lora_rank=4")
     assert result.returncode != 0 and "--lora_rank only applies to fine-tuning" in result.stderr
 
 

@@ -2,12 +2,10 @@
 
 import gc
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import TINY, random_inputs, to_numpy
+from conftest import TINY, commands_in_one_process, random_inputs, to_numpy
 from test_use_trained import make_preset, write_data
 
 import kgpt
@@ -120,17 +118,16 @@ def test_a_quantized_task_model_saves_and_loads_with_the_same_predictions(finetu
         kgpt.GPTTaskModel.from_preset(str(tmp_path / "int8"))
 
 
-def predict_cli(*args):
-    return subprocess.run(
-        [sys.executable, "-m", "kgpt.cli.predict", *args], capture_output=True, text=True, timeout=600
-    )
-
-
 def test_kgpt_predict_quantize_int8(finetuned, tmp_path):
     preset, data = finetuned
     plain, quantized = os.path.join(preset, "predictions", "dev.tsv"), tmp_path / "int8.tsv"  # float: the run's
-    result = predict_cli(
-        f"--model={preset}", f"--data_dir={data}", "--split=dev", f"--output={quantized}", "--quantize=int8"
+    result, int4 = commands_in_one_process(
+        "kgpt.cli.predict",
+        [
+            [f"--model={preset}", f"--data_dir={data}", "--split=dev", f"--output={quantized}", "--quantize=int8"],
+            [f"--model={preset}", f"--data_dir={data}", f"--output={tmp_path / 'x.tsv'}", "--quantize=int4"],
+        ],
+        tmp_path,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     rows = [line.split("\t") for line in open(plain, encoding="utf-8").read().splitlines()]
@@ -139,5 +136,4 @@ def test_kgpt_predict_quantize_int8(finetuned, tmp_path):
     p, q = (np.array([r[2:4] for r in table[1:]], float) for table in (rows, rows_int8))
     np.testing.assert_allclose(q, p, atol=0.05)
     assert np.abs(q - p).max() > 0  # the int8 kernels were used
-    result = predict_cli(f"--model={preset}", f"--data_dir={data}", f"--output={tmp_path / 'x.tsv'}", "--quantize=int4")
-    assert result.returncode != 0 and "--quantize" in result.stderr and "Traceback" not in result.stderr
+    assert int4.returncode != 0 and "--quantize" in int4.stderr and "Traceback" not in int4.stderr

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import TINY, char_tokenizer, cli, one_backend
+from conftest import TINY, char_tokenizer, commands_in_one_process, one_backend
 
 import kgpt
 from kgpt.errors import ConfigError, OutputDirError
@@ -112,19 +112,26 @@ def test_keep_best_records_the_epoch_whose_dev_score_is_kept(trained):
 
 
 @one_backend("tensorflow")
-def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path, monkeypatch, capsys):
-    from kgpt.cli import predict as predict_cli
-
-    def predict(*args):  # in this process: four starts of the command were most of this test's time
-        return cli(monkeypatch, capsys, predict_cli, f"--model={out}", *args)
-
-    _, _, out, _ = trained
+def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path):
+    _, data, out, _ = trained
     pairs = [("the sun is hot.", "the sun is hot."), ("ice melts.", "a cat can swim."), ("gold rusts.", "gold rusts.")]
-    text = tmp_path / "pairs.txt"
+    text, short = tmp_path / "pairs.txt", tmp_path / "short.txt"
     text.write_text("".join(f"{p}\t{h}\n" for p, h in pairs))
+    short.write_text("the sun is hot.\tthe sun is hot.\nonly one segment\n")
+    dev = os.path.join(data, "tsv_format", "scitail_1.0_dev.tsv")
+    before = open(dev).read()
     output = tmp_path / "p.tsv"
-    code, _, err = predict(f"--input={text}", f"--output={output}")
-    assert not code, err
+    done, bad, cut, same = commands_in_one_process(
+        "kgpt.cli.predict",
+        [
+            [f"--model={out}", f"--input={text}", f"--output={output}"],
+            [f"--model={out}", f"--input={short}", f"--output={tmp_path / 'q.tsv'}"],
+            [f"--model={out}", f"--data_dir={data}", "--split=dev", "--max_length=8", f"--output={tmp_path / 'd.tsv'}"],
+            [f"--model={out}", f"--data_dir={data}", "--split=dev", f"--output={dev}", "--overwrite"],
+        ],
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
     lines = output.read_text().splitlines()
     assert lines[0] == "id\tprediction\tp_entails\tp_neutral"
     rows = [line.split("\t") for line in lines[1:]]
@@ -134,24 +141,15 @@ def test_kgpt_predict_agrees_with_from_preset_predict(trained, tmp_path, monkeyp
     np.testing.assert_allclose(np.array([[float(r[2]), float(r[3])] for r in rows]), expected, atol=1e-4)
     assert [r[1] for r in rows] == model.predict_labels(tuple(map(list, zip(*pairs))))
     # A line with one segment for a two-segment task: one line naming the file and line, exit 1.
-    text.write_text("the sun is hot.\tthe sun is hot.\nonly one segment\n")
-    code, _, err = predict(f"--input={text}", f"--output={tmp_path / 'q.tsv'}")
-    assert code == 1 and "Traceback" not in err
-    assert f"{text}:2: entailment needs 2 text segments, got 1" in err
+    assert bad.returncode == 1 and "Traceback" not in bad.stderr
+    assert f"{short}:2: entailment needs 2 text segments, got 1" in bad.stderr
     assert not (tmp_path / "q.tsv").exists()
     # A split of the task's own files: its rows cut to --max_length are counted, as --input's are.
-    data = trained[1]
-    code, stdout, err = predict(
-        f"--data_dir={data}", "--split=dev", "--max_length=8", f"--output={tmp_path / 'dev.tsv'}"
-    )
-    assert not code, err[-3000:]
-    assert re.search(r"dev: (\d+) read, \1 used, \1 truncated \(\d+ tokens cut\)\.", stdout), stdout
+    assert cut.returncode == 0, cut.stderr[-3000:]
+    assert re.search(r"dev: (\d+) read, \1 used, \1 truncated \(\d+ tokens cut\)\.", cut.stdout), cut.stdout
     # --output naming the split's own file, with --overwrite: it was replaced by its predictions.
-    dev = os.path.join(data, "tsv_format", "scitail_1.0_dev.tsv")
-    before = open(dev).read()
-    code, _, err = predict(f"--data_dir={data}", "--split=dev", f"--output={dev}", "--overwrite")
-    assert code == 1 and "Traceback" not in err, err[-3000:]
-    assert f"--output {dev} is {dev}, a file of the 'dev' split it predicts" in err
+    assert same.returncode == 1 and "Traceback" not in same.stderr, same.stderr[-3000:]
+    assert f"--output {dev} is {dev}, a file of the 'dev' split it predicts" in same.stderr
     assert open(dev).read() == before
 
 

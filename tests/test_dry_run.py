@@ -262,24 +262,13 @@ def test_release_files_are_checked_and_counted_by_the_loaders_readers(tmp_path, 
             dry_run.pretrained(str(tmp_path / "release"))
 
 
-@one_backend("jax")
-def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path):
+def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_path, command):
+    from kgpt.cli import train
+
     data = write_glue(tmp_path / "RTE", "rte")
     os.remove(os.path.join(data, "train.tsv"))
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kgpt.cli.train",
-            "--task=rte",
-            f"--init={preset}",
-            f"--data_dir={data}",
-            f"--output_dir={tmp_path / 'out'}",
-            "--dry_run",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
+    result = command(
+        train, "--task=rte", f"--init={preset}", f"--data_dir={data}", f"--output_dir={tmp_path / 'out'}", "--dry_run"
     )
     errors = [line for line in result.stderr.splitlines() if line.startswith("kgpt-train: error:")]
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]

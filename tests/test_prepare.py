@@ -1,11 +1,8 @@
 """Corpus discovery and `kgpt-train --task lm --prepare_only` (tokenizer and shards, no training)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
-from conftest import one_backend
 
 import kgpt
 from kgpt.data.shards import build_shards
@@ -53,25 +50,12 @@ def test_prepare_builds_the_shards_and_stops(tmp_path, capsys, progress):
     assert any(line.startswith("Reusing") for line in lines)
 
 
-@one_backend("tensorflow")
-def test_cli_prepare_only_equals_a_one_process_build(tmp_path):
+def test_cli_prepare_only_equals_a_one_process_build(tmp_path, command):
+    from kgpt.cli import train
+
     corpus = write_corpus(tmp_path / "corpus", files=4, repeats=2500)  # 0.3-1.1 MB: the last in two chunks
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kgpt.cli.train",
-            "--task=lm",
-            "--prepare_only",
-            f"--corpus={corpus}",
-            f"--output_dir={tmp_path / 'out'}",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        env=env,
-        timeout=600,
+    result = command(
+        train, "--task=lm", "--prepare_only", f"--corpus={corpus}", f"--output_dir={tmp_path / 'out'}", cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "tokens/s with" in result.stdout and "Prepared" in result.stdout

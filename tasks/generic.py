@@ -337,7 +337,7 @@ class Reader:
             )
         for why, (count, first) in ambiguous.items():
             logger.warning(f"{table.path}: {count} answer(s) in {files.label_column!r} {why} (first at {first}).")
-        if split == "train" and len(+answers) == 1 and sum(answers.values()) > 1:
+        if split == "train" and len(answers) == 1 and sum(answers.values()) > 1:
             ((index, count),) = answers.items()
             logger.warning(
                 f"{table.path}: every one of its {count} answers in {files.label_column!r} is choice {index} "

@@ -150,14 +150,8 @@ def undefined_scores(task, name, split, evaluation):
         values = np.asarray(values) if values is not None else None
         if values is not None and values.size and values.ndim == 1 and (values == values.flat[0]).all():
             shown = task.prediction_name(values.flat[0].item())
-            return text + (
-                f": every one of its {values.size} {what} is {shown}, "
-                + (
-                    "so its score cannot show learning."
-                    if what == "labels"
-                    else "so the model learned nothing measurable."
-                )
-            )
+            why = "its score cannot show learning" if what == "labels" else "the model learned nothing measurable"
+            return f"{text}: every one of its {values.size} {what} is {shown}, so {why}."
     return text + "."
 
 

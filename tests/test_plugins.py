@@ -238,6 +238,9 @@ def test_keep_best_warns_once_that_a_nan_metric_cannot_choose(tiny_preset, tmp_p
     warnings = [r.getMessage() for r in caplog.records if "NaN" in r.getMessage()]
     assert warnings == [
         "Warning: --keep best cannot choose by a NaN metric: the dev mood was NaN in epoch(s) 1, 2; "
-        "keeping the last epoch, 2."
+        "keeping the last epoch, 2.",
+        # The final scores: undefined, with no reason guessed for a plugin's metric.
+        "Warning: mood on dev is undefined (NaN; null in metrics.json).",
+        "Warning: mood on test is undefined (NaN; null in metrics.json).",
     ]
     assert results["kept_epoch"] == 2

@@ -136,6 +136,10 @@ def _scored_before(directory):
     return splits if isinstance(splits, dict) else {}
 
 
+# The metrics that are NaN exactly when the labels or the predictions are one value.
+CORRELATIONS = {"pearson", "spearman"}
+
+
 def undefined_scores(task, name, split, evaluation):
     """The warning for split `name`'s metrics that are NaN (`metrics.json` holds them as null), with why; else None.
 
@@ -146,6 +150,8 @@ def undefined_scores(task, name, split, evaluation):
     if not undefined:
         return None
     text = f"Warning: {', '.join(undefined)} on {name} is undefined (NaN; null in metrics.json)"
+    if not set(undefined) <= CORRELATIONS:  # a plugin's metric: why it gave NaN is its own
+        return text + "."
     for values, what in ((split.targets, "labels"), (evaluation.predictions, "predictions")):
         values = np.asarray(values) if values is not None else None
         if values is not None and values.size and values.ndim == 1 and (values == values.flat[0]).all():

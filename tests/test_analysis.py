@@ -26,8 +26,7 @@ JAX = keras.config.backend() == "jax"
 # settings) comes out the same on both, so each runs on the backend where its runs take less time (measured one
 # after the other on a 2-core machine: ablations 27 s on TensorFlow, 62 s on JAX; seeds 18 s on JAX, 33 s on
 # TensorFlow; transfer depth 17 s / 19 s; the zero-shot curve 11 s / 21 s; the command 11 s / 12 s).
-ON_TENSORFLOW = pytest.mark.skipif(JAX, reason="the same code path on both backends: run on TensorFlow only (faster)")
-ON_JAX = pytest.mark.skipif(not JAX, reason="the same code path on both backends: run on JAX only (faster)")
+ON_TENSORFLOW = one_backend("tensorflow")
 
 
 def fine(init, **overrides):
@@ -80,8 +79,7 @@ def test_ablations_table_puts_the_paper_beside(tiny_preset, tiny_lstm_preset, tm
     assert "lm_loss" in open(runs / "full_sst2" / "history.csv").readline()
 
 
-@ON_JAX
-@one_backend("tensorflow")
+@one_backend("jax")
 def test_ablations_over_seeds_give_each_seed_and_the_mean(tiny_preset, tmp_path):
     scores = analysis.ablations(
         fine(tiny_preset), {"sst2": None}, rows=["full", "no_pretraining"], seeds=[3, 5], output_dir=str(tmp_path)

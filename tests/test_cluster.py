@@ -20,7 +20,7 @@ import time
 import keras
 import numpy as np
 import pytest
-from conftest import checkpoint_step
+from conftest import checkpoint_step, one_backend
 
 JAX = keras.config.backend() == "jax"
 # TensorFlow's replicas each draw their own dropout masks, so only JAX's runs match one process with dropout.
@@ -416,9 +416,7 @@ def test_flags_that_cannot_run_end_in_one_line_before_any_process_joins(tmp_path
     assert len([line for line in last if "Traceback" in line]) == 0 and message in last[-1], last[-5:]
 
 
-@pytest.mark.skipif(
-    JAX, reason="the same code path on both backends; TensorFlow, whose processes start and compile faster, runs it"
-)
+@one_backend("tensorflow")  # the same code path on both; TensorFlow's processes start and compile faster
 def test_kgpt_analyze_transfer_on_two_processes_gives_the_table_of_one(tiny_preset, tmp_path):
     # Whole batches of 10: the filled last batches are test_two_processes_fine_tune_like_one_process's (the same
     # fine-tuning code); a batch of another shape would compile each step once more in each of the 3 processes.

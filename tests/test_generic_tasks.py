@@ -298,7 +298,7 @@ def test_kgpt_predict_reads_the_trained_columns_and_names_a_missing_one(tmp_path
 # --- a fine-tuning that learned nothing says so ---------------------------------------------------------------------
 
 
-@one_backend("jax")
+@one_backend("tensorflow")
 def test_a_run_predicting_one_label_ends_with_the_warning_and_its_baselines(tiny_preset, tmp_path, monkeypatch, capsys):
     from conftest import cli
 

@@ -73,7 +73,7 @@ def test_the_example_plugin_passes_its_own_contract_test(installed, tmp_path):
     assert entry.plugin == "sentiment" and "kgpt-sentiment 0.1.0" in entry.origin
 
 
-@one_backend("jax")
+@one_backend("tensorflow")
 def test_the_pages_commands_list_and_train_the_example(installed, monkeypatch, capsys, tmp_path):
     import kgpt_sentiment
 

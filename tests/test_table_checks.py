@@ -357,7 +357,7 @@ def test_a_column_name_that_is_almost_right_is_suggested(tmp_path):
 # --- a task preset saved from Python keeps its columns ----------------------------------------------------------------
 
 
-@one_backend("jax")
+@one_backend("tensorflow")
 def test_a_task_preset_saved_from_python_predicts_on_the_columns_it_was_trained_on(tiny_preset, tmp_path):
     from kgpt.jobs import dry_run
     from kgpt.jobs import finetune as finetune_lib

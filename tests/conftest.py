@@ -253,6 +253,7 @@ for args in json.loads(sys.stdin.read()):
     out, err, handlers = io.StringIO(), io.StringIO(), list(logging.getLogger("kgpt").handlers)
     sys.argv = [module.__name__, *args]
     flags.FLAGS.unparse_flags()
+    code = 0  # absl's app.run always exits; a run() that returned would be a success
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             module.run()

@@ -4,8 +4,8 @@ import csv
 import json
 import os
 
-import keras
 import pytest
+from conftest import one_backend
 
 import kgpt
 from kgpt.jobs import finetune as finetune_lib
@@ -241,8 +241,7 @@ ON_ONE_BACKEND = {
 def _marks(name):
     if name in TRAINED_IN_LARGE:
         return [pytest.mark.large]
-    other = [b for b, names in ON_ONE_BACKEND.items() if name in names and b != keras.config.backend()]
-    return [pytest.mark.large] if other else []
+    return [one_backend(b) for b, names in ON_ONE_BACKEND.items() if name in names]
 
 
 @pytest.mark.parametrize(

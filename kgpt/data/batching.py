@@ -35,6 +35,7 @@ import bisect
 import collections
 import dataclasses
 import functools
+import hashlib
 import math
 
 import numpy as np
@@ -95,6 +96,17 @@ class EncodedSplit:
 
     def __len__(self):
         return (len(self.offsets) - 1) // self.num_views
+
+    @functools.cached_property
+    def fingerprint(self):
+        """A hash of the tokens and targets: the same examples, encoded the same way, give the same one. A checkpoint
+        is refused when the training split's changed, every process checks it reads what process 0 reads, and a
+        rerun that scores another dev split says so."""
+        digest = hashlib.sha256()
+        for values in (self.tokens, self.offsets, self.targets):
+            if values is not None:
+                digest.update(np.ascontiguousarray(values).tobytes())
+        return digest.hexdigest()[:16]
 
     @functools.cached_property
     def view_lengths(self):

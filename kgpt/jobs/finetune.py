@@ -28,7 +28,7 @@ from kgpt.errors import ConfigError
 from kgpt.io import hub, storage
 from kgpt.jobs import run
 from kgpt.jobs.config import KEEP, SEEDS, check_integers, check_settings, recorded_settings, setting
-from kgpt.jobs.finetune_data import read_splits, split_fingerprint
+from kgpt.jobs.finetune_data import read_splits
 from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
@@ -327,7 +327,7 @@ def _finetune(config, work, task, data_dir, initial=None):
     splits = read_splits(task, data_dir, preprocessor, train=config.epochs > 0)
     # Every process must read the same examples: each feeds its rows of the same batches.
     cluster.check_agreement(
-        {"data": {name: split_fingerprint(split) for name, split in splits.items()}},
+        {"data": {name: split.fingerprint for name, split in splits.items()}},
         hint=f"Every process must read the same data ({data_dir}).",
     )
     batch_size = _batch_size(config.batch_size, config.init, start)

@@ -2,11 +2,10 @@
 
 `encode_split` streams one split through a `GPTTaskPreprocessor` into real
 tokens (`kgpt.data.batching.EncodedSplit`), counting every row;
-`read_splits` reads the splits a run trains and scores on;
-`split_fingerprint` names the training data a checkpoint was made from.
+`read_splits` reads the splits a run trains and scores on (each split's
+`fingerprint` names its data).
 """
 
-import hashlib
 import logging
 import os
 
@@ -128,12 +127,3 @@ def describe_counts(name, counts):
     if counts["truncated"]:
         text += f", {counts['truncated']:,} truncated ({counts['tokens_cut']:,} tokens cut)"
     return text + "."
-
-
-def split_fingerprint(split):
-    """A hash of a split's tokens and targets: a checkpoint is refused when the training data changed."""
-    digest = hashlib.sha256()
-    for array in (split.tokens, split.offsets, split.targets):
-        if array is not None:
-            digest.update(np.ascontiguousarray(array).tobytes())
-    return digest.hexdigest()[:16]

@@ -14,7 +14,6 @@ import os
 import numpy as np
 
 from kgpt.io.storage import read_text, write_text
-from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.parallel import cluster, distribute
 from kgpt.tasks import metrics as metrics_lib
 
@@ -89,7 +88,7 @@ def evaluate_splits(task, model, splits, batch_size, directory=None, predict_tes
     results, before = {}, _scored_before(directory)
     for name, split in splits.items():
         found = metrics_lib.baselines(task, split.targets)
-        data = split_fingerprint(split)
+        data = split.fingerprint
         if name == task.splits[0]:
             results[name] = {"examples": split.counts, "data": data, **({"baselines": found} if found else {})}
             continue

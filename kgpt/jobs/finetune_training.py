@@ -17,7 +17,6 @@ import numpy as np
 from kgpt.data import batching
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
-from kgpt.jobs.finetune_data import split_fingerprint
 from kgpt.jobs.finetune_outputs import evaluate_split
 from kgpt.models import compile_cost
 from kgpt.models.optimizers import gpt_adamw
@@ -138,7 +137,7 @@ class Training:
         self.config, self.work, self.task, self.model = config, work, task, model
         self.train, self.dev = splits[train_name], splits.get(dev_name)
         self.batch_size = batch_size
-        self.settings = settings | {"batch_size": batch_size, "train_data": split_fingerprint(self.train)}
+        self.settings = settings | {"batch_size": batch_size, "train_data": self.train.fingerprint}
         self.directory = work.checkpoint_dir
         self.steps_per_epoch = math.ceil(len(self.train) / batch_size)
         self.metric = task.metric_names[0]

@@ -21,7 +21,7 @@ import kgpt
 from kgpt.cli import analyze, train
 from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import storage
-from kgpt.jobs import predict, run, rundir
+from kgpt.jobs import finetune, predict, run, rundir
 from kgpt.jobs.config import FinetuneConfig, RunConfig
 from kgpt.jobs.rundir import RunDirectory
 
@@ -392,3 +392,25 @@ def test_a_setting_left_unset_is_named_so_when_a_rerun_gives_it(tmp_path):
         pass
     with pytest.raises(OutputDirError, match=r"other settings \(max_length: not set there, 64 now\)"):
         RunDirectory(str(tmp_path), "finetune", {"max_length": 64, "seed": 0}).inspect()
+
+
+def test_an_unset_max_length_is_recorded_as_the_length_it_stands_for(tiny_preset, tmp_path):
+    # A rerun giving --max_length 128 to a 128-token model is the same run, not "other settings".
+    def recorded(init, max_length=None):
+        return finetune.run_settings(FinetuneConfig(task="rte", init=init, max_length=max_length))["max_length"]
+
+    assert recorded(tiny_preset) == recorded(tiny_preset, 128) == recorded(tiny_preset, 1000) == 128
+    assert recorded(tiny_preset, 20) == 20
+    assert recorded("scratch") == recorded("scratch", 512) == 512
+    assert recorded("demo") == recorded("demo", 64) == 64
+    preprocessor = kgpt.GPTTaskPreprocessor(
+        kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, max_length=40
+    )
+    model = kgpt.GPTTaskModel(
+        kgpt.GPTBackbone.from_preset(tiny_preset),
+        kgpt.tasks.heads.ClassificationHead(["a", "b"]),
+        preprocessor=preprocessor,
+    )
+    model.save_to_preset(str(tmp_path / "tuned"))
+    assert recorded(str(tmp_path / "tuned")) == recorded(str(tmp_path / "tuned"), 40) == 40  # its saved length
+    assert recorded(str(tmp_path / "missing")) is None  # loading it says what is wrong

@@ -252,13 +252,12 @@ def finetune(config, registry=None):
     )
     plan.add("settings", settings(config))
     plan.add("processes", processes(config))
-    plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
+    described = None
     if hub.is_hub(config.init):  # the configs and tokenizer files only: no weights are downloaded
         described, folder = hub.check(config.init)
-        plan.add("init", described)
-        config = dataclasses.replace(config, init=folder)
-    else:
-        plan.add("init", init(config, task))
+        config = dataclasses.replace(config, init=folder)  # as the run records it, reading the same configs
+    plan.add("output", output_dir(config.output_dir, "finetune", finetune_lib.run_settings(config), config.overwrite))
+    plan.add("init", described or init(config, task))
     splits = task.splits if config.epochs > 0 else task.splits[1:]
     data_dir = config.data_dir or finetune_lib.files_dir(config.train_file)
     start = starting_tokenizer(

@@ -29,7 +29,14 @@ from kgpt.io import hub, storage
 from kgpt.jobs import run
 from kgpt.jobs.config import KEEP, SEEDS, check_integers, check_settings, recorded_settings, setting
 from kgpt.jobs.finetune_data import read_splits
-from kgpt.jobs.finetune_model import SPECIAL_INITS, build_model, recorded, starting_point, with_local_init
+from kgpt.jobs.finetune_model import (
+    SPECIAL_INITS,
+    build_model,
+    recorded,
+    starting_point,
+    starting_sizes,
+    with_local_init,
+)
 from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_nothing
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import check_inputs_outside
@@ -71,6 +78,9 @@ def run_settings(config):
     """What a fine-tuning run's outputs depend on (`run.json`, checkpoints): the config without its place."""
     # None of these changes the outputs.
     settings = recorded_settings(config, drop=("output_dir", "overwrite", "checkpoint_every", "scratch_baseline"))
+    sizes = starting_sizes(config.init, config.max_length)
+    if sizes is not None:  # an unset --max_length as what it stands for: giving that value is the same run
+        settings["max_length"] = view_length(config.max_length, *sizes)
     for key in ("data_dir", "init"):
         if settings[key] not in (None, *SPECIAL_INITS):
             settings[key] = os.path.abspath(settings[key])
@@ -309,9 +319,15 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
     return GPTTaskPreprocessor(
         tokenizer,
         task.transform,
-        max_length=min(max_length or saved_length or context, context),
+        max_length=view_length(max_length, context, saved_length),
         columns=columns,
     )
+
+
+def view_length(max_length, context, saved_length=None):
+    """The tokens per view a run encodes with: `max_length`, else a fine-tuned `--init`'s `saved_length`, else the
+    model's `context`; never more than `context`."""
+    return min(max_length or saved_length or context, context)
 
 
 def _finetune(config, work, task, data_dir, initial=None):

@@ -14,7 +14,7 @@ import os
 
 import keras
 
-from kgpt.errors import ConfigError
+from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub
 from kgpt.io.presets import TASK_CONFIG_FILE, deserialize, read_json
 from kgpt.jobs import pretrain as pretrain_lib
@@ -86,28 +86,73 @@ def scratch_context(max_length):
 
 def starting_tokenizer(init, output_dir=None, max_length=None):
     """`(tokenizer, context, saved_length)` fine-tuning from `init` encodes with, read without building a model
-    (`--dry_run`): the tokenizer, the model's context and a fine-tuned `--init`'s view length (else None).
+    (`--dry_run`): the tokenizer, and `starting_sizes`.
 
     None for `init="demo"` until the demo model is pre-trained (in `output_dir`): its tokenizer is learned then.
     """
-    path = init
-    if path == "scratch":
-        return GPTTokenizer.gpt1(), scratch_context(max_length), None
-    if path == "demo":
-        path = os.path.join(output_dir, "pretrained") if output_dir else None
-        if path is None or not os.path.exists(os.path.join(path, "metrics.json")):
+    if init == "scratch":
+        return GPTTokenizer.gpt1(), *starting_sizes(init, max_length)
+    path = os.path.join(output_dir, "pretrained") if init == "demo" and output_dir else init
+    if init == "demo" and (path == init or not os.path.exists(os.path.join(path, "metrics.json"))):
+        return None
+    kind = _files_kind(path)
+    if kind is None:
+        read_json(os.path.join(path, "config.json"), "a model config")  # raises: it is missing
+    sizes = starting_sizes(init, max_length)
+    if sizes is None:
+        raise CheckpointError(f"{path}: its config gives no context length (a positive integer); it is damaged.")
+    if kind in ("original", "openai-gpt"):
+        return GPTTokenizer.from_original(path), *sizes
+    if kind == "task":
+        return GPTTaskPreprocessor.from_preset(path).tokenizer, *sizes
+    return read_tokenizer(path), *sizes
+
+
+def starting_sizes(init, max_length=None):
+    """`(context, saved_length)` of what fine-tuning from `init` starts from, read from its config files alone:
+    the model's context and a fine-tuned `--init`'s view length (else None). None when `init` names no folder
+    of model files (loading it says why)."""
+    if init == "scratch":
+        return scratch_context(max_length), None
+    if init == "demo":
+        return DEMO_PRETRAIN["sequence_length"], None
+    kind = _files_kind(init) if isinstance(init, str) and os.path.isdir(init) else None
+    if kind is None:
+        return None
+    if kind == "original":  # positions [n_ctx, H] come first
+        shapes = read_json(os.path.join(init, original.SHAPES_FILE), "the release's list of array shapes")
+        context, length = _size(shapes, 0, 0), None
+    else:
+        saved = read_json(os.path.join(init, "config.json"), "a model config")
+        context = _size(saved, "n_positions") if kind == "openai-gpt" else _size(saved, "config", "max_sequence_length")
+        length = None
+        if kind == "task":
+            preprocessor = read_json(os.path.join(init, "preprocessor.json"), "a preprocessor config")
+            length = _size(preprocessor, "config", "sequence_length")
+    return (context, length) if context else None
+
+
+def _size(saved, *keys):
+    """`saved[k1][k2]...` when it is a positive integer, else None (a damaged file, which loading names)."""
+    for key in keys:
+        try:
+            saved = saved[key]
+        except (KeyError, IndexError, TypeError):
             return None
-    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):  # positions [n_ctx, H] come first
-        shapes = read_json(os.path.join(path, original.SHAPES_FILE), "the release's list of array shapes")
-        return GPTTokenizer.from_original(path), shapes[0][0], None
+    return saved if isinstance(saved, int) and not isinstance(saved, bool) and saved > 0 else None
+
+
+def _files_kind(path):
+    """What `path` holds: `"original"` (the release's .npy files), `"openai-gpt"` (Hugging Face's), `"task"` (a
+    fine-tuned preset), `"backbone"` (a pre-trained one), or None (no model config)."""
+    if os.path.isfile(os.path.join(path, original.SHAPES_FILE)):
+        return "original"
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return None
     saved = read_json(os.path.join(path, "config.json"), "a model config")
-    if "n_positions" in saved:  # Hugging Face's openai-gpt config
-        return GPTTokenizer.from_original(path), saved["n_positions"], None
-    context = saved["config"]["max_sequence_length"]
-    if is_task_preset(path):
-        preprocessor = GPTTaskPreprocessor.from_preset(path)
-        return preprocessor.tokenizer, context, preprocessor.max_length
-    return read_tokenizer(path), context, None
+    if isinstance(saved, dict) and "n_positions" in saved:
+        return "openai-gpt"
+    return "task" if is_task_preset(path) else "backbone"
 
 
 def _demo_model(work, seed, dtype):

@@ -267,8 +267,8 @@ def test_cli_usage_errors():
         (["--seeds=1_000,٣"], "--seeds: expected integers"),  # read as 1000 and 3
         (["--seeds=1,1"], "--seeds: expected distinct integers"),
         # These passed --dry_run and failed after the first seed's runs.
-        (["--seeds=0,-1"], r"^--seeds: each seed must be between 0 and 4294967295, got -1\.$"),
-        (["--seeds=99999999999"], "--seeds: each seed must be between 0 and 4294967295, got 99999999999"),
+        (["--seeds=0,-1"], r"^--seeds: each seed must be an integer between 0 and 4294967295, got -1\.$"),
+        (["--seeds=99999999999"], "--seeds: each seed must be an integer between 0 and 4294967295, got 99999999999"),
         (["--tasks=,"], r"^--tasks: expected NAME or NAME=DATA_DIR, got ''\.$"),  # it named --zero_shot
         (["--tasks=sst2="], r"^--tasks: expected .*, got 'sst2=' \(drop '=' for the task's embedded data\)\.$"),
         (["--tasks=sst2,sst2=glue/SST-2"], r"^--tasks: task 'sst2' is named twice; name it once\.$"),

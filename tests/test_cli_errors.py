@@ -206,9 +206,7 @@ def test_max_length_below_the_minimum_is_refused_before_anything_is_built(monkey
         "--max_length=2",
         f"--output_dir={tmp_path / 'o'}",
     )
-    assert one_line(code, err) == (
-        "max_length must be >= 4 (the start, delimiter and extract tokens and one of text), got 2."
-    )
+    assert one_line(code, err) == "max_length must be an integer >= 4, got 2."
     assert not os.path.exists(tmp_path / "o")
 
 

@@ -42,7 +42,9 @@ def test_flags_make_a_cluster_and_tensorflow_gets_every_address():
     "args, message",
     [
         (("h:1", 2, 2), "--process_id: process 2 is not one of the 2 processes (0..1)."),
-        (("h:1", 0, 0), "--num_processes: the number of processes must be >= 1, got 0."),
+        (("h:1", 0, 0), "--num_processes must be an integer >= 1, got 0."),
+        (("h:1", 2.5, 0), "--num_processes must be an integer, got 2.5 (float)."),  # read as 2 once
+        (("h:1", 2, -1), "--process_id must be an integer >= 0, got -1."),
         ((None, 2, 0), "--coordinator_address missing"),
         (("h:1", None, None), "--num_processes, --process_id missing"),
         (("h", 2, 0), "--coordinator_address: expected HOST:PORT"),
@@ -108,6 +110,20 @@ def test_a_tf_config_that_cannot_be_read_is_named():
         placement.resolve(environ={"TF_CONFIG": "{not json"}, backend="tensorflow")
     with pytest.raises(ConfigError, match="on TensorFlow pass every process's address"):
         placement.resolve("auto", environ={}, backend="tensorflow")
+
+
+@pytest.mark.parametrize("count", ["x", "1_000", "\u0664", "2.5", "nan"])
+def test_a_count_in_the_environment_that_is_no_integer_is_named(count):
+    environ = {"OMPI_MCA_orte_hnp_uri": "1.0;tcp://10.0.0.1:1", "OMPI_COMM_WORLD_SIZE": count}
+    with pytest.raises(ConfigError, match=rf"^OMPI_COMM_WORLD_SIZE must be an integer, got {count!r}\.$"):
+        placement.resolve(environ=environ, backend="jax")
+
+
+@pytest.mark.parametrize("devices", [0, 1.5])
+def test_model_parallel_takes_a_count_of_devices(devices):
+    # The only check of RunConfig.model_parallel too; before the backend's, so on both backends.
+    with pytest.raises(ConfigError, match=r"^model_parallel must be an integer"):
+        distribute.check_placement("model_parallel", batch_size=4, model_devices=devices)
 
 
 def test_differing_settings_are_listed_by_flag():

@@ -277,7 +277,8 @@ def test_import_kgpt_is_lazy_and_registers_every_class_on_first_use(tmp_path):
         ("pretrain", "num_merges", -1, "num_merges must be an integer >= 0, got -1."),
         ("pretrain", "max_steps", 2.5, "max_steps must be an integer, got 2.5 (float)."),
         ("pretrain", "gradient_accumulation_steps", True, "gradient_accumulation_steps must be an integer, got True"),
-        ("finetune", "max_length", 0, "max_length must be an integer >= 1, got 0."),
+        ("finetune", "max_length", 0, "max_length must be an integer >= 4, got 0."),
+        ("finetune", "max_length", 2.0, "max_length must be an integer, got 2.0 (float)."),
         ("finetune", "epochs", -1, "epochs must be an integer >= 0, got -1."),
         ("finetune", "startup_timeout", 0, "startup_timeout must be an integer >= 1, got 0."),
         ("pretrain", "learning_rate", float("nan"), "learning_rate must be a finite number >= 0, got nan."),
@@ -309,3 +310,29 @@ def test_a_setting_that_is_no_count_is_a_config_error_naming_it(job, field, valu
     with pytest.raises(ConfigError) as raised:
         lib.check_config(cls(**{field: value}))
     assert str(raised.value).startswith(message)
+
+
+# Checked where the run uses them, with the same bound: placement.resolve and distribute.check_placement.
+PLACEMENT_CHECKED = ("num_processes", "process_id", "model_parallel")
+
+
+@pytest.mark.parametrize("job", ["pretrain", "finetune"])
+def test_a_count_below_its_flags_lower_bound_is_refused_by_the_job_with_that_bound(job):
+    from kgpt.errors import ConfigError
+    from kgpt.jobs import finetune, pretrain
+
+    lib, cls = (pretrain, config_lib.PretrainConfig) if job == "pretrain" else (finetune, config_lib.FinetuneConfig)
+    bounded = {
+        f.name: f.metadata["flag"]["lower_bound"]
+        for f in dataclasses.fields(cls)
+        if "lower_bound" in f.metadata["flag"] and f.name not in PLACEMENT_CHECKED
+    }
+    assert {"batch_size", "checkpoint_every", "gradient_accumulation_steps"} <= set(bounded)
+    for name, bound in bounded.items():
+        with pytest.raises(ConfigError, match=rf"^{name} must be an integer >= {bound}, got {bound - 1}\.$"):
+            lib.check_config(cls(**{name: bound - 1}))
+
+
+def test_a_bound_is_written_once_as_the_fields_lower_bound():
+    with pytest.raises(TypeError, match="batch_size has a lower_bound in its field"):
+        config_lib.check_integers(config_lib.PretrainConfig(), batch_size=1)

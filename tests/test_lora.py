@@ -16,7 +16,6 @@ from test_use_trained import make_preset, write_data
 import kgpt
 from kgpt.errors import CheckpointError
 from kgpt.jobs import finetune as finetune_lib
-from kgpt.jobs import finetune_model
 from kgpt.jobs.config import FinetuneConfig
 from kgpt.layers import lora
 from kgpt.tasks import transforms
@@ -252,8 +251,8 @@ def test_lora_rank_fine_tunes_end_to_end_saves_merged_and_resumes(tmp_path, caps
 
 
 def test_a_bad_lora_rank_is_a_config_error(tmp_path):
-    with pytest.raises(kgpt.ConfigError, match="lora_rank must be an integer >= 1"):
-        finetune_model.enable_lora(task_model(), 0)
+    with pytest.raises(kgpt.ConfigError, match=r"^lora_rank must be an integer >= 1, got 0\.$"):
+        finetune_lib.check_config(FinetuneConfig(lora_rank=0))
 
 
 def test_cli_refuses_a_bad_lora_rank_by_flag_name(command):

@@ -46,6 +46,8 @@ def test_truncation_cuts_the_end_of_the_longest_segment():
 def test_truncate_evens_out_long_segments():
     assert transforms.truncate([[1] * 6, [2] * 5], 6) == ([[1] * 3, [2] * 3], 5)
     assert transforms.truncate([[1, 2], [3]], 10) == ([[1, 2], [3]], 0)
+    with pytest.raises(ValueError, match=r"^budget must be an integer >= 0, got -1\.$"):
+        transforms.truncate([[1, 2], [3]], -1)
 
 
 def test_no_room_for_text_is_an_error():

@@ -231,10 +231,12 @@ def _seeds():
         raise app.UsageError(
             f"--seeds: expected distinct integers such as 0,1,2, got {','.join(FLAGS.seeds)!r}.", exitcode=2
         )
-    low, high = config_lib.SEEDS
-    for seed in seeds:
-        if not low <= seed <= high:
-            raise app.UsageError(f"--seeds: each seed must be between {low} and {high}, got {seed}.", exitcode=2)
+    for seed in seeds:  # each run's check_config checks its seed too, but only once the runs before it have trained
+        try:
+            low, high = config_lib.SEEDS
+            config_lib.setting_int(seed, "each seed", low, maximum=high)
+        except ValueError as e:
+            raise app.UsageError(f"--seeds: {e}", exitcode=2) from None
     return seeds
 
 

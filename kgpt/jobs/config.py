@@ -16,6 +16,7 @@ This module imports no Keras: `kgpt-train --help` reads it.
 """
 
 import dataclasses
+import typing
 
 from kgpt.checks import positive_int
 from kgpt.errors import ConfigError
@@ -27,9 +28,10 @@ SEEDS = (0, 2**32 - 1)  # what keras.utils.set_random_seed takes  # the weights 
 def option(value, help, **flag):
     """A config field: its default `value`, its help, and in `flag` what its flag needs beyond them.
 
-    `flag` may hold `choices` (an enum flag), `lower_bound`, `kind="task_dirs"`
-    (a list flag of NAME or NAME=DIR), `kind="list"` (a comma-separated list
-    flag) and `default` (the flag's own default).
+    `flag` may hold `choices` (an enum flag), `lower_bound` (the flag's
+    minimum, and `check_integers`'), `kind="task_dirs"` (a list flag of NAME
+    or NAME=DIR), `kind="list"` (a comma-separated list flag) and `default`
+    (the flag's own default).
     """
     return dataclasses.field(default=value, metadata={"help": help, "flag": flag})
 
@@ -416,9 +418,21 @@ def check_settings(config, check, *names):
         setting(check, getattr(config, name), name)
 
 
-def check_integers(config, optional=(), **minimums):
-    """Raises `ConfigError` unless each setting named in `minimums` is an integer >= its minimum (or in a
-    `(minimum, maximum)` range); those in `optional` may be None."""
-    for name, bounds in minimums.items():
-        minimum, maximum = bounds if isinstance(bounds, tuple) else (bounds, None)
-        setting_int(getattr(config, name), name, minimum, allow_none=name in optional, maximum=maximum)
+def check_integers(config, *names, **ranges):
+    """Raises `ConfigError` unless each setting named is an integer in its range; one typed `int | None` may be None.
+
+    A setting in `names` takes its minimum from its field's `lower_bound`, the
+    bound its flag has too; one in `ranges` (a field without `lower_bound`)
+    gives its minimum, or a `(minimum, maximum)` range.
+
+    Example: `check_integers(config, "batch_size", "epochs", seed=SEEDS)`
+    """
+    fields = {f.name: f for f in dataclasses.fields(config)}
+    for name in ranges:
+        if "lower_bound" in fields[name].metadata["flag"]:  # one number for the flag and the check
+            raise TypeError(f"{name} has a lower_bound in its field: name it without a minimum.")
+    bounds = {**{name: fields[name].metadata["flag"]["lower_bound"] for name in names}, **ranges}
+    for name, bound in bounds.items():
+        minimum, maximum = bound if isinstance(bound, tuple) else (bound, None)
+        optional = type(None) in typing.get_args(fields[name].type)
+        setting_int(getattr(config, name), name, minimum, allow_none=optional, maximum=maximum)

@@ -92,20 +92,8 @@ def run_settings(config):
 
 def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
-    check_integers(
-        config,
-        optional=("batch_size", "max_length"),
-        batch_size=1,
-        max_length=1,
-        epochs=0,
-        checkpoint_every=0,
-        seed=SEEDS,
-    )
-    if config.max_length is not None and config.max_length < MIN_MAX_LENGTH:
-        raise ConfigError(
-            f"max_length must be >= {MIN_MAX_LENGTH} (the start, delimiter and extract tokens and one "
-            f"of text), got {config.max_length}."
-        )
+    # max_length's minimum is no lower_bound: it is the preprocessor's, and config.py imports no Keras (--help).
+    check_integers(config, "batch_size", "epochs", "lora_rank", max_length=MIN_MAX_LENGTH, seed=SEEDS)
     run.check_run(config.run_part(), config.batch_size or DEFAULT_BATCH_SIZE)
     setting(checks.one_of, config.keep, "keep", KEEP)
     check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef")

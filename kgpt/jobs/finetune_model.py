@@ -18,7 +18,7 @@ from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub
 from kgpt.io.presets import TASK_CONFIG_FILE, deserialize, read_json
 from kgpt.jobs import pretrain as pretrain_lib
-from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config, setting_int
+from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.jobs.predict import trained_columns
 from kgpt.layers import lora
 from kgpt.models.converters import original
@@ -314,8 +314,7 @@ def build_model(task, start, preprocessor, lm_coef, classifier_dropout, lora_ran
 
 
 def enable_lora(model, rank):
-    """`--lora_rank`: only the LoRA factors and the task head train."""
-    setting_int(rank, "lora_rank")
+    """`--lora_rank` (checked by `check_config`): only the LoRA factors and the task head train."""
     if not isinstance(model.backbone, lora.LoraMixin):
         raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
     model.backbone.enable_lora(rank)

@@ -158,8 +158,7 @@ def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is read or built."""
     check_integers(
         config,
-        optional=("zero_shot_every", "zero_shot_examples"),
-        batch_size=1,
+        "batch_size",
         sequence_length=1,
         max_steps=1,
         evaluations=1,
@@ -170,10 +169,8 @@ def check_config(config):
         lstm_units=1,
         num_merges=0,
         warmup_steps=0,
-        checkpoint_every=0,
         validation_tokens=0,
         sample_tokens=0,
-        lm_loss_chunk_size=0,
         zero_shot_every=1,
         zero_shot_examples=1,
         seed=SEEDS,

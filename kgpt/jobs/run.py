@@ -53,7 +53,11 @@ logger = logging.getLogger(__name__)
 
 def check_run(run_config, batch_size):
     """Raises `ConfigError` for run settings (a `RunConfig`) that cannot work together, before anything starts."""
-    check_integers(run_config, gradient_accumulation_steps=1, model_parallel=1, startup_timeout=1)
+    # batch_size is each job's (None in fine-tuning); model_parallel distribute.check_placement's, which every
+    # run it splits passes.
+    check_integers(
+        run_config, "gradient_accumulation_steps", "startup_timeout", "checkpoint_every", "lm_loss_chunk_size"
+    )
     steps = run_config.gradient_accumulation_steps
     if batch_size % steps:
         raise ConfigError(

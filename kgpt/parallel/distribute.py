@@ -23,7 +23,7 @@ import logging
 
 import keras
 
-from kgpt.checks import one_of
+from kgpt.checks import one_of, option, positive_int
 from kgpt.errors import ConfigError
 from kgpt.parallel import cluster
 
@@ -151,13 +151,18 @@ def check_placement(distribution, batch_size=None, model_devices=1, accumulation
         return 1
     of = f" of {here.num_processes} processes" if here.several else ""
     if distribution == "model_parallel":
+        # The one check of --model_parallel (RunConfig.model_parallel) too: every run it splits comes here first.
+        try:
+            positive_int(model_devices, option("model_parallel"))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(str(e)) from None
         if backend != "jax":
             raise ConfigError(
                 "--distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); "
                 "on TensorFlow use data_parallel."
             )
         devices = len(mesh_devices())
-        if model_devices < 1 or devices % model_devices:
+        if devices % model_devices:
             raise ConfigError(
                 f"--model_parallel {model_devices}: the {devices} devices{of} do not split into groups "
                 f"of {model_devices}."

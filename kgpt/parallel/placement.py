@@ -17,6 +17,7 @@ import dataclasses
 import json
 import os
 
+from kgpt import checks
 from kgpt.errors import ConfigError
 
 
@@ -60,11 +61,19 @@ def _address(value, flag="--coordinator_address"):
     return f"{host}:{int(port)}"
 
 
-def _int(value, name):
+def _int(text, name):
+    """The integer an environment variable's `text` spells (as `kgpt.checks.number_text` reads numbers)."""
+    number = checks.number_text(str(text))
+    if not number.is_integer():  # NaN and infinity are not
+        raise ConfigError(f"{name} must be an integer, got {text!r}.")
+    return int(number)
+
+
+def _place(value, name, minimum):
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{name} must be an integer, got {value!r}.") from None
+        return checks.positive_int(value, name, minimum)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(str(e)) from None
 
 
 def _environment(environ, backend):
@@ -148,8 +157,7 @@ def resolve(coordinator_address=None, num_processes=None, process_id=None, envir
 
 
 def _check_place(count, index, what="--num_processes"):
-    if count < 1:
-        raise ConfigError(f"{what}: the number of processes must be >= 1, got {count}.")
+    """Refuses a process outside `0..count - 1`; `count` >= 1 (the flag's `_place`; the environment's is > 1)."""
     if not 0 <= index < count:
         raise ConfigError(
             f"{'--process_id' if what == '--num_processes' else what}: process {index} is not one of "
@@ -158,7 +166,7 @@ def _check_place(count, index, what="--num_processes"):
 
 
 def _from_flags(address, count, index, backend):
-    count, index = _int(count, "--num_processes"), _int(index, "--process_id")
+    count, index = _place(count, "--num_processes", 1), _place(index, "--process_id", 0)
     _check_place(count, index)
     addresses = [_address(a.strip()) for a in str(address).split(",")]
     if len(addresses) not in (1, count):

@@ -168,12 +168,11 @@ def truncate(segments, budget):
     truncate([[1, 2, 3, 4], [5, 6]], budget=4)  # ([[1, 2], [5, 6]], 2)
     ```
     """
+    budget = positive_int(budget, "budget", minimum=0)
     lengths = [len(s) for s in segments]
     excess = sum(lengths) - budget
     if excess <= 0:
         return [list(s) for s in segments], 0
-    if budget < 0:
-        raise ValueError("budget must be >= 0")
     cut = excess
     while excess > 0:
         longest = max(lengths)

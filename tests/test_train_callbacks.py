@@ -53,13 +53,14 @@ def test_keras_need_not_sync_each_step_for_the_callbacks(tmp_path):
     backend is not thread-safe, so there they run on the main thread, as every callback does)."""
     model, threads = linear(1), Threads()
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=4, every=2)
+    progress.guard = callbacks.StopOnNonFiniteLoss()
     model.fit(
         *data(4),
         batch_size=2,
         epochs=2,
         verbose=0,
         shuffle=False,
-        callbacks=[callbacks.StopOnNonFiniteLoss(), progress, callbacks.ProgressLog("2", 8), threads],
+        callbacks=[progress.guard, progress, callbacks.ProgressLog("2", 8), threads],
     )
     assert threads.threads == ({False} if keras.config.backend() == "jax" else {True})
     assert progress.step == 8 and len(progress.epochs) == 2
@@ -71,7 +72,7 @@ def test_a_nan_stops_training_naming_its_step_and_no_checkpoint_after_it_is_writ
 ):
     model = linear(steps_per_execution)
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=12, every=1)
-    guard = callbacks.StopOnNonFiniteLoss("Lower it.")
+    guard = progress.guard = callbacks.StopOnNonFiniteLoss("Lower it.")
     with pytest.raises(NonFiniteLossError, match=f"The training loss is nan {where}.*Lower it."):
         model.fit(*data(12, bad_batch=5), batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=[guard, progress])
     latest = json.loads((tmp_path / "ckpt" / "latest.json").read_text())["checkpoint"]
@@ -93,6 +94,8 @@ def test_weights_broken_by_the_last_update_stop_the_run_before_any_checkpoint_of
     model = overflowing()
     guard = callbacks.StopOnNonFiniteLoss("Lower it.")
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=1) if with_checkpoints else None
+    if progress is not None:
+        progress.guard = guard
     x, y = np.ones((2, 1), "float32"), np.full((2, 1), 100.0, "float32")
     with pytest.raises(NonFiniteLossError, match=r"The weights are no longer finite after step 1 \(.*Lower it\."):
         model.fit(x, y, batch_size=2, epochs=1, verbose=0, callbacks=[guard, *([progress] if progress else [])])
@@ -103,6 +106,7 @@ def test_a_non_finite_validation_loss_stops_the_run_before_the_epochs_checkpoint
     model = linear(1)
     guard = callbacks.StopOnNonFiniteLoss("Lower it.")
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=2)
+    progress.guard = guard
     with pytest.raises(NonFiniteLossError, match=r"The validation loss is nan after step 2 \(the end of epoch 1\)"):
         model.fit(
             *data(2),
@@ -272,3 +276,11 @@ def test_a_checkpoint_whose_step_was_altered_or_lies_past_the_run_is_refused(tmp
     checkpoint.save(model, run.checkpoint_dir, {"settings": {"epochs": 1}, "step": 100, "epochs": [{}, {}]})
     with pytest.raises(CheckpointError, match=r"state\.json records 2 finished epochs, past this run's 1"):
         run.restore(model, {"epochs": 1})
+
+
+def test_a_runs_callbacks_hand_their_nan_stop_to_progress_which_consults_it_before_a_checkpoint(tmp_path):
+    from kgpt.jobs.run import Run
+
+    progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=2)
+    listed = Run(str(tmp_path), str(tmp_path), log_every="0").callbacks(progress, "Lower it")
+    assert isinstance(listed[0], callbacks.StopOnNonFiniteLoss) and progress.guard is listed[0]

@@ -12,7 +12,7 @@ import math
 import os
 
 from kgpt import checks
-from kgpt.errors import DataError
+from kgpt.errors import DataError, RepeatedKeyError
 
 # The list `recording` gives the readers, while one step of a task's reader runs. A task's reader is
 # plugin code, `read(split, data_dir)`, between kgpt and these functions: there is no argument to pass
@@ -114,8 +114,9 @@ def check_header(path, line_no, columns):
         seen.add(name)
 
 
-def _data_lines(path):
-    """`read_lines` without blank lines, which are errors except at the end of the file."""
+def data_lines(path):
+    """Yields `(line_number, line)` of `path` (`read_lines`) without blank lines, which are a `DataError` except at
+    the end of the file: the lines of a table or a JSON-lines file."""
     blank = None
     for line_no, line in read_lines(path):
         if not line.strip():
@@ -137,7 +138,7 @@ def read_tsv(path, num_columns):
     Blank lines are errors too, except at the end of the file.
     """
     allowed = (num_columns,) if isinstance(num_columns, int) else tuple(num_columns)
-    for line_no, line in _data_lines(path):
+    for line_no, line in data_lines(path):
         fields = line.split("\t")
         if len(fields) not in allowed:
             want = " or ".join(map(str, allowed))
@@ -156,7 +157,7 @@ def read_tsv_columns(path, required, skip_malformed=False):
             skipped) instead of raising `DataError`.
     """
     columns = None
-    for line_no, line in _data_lines(path):
+    for line_no, line in data_lines(path):
         fields = line.split("\t")
         if columns is None:
             columns = [f.strip() for f in fields]
@@ -185,7 +186,7 @@ def read_jsonl(path):
     A key given twice in one object is a `DataError`: `json` would keep the
     last value without a word.
     """
-    for line_no, line in _data_lines(path):
+    for line_no, line in data_lines(path):
         try:
             obj = json.loads(
                 line, object_pairs_hook=checks.unique_keys, parse_float=_finite_float, parse_int=_bounded_int
@@ -196,7 +197,7 @@ def read_jsonl(path):
             ) from None
         except json.JSONDecodeError as e:
             raise DataError(f"{path}:{line_no}: not valid JSON ({e.msg} at column {e.colno}).") from None
-        except checks.RepeatedKeyError as e:
+        except RepeatedKeyError as e:
             raise DataError(
                 f"{path}:{line_no}: the key {checks.shown(e.args[0])} is given twice in one object."
             ) from None

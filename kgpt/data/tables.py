@@ -146,7 +146,7 @@ def _named(path, header_line, columns, rows):
 
 
 def _tsv_rows(path):
-    for line_no, line in readers._data_lines(path):
+    for line_no, line in readers.data_lines(path):
         yield line_no, [f.strip() if line_no == 1 else f for f in line.split("\t")]
 
 

@@ -52,13 +52,14 @@ class FinalOutputs(keras.callbacks.Callback):
     Nothing else computes with the final weights before they are saved, and
     weights that grew huge yet stayed finite can give NaN outputs (a
     learning rate far too high): the run then stops as on a NaN loss
-    (`kgpt.train.callbacks.StopOnNonFiniteLoss.check_outputs`), before the
-    last checkpoint. List it before the checkpoints' `Progress`.
+    (`kgpt.train.callbacks.StopOnNonFiniteLoss.check_outputs`, through the
+    `guard` of the run's `progress`), before the last checkpoint. List it
+    before `progress`.
     """
 
-    def __init__(self, split, batch_size, epochs):
+    def __init__(self, split, batch_size, epochs, progress):
         super().__init__()
-        self.split, self.batch_size, self.epochs = split, batch_size, epochs
+        self.split, self.batch_size, self.epochs, self.progress = split, batch_size, epochs, progress
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 < self.epochs:
@@ -73,7 +74,7 @@ class FinalOutputs(keras.callbacks.Callback):
         )
         model = self.model  # on JAX, the training state put back into the variables
         outputs = distribute.predict_outputs(model.task_predictor(), first, self.batch_size)
-        callbacks_lib.guard_of(model).check_outputs(outputs, f"{rows} training examples")
+        self.progress.guard.check_outputs(outputs, f"{rows} training examples")
 
 
 def train(config, work, task, model, splits, batch_size, origin, settings):
@@ -153,7 +154,7 @@ class Training:
             if self.dev is not None:
                 checks = [TaskMetrics(self.task, self.dev, self.batch_size)]
             else:
-                checks = [FinalOutputs(self.train, self.batch_size, self.config.epochs)]
+                checks = [FinalOutputs(self.train, self.batch_size, self.config.epochs, progress)]
             callbacks = self.work.callbacks(
                 progress,
                 f"Lower --learning_rate ({self.config.learning_rate:g}) or check the data",

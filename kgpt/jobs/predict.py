@@ -34,7 +34,7 @@ import os
 
 from kgpt import checks
 from kgpt.data import batching, readers, tables
-from kgpt.data.readers import _data_lines
+from kgpt.data.readers import data_lines
 from kgpt.errors import ConfigError, DataError, EmptyTextError
 from kgpt.io import storage
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
@@ -163,7 +163,7 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
                 f"{checks.option('columns')} name the columns of a table (.csv, .tsv, .jsonl); a text file's fields are "
                 "its tab-separated parts."
             )
-        rows = ((n, None, line.split("\t")) for n, line in _data_lines(path))
+        rows = ((n, None, line.split("\t")) for n, line in data_lines(path))
         used = None
     else:
         table = tables.read_table(path, format)

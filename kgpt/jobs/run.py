@@ -313,8 +313,9 @@ class Run:
         tensorboard = (
             [EpochTensorBoard(os.path.join(self.directory, "logs"))] if self.kept and cluster.is_chief() else []
         )
+        progress.guard = StopOnNonFiniteLoss(hint, progress.step, self.accumulation)  # checks its checkpoints
         return [
-            StopOnNonFiniteLoss(hint, progress.step, self.accumulation),
+            progress.guard,
             *before,
             progress,
             *lines,

@@ -23,7 +23,6 @@ import math
 import signal
 import threading
 import time
-import weakref
 
 import keras
 import numpy as np
@@ -101,16 +100,6 @@ class BatchCount:
         return batches
 
 
-# id(model) -> the StopOnNonFiniteLoss fitting it, which Progress consults before a checkpoint. Weak: the guard
-# holds its model, so an id is not reused while its entry lives.
-_GUARDS = weakref.WeakValueDictionary()
-
-
-def guard_of(model):
-    """The `StopOnNonFiniteLoss` fitting `model`, or None."""
-    return _GUARDS.get(id(model))
-
-
 def _finite_here(variable):
     """Whether `variable` holds no NaN or infinity, computed on its device; a JAX array split across processes
     (a model-parallel run) is checked shard by shard where it lives, so no process waits on another."""
@@ -155,10 +144,6 @@ class StopOnNonFiniteLoss(keras.callbacks.Callback):
         self._checked = self._count.ended  # every batch through this one had a finite loss
         self._begins = []  # the epoch's execution starts (batch indices), in order
         self.error = None  # the NonFiniteLossError raised, once one was
-
-    def set_model(self, model):
-        super().set_model(model)
-        _GUARDS[id(model)] = self
 
     def on_epoch_begin(self, epoch, logs=None):
         self._count.epoch_begin()
@@ -274,8 +259,8 @@ class Progress(keras.callbacks.Callback):
 
     What follows a step runs on the main thread when the next execution
     begins (or at the epoch's end), so Keras need not sync each step's logs
-    for it; a checkpoint waits there for `StopOnNonFiniteLoss` to have checked
-    the losses through its step, and is not written if one broke.
+    for it; a checkpoint waits there for its `guard` to have checked the
+    losses through its step, and is not written if one broke.
 
     Args:
         directory: where checkpoints go, or None for none.
@@ -286,6 +271,10 @@ class Progress(keras.callbacks.Callback):
         state: a restored checkpoint's state (`kgpt.train.checkpoint.restore`), or None.
         accumulation: batches per optimizer step (gradient accumulation).
         publish: called after each checkpoint is written (a remote run copies it out of its mirror), or None.
+
+    Attributes:
+        guard: the `StopOnNonFiniteLoss` fitting the same model, consulted before each checkpoint; whoever
+            lists both sets it (`kgpt.jobs.run.Run.callbacks`). None: checkpoints are written unchecked.
     """
 
     keep = ()  # checkpoint folders besides the latest that must survive (see kgpt.train.checkpoint.save)
@@ -294,7 +283,7 @@ class Progress(keras.callbacks.Callback):
         self, directory, settings, steps_per_epoch, every=0, history_path=None, state=None, accumulation=1, publish=None
     ):
         super().__init__()
-        self.publish = publish
+        self.publish, self.guard = publish, None
         self.directory, self.settings, self.every = directory, settings, every
         self.steps_per_epoch, self.history_path = steps_per_epoch, history_path
         self.accumulation = accumulation
@@ -411,12 +400,11 @@ class Progress(keras.callbacks.Callback):
         """
         if self.directory is None:
             return
-        guard = guard_of(self._model)
-        if guard is not None:
-            guard.check_through(self.step * self.accumulation)
+        if self.guard is not None:
+            self.guard.check_through(self.step * self.accumulation)
         model = self.model  # on JAX every process puts the training state back into the variables here
-        if guard is not None:  # the loss of a step is computed before its update: the update may have broken them
-            guard.check_weights(self.step, model)
+        if self.guard is not None:  # a step's loss is computed before its update: the update may have broken them
+            self.guard.check_weights(self.step, model)
         from kgpt.train import checkpoint
 
         state = {"settings": self.settings, "step": self.step, "epochs": self.epochs, **self.extra_state()}

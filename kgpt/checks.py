@@ -15,6 +15,8 @@ import threading
 
 import numpy as np
 
+from kgpt.errors import RepeatedKeyError
+
 # A number as a table spells it: Python's float() also takes "1_000", "infinity" and other scripts' digits.
 _NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
@@ -121,10 +123,6 @@ def command_line():
     finally:
         with _COMMANDS_LOCK:
             _COMMANDS[0] -= 1
-
-
-class RepeatedKeyError(ValueError):
-    """A JSON object gives one key twice (`args[0]`: the key)."""
 
 
 def unique_keys(pairs):

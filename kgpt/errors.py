@@ -23,6 +23,11 @@ class ReaderTypeError(DataError, TypeError):
     """
 
 
+class RepeatedKeyError(ValueError):
+    """A JSON object gives one key twice (`args[0]`: the key); raised by `kgpt.checks.unique_keys`, and turned into
+    the reader's own error (`DataError`, `CheckpointError`) naming the file."""
+
+
 class ConfigError(ValueError):
     """Settings (flags, config fields, arguments) that cannot run; the message names the setting."""
 

@@ -28,7 +28,7 @@ import h5py
 import keras
 
 from kgpt import checks
-from kgpt.errors import CheckpointError
+from kgpt.errors import CheckpointError, RepeatedKeyError
 from kgpt.io import run_folder, storage
 
 CONFIG_FILE = "config.json"
@@ -49,7 +49,7 @@ def read_json(path, what):
             return json.load(f, object_pairs_hook=checks.unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path} is not valid JSON ({e}); expected {what}.") from e
-    except checks.RepeatedKeyError as e:
+    except RepeatedKeyError as e:
         raise CheckpointError(f"{path}: the key {e.args[0]!r} is given twice in one object; expected {what}.") from None
     except RecursionError:
         raise CheckpointError(f"{path} is nested too deeply to be {what}.") from None

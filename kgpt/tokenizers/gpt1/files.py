@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from kgpt import checks
-from kgpt.errors import CheckpointError
+from kgpt.errors import CheckpointError, RepeatedKeyError
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, shared_id
 
@@ -78,7 +78,7 @@ def read_encoder(path):
             encoder = json.load(f, object_pairs_hook=checks.unique_keys)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{path}: not a JSON encoder file ({e}).") from e
-    except checks.RepeatedKeyError as e:
+    except RepeatedKeyError as e:
         raise CheckpointError(f"{path}: the token {e.args[0]!r} is given twice.") from None
     if not isinstance(encoder, dict) or not all(isinstance(k, str) and isinstance(v, int) for k, v in encoder.items()):
         raise CheckpointError(f"{path}: expected a JSON object mapping BPE symbols to integer ids.")

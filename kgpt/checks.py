@@ -304,6 +304,23 @@ def concrete(value):
     return None
 
 
+def within_context(length, max_sequence_length, what, advice=""):
+    """`length` when it is at most `max_sequence_length` (the model's context); else a `ValueError` naming `what`
+    (`"max_length"`, `"The preprocessor's sequence_length"`), with `advice` after the reason.
+
+    The one place kgpt compares a length with the context: position embeddings exist only up to it, and a
+    longer input fails deep in the backend or is silently cut.
+
+    Example: `within_context(17, 16, "max_length")  # ValueError: max_length is 17, more than the model's context
+    max_sequence_length=16.`
+    """
+    if length > max_sequence_length:
+        raise ValueError(
+            f"{what} is {length}, more than the model's context max_sequence_length={max_sequence_length}{advice}."
+        )
+    return length
+
+
 def model_inputs(x, vocabulary_size, max_sequence_length, ndim=2, name="x"):
     """Checks a `{"token_ids", "padding_mask"}` dict before a model sees it.
 
@@ -318,12 +335,8 @@ def model_inputs(x, vocabulary_size, max_sequence_length, ndim=2, name="x"):
     if ids is None:
         return
     ids = token_ids(ids, f"{name}['token_ids']", vocabulary_size, ndim=ndim)
-    length = ids.shape[-1]
-    if not 1 <= length <= max_sequence_length:
-        raise ValueError(
-            f"{name}['token_ids'] has length {length}: it must be between 1 and the model's "
-            f"max_sequence_length={max_sequence_length}."
-        )
+    # At least 1: `token_ids` refused an empty array.
+    within_context(ids.shape[-1], max_sequence_length, f"The length of {name}['token_ids']")
     mask = concrete(x.get("padding_mask"))
     if mask is not None:
         padding_mask(mask, f"{name}['padding_mask']", ids.shape)

@@ -113,7 +113,7 @@ def test_generate_on_ids_leaves_the_inputs_and_model_alone(lm):
         (0, ValueError, "max_length must be an integer >= 2, got 0"),
         (-3, ValueError, "got -3"),
         (1, ValueError, "got 1"),
-        (17, ValueError, "Sequence length 17 exceeds the model's context max_sequence_length=16"),
+        (17, ValueError, "max_length is 17, more than the model's context max_sequence_length=16"),
         (2.5, TypeError, "max_length must be an integer, got 2.5"),
         (True, TypeError, "max_length must be an integer, got True"),
         ("8", TypeError, "max_length must be an integer"),
@@ -381,7 +381,9 @@ def test_backbone_call_checks_host_arrays():
         backbone({"token_ids": -ids, "padding_mask": mask})
     with pytest.raises(TypeError, match="integer token ids, got dtype float64"):
         backbone({"token_ids": ids * 3.5, "padding_mask": mask})
-    with pytest.raises(ValueError, match="has length 32: it must be between 1 and the model's max_sequence_length=16"):
+    with pytest.raises(
+        ValueError, match=r"The length of x\['token_ids'\] is 32, more than the model's context max_sequence_length=16"
+    ):
         backbone.predict({"token_ids": np.ones((2, 32), "int32"), "padding_mask": np.ones((2, 32), "int32")}, verbose=0)
     with pytest.raises(ValueError, match=r"inputs\['padding_mask'\] must have the shape of token_ids \(2, 8\)"):
         backbone({"token_ids": ids, "padding_mask": mask[:, :5]})

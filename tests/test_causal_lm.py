@@ -105,6 +105,9 @@ def test_generate_rejects_bad_lengths(causal_lm):
         causal_lm.generate([[1] * 8], max_length=8)
     with pytest.raises(ValueError, match="prompt 0 is empty"):
         causal_lm.generate([[]], max_length=8)
+    wide = {"token_ids": np.ones((1, 17), "int32"), "padding_mask": np.ones((1, 17), "int32")}
+    with pytest.raises(ValueError, match="The length of token_ids is 17, more than the model's context"):
+        causal_lm.generate(wide)
 
 
 def test_learns_repeated_text_to_low_loss():
@@ -200,6 +203,10 @@ def test_generate_text_errors():
         lm.generate("a cab", max_length=17)
     with pytest.raises(ValueError, match="no room to generate within max_length=4"):
         lm.generate("a cab", max_length=4)
+    # A preprocessor attached later, packing more than the context: generate's default length is refused.
+    lm.preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=32)
+    with pytest.raises(ValueError, match=r"The preprocessor's sequence_length \(generate's default max_length\) is 32"):
+        lm.generate("a cab")
 
 
 def test_generate_takes_bytes_as_utf8_text():

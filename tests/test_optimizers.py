@@ -38,6 +38,57 @@ def test_schedule_errors():
         kgpt.WarmupSchedule(1e-3, 100, 10)
 
 
+@pytest.mark.parametrize(
+    "arguments, error, match",
+    [
+        ((-1e-3, 10), ValueError, "peak_learning_rate must be a finite number >= 0, got -0.001"),
+        ((float("nan"), 10), ValueError, "peak_learning_rate must be a finite number >= 0, got nan"),
+        ((float("inf"), 10), ValueError, "peak_learning_rate must be a finite number >= 0, got inf"),
+        (("1e-3", 10), ValueError, "peak_learning_rate must be a finite number >= 0, got '1e-3'"),
+        ((1e-3, -1), ValueError, "warmup_steps must be an integer >= 0, got -1"),
+        ((1e-3, 2.5), TypeError, r"warmup_steps must be an integer, got 2.5 \(float\)"),
+        ((1e-3, 10, 100.0), TypeError, r"total_steps must be an integer, or None, got 100.0"),
+        ((1e-3, 10, -5), ValueError, r"total_steps must be an integer >= 0, or None, got -5"),
+    ],
+)
+def test_schedule_refuses_bad_rates_and_step_counts(arguments, error, match):
+    with pytest.raises(error, match=match):
+        kgpt.WarmupSchedule(*arguments)
+
+
+def test_schedule_takes_numpy_numbers_as_python_ones():
+    s = kgpt.WarmupSchedule(np.float32(1e-3), np.int64(10), np.int64(100))
+    assert s.get_config() == {
+        "peak_learning_rate": float(np.float32(1e-3)),
+        "warmup_steps": 10,
+        "total_steps": 100,
+        "decay": "cosine",
+    }
+    assert all(type(v) in (float, int, str) for v in s.get_config().values())
+
+
+@pytest.mark.parametrize(
+    "arguments, error, match",
+    [
+        (dict(learning_rate=-1.0), ValueError, "learning_rate must be a finite number >= 0, got -1.0"),
+        (dict(learning_rate=float("nan")), ValueError, "learning_rate must be a finite number >= 0, got nan"),
+        (dict(warmup_steps=100, total_steps=10), ValueError, r"total_steps \(10\) must be >= warmup_steps \(100\)"),
+        (dict(warmup_steps=20.0), TypeError, "warmup_steps must be an integer, got 20.0"),
+        (dict(total_steps=-1), ValueError, "total_steps must be an integer >= 0, or None, got -1"),
+        (dict(weight_decay=-0.01), ValueError, "weight_decay must be a finite number >= 0, got -0.01"),
+        (dict(global_clipnorm=0), ValueError, "global_clipnorm must be a finite number > 0, got 0"),
+        (dict(gradient_accumulation_steps=0), ValueError, "gradient_accumulation_steps must be an integer >= 1"),
+    ],
+)
+def test_gpt_adamw_refuses_bad_arguments_naming_them(arguments, error, match):
+    with pytest.raises(error, match=match):
+        kgpt.gpt_adamw(**arguments)
+
+
+def test_gpt_adamw_takes_no_clipping():
+    assert kgpt.gpt_adamw(global_clipnorm=None).global_clipnorm is None
+
+
 def test_weight_decay_skips_biases_and_layer_norm(causal_lm):
     # Zero gradients make Adam's step exactly 0, leaving only the decay.
     optimizer = kgpt.gpt_adamw(learning_rate=0.5, warmup_steps=0, weight_decay=0.1)

@@ -265,3 +265,15 @@ def test_the_real_release_shapes_give_the_paper_model():
     assert sizes == paper
     names = array_names(12)
     assert len(names) == len(shapes) == 146 and names[:3] == ["positions", "tokens", "h0/attn/c_attn/w"]
+
+
+@pytest.mark.parametrize("sizes", [dict(TINY), kgpt.GPT1_CONFIG, dict(TINY, num_layers=10**9)])
+def test_the_original_count_is_the_backbones(sizes):
+    """The original release's arrays (`expected_shapes`) and the backbone's (`weight_shapes`) hold the same weights:
+    the dry run counts with the one, a preset's check with the other."""
+    config = kgpt.GPTBackbone.check_config(
+        {"dropout": 0.1, "attention_dropout": None, "initializer_range": 0.02, "dtype": None, **sizes}
+    )
+    assert kgpt.models.converters.original.weight_count(**config) == kgpt.GPTBackbone.min_weight_count(config)
+    if sizes is kgpt.GPT1_CONFIG:
+        assert kgpt.GPTBackbone.min_weight_count(config) == 116_534_784

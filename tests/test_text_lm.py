@@ -171,5 +171,8 @@ def test_saved_preprocessor_round_trips_with_its_settings(tmp_path):
 
 def test_preprocessor_longer_than_the_context_is_refused():
     tokenizer = char_tokenizer()
-    with pytest.raises(ValueError, match="sequence_length=32 tokens, more than the backbone's max_sequence_length=16"):
+    with pytest.raises(
+        ValueError,
+        match="The preprocessor's sequence_length is 32, more than the model's context max_sequence_length=16",
+    ):
         kgpt.GPTCausalLM(tiny_lm(tokenizer).backbone, preprocessor=GPTCausalLMPreprocessor(tokenizer, 32))

@@ -256,7 +256,10 @@ def test_text_needs_a_preprocessor_that_fits(backbone):
             preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16),
         )
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
-    with pytest.raises(ValueError, match=r"sequence_length=512 exceeds the model's context max_sequence_length=16"):
+    with pytest.raises(
+        ValueError,
+        match=r"The preprocessor's sequence_length is 512, more than the model's context max_sequence_length=16",
+    ):
         kgpt.GPTTaskModel(
             backbone,
             heads.ClassificationHead(["a", "b"]),

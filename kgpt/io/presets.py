@@ -114,28 +114,26 @@ def check_backbone_config(config, path, weights_path=None):
         )
         for key in unknown:  # the constructor refuses them
             del inner[key]
-    if hasattr(cls, "check_config"):
-        try:
-            cls.check_config({**arguments, **inner})
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"{path}: {e}") from None
-    if weights_path is None or not hasattr(cls, "min_weight_count"):
+    if not hasattr(cls, "check_config"):
         return
     try:
-        needed = cls.min_weight_count(inner)
-    except (TypeError, ValueError, KeyError) as e:
+        sizes = cls.check_config({**arguments, **inner})  # defaults filled in, sizes as ints: what is counted below
+    except (TypeError, ValueError) as e:
         raise CheckpointError(f"{path}: {e}") from None
+    if weights_path is None or not hasattr(cls, "min_weight_count"):
+        return
+    needed = cls.min_weight_count(sizes)
     found = collections.Counter(file_shapes(weights_path))
     held = sum(math.prod(shape) * n for shape, n in found.items())
     dtype = inner.get("dtype")
     quantized = isinstance(dtype, dict) and dtype.get("class_name") == "DTypePolicyMap"
     shapes = hasattr(cls, "weight_shapes") and not quantized
-    if needed > held or (shapes and found != cls.weight_shapes(inner)):
-        changed = _changed_entry(cls, inner, found) if shapes else None
+    if needed > held or (shapes and found != cls.weight_shapes(sizes)):
+        changed = _changed_entry(cls, sizes, found) if shapes else None
         if changed:
             key, value = changed
             raise CheckpointError(
-                f"{path}: {key} is {inner[key]}, but {weights_path} holds the weights of a model with {key}="
+                f"{path}: {key} is {sizes[key]}, but {weights_path} holds the weights of a model with {key}="
                 f"{value}: the config and the weights do not belong together (was {key} edited?)."
             )
     if needed > held:
@@ -144,7 +142,7 @@ def check_backbone_config(config, path, weights_path=None):
             f"{held:,}: the config and the weights do not belong together."
         )
     if shapes:
-        _check_shapes(weights_path, f"the model {path} describes", found, cls.weight_shapes(inner))
+        _check_shapes(weights_path, f"the model {path} describes", found, cls.weight_shapes(sizes))
 
 
 def _changed_entry(cls, config, found):

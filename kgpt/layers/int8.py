@@ -103,5 +103,5 @@ def merge_lora(model, layers):
         layer.lora_enabled, layer.lora_rank = False, None
         layer._kernel.assign(merged)
     backbone = getattr(model, "backbone", model)
-    if layers and not lora.lora_layers(backbone):
-        backbone._lora_enabled_layers = []
+    if layers:
+        lora.forget_lora_layers(backbone)

@@ -72,6 +72,13 @@ def file_variables(model):
     return [v for v in model.weights if id(v) not in factors]
 
 
+def forget_lora_layers(backbone):
+    """Empties keras-hub's record of `backbone`'s LoRA-enabled layers once none is left (all merged,
+    `kgpt.layers.int8.merge_lora`): keras-hub's `save_lora_weights` and `load_lora_weights` read that record."""
+    if not lora_layers(backbone):
+        backbone._lora_enabled_layers = []
+
+
 class LoraMixin:
     """keras-hub's `enable_lora` / `save_lora_weights` / `load_lora_weights` with kgpt's checks."""
 

@@ -12,7 +12,7 @@ import math
 import keras
 from keras import ops
 
-from kgpt.checks import one_of, positive_int
+from kgpt.checks import nonnegative, one_of, positive, positive_int
 
 # Variable names never decayed: biases of every Dense/EinsumDense and the
 # layer-norm gain/offset. On TensorFlow Keras matches against the raw
@@ -44,6 +44,9 @@ class WarmupSchedule(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(
         self, peak_learning_rate, warmup_steps, total_steps=None, decay="cosine", gradient_accumulation_steps=1
     ):
+        peak_learning_rate = nonnegative(peak_learning_rate, "peak_learning_rate")
+        warmup_steps = positive_int(warmup_steps, "warmup_steps", minimum=0)
+        total_steps = positive_int(total_steps, "total_steps", minimum=0, allow_none=True, or_else="None")
         self.decay = one_of(decay, "decay", ("cosine", "linear"))
         self.gradient_accumulation_steps = positive_int(gradient_accumulation_steps, "gradient_accumulation_steps")
         if total_steps is not None and total_steps < warmup_steps:
@@ -153,7 +156,13 @@ def gpt_adamw(
     own accumulation), clips that average, and `warmup_steps` and
     `total_steps` still count updates.
     """
-    schedule = WarmupSchedule(learning_rate, warmup_steps, total_steps, decay, gradient_accumulation_steps)
+    # The schedule checks the steps; its rate is checked here, under the name given here.
+    schedule = WarmupSchedule(
+        nonnegative(learning_rate, "learning_rate"), warmup_steps, total_steps, decay, gradient_accumulation_steps
+    )
+    weight_decay = nonnegative(weight_decay, "weight_decay")
+    if global_clipnorm is not None:
+        global_clipnorm = positive(global_clipnorm, "global_clipnorm")
     return GPTAdamW(
         learning_rate=schedule,
         weight_decay=weight_decay,

@@ -104,7 +104,8 @@ def expected_shapes(vocabulary_size, max_sequence_length, hidden_dim, intermedia
 
 
 def weight_count(vocabulary_size, max_sequence_length, hidden_dim, intermediate_dim, num_layers, **_):
-    """The weights of a `GPTBackbone` of these sizes: the elements of its arrays (`expected_shapes`).
+    """The weights of the original release's arrays (`expected_shapes`) for these sizes: as many as a
+    `GPTBackbone`'s (`GPTBackbone.min_weight_count`, tests/test_original.py).
 
     Computed from one layer's shapes, so an absurd `num_layers` (a tampered
     config) costs nothing. Other config entries (`num_heads`, ...) are ignored.

@@ -8,6 +8,7 @@ There is no final layer norm (that is GPT-2).
 """
 
 import collections
+import math
 import os
 import shutil
 
@@ -43,7 +44,8 @@ _SIZES = ("vocabulary_size", "num_layers", "num_heads", "hidden_dim", "intermedi
 NUM_SPECIAL_TOKENS = 3
 
 
-def _normal(stddev=0.02):
+def normal_initializer(stddev=0.02):
+    """The paper's initialisation, N(0, `stddev`), for kgpt's backbones' kernels and embeddings."""
     return keras.initializers.RandomNormal(stddev=stddev)
 
 
@@ -168,13 +170,13 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,
             output_dim=hidden_dim,
-            embeddings_initializer=_normal(initializer_range),
+            embeddings_initializer=normal_initializer(initializer_range),
             dtype=dtype,
             name="token_embedding",
         )
         self.position_embedding = PositionEmbedding(
             sequence_length=max_sequence_length,
-            initializer=_normal(initializer_range),
+            initializer=normal_initializer(initializer_range),
             dtype=dtype,
             name="position_embedding",
         )
@@ -187,7 +189,7 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
                 dropout=dropout,
                 attention_dropout=attention_dropout,
                 layer_norm_epsilon=1e-5,
-                kernel_initializer=_normal(initializer_range),
+                kernel_initializer=normal_initializer(initializer_range),
                 dtype=dtype,
                 name=f"transformer_layer_{i}",
             )
@@ -231,15 +233,12 @@ class GPTBackbone(AddedTokensMixin, LoraMixin, PresetMixin, Backbone):
 
     @staticmethod
     def min_weight_count(config):
-        """The weights a config needs (`kgpt.models.converters.original.weight_count`); a weights file holds
-        at least these (LoRA and int8 scales add more).
+        """The weights of a model of the (checked, `check_config`) `config`: the elements of its `weight_shapes`.
+        A weights file holds at least these (LoRA and int8 scales add more).
 
-        Checked against a preset's weight file before building (`kgpt.io.presets.check_sizes`).
-        Raises `ValueError` or `TypeError` when a size is not a positive integer.
+        Compared with a preset's weights file before building (`kgpt.io.presets.check_backbone_config`).
         """
-        for key in ("vocabulary_size", "num_layers", "hidden_dim", "intermediate_dim", "max_sequence_length"):
-            checks.positive_int(config.get(key), key)
-        return original.weight_count(**config)
+        return sum(math.prod(shape) * n for shape, n in GPTBackbone.weight_shapes(config).items())
 
     @staticmethod
     def check_config(config):

@@ -105,11 +105,8 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if preprocessor is not None:
             tokenizer_fits(preprocessor, backbone)
         length = getattr(preprocessor, "sequence_length", None)
-        if isinstance(length, int) and length > backbone.max_sequence_length:
-            raise ValueError(
-                f"The preprocessor packs sequence_length={length} tokens, more than the backbone's "
-                f"max_sequence_length={backbone.max_sequence_length}."
-            )
+        if isinstance(length, int):
+            checks.within_context(length, backbone.max_sequence_length, "The preprocessor's sequence_length")
         # === Layers ===
         self.backbone = backbone
         self.preprocessor = preprocessor
@@ -324,12 +321,6 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
     # `y`, nothing empty, nothing past the context; each check names the
     # argument it refuses.
 
-    def _check_length(self, length):
-        """Refuses a sequence length past the model's context."""
-        limit = self.backbone.max_sequence_length
-        if length > limit:
-            raise ValueError(f"Sequence length {length} exceeds the model's context max_sequence_length={limit}.")
-
     def _check_preprocessor(self):
         """Refuses text when no preprocessor is attached."""
         if self.preprocessor is None:
@@ -523,7 +514,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if padding_mask is None:
             padding_mask = np.ones_like(token_ids)
         padding_mask = checks.padding_mask(padding_mask, "padding_mask", token_ids.shape)
-        self._check_length(token_ids.shape[1])
+        checks.within_context(token_ids.shape[1], self.backbone.max_sequence_length, "The length of token_ids")
         inputs = {"token_ids": token_ids, "padding_mask": padding_mask.astype("int32")}
         if scoring_mode == "log_probs":
             with checks.one_loop_at_a_time():
@@ -538,7 +529,6 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         texts, batched = inputs_kind.texts(texts, "score()")
         tokenizer = self.preprocessor.tokenizer
         scorer = Scorer(self, tokenizer, batch_size=batch_size)
-        limit = self.backbone.max_sequence_length
         pairs = []
         for text in texts:
             context, tokens = list(scorer.prefix), tokenizer.encode(text)
@@ -546,12 +536,9 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 context, tokens = tokens[:1], tokens[1:]
             if not tokens:
                 raise ValueError(f"Nothing to score in {text!r:.80}: it has too few tokens.")
-            if len(context) + len(tokens) > limit:
-                newline = " with the newline before it" if scorer.prefix else ""
-                raise ValueError(
-                    f"The text {text!r:.40} is {len(context) + len(tokens)} tokens long{newline}, more than the "
-                    f"model's context max_sequence_length={limit}; split it."
-                )
+            newline = " (with the newline before it)" if scorer.prefix else ""
+            what = f"The length in tokens of the text {text!r:.40}{newline}"
+            checks.within_context(len(context) + len(tokens), self.backbone.max_sequence_length, what, "; split it")
             pairs.append((context, tokens))
         scores = [s.astype("float32") for s in scorer.log_probs_of_ids(pairs)]
         return scores if batched else scores[0]
@@ -658,7 +645,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         stop_token_ids = self._check_stop_token_ids(stop_token_ids)
         max_length = checks.positive_int(max_length, "max_length", minimum=2, allow_none=True)
         if max_length is not None:
-            self._check_length(max_length)
+            checks.within_context(max_length, self.backbone.max_sequence_length, "max_length")
         if isinstance(inputs, np.ndarray) and inputs.ndim == 0:
             inputs = inputs.item()  # a 0-d array of one prompt: the prompt
         if isinstance(inputs, bytes):  # one prompt as UTF-8, as in a list of them or a tf.string tensor
@@ -673,7 +660,12 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         text = inputs_kind.is_text(inputs)
         if text:
             self._check_preprocessor()
-            self._check_length(max_length or self.preprocessor.sequence_length)
+            if max_length is None:  # an attached preprocessor may pack more than the context
+                checks.within_context(
+                    self.preprocessor.sequence_length,
+                    self.backbone.max_sequence_length,
+                    "The preprocessor's sequence_length (generate's default max_length)",
+                )
         if text or (tf is not None and isinstance(inputs, tf.data.Dataset)):
             return super().generate(
                 inputs, max_length=max_length, stop_token_ids=stop_token_ids, strip_prompt=strip_prompt
@@ -713,7 +705,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 f"padded width is the generated length. Pad them to {max_length}, or leave out "
                 f"max_length."
             )
-        self._check_length(ids.shape[1])
+        checks.within_context(ids.shape[1], self.backbone.max_sequence_length, "The length of token_ids")
         _check_room(mask.sum(axis=-1), ids.shape[1])
         return {"token_ids": ids, "padding_mask": mask}
 

@@ -756,13 +756,11 @@ def _check_fits(preprocessor, backbone, head, num_views):
         if transform.num_views != num_views
         else None
     )
-    if not problem and preprocessor.sequence_length > backbone.max_sequence_length:
-        problem = (
-            f"the preprocessor's sequence_length={preprocessor.sequence_length} exceeds the model's context "
-            f"max_sequence_length={backbone.max_sequence_length}"
-        )
     if problem:
         raise ValueError(f"The preprocessor does not fit the model: {problem}.")
+    checks.within_context(
+        preprocessor.sequence_length, backbone.max_sequence_length, "The preprocessor's sequence_length"
+    )
 
 
 def _refuse_on_text(method, kwargs, names):

@@ -12,7 +12,7 @@ from keras_hub.models import Backbone
 
 from kgpt import checks
 from kgpt.io.presets import PresetMixin
-from kgpt.models.gpt.gpt_backbone import AddedTokensMixin, _normal
+from kgpt.models.gpt.gpt_backbone import AddedTokensMixin, normal_initializer
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -69,7 +69,7 @@ class LSTMBackbone(AddedTokensMixin, PresetMixin, Backbone):
         self.token_embedding = ReversibleEmbedding(
             input_dim=vocabulary_size,
             output_dim=hidden_dim,
-            embeddings_initializer=_normal(),
+            embeddings_initializer=normal_initializer(),
             dtype=dtype,
             name="token_embedding",
         )
@@ -79,7 +79,7 @@ class LSTMBackbone(AddedTokensMixin, PresetMixin, Backbone):
             for i in range(num_layers)
         ]
         self.output_projection = keras.layers.Dense(
-            hidden_dim, kernel_initializer=_normal(), dtype=dtype, name="output_projection"
+            hidden_dim, kernel_initializer=normal_initializer(), dtype=dtype, name="output_projection"
         )
         self.output_dropout = keras.layers.Dropout(dropout, dtype=dtype, name="output_dropout")
 

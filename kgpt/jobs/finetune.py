@@ -41,7 +41,7 @@ from kgpt.jobs.finetune_outputs import baseline_check, evaluate_splits, learned_
 from kgpt.jobs.finetune_training import train
 from kgpt.jobs.rundir import check_inputs_outside
 from kgpt.models.gpt.gpt_task_model import GPTTaskModel, is_task_preset
-from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, segment_columns, within_context
+from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH, GPTTaskPreprocessor, cut_to_context, segment_columns
 from kgpt.parallel import cluster
 from kgpt.tasks.registry import TaskRegistry
 
@@ -296,7 +296,7 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
             f"delimiter and extract tokens and one of text): start from a model pre-trained with --sequence_length "
             f"{MIN_MAX_LENGTH} or more."
         )
-    max_length = within_context(max_length or None, context, origin)
+    max_length = cut_to_context(max_length or None, context, origin)
     shortest = task.transform.min_length
     if max_length is not None and max_length < shortest:
         raise ConfigError(

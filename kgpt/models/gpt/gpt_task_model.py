@@ -29,10 +29,10 @@ from kgpt.models import compile_cost
 from kgpt.models.gpt.gpt_backbone import GPTBackbone, check_dtype, task_config_with_dtype
 from kgpt.models.gpt.gpt_task_preprocessor import (
     GPTTaskPreprocessor,
+    cut_to_context,
     encode_dataset,
     packed_length,
     segment_columns,
-    within_context,
 )
 from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
 from kgpt.models.optimizers import gpt_adamw
@@ -235,7 +235,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             model = load_task_preset(cls, preset, load_weights=load_weights, **kwargs)
             if max_length is not None and model.preprocessor is not None:
                 limit = model.backbone.max_sequence_length
-                model.preprocessor.sequence_length = within_context(max_length, limit, f"preset {preset}")
+                model.preprocessor.sequence_length = cut_to_context(max_length, limit, f"preset {preset}")
             name = getattr(task, "name", task)
             if name is not None and name != model.task_name:
                 raise ValueError(
@@ -263,7 +263,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         preprocessor = GPTTaskPreprocessor(
             tokenizer,
             task.transform,
-            sequence_length=within_context(max_length, limit, f"preset {preset}") or limit,
+            sequence_length=cut_to_context(max_length, limit, f"preset {preset}") or limit,
             columns=columns,
         )
         chosen = {"lm_coef": lm_coef, "classifier_dropout": classifier_dropout}

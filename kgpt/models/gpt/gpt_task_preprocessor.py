@@ -313,7 +313,7 @@ def packed_length(sequence_length, max_length):
     return sequence_length if sequence_length is not None else max_length
 
 
-def within_context(max_length, context, origin="the model"):
+def cut_to_context(max_length, context, origin="the model"):
     """`max_length` (tokens per view), or the model's `context` when it is past it, said in a warning naming
     `origin` (None stays None: the caller's default)."""
     if max_length is not None and max_length > context:

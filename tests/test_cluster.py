@@ -356,6 +356,65 @@ def test_a_model_split_over_two_processes_trains_checkpoints_and_resumes_like_on
     assert kgpt.GPTBackbone.from_preset(str(out)).num_heads == 4
 
 
+# Joins a JAX run of 3 on 127.0.0.1 (argv: port, process id), gathers once, then again after process 1 is killed,
+# ending as kgpt-train does when a collective fails.
+THREE = """
+import os, sys, time
+from kgpt.parallel import cluster, placement
+port, me = sys.argv[1], int(sys.argv[2])
+cluster.PROG = "kgpt-train"
+cluster.start(placement.resolve(f"127.0.0.1:{port}", num_processes=3, process_id=me), timeout=120)
+import jax.numpy as jnp
+from jax.experimental import multihost_utils
+multihost_utils.process_allgather(jnp.ones(1))
+print("joined", flush=True)
+deadline = time.monotonic() + 120
+while not os.path.exists("killed") and time.monotonic() < deadline:
+    time.sleep(0.1)
+try:
+    multihost_utils.process_allgather(jnp.ones(1))
+except Exception as e:
+    if cluster.lost_process(e):
+        cluster.stop_lost(e)
+    raise
+"""
+
+
+@pytest.mark.skipif(not JAX, reason="gloo's error names a socket, not a process; TensorFlow's name the task")
+def test_of_three_jax_processes_the_survivors_name_the_one_killed(tmp_path):
+    port = free_ports(1)
+    logs = [tmp_path / f"p{i}.log" for i in range(3)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    processes = []
+    try:
+        for i, log in enumerate(logs):
+            with open(log, "w") as out:
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", THREE, str(port), str(i)],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        cwd=tmp_path,
+                    )
+                )
+        deadline = time.monotonic() + 180
+        while not all("joined" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), [
+                log.read_text()[-2000:] for log in logs
+            ]
+            time.sleep(0.2)
+        processes[1].kill()
+        processes[1].wait(timeout=30)
+        (tmp_path / "killed").touch()
+        assert [processes[i].wait(timeout=60) for i in (0, 2)] == [1, 1]
+    finally:
+        stop(processes)
+    for i in (0, 2):
+        last = lines(logs[i])[-1]
+        assert last.startswith("kgpt-train: error: process 1 of 3 stopped (its connection closed); process "), last
+
+
 def test_processes_started_differently_stop_before_writing_anything(corpus, tmp_path):
     out = tmp_path / "run"
     args = lm_args(corpus, out, "--max_steps=8")

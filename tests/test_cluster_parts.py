@@ -172,6 +172,30 @@ def test_a_lost_process_is_named_in_one_line(monkeypatch, capfd, count, text, ex
     assert line.startswith(f"kgpt: error: {expected}") and "process 0 stopped too. Rerun every process" in line, line
 
 
+@pytest.mark.parametrize(
+    "answers, expected",
+    [
+        ({0: "1", 2: "1"}, [1]),  # process 1 did not answer
+        ({0: "1"}, [1, 2]),  # nor 2, within the wait
+        (RuntimeError("UNAVAILABLE: recvmsg:Connection reset by peer"), [0]),  # the store is process 0's
+        (RuntimeError("INTERNAL: something else"), None),
+    ],
+)
+def test_a_roll_call_of_a_jax_run_finds_the_processes_that_do_not_answer(monkeypatch, answers, expected):
+    from jax._src import distributed
+
+    class Store:  # the coordination service's key-value store, as jax.distributed's client reaches it
+        def key_value_set(self, key, value, allow_overwrite=False):
+            if isinstance(answers, Exception):
+                raise answers
+
+        def key_value_dir_get(self, prefix):
+            return [(f"{prefix}{i}", v) for i, v in answers.items()]
+
+    monkeypatch.setattr(distributed.global_state, "client", Store())
+    assert cluster.roll_call(3, 0, seconds=0.5) == expected
+
+
 def test_the_runtimes_report_of_a_lost_process_is_not_repeated():
     from kgpt import _quiet
 

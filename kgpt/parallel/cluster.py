@@ -38,6 +38,8 @@ import os
 import pathlib
 import re
 import sys
+import threading
+import time
 
 from kgpt.errors import ClusterError, ConfigError
 from kgpt.parallel import multi_worker, placement
@@ -409,16 +411,20 @@ def stop_lost(error):
     barrier (minutes on JAX, forever on TensorFlow), so this process ends at
     once (`fail`); the last checkpoint is what a rerun resumes from.
     """
-    lost, count = lost_process_id(error), _current.num_processes
-    who = f"process {lost} of {count}" if lost is not None else f"another of the {count} processes"
+    lost, count = lost_processes(error), _current.num_processes
+    if not lost:
+        who = f"another of the {count} processes"
+    else:
+        who = f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {count}"
     fail(
         f"{who} stopped ({_cause(error)}); process {_current.process_id} stopped too. "
         f"Rerun every process with the same command to resume from the last checkpoint."
     )
 
 
-def lost_process_id(error):
-    """The process `error` says went away: the task the runtime names, else the other of two; None if unknown.
+def lost_processes(error):
+    """The processes `error` says went away: the task the runtime names, else the other of two, else those that
+    missed the `roll_call`; empty if unknown.
 
     TensorFlow's errors name the peer as `/job:worker/replica:0/task:N` or by
     its address; JAX's heartbeat errors as `task:N`; gloo's name only the
@@ -430,9 +436,51 @@ def lost_process_id(error):
     }
     named.discard(me)
     if len(named) == 1:
-        return named.pop()
+        return list(named)
     others = [i for i in range(_current.num_processes or 0) if i != me]
-    return others[0] if len(others) == 1 else None
+    return others if len(others) == 1 else roll_call(_current.num_processes, me) or []
+
+
+ROLL_CALL_SECONDS = 10  # how long the survivors of a JAX run wait for each other's answer
+
+
+def roll_call(count, me, seconds=ROLL_CALL_SECONDS):
+    """The processes of a JAX run of `count` that do not answer in `seconds`, asked after a failed collective.
+
+    Gloo's error names only a socket. Every survivor saw the same collective
+    fail, so each writes its id to the coordination service's key-value store
+    and reads the others'; the store is process 0's, so one that cannot be
+    reached means process 0 is gone. None when this is no JAX run or the
+    runtime says something else.
+    """
+    try:
+        from jax._src import distributed  # the client jax.distributed.initialize made; JAX has no public handle
+
+        client = distributed.global_state.client
+    except (ImportError, AttributeError):
+        return None
+    if client is None:
+        return None
+    answer = {}
+
+    def ask():
+        deadline = time.monotonic() + seconds
+        try:
+            client.key_value_set(f"kgpt/alive/{me}", "1", allow_overwrite=True)
+            while True:
+                seen = {int(key.rsplit("/", 1)[-1]) for key, _ in client.key_value_dir_get("kgpt/alive/")}
+                if len(seen) >= count - 1 or time.monotonic() > deadline:
+                    answer["missing"] = sorted(set(range(count)) - seen)
+                    return
+                time.sleep(0.2)
+        except Exception as e:  # noqa: BLE001 - the runtime's error types vary by version
+            if any(marker in str(e).lower() for marker in ("unavailable", "connection", "socket closed")):
+                answer["missing"] = [0]
+
+    thread = threading.Thread(target=ask, daemon=True)  # a store that never answers must not hold this process
+    thread.start()
+    thread.join(seconds + 5)
+    return answer.get("missing")
 
 
 def _cause(error):

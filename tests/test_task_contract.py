@@ -4,7 +4,7 @@ import os
 import tempfile
 
 import pytest
-from conftest import char_tokenizer
+from conftest import char_tokenizer, one_backend
 
 import kgpt
 import kgpt.testing
@@ -17,6 +17,9 @@ def test_no_plugin_problems():
     assert REGISTRY.problems() == []
 
 
+# The contract checks a task's definition, reader, transformation and head shapes; the one training step it takes
+# is the same Keras code for every task, which each paper task's end-to-end run trains on both backends.
+@one_backend("jax")
 @pytest.mark.parametrize("name", REGISTRY.names())
 def test_task_contract(name, monkeypatch, tmp_path):
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the embedded data is written, and removed

@@ -21,7 +21,7 @@ import kgpt
 from kgpt.cli import analyze, train
 from kgpt.errors import ConfigError, OutputDirError
 from kgpt.io import storage
-from kgpt.jobs import finetune, predict, run, rundir
+from kgpt.jobs import finetune, finetune_model, predict, run, rundir
 from kgpt.jobs.config import FinetuneConfig, RunConfig
 from kgpt.jobs.rundir import RunDirectory
 
@@ -414,3 +414,18 @@ def test_an_unset_max_length_is_recorded_as_the_length_it_stands_for(tiny_preset
     model.save_to_preset(str(tmp_path / "tuned"))
     assert recorded(str(tmp_path / "tuned")) == recorded(str(tmp_path / "tuned"), 40) == 40  # its saved length
     assert recorded(str(tmp_path / "missing")) is None  # loading it says what is wrong
+
+
+def test_a_dry_run_on_a_fine_tuned_init_with_a_damaged_preprocessor_names_the_file(tiny_preset, tmp_path):
+    preprocessor = kgpt.GPTTaskPreprocessor(
+        kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, max_length=40
+    )
+    kgpt.GPTTaskModel(
+        kgpt.GPTBackbone.from_preset(tiny_preset),
+        kgpt.tasks.heads.ClassificationHead(["a", "b"]),
+        preprocessor=preprocessor,
+    ).save_to_preset(str(tmp_path / "tuned"))
+    path = tmp_path / "tuned" / "preprocessor.json"
+    path.write_text(path.read_text().replace('"sequence_length": 40', '"sequence_length": -3'))
+    with pytest.raises(kgpt.errors.CheckpointError, match=r"tuned/preprocessor.json: sequence_length must be"):
+        finetune_model.starting_tokenizer(str(tmp_path / "tuned"))

@@ -104,7 +104,10 @@ def starting_tokenizer(init, output_dir=None, max_length=None):
     if kind in ("original", "openai-gpt"):
         return GPTTokenizer.from_original(path), *sizes
     if kind == "task":
-        return GPTTaskPreprocessor.from_preset(path).tokenizer, *sizes
+        try:
+            return GPTTaskPreprocessor.from_preset(path).tokenizer, *sizes
+        except (TypeError, ValueError) as e:  # a damaged preprocessor.json: its own check says what is wrong
+            raise CheckpointError(f"{os.path.join(path, 'preprocessor.json')}: {e}") from None
     return read_tokenizer(path), *sizes
 
 

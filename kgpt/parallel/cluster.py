@@ -461,21 +461,25 @@ def roll_call(count, me, seconds=ROLL_CALL_SECONDS):
         return None
     if client is None:
         return None
-    answer = {}
+    answer, seen = {}, set()
 
     def ask():
         deadline = time.monotonic() + seconds
         try:
             client.key_value_set(f"kgpt/alive/{me}", "1", allow_overwrite=True)
             while True:
-                seen = {int(key.rsplit("/", 1)[-1]) for key, _ in client.key_value_dir_get("kgpt/alive/")}
+                seen.update(int(key.rsplit("/", 1)[-1]) for key, _ in client.key_value_dir_get("kgpt/alive/"))
                 if len(seen) >= count - 1 or time.monotonic() > deadline:
                     answer["missing"] = sorted(set(range(count)) - seen)
-                    return
+                    break
                 time.sleep(0.2)
         except Exception as e:  # noqa: BLE001 - the runtime's error types vary by version
-            if any(marker in str(e).lower() for marker in ("unavailable", "connection", "socket closed")):
+            # Process 0 answered, then ended (its store with it): who else is gone is not known.
+            if 0 not in seen and any(m in str(e).lower() for m in ("unavailable", "connection", "socket closed")):
                 answer["missing"] = [0]
+            return
+        if me == 0:  # the store ends with this process: the others may not have read every answer yet
+            time.sleep(2)
 
     thread = threading.Thread(target=ask, daemon=True)  # a store that never answers must not hold this process
     thread.start()

@@ -28,10 +28,12 @@ if _worker and os.path.basename(_cache) != _worker:  # under the main process's 
 os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # XLA's CPU backend without its costly LLVM passes: the tests' models are tiny, so compiling is most of their
-# time on JAX (0.8-0.87x the time of 6 task contract checks; the backend's optimization level stays, as a lower
-# one made a paper-size model's initialisation 1.2x slower). Processes the tests start inherit it; benchmarks,
-# run as scripts, do not.
+# time. On JAX also at optimization level 0: the whole JAX suite took 983 s so against 1221 s with the LLVM
+# flag alone (one uncontended run each), though a paper-size model's initialisation is 1.2x slower. Processes
+# the tests start inherit it; benchmarks, run as scripts, do not.
 _FAST_COMPILE = "--xla_llvm_disable_expensive_passes=true"
+if os.environ.get("KERAS_BACKEND") == "jax":  # read before Keras is imported; TensorFlow compiles little with XLA
+    _FAST_COMPILE += " --xla_backend_optimization_level=0"
 if _FAST_COMPILE not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FAST_COMPILE}".strip()
 

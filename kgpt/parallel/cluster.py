@@ -453,6 +453,8 @@ def roll_call(count, me, seconds=ROLL_CALL_SECONDS):
     reached means process 0 is gone. None when this is no JAX run or the
     runtime says something else.
     """
+    if "jax" not in sys.modules:  # a TensorFlow run: importing JAX now would only cost its start-up
+        return None
     try:
         from jax._src import distributed  # the client jax.distributed.initialize made; JAX has no public handle
 

@@ -466,22 +466,25 @@ DATASET_TEXT_ERROR = "In a tf.data.Dataset of text, "
 
 
 # Keras' JAX trainer detaches every variable's value while a fit, evaluate or predict loop runs: a call
-# from another thread (on this model, or another sharing its layers) read None. One loop at a time.
-_JAX_LOOP = threading.RLock()
+# from another thread (on this model, or another sharing its layers) read None. On every backend a `fit` or
+# `evaluate` resets and updates the model's metric trackers: two at once in threads reported each other's
+# (a loss of 0.0). One such loop at a time.
+_ONE_LOOP = threading.RLock()
 
 
 @contextlib.contextmanager
-def one_loop_at_a_time():
-    """Around a Keras loop (`fit`, `evaluate`, `predict`): on JAX, one at a time in the process (reentrant)."""
+def one_loop_at_a_time(metrics=False):
+    """Around a Keras loop: on JAX any loop, elsewhere those with metrics (`fit`, `evaluate`), one at a time in
+    the process (reentrant)."""
     import keras
 
-    with _JAX_LOOP if keras.config.backend() == "jax" else contextlib.nullcontext():
+    with _ONE_LOOP if metrics or keras.config.backend() == "jax" else contextlib.nullcontext():
         yield
 
 
 @contextlib.contextmanager
-def dataset_errors(model):
-    """Around a Keras loop on `model`: `one_loop_at_a_time`, and the errors `dataset_ids` and a dataset of
+def dataset_errors(model, metrics=True):
+    """Around a Keras loop on `model`: `one_loop_at_a_time(metrics)`, and the errors `dataset_ids` and a dataset of
     text's encoding raise while Keras reads a dataset turned into a one-line `ValueError`.
 
     Whatever fails inside the call, `model` keeps its weights: Keras' JAX
@@ -489,7 +492,7 @@ def dataset_errors(model):
     in the input pipeline before the first step (or anywhere in `evaluate`)
     left the variables empty, so every later call on the model failed.
     """
-    with one_loop_at_a_time():
+    with one_loop_at_a_time(metrics):
         kept = _values(model)
         try:
             yield

@@ -307,7 +307,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
     def predict(self, x=None, batch_size=None, **kwargs):
         """keras-hub's `predict` (logits); over-long texts are counted and warned of, as in `fit`."""
         x, batch_size = self._check_call("predict", x, None, batch_size)
-        with checks.dataset_errors(self):
+        with checks.dataset_errors(self, metrics=False):
             return super().predict(x, batch_size=batch_size, **kwargs)
 
     def preprocess_samples(self, x, y=None, sample_weight=None):

@@ -627,7 +627,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
         predictor = self.task_predictor()
-        with checks.dataset_errors(predictor, metrics=False):  # the loop runs on the predictor: its state is the one to restore
+        # The loop runs on the predictor: its state is the one to restore.
+        with checks.dataset_errors(predictor, metrics=False):
             return predictor.predict(
                 checks.dataset_ids(x, self.backbone.vocabulary_size), batch_size=batch_size, verbose=verbose, **kwargs
             )

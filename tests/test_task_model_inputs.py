@@ -226,8 +226,13 @@ def test_calls_from_several_threads_equal_sequential_ones(task, lm):
         lambda: lm.generate([[5, 6]], max_length=10)["token_ids"],
     ]
     lm.compile(optimizer=keras.optimizers.Adam(1e-3), sampler="greedy")
+    assert_threads_equal_sequential(calls, copies=2)
+
+
+def assert_threads_equal_sequential(calls, copies):
+    """Runs `copies` of each call at once in threads: each result equals the call's run alone."""
     expected = [call() for call in calls]
-    results, errors = [None] * (2 * len(calls)), []
+    results, errors = [None] * (copies * len(calls)), []
 
     def worker(i):
         try:
@@ -255,17 +260,4 @@ def test_evaluates_from_several_threads_report_their_own_metrics(task, lm):
         lambda: np.asarray(task.evaluate(x, targets(x), verbose=0)),
         lambda: np.asarray(lm.evaluate({"token_ids": ids, "padding_mask": np.ones_like(ids)}, ids, verbose=0)),
     ]
-    expected = [call() for call in calls]
-    results = [None] * 16
-
-    def worker(i):
-        results[i] = calls[i % 2]()
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(results))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    assert not any(t.is_alive() for t in threads), "a call hung"
-    for i, result in enumerate(results):
-        np.testing.assert_allclose(result, expected[i % 2], rtol=1e-5, atol=1e-6)
+    assert_threads_equal_sequential(calls, copies=8)

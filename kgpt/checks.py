@@ -88,16 +88,17 @@ _COMMANDS = [0]  # commands running in this process; a counter, so that overlapp
 _COMMANDS_LOCK = threading.Lock()
 
 
-def differences(saved, settings):
-    """`"key: old there, new now; ..."` for every setting that differs ("" when none)."""
+def differences(saved, settings, show=repr, where=("there", "now")):
+    """`"key: old there, new now; ..."` for every setting that differs ("" when none), each value `show`n, the
+    two sides named by `where`."""
 
     def shown(value):
         # An unset setting is its job's default (max_length: the model's context), which may be the value now.
-        return "not set" if value is None else repr(value)
+        return "not set" if value is None else show(value)
 
     keys = sorted(set(saved) | set(settings), key=str)
     return "; ".join(
-        f"{k}: {shown(saved.get(k))} there, {shown(settings.get(k))} now"
+        f"{k}: {shown(saved.get(k))} {where[0]}, {shown(settings.get(k))} {where[1]}"
         for k in keys
         if saved.get(k) != settings.get(k)
     )

@@ -264,6 +264,9 @@ def test_score_text_matches_score_ids():
     assert len(scores[0]) == len(texts[0].split()[0]) + len(texts[0].split()[1]) - 1  # no newline: 4 - 1
     with pytest.raises(ValueError, match="more than the model's context max_sequence_length=16"):
         lm.score("a" * 20 + " b")
+    # A long text is named by its start in closed quotes, with its length.
+    with pytest.raises(ValueError, match=r"the text 'a{3,}\.\.\.' \(62 characters\) is 61, more than"):
+        lm.score("a" * 60 + " b")
 
 
 def test_fit_evaluate_predict_on_text():

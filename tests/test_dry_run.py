@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 
+import keras
 import pytest
 from conftest import TINY, char_tokenizer, cli, one_backend
 from test_paper_tasks import write_glue
@@ -59,6 +60,51 @@ def test_a_finetuning_dry_run_reports_the_data_and_model_and_writes_nothing(pres
     weights = kgpt.GPTBackbone.from_preset(preset).count_params()
     assert f"{weights:,} weights" in found["init"]
     assert found["output"] == f"{tmp_path / 'out'} (new)"
+
+
+def test_the_dry_run_counts_the_updates_and_warns_of_a_batch_larger_than_the_training_set(preset, tmp_path, caplog):
+    data = write_glue(tmp_path / "RTE", "rte")  # 12 training rows
+
+    def training(**fields):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="kgpt"):
+            found = dict(dry_run.finetune(FinetuneConfig(task="rte", init=preset, data_dir=data, **fields), REGISTRY))
+        return found["training"], [r.getMessage() for r in caplog.records]
+
+    assert training(batch_size=5, epochs=10**9) == (
+        "1,000,000,000 epoch(s) of 3 update(s) (3,000,000,000 in all), batch 5, peak rate 6.25e-05, lm_coef 0.5, "
+        "keep last",
+        [],
+    )
+    found, warnings = training(batch_size=10**9)
+    assert found.startswith("3 epoch(s) of 1 update(s) (3 in all), batch 1,000,000,000,")
+    assert warnings == [
+        "Warning: batch_size 1,000,000,000 is more than the 12 training examples: each epoch is one update on all "
+        "12 of them."
+    ]
+
+
+def test_model_parallel_is_refused_without_its_distribution_and_checked_against_the_devices(preset, tmp_path):
+    data = write_glue(tmp_path / "RTE", "rte")
+
+    def check(**fields):
+        return dict(dry_run.finetune(FinetuneConfig(task="rte", init=preset, data_dir=data, **fields), REGISTRY))
+
+    with pytest.raises(kgpt.ConfigError, match=r"^model_parallel 2 splits each model with distribution "):
+        check(model_parallel=2)  # 2 is the default with --distribution model_parallel: given alone it did nothing
+    if keras.backend.backend() != "jax":
+        with pytest.raises(kgpt.ConfigError, match=r"^distribution model_parallel runs on the jax backend"):
+            check(distribution="model_parallel")
+        return
+    import jax
+
+    devices = len(jax.devices())
+    with pytest.raises(
+        kgpt.ConfigError, match=rf"^model_parallel {devices + 1}: the {devices} device\(s\) do not split"
+    ):
+        check(distribution="model_parallel", model_parallel=devices + 1)  # the dry run said no problem
+    found = check(distribution="model_parallel", model_parallel=1, batch_size=devices)
+    assert found["processes"] == f"1, each model split over 1 device(s), each batch over {devices} such groups"
 
 
 def test_a_bad_label_is_the_error_the_job_gives(preset, tmp_path):
@@ -205,6 +251,23 @@ def test_a_max_length_with_no_room_for_a_pairs_text_is_refused_by_the_dry_run_as
     )
     with pytest.raises(ValueError, match="sequence_length must be an integer >= 5, got 4"):
         kgpt.GPTTaskPreprocessor(char_tokenizer(), kgpt.tasks.transforms.MultipleChoice(2), sequence_length=4)
+
+
+def test_a_length_with_no_room_for_text_names_where_it_came_from():
+    # The length is the typed --max_length, that cut to the context, a fine-tuned init's own, or the context:
+    # the message names the one the run uses, not a clipped value as if typed.
+    task = kgpt.TaskRegistry().get("scitail")  # entailment: 5 tokens at least
+
+    def refusal(max_length, context, saved_length=None):
+        with pytest.raises(kgpt.ConfigError) as caught:
+            finetune.task_preprocessor(task, max_length, char_tokenizer(), context, saved_length, "preset p")
+        return str(caught.value).split(" leaves no room for text in each entailment view")[0]
+
+    assert refusal(4, 64) == "max_length 4"
+    assert refusal(1000, 4) == "max_length 1000, cut to the model's context of 4 tokens (preset p),"
+    assert refusal(None, 64, saved_length=4) == "The length the fine-tuned model was trained with (4 tokens, preset p)"
+    assert refusal(None, 4) == "The model's context of 4 tokens (preset p)"
+    assert finetune.task_preprocessor(task, 1000, char_tokenizer(), 5, None, "preset p").sequence_length == 5
 
 
 def test_keep_best_without_a_labeled_split_to_pick_by_is_refused_by_the_dry_run_as_by_the_run(

@@ -671,6 +671,8 @@ def test_columns_must_name_as_many_distinct_columns_as_the_model_was_trained_on(
         config = {"transform": keras.saving.serialize_keras_object(transform)}
         if columns:
             config["columns"] = columns
+        # The preprocessor a task preset loads (task.json's), and keras-hub's copy of it.
+        (folder / "task.json").write_text(json.dumps({"config": {"preprocessor": {"config": config}}}))
         (folder / "preprocessor.json").write_text(json.dumps({"config": config}))
         return str(folder)
 

@@ -483,7 +483,8 @@ def test_sequence_length_is_the_packed_length_and_max_length_still_loads(tmp_pat
     assert preprocessor.sequence_length == 7
     with pytest.raises(ValueError, match=r"name the same packed length: pass sequence_length only"):
         kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), sequence_length=6, max_length=8)
-    # A preset saved before the rename holds max_length in preprocessor.json: it loads with that length.
+    # A preset saved before the rename holds max_length in preprocessor.json and task.json: it loads with that
+    # length.
     model = kgpt.GPTTaskModel(
         tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=2, preprocessor=preprocessor
     )
@@ -492,4 +493,8 @@ def test_sequence_length_is_the_packed_length_and_max_length_still_loads(tmp_pat
     saved = json.loads(path.read_text())
     saved["config"]["max_length"] = saved["config"].pop("sequence_length")
     path.write_text(json.dumps(saved))
+    task_path = tmp_path / "old" / "task.json"
+    task = json.loads(task_path.read_text())
+    task["config"]["preprocessor"] = saved
+    task_path.write_text(json.dumps(task))
     assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "old")).preprocessor.sequence_length == 7

@@ -153,15 +153,21 @@ def test_quantizing_a_lora_model_merges_first_so_its_preset_predicts_what_it_doe
     np.testing.assert_allclose(merged.predict(x, verbose=0), live, rtol=0, atol=1e-6)
 
 
-def test_a_rank_not_below_the_width_is_warned_of(caplog):
+def test_a_rank_of_the_width_is_warned_of_and_a_higher_one_refused(caplog):
+    width = TINY["hidden_dim"]
     with caplog.at_level("WARNING", logger="kgpt"):
-        kgpt.GPTBackbone(**TINY).enable_lora(TINY["hidden_dim"] - 1)
+        kgpt.GPTBackbone(**TINY).enable_lora(width - 1)
         assert caplog.records == []
-        kgpt.GPTBackbone(**TINY).enable_lora(1000)
+        kgpt.GPTBackbone(**TINY).enable_lora(width)
     assert [r.getMessage() for r in caplog.records] == [
-        f"Warning: LoRA rank 1000 is not below the model's width ({TINY['hidden_dim']}): each update A B has full "
-        f"rank and more weights than the kernel it adapts (ranks of 4 to 64 are usual)."
+        f"Warning: LoRA rank {width} is the model's width: each update A B has full rank and more weights than the "
+        f"kernel it adapts (ranks of 4 to 64 are usual)."
     ]
+    for rank in (width + 1, 10**9):  # 10**9 tried to allocate its factors, and failed inside the backend
+        backbone = kgpt.GPTBackbone(**TINY)
+        with pytest.raises(ValueError, match=rf"^rank {rank} is more than the model's width \({width}\): .* give at"):
+            backbone.enable_lora(rank)
+        assert not kgpt.layers.lora.lora_layers(backbone)
 
 
 def test_enable_lora_refuses_bad_ranks_targets_and_a_second_call():
@@ -262,6 +268,19 @@ def test_cli_refuses_a_bad_lora_rank_by_flag_name(command):
     assert result.returncode != 0 and "--lora_rank" in result.stderr and "Traceback" not in result.stderr
     result = command(train, "--task=lm", "--lora_rank=4")
     assert result.returncode != 0 and "--lora_rank only applies to fine-tuning" in result.stderr
+
+
+def test_a_lora_rank_above_the_inits_width_is_refused_by_the_dry_run_and_the_run(tmp_path, command):
+    from kgpt.cli import train
+
+    preset, data_dir = make_preset(tmp_path / "preset"), write_data(tmp_path / "data")
+    flags = ["--task=scitail", f"--data_dir={data_dir}", f"--init={preset}", f"--output_dir={tmp_path / 'out'}"]
+    width = TINY["hidden_dim"]
+    for extra in (["--dry_run"], []):
+        result = command(train, *flags, "--lora_rank=1000000000", *extra)
+        assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
+        assert f"error: --lora_rank 1000000000 is more than the model's width ({width}): " in result.stderr
+    assert not os.path.exists(tmp_path / "out" / "model.weights.h5")
 
 
 GUIDE = os.path.join(os.path.dirname(__file__), os.pardir, "docs", "lora-int8.md")

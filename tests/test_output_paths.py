@@ -10,6 +10,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -416,7 +417,9 @@ def test_an_unset_max_length_is_recorded_as_the_length_it_stands_for(tiny_preset
     assert recorded(str(tmp_path / "missing")) is None  # loading it says what is wrong
 
 
-def test_a_dry_run_on_a_fine_tuned_init_with_a_damaged_preprocessor_names_the_file(tiny_preset, tmp_path):
+def test_a_fine_tuned_init_with_a_damaged_or_edited_preprocessor_names_the_file(tiny_preset, tmp_path):
+    # The model loads the preprocessor in task.json; preprocessor.json, keras-hub's copy, is what kgpt's readers
+    # and Preprocessor.from_preset see. An edit of either alone would be ignored by one of them.
     preprocessor = kgpt.GPTTaskPreprocessor(
         kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, max_length=40
     )
@@ -424,8 +427,23 @@ def test_a_dry_run_on_a_fine_tuned_init_with_a_damaged_preprocessor_names_the_fi
         kgpt.GPTBackbone.from_preset(tiny_preset),
         kgpt.tasks.heads.ClassificationHead(["a", "b"]),
         preprocessor=preprocessor,
-    ).save_to_preset(str(tmp_path / "tuned"))
-    path = tmp_path / "tuned" / "preprocessor.json"
-    path.write_text(path.read_text().replace('"sequence_length": 40', '"sequence_length": -3'))
-    with pytest.raises(kgpt.errors.CheckpointError, match=r"tuned/preprocessor.json: sequence_length must be"):
-        finetune_model.starting_tokenizer(str(tmp_path / "tuned"))
+    ).save_to_preset(str(tmp_path / "saved"))
+    copy_edited = (
+        r"tuned/preprocessor.json differs from the preprocessor saved in .*tuned/task.json \(sequence_length: "
+    )
+    cases = [
+        (("preprocessor.json",), -3, copy_edited + r"-3 in preprocessor.json, 40 in task.json\): the model loads"),
+        (("task.json",), 20, copy_edited + r"40 in preprocessor.json, 20 in task.json\)"),
+        (("preprocessor.json", "task.json"), -3, r"tuned/task.json: the preprocessor's sequence_length is -3; it is"),
+        (("preprocessor.json", "task.json"), 200, r"is 200, more than the model's context max_sequence_length=128"),
+    ]
+    for files, value, error in cases:
+        shutil.rmtree(tmp_path / "tuned", ignore_errors=True)
+        shutil.copytree(tmp_path / "saved", tmp_path / "tuned")
+        for name in files:
+            path = tmp_path / "tuned" / name
+            path.write_text(path.read_text().replace('"sequence_length": 40', f'"sequence_length": {value}'))
+        tuned = str(tmp_path / "tuned")
+        for load in (finetune_model.starting_tokenizer, kgpt.GPTTaskModel.from_preset, predict.trained_columns):
+            with pytest.raises(kgpt.errors.CheckpointError, match=error):  # the dry run, the run, kgpt-predict
+                load(tuned)

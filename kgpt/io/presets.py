@@ -35,6 +35,7 @@ CONFIG_FILE = "config.json"
 MODEL_WEIGHTS_FILE = "model.weights.h5"
 TASK_CONFIG_FILE = "task.json"
 TASK_WEIGHTS_FILE = "task.weights.h5"
+PREPROCESSOR_CONFIG_FILE = "preprocessor.json"  # keras-hub's copy of the preprocessor in task.json
 METADATA_FILE = "metadata.json"
 
 logger = logging.getLogger(__name__)
@@ -337,7 +338,7 @@ MODEL_FILES = {
     "model.weights.json",
     TASK_CONFIG_FILE,
     TASK_WEIGHTS_FILE,
-    "preprocessor.json",
+    PREPROCESSOR_CONFIG_FILE,
     METADATA_FILE,
 }
 _SHARD_FILE = re.compile(r"model_\d+\.weights\.h5$")
@@ -479,7 +480,54 @@ def check_task_preset(cls, preset, load_weights=True, **kwargs):
     nested = config["config"].get("backbone")
     if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
         check_backbone_config(nested, os.path.join(preset, TASK_CONFIG_FILE), weights)
+    saved_preprocessor(preset)
     return config, backbone_config
+
+
+def saved_preprocessor(preset):
+    """The config of the preprocessor a task preset loads (the one in `task.json`, as keras-hub's loader reads it),
+    or None when it saves none. Refused naming the file: a packed length that is not a positive integer or
+    exceeds the model's context, and a `preprocessor.json` (keras-hub's copy, which `Preprocessor.from_preset`
+    and kgpt's own readers see) that differs from it: an edit there would be silently ignored by the model.
+    """
+    task_path = os.path.join(preset, TASK_CONFIG_FILE)
+    if not os.path.isfile(task_path):
+        return None
+    task = read_json(task_path, "a kgpt task config")
+    inner = task.get("config") if isinstance(task, dict) else None
+    nested = inner.get("preprocessor") if isinstance(inner, dict) else None
+    if not isinstance(nested, dict) or not isinstance(nested.get("config"), dict):
+        return None
+    config = nested["config"]
+    backbone = (inner.get("backbone") or {}).get("config") if isinstance(inner.get("backbone"), dict) else None
+    context = backbone.get("max_sequence_length") if isinstance(backbone, dict) else None
+    for key in ("sequence_length", "max_length"):  # max_length: its earlier name
+        value = config.get(key)
+        if key not in config or value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise CheckpointError(
+                f"{task_path}: the preprocessor's {key} is {checks.shown(value)}; it is the tokens per view, a "
+                f"positive integer."
+            )
+        if isinstance(context, int) and value > context:
+            raise CheckpointError(
+                f"{task_path}: the preprocessor's {key} is {value}, more than the model's context "
+                f"max_sequence_length={context}."
+            )
+    copy_path = os.path.join(preset, PREPROCESSOR_CONFIG_FILE)
+    if os.path.isfile(copy_path):
+        copy = read_json(copy_path, "a preprocessor config")
+        copied = copy.get("config") if isinstance(copy, dict) else None
+        if copy != nested:
+            where = (f"in {PREPROCESSOR_CONFIG_FILE}", f"in {TASK_CONFIG_FILE}")
+            changed = isinstance(copied, dict) and checks.differences(copied, config, checks.shown, where)
+            raise CheckpointError(
+                f"{copy_path} differs from the preprocessor saved in {task_path} ({changed or 'another object'}): "
+                f"the model loads task.json's, so the edit would be ignored. Restore the file, or pass the setting "
+                f"when loading (max_length=, --max_length) and save the preset again."
+            )
+    return config
 
 
 def load_task_preset(cls, preset, load_weights=True, **kwargs):

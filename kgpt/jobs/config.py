@@ -21,8 +21,9 @@ import typing
 from kgpt.checks import positive_int
 from kgpt.errors import ConfigError
 
-KEEP = ("last", "best")
-SEEDS = (0, 2**32 - 1)  # what keras.utils.set_random_seed takes  # the weights a fine-tuning saves and scores (--keep)
+KEEP = ("last", "best")  # the weights a fine-tuning saves and scores (--keep)
+SEEDS = (0, 2**32 - 1)  # what keras.utils.set_random_seed takes
+MODEL_PARALLEL = 2  # devices per model with --distribution model_parallel when --model_parallel is not given
 
 
 def option(value, help, **flag):
@@ -88,9 +89,10 @@ class RunConfig:
         "the rest. With several processes, none means data_parallel.",
         choices=["none", "data_parallel", "model_parallel"],
     )
-    model_parallel: int = option(
-        2,
-        "Devices each model is split over with --distribution model_parallel (a divisor of all the run's devices).",
+    model_parallel: int | None = option(
+        None,
+        f"Devices each model is split over with --distribution model_parallel (default {MODEL_PARALLEL}; a divisor "
+        f"of all the run's devices).",
         lower_bound=1,
     )
     coordinator_address: str | None = option(
@@ -160,6 +162,12 @@ class RunConfig:
         "seconds ('60s'); 'auto': every 60 s when the output is not a terminal (a terminal "
         "shows Keras' progress bar); '0': none.",
     )
+
+    @property
+    def model_devices(self):
+        """The devices each model is split over with `distribution="model_parallel"` (`model_parallel`, else
+        `MODEL_PARALLEL`)."""
+        return MODEL_PARALLEL if self.model_parallel is None else self.model_parallel
 
     def run_part(self):
         """The `RunConfig` of this config (a job's): what `kgpt.jobs.run` takes, read once at the job's entry."""

@@ -44,18 +44,20 @@ from kgpt.jobs.config import DEMO_PRETRAIN
 from kgpt.jobs.finetune_data import encode_split
 from kgpt.jobs.finetune_model import (
     check_finetuned_init,
+    check_lora_rank,
     check_transfer_layers,
     recorded_task,
     starting_tokenizer,
     untrained_head,
 )
-from kgpt.jobs.finetune_training import check_keep, dev_split
+from kgpt.jobs.finetune_training import check_keep, dev_split, updates
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.models import pretrained as pretrained_lib
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import GPT1_CONFIG, NUM_SPECIAL_TOKENS
 from kgpt.models.gpt.gpt_task_model import is_task_preset
 from kgpt.parallel import placement
+from kgpt.parallel.distribute import check_placement
 from kgpt.tasks import metrics as metrics_lib
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.train import checkpoint as checkpoint_lib
@@ -122,14 +124,19 @@ def output_dir(path, job, settings, overwrite=False):
     return f"{path}: --overwrite replaces kgpt's outputs there ({', '.join(replaced) or 'none yet'}); other files stay"
 
 
-def processes(config):
-    """How many processes the run's flags or environment describe (they are not joined)."""
+def processes(config, batch_size):
+    """How many processes the run's flags or environment describe (they are not joined), and on one process how
+    its batches split over this machine's devices, checked as the run checks it."""
     found = placement.resolve(config.coordinator_address, config.num_processes, config.process_id)
     if found.coordinator == "auto":
         return "found by jax.distributed at start-up (--coordinator_address auto)"
-    if found.several:
+    if found.several:  # the other processes' devices are known once they join
         return f"{found.num_processes} (this one is process {found.process_id}; coordinator {found.coordinator})"
-    return "1"
+    steps = config.gradient_accumulation_steps
+    shards = check_placement(config.distribution, batch_size // steps, config.model_devices, steps)
+    if config.distribution == "model_parallel":
+        return f"1, each model split over {config.model_devices} device(s), each batch over {shards} such groups"
+    return "1" if shards == 1 else f"1, each batch split over {shards} devices"
 
 
 # Pre-training.
@@ -143,7 +150,7 @@ def pretrain(config):
     if config.zero_shot:  # the run's check, before its corpus is read
         zero_shot_lib.check_tasks(config.zero_shot, registry)
     plan.add("settings", settings(config))
-    plan.add("processes", processes(config))
+    plan.add("processes", processes(config, config.batch_size))
     plan.add("output", output_dir(config.output_dir, "pretrain", pretrain_lib.run_settings(config), config.overwrite))
     if config.corpus:
         plan.add("corpus", corpus(config.corpus))
@@ -251,7 +258,7 @@ def finetune(config, registry=None):
         + ")",
     )
     plan.add("settings", settings(config))
-    plan.add("processes", processes(config))
+    plan.add("processes", processes(config, config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE))
     described = None
     if hub.is_hub(config.init):  # the configs and tokenizer files only: no weights are downloaded
         described, folder = hub.check(config.init)
@@ -293,8 +300,12 @@ def finetune(config, registry=None):
         if train is not None and train.targets is not None:  # the run's own check, on the rows read here
             metrics_lib.check(task, train.targets)
     batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
+    train, count = encoded.get(task.splits[0]), ""
+    if config.epochs and train is not None:  # the run's count of updates, and its warning of an oversized batch
+        steps, total = updates(config.epochs, len(train), batch)
+        count = f" of {steps:,} update(s) ({total:,} in all)"
     training = (
-        f"{config.epochs} epoch(s), batch {batch}, peak rate {config.learning_rate:g}, lm_coef "
+        f"{config.epochs:,} epoch(s){count}, batch {batch:,}, peak rate {config.learning_rate:g}, lm_coef "
         f"{config.lm_coef:g}, keep {config.keep}"
         if config.epochs
         else "none (--epochs 0 evaluates --init)"
@@ -307,17 +318,25 @@ def finetune(config, registry=None):
 
 def init(config, task=None):
     """Describes and checks `config.init` as fine-tuning would start from it, without building the model."""
+    found, sizes = _init(config, task)
+    if config.lora_rank is not None and sizes.get("hidden_dim"):  # the run's check, once the width is known
+        check_lora_rank(config.lora_rank, sizes["hidden_dim"])
+    return found
+
+
+def _init(config, task):
+    """`(what config.init is, its backbone's config as far as it is read)`."""
     if config.init == "scratch":
-        return "fresh weights (no pre-training), the GPT-1 vocabulary"
+        return "fresh weights (no pre-training), the GPT-1 vocabulary", {"hidden_dim": config.hidden_dim}
     if config.init == "demo":
         kept = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
         if kept and os.path.exists(os.path.join(kept, "metrics.json")):
-            return f"the demo model pre-trained earlier in {kept}"
+            return f"the demo model pre-trained earlier in {kept}", DEMO_PRETRAIN
         return (
             "the small demo model, pre-trained on the embedded text first ("
             + ", ".join(f"{k}={v}" for k, v in DEMO_PRETRAIN.items())
             + ")"
-        )
+        ), DEMO_PRETRAIN
     if task is not None and is_task_preset(config.init):
         check_finetuned_init(
             config.init,
@@ -327,14 +346,13 @@ def init(config, task=None):
             pretrained_weights=config.pretrained_weights,
             train_file=config.train_file,
         )
-        return (
-            f"{config.init}, fine-tuned for {task.name} ({pretrained(config.init, finetuned=True)}): its head is kept"
-        )
+        found = pretrained(config.init, sizes := {}, finetuned=True)
+        return f"{config.init}, fine-tuned for {task.name} ({found}): its head is kept", sizes
     if task is not None and config.epochs == 0:
         raise untrained_head(config.init, task)
     found = pretrained(config.init, sizes := {})
     check_transfer_layers(config.transfer_layers, sizes.get("num_layers", 0))
-    return f"{config.init}: {found}"
+    return f"{config.init}: {found}", sizes
 
 
 def pretrained(path, sizes=None, finetuned=False):

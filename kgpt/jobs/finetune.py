@@ -296,20 +296,24 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
             f"delimiter and extract tokens and one of text): start from a model pre-trained with --sequence_length "
             f"{MIN_MAX_LENGTH} or more."
         )
-    max_length = cut_to_context(max_length or None, context, origin)
-    shortest = task.transform.min_length
-    if max_length is not None and max_length < shortest:
+    typed = max_length or None
+    max_length = cut_to_context(typed, context, origin)
+    length, shortest = view_length(max_length, context, saved_length), task.transform.min_length
+    if length < shortest:
+        if typed is not None and typed == length:
+            what = f"{checks.option('max_length')} {typed}"
+        elif typed is not None:
+            what = f"{checks.option('max_length')} {typed}, cut to the model's context of {context} tokens ({origin}),"
+        elif saved_length is not None and saved_length == length:
+            what = f"The length the fine-tuned model was trained with ({length} tokens, {origin})"
+        else:
+            what = f"The model's context of {context} tokens ({origin})"
         raise ConfigError(
-            f"{checks.option('max_length')} {max_length} leaves no room for text in each {task.transform.kind} view: "
-            f"its start, delimiter and extract tokens and a token of each part take {shortest}."
+            f"{what} leaves no room for text in each {task.transform.kind} view: its start, delimiter and extract "
+            f"tokens and a token of each part take {shortest}."
         )
     columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
-    return GPTTaskPreprocessor(
-        tokenizer,
-        task.transform,
-        max_length=view_length(max_length, context, saved_length),
-        columns=columns,
-    )
+    return GPTTaskPreprocessor(tokenizer, task.transform, max_length=length, columns=columns)
 
 
 def view_length(max_length, context, saved_length=None):

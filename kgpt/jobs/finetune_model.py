@@ -14,9 +14,10 @@ import os
 
 import keras
 
+from kgpt import checks
 from kgpt.errors import CheckpointError, ConfigError
 from kgpt.io import hub
-from kgpt.io.presets import TASK_CONFIG_FILE, deserialize, read_json
+from kgpt.io.presets import PREPROCESSOR_CONFIG_FILE, TASK_CONFIG_FILE, deserialize, read_json, saved_preprocessor
 from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import DEMO_PRETRAIN, demo_pretrain_config
 from kgpt.jobs.predict import trained_columns
@@ -107,7 +108,7 @@ def starting_tokenizer(init, output_dir=None, max_length=None):
         try:
             return GPTTaskPreprocessor.from_preset(path).tokenizer, *sizes
         except (TypeError, ValueError) as e:  # a damaged preprocessor.json: its own check says what is wrong
-            raise CheckpointError(f"{os.path.join(path, 'preprocessor.json')}: {e}") from None
+            raise CheckpointError(f"{os.path.join(path, PREPROCESSOR_CONFIG_FILE)}: {e}") from None
     return read_tokenizer(path), *sizes
 
 
@@ -130,8 +131,8 @@ def starting_sizes(init, max_length=None):
         context = _size(saved, "n_positions") if kind == "openai-gpt" else _size(saved, "config", "max_sequence_length")
         length = None
         if kind == "task":
-            preprocessor = read_json(os.path.join(init, "preprocessor.json"), "a preprocessor config")
-            length = _size(preprocessor, "config", "sequence_length")
+            preprocessor = saved_preprocessor(init) or {}
+            length = _size(preprocessor, "sequence_length") or _size(preprocessor, "max_length")
     return (context, length) if context else None
 
 
@@ -316,10 +317,19 @@ def build_model(task, start, preprocessor, lm_coef, classifier_dropout, lora_ran
     return model
 
 
+def check_lora_rank(rank, width):
+    """`--lora_rank` against the width of the model it adapts (`lora.check_rank`), as a `ConfigError`."""
+    try:
+        return lora.check_rank(rank, width, checks.option("lora_rank"))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def enable_lora(model, rank):
     """`--lora_rank` (checked by `check_config`): only the LoRA factors and the task head train."""
     if not isinstance(model.backbone, lora.LoraMixin):
         raise ConfigError(f"--lora_rank adapts attention layers; the {type(model.backbone).__name__} has none.")
+    check_lora_rank(rank, model.backbone.hidden_dim)
     model.backbone.enable_lora(rank)
     logger.info(
         f"LoRA rank {rank} on the query and value projections: {lora.count_trainable(model):,} of "

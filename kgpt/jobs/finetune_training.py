@@ -14,6 +14,7 @@ import os
 import keras
 import numpy as np
 
+from kgpt import checks
 from kgpt.data import batching
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
@@ -77,6 +78,18 @@ class FinalOutputs(keras.callbacks.Callback):
         self.progress.guard.check_outputs(outputs, f"{rows} training examples")
 
 
+def updates(epochs, rows, batch_size):
+    """`(steps_per_epoch, total_steps)` of `epochs` over `rows` training examples in batches of `batch_size`;
+    a batch larger than the training set is warned of (each epoch is then one update on all of it)."""
+    steps = math.ceil(rows / batch_size)
+    if batch_size > rows:
+        logger.warning(
+            f"Warning: {checks.option('batch_size')} {batch_size:,} is more than the {rows:,} training examples: "
+            f"each epoch is one update on all {rows:,} of them."
+        )
+    return steps, steps * epochs
+
+
 def train(config, work, task, model, splits, batch_size, origin, settings):
     """Compiles and fits `model` in the `Run` `work` (resuming its checkpoint); returns the results it adds to
     metrics.json.
@@ -87,8 +100,7 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
     train_name = task.splits[0]
     train_split = splits[train_name]
     metrics_lib.check(task, train_split.targets)  # a plugin's broken metric, before the first epoch is spent
-    steps_per_epoch = math.ceil(len(train_split) / batch_size)
-    total_steps = steps_per_epoch * config.epochs
+    steps_per_epoch, total_steps = updates(config.epochs, len(train_split), batch_size)
     model.compile(
         optimizer=gpt_adamw(
             config.learning_rate,
@@ -110,10 +122,11 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
     logger.info(
         f"Task {task.name} ({task.transform.kind}, {task.head.kind} head, metrics "
         f"{', '.join(task.metric_names)}); model from {origin}: {model.count_params():,} weights; "
-        f"{config.epochs} epoch(s) of {steps_per_epoch} steps, batch {batch_size}, {train_split.num_views} "
+        f"{config.epochs:,} epoch(s) of {steps_per_epoch:,} steps ({total_steps:,} in all), batch {batch_size:,}, "
+        f"{train_split.num_views} "
         f"view(s) of up to {int(train_split.lengths.max())} tokens, lm_coef {config.lm_coef}."
     )
-    training = Training(config, work, task, model, splits, train_name, dev_name, batch_size, settings)
+    training = Training(config, work, task, model, splits, train_name, dev_name, batch_size, settings, steps_per_epoch)
     history, kept = training.fit()
     return {"kept_epoch": kept, "history": history, "real_token_share": training.real_token_share}
 
@@ -134,13 +147,13 @@ class Training:
     masks, so it ends with the weights of an uninterrupted run.
     """
 
-    def __init__(self, config, work, task, model, splits, train_name, dev_name, batch_size, settings):
+    def __init__(self, config, work, task, model, splits, train_name, dev_name, batch_size, settings, steps):
         self.config, self.work, self.task, self.model = config, work, task, model
         self.train, self.dev = splits[train_name], splits.get(dev_name)
         self.batch_size = batch_size
         self.settings = settings | {"batch_size": batch_size, "train_data": self.train.fingerprint}
         self.directory = work.checkpoint_dir
-        self.steps_per_epoch = math.ceil(len(self.train) / batch_size)
+        self.steps_per_epoch = steps  # `updates`
         self.metric = task.metric_names[0]
 
     def fit(self):

@@ -37,6 +37,7 @@ from kgpt.data import batching, readers, tables
 from kgpt.data.readers import data_lines
 from kgpt.errors import ConfigError, DataError, EmptyTextError
 from kgpt.io import storage
+from kgpt.io.presets import saved_preprocessor
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.jobs.rundir import written_by_run
 from kgpt.models.gpt.gpt_task_preprocessor import segment_columns
@@ -63,11 +64,11 @@ def guess_format(path):
 def trained_columns(model_dir):
     """The columns a model fine-tuned on your own tables read (text, then choices); else None.
 
-    Its preprocessor keeps them (`preprocessor.json`, so a preset saved from
+    Its preprocessor keeps them (`saved_preprocessor`, so a preset saved from
     Python has them too); a run saved before it did has them in `metrics.json`.
     """
-    saved = _json(os.path.join(model_dir, "preprocessor.json")).get("config")
-    columns = saved.get("columns") if isinstance(saved, dict) else None
+    saved = saved_preprocessor(model_dir)
+    columns = saved.get("columns") if saved else None
     if isinstance(columns, list) and columns and all(isinstance(c, str) for c in columns):
         return columns
     return segment_columns(_json(os.path.join(model_dir, "metrics.json")).get("inputs"))
@@ -128,9 +129,9 @@ def columns_for(model_dir, input, format=None, columns=None, transform=None):
 
 
 def _saved_transform(model_dir):
-    """The input transformation saved with a fine-tuned model (`preprocessor.json`); None when unreadable."""
-    saved = _json(os.path.join(model_dir, "preprocessor.json")).get("config")
-    if not isinstance(saved, dict) or not isinstance(saved.get("transform"), dict):
+    """The input transformation saved with a fine-tuned model (`saved_preprocessor`); None when it has none."""
+    saved = saved_preprocessor(model_dir)
+    if not saved or not isinstance(saved.get("transform"), dict):
         return None
     import keras
 
@@ -269,7 +270,7 @@ def _example(fields, transform, source):
     segments = tuple(fields)
     for text in (*segments, *choices):
         if not isinstance(text, str):
-            raise DataError(f"{source}: a field is {type(text).__name__} {text!r:.60}, not text.")
+            raise DataError(f"{source}: a field is {type(text).__name__} {checks.shown(text, 60)}, not text.")
         if not text.strip():
             raise DataError(f"{source}: an empty text field.")
     problem = transform.check(segments, choices)

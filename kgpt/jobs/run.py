@@ -36,6 +36,7 @@ import tempfile
 import keras
 import numpy as np
 
+from kgpt import checks
 from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.io.run_folder import CHECKPOINTS, saving_outputs
@@ -70,6 +71,12 @@ def check_run(run_config, batch_size):
         callbacks_lib.parse_every(run_config.log_every)
     if keras.config.backend() == "jax":
         compilation_cache_dir(run_config.compilation_cache)  # a folder that cannot be made, before anything starts
+    if run_config.model_parallel is not None and run_config.distribution != "model_parallel":
+        raise ConfigError(
+            f"{checks.option('model_parallel')} {run_config.model_parallel} splits each model with "
+            f"{checks.option('distribution')} model_parallel, not {run_config.distribution}: add it, or leave "
+            f"{checks.option('model_parallel')} out."
+        )
     if run_config.distribution == "model_parallel" and keras.config.backend() != "jax":
         raise ConfigError(
             "distribution model_parallel runs on the jax backend (keras.distribution.ModelParallel); on "
@@ -204,7 +211,7 @@ def join(run_config, job, settings, batch_size=None):
                 "job": job,
                 "settings": settings,
                 "output_dir": run_config.output_dir,
-                "placement": {"model_parallel": run_config.model_parallel},
+                "placement": {"model_parallel": run_config.model_devices},
             }
         )
     if batch_size is not None:
@@ -212,7 +219,7 @@ def join(run_config, job, settings, batch_size=None):
             "data_parallel" if run_config.distribution == "none" and here.several else run_config.distribution
         )
         steps = run_config.gradient_accumulation_steps
-        check_placement(distribution, batch_size // steps, run_config.model_parallel, steps)
+        check_placement(distribution, batch_size // steps, run_config.model_devices, steps)
     return here
 
 
@@ -435,7 +442,7 @@ def scope(run_config, batch_size):
             run_config.distribution,
             run_config.dtype,
             batch_size // steps,
-            run_config.model_parallel,
+            run_config.model_devices,
             accumulation=steps,
         ) as shards,
     ):

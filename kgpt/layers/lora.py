@@ -56,6 +56,19 @@ LORA_SUFFIX = ".lora.h5"
 FACTORS_FILE = "lora_factors.npz"
 
 
+def check_rank(rank, width, name="rank"):
+    """`rank` for the LoRA factors of a model `width` wide (its `hidden_dim`), named `name` in errors: a
+    positive integer of at most `width`. An update `A B` of a kernel with a `width`-wide side has at most that
+    rank, so a higher one adds weights (a rank of 10^9 would try to allocate them) and never capacity."""
+    rank = positive_int(rank, name)
+    if rank > width:
+        raise ValueError(
+            f"{name} {rank} is more than the model's width ({width}): an update A B of its kernels has rank "
+            f"{width} at most, so the extra factors would add weights and no capacity: give at most {width}."
+        )
+    return rank
+
+
 def lora_layers(model):
     """The LoRA-enabled layers of `model` (a backbone or a task model), in a fixed order."""
     return [layer for layer in model._flatten_layers(include_self=False) if getattr(layer, "lora_enabled", False)]
@@ -90,17 +103,18 @@ class LoraMixin:
         """Freezes the backbone and adds trainable rank-`rank` factors to the target layers.
 
         Args:
-            rank: int >= 1. The rank of each update `A B`.
+            rank: int from 1 to the model's width (`hidden_dim`). The rank of
+                each update `A B`.
             target_layer_names: names of the `Dense`/`EinsumDense` layers to
                 adapt (default `default_lora_layer_names()`: `query`, `value`;
                 e.g. add `key`, `attention_output`,
                 `feedforward_intermediate_dense`, `feedforward_output_dense`).
         """
-        rank = positive_int(rank, "rank")
-        if rank >= self.hidden_dim:
+        rank = check_rank(rank, self.hidden_dim)
+        if rank == self.hidden_dim:
             logger.warning(
-                f"Warning: LoRA rank {rank} is not below the model's width ({self.hidden_dim}): each update A B "
-                f"has full rank and more weights than the kernel it adapts (ranks of 4 to 64 are usual)."
+                f"Warning: LoRA rank {rank} is the model's width: each update A B has full rank and more weights "
+                f"than the kernel it adapts (ranks of 4 to 64 are usual)."
             )
         if lora_layers(self):
             raise ValueError(f"LoRA is already enabled on this backbone (rank {self._lora_rank}).")

@@ -164,7 +164,7 @@ def check_placement(distribution, batch_size=None, model_devices=1, accumulation
         devices = len(mesh_devices())
         if devices % model_devices:
             raise ConfigError(
-                f"--model_parallel {model_devices}: the {devices} devices{of} do not split into groups "
+                f"{option('model_parallel')} {model_devices}: the {devices} device(s){of} do not split into groups "
                 f"of {model_devices}."
             )
         shards = devices // model_devices

@@ -10,6 +10,7 @@ import numbers
 
 import numpy as np
 
+from kgpt.checks import shown
 from kgpt.errors import MetricError, RegistryError
 
 
@@ -134,12 +135,14 @@ def _number(task, name, value):
         value = value[()]
     if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)):
         return float(value)
-    shown = (
-        f"an array of shape {value.shape}" if isinstance(value, np.ndarray) else f"{type(value).__name__} {value!r:.60}"
+    got = (
+        f"an array of shape {value.shape}"
+        if isinstance(value, np.ndarray)
+        else f"{type(value).__name__} {shown(value, 60)}"
     )
     raise RegistryError(
         f"{_owner(task)}: its metric {name!r} returned "
-        f"{shown}, not a number; a metric returns one float (kgpt.testing.check_task checks a task's metrics)."
+        f"{got}, not a number; a metric returns one float (kgpt.testing.check_task checks a task's metrics)."
     )
 
 

@@ -24,6 +24,7 @@ import os
 import re
 from collections.abc import Callable, Iterable
 
+from kgpt.checks import shown
 from kgpt.data import readers
 from kgpt.errors import DataError, ReaderTypeError
 from kgpt.tasks import heads as heads_lib
@@ -224,7 +225,7 @@ class Task:
             if bad:
                 bad = bad[0]
                 raise DataError(
-                    f"{item.source}: a text field is {type(bad).__name__} {bad!r:.80}, not text (task {self.name!r})."
+                    f"{item.source}: a text field is {type(bad).__name__} {shown(bad, 80)}, not text (task {self.name!r})."
                 )
             if any(not s.strip() for s in texts):
                 skipped["empty text field"] += 1

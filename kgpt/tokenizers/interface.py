@@ -23,6 +23,8 @@ tokenizer (`kgpt.KerasHubTokenizer`, `kgpt.tokenizers.keras_hub_adapter`) have t
 import collections
 import os
 
+from kgpt.checks import shown
+
 # The paper's added tokens that frame the task views (start, delimiter, extract), by these names in every
 # kgpt tokenizer; GPT-1's appends them after its vocabulary, in this order.
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
@@ -88,7 +90,7 @@ def check_tokenizer(tokenizer, what="tokenizer"):
     missing = [name for name in REQUIRED if not hasattr(type(tokenizer), name) and not hasattr(tokenizer, name)]
     if missing:
         raise TypeError(
-            f"{what} must be a kgpt.GPTTokenizer, got {tokenizer!r:.100}, which lacks "
+            f"{what} must be a kgpt.GPTTokenizer, got {shown(tokenizer, 100)}, which lacks "
             f"{', '.join(missing)} (kgpt.tokenizers.interface; a keras-hub tokenizer goes in "
             f"kgpt.KerasHubTokenizer)."
         )

@@ -28,6 +28,7 @@ import keras
 import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
+from kgpt.checks import shown
 from kgpt.errors import CheckpointError
 from kgpt.io.presets import check_save_target, deserialize, read_json
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, Chunk, shared_id
@@ -58,7 +59,7 @@ class KerasHubTokenizer(PythonTokenizer):
         if isinstance(tokenizer, dict):
             tokenizer = keras.layers.deserialize(tokenizer)
         if not isinstance(tokenizer, Tokenizer) or isinstance(tokenizer, PythonTokenizer):
-            raise TypeError(f"KerasHubTokenizer wraps a keras-hub tokenizer, got {tokenizer!r:.100}.")
+            raise TypeError(f"KerasHubTokenizer wraps a keras-hub tokenizer, got {shown(tokenizer, 100)}.")
         super().__init__(**{**kwargs, "dtype": "int32"})
         # Not tracked as a sublayer: a preprocessor's load_preset_assets would load its files a second time.
         object.__setattr__(self, "inner", tokenizer)
@@ -136,7 +137,7 @@ class KerasHubTokenizer(PythonTokenizer):
         self._check_vocabulary()
         array = np.asarray(ids)
         if array.ndim != 1 or array.size and array.dtype.kind not in "iu":
-            raise TypeError(f"decode() takes one flat sequence of integer token ids, got {ids!r:.80}.")
+            raise TypeError(f"decode() takes one flat sequence of integer token ids, got {shown(ids, 80)}.")
         parts, run = [], []
         for i in array.tolist():
             if i in self._appended:
@@ -206,7 +207,7 @@ class KerasHubTokenizer(PythonTokenizer):
         path = os.path.join(preset, config_file)
         config = read_json(path, "a keras-hub tokenizer config (tokenizer.save_to_preset(dir) writes it)")
         if not isinstance(config, dict) or not isinstance(config.get("config"), dict):
-            raise CheckpointError(f"{path}: expected a keras-hub tokenizer config, got {config!r:.200}.")
+            raise CheckpointError(f"{path}: expected a keras-hub tokenizer config, got {shown(config, 200)}.")
         config["config"].update(kwargs)
         tokenizer = deserialize(config, path, "a keras-hub tokenizer")
         if (

@@ -336,7 +336,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if isinstance(x, tuple) and inputs_kind.is_text(x):
             x = list(x)
         if isinstance(x, (str, bytes)):
-            raise TypeError(f"{method}() takes a list of texts, got one string: pass [{x!r:.40}].")
+            raise TypeError(f"{method}() takes a list of texts, got one string: pass [{checks.shown(x, 40)}].")
         self._check_ids(x, y)
         if method != "predict" and y is None and not inputs_kind.is_text(x) and _concrete_ids(x) is not None:
             raise ValueError(
@@ -388,7 +388,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                     text.encode("utf-8")
             except UnicodeError as e:
                 raise ValueError(
-                    f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): {text!r:.60}"
+                    f"x[{i}] is not valid UTF-8 text ({e.reason} at character {e.start}): {checks.shown(text, 60)}"
                 ) from None
             sizes.append(start + len(self.preprocessor.tokenizer.encode(text)))
         sizes = np.array(sizes)
@@ -535,9 +535,9 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             if not context:  # no newline token: the first token only conditions
                 context, tokens = tokens[:1], tokens[1:]
             if not tokens:
-                raise ValueError(f"Nothing to score in {text!r:.80}: it has too few tokens.")
+                raise ValueError(f"Nothing to score in {checks.shown(text, 80)}: it has too few tokens.")
             newline = " (with the newline before it)" if scorer.prefix else ""
-            what = f"The length in tokens of the text {text!r:.40}{newline}"
+            what = f"The length in tokens of the text {checks.shown(text, 40)}{newline}"
             checks.within_context(len(context) + len(tokens), self.backbone.max_sequence_length, what, "; split it")
             pairs.append((context, tokens))
         scores = [s.astype("float32") for s in scorer.log_probs_of_ids(pairs)]
@@ -571,7 +571,9 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         keras-hub computes it).
         """
         if layer_intercept_fn is not None and not callable(layer_intercept_fn):
-            raise TypeError(f"layer_intercept_fn must be a function fn(x, i) -> x, got {layer_intercept_fn!r:.80}.")
+            raise TypeError(
+                f"layer_intercept_fn must be a function fn(x, i) -> x, got {checks.shown(layer_intercept_fn, 80)}."
+            )
         token_ids = inputs["token_ids"]
         if scoring_mode == "loss":
             if target_ids is None:
@@ -653,7 +655,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 inputs = inputs.decode("utf-8")
             except UnicodeDecodeError as e:
                 raise ValueError(
-                    f"inputs is bytes that are not UTF-8 ({e.reason} at byte {e.start}): {inputs!r:.60}; "
+                    f"inputs is bytes that are not UTF-8 ({e.reason} at byte {e.start}): {checks.shown(inputs, 60)}; "
                     f"pass the prompt as a str."
                 ) from None
         checks.not_a_generator(inputs, "inputs")

@@ -8,12 +8,10 @@ from keras_hub.models import CausalLMPreprocessor
 
 from kgpt.checks import positive_int
 from kgpt.io import hub
-from kgpt.io.presets import CONFIG_FILE, check_preset_dir, read_json
+from kgpt.io.presets import CONFIG_FILE, PREPROCESSOR_CONFIG_FILE, check_preset_dir, read_json
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import check_tokenizer
-
-PREPROCESSOR_CONFIG = "preprocessor.json"  # keras-hub's preset layout
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -114,7 +112,7 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
         return outputs
 
     @classmethod
-    def from_preset(cls, preset, config_file=PREPROCESSOR_CONFIG, **kwargs):
+    def from_preset(cls, preset, config_file=PREPROCESSOR_CONFIG_FILE, **kwargs):
         """The preprocessor of a preset: a local folder, `hf://OWNER/REPO[@REVISION]` or a named preset.
 
         Reads `preprocessor.json` when the preset has one; otherwise builds

@@ -21,7 +21,7 @@ from importlib import resources
 import keras
 import numpy as np
 
-from kgpt.checks import one_of
+from kgpt.checks import one_of, shown
 from kgpt.errors import CheckpointError
 from kgpt.io import hub
 from kgpt.io.presets import check_save_target, deserialize, read_json
@@ -203,7 +203,7 @@ class GPT1Tokenizer(PythonTokenizer):
         if not (isinstance(registered, type) and issubclass(registered, cls)) or not isinstance(
             config.get("config"), dict
         ):
-            raise CheckpointError(f"{path}: expected a kgpt {cls.__name__} config, got {config!r:.200}.")
+            raise CheckpointError(f"{path}: expected a kgpt {cls.__name__} config, got {shown(config, 200)}.")
         config["config"].update(kwargs)
         tokenizer = deserialize(config, path, f"a {cls.__name__}")
         tokenizer.load_assets(os.path.join(preset, PRESET_ASSETS))
@@ -287,7 +287,7 @@ class GPT1Tokenizer(PythonTokenizer):
         """Text from ids; words are joined by single spaces (case is lost)."""
         self._check_vocabulary()
         if isinstance(ids, (str, bytes)) or not hasattr(ids, "__len__") and not hasattr(ids, "__array__"):
-            raise TypeError(f"decode() takes a sequence of token ids, got {ids!r:.80}.")
+            raise TypeError(f"decode() takes a sequence of token ids, got {shown(ids, 80)}.")
         try:
             array = np.asarray(ids)
         except ValueError:
@@ -304,7 +304,7 @@ class GPT1Tokenizer(PythonTokenizer):
             or isinstance(ids, (list, tuple))
             and any(isinstance(i, bool) for i in ids)
         ):
-            raise TypeError(f"decode() takes integer token ids, got {array.dtype} values ({ids!r:.80}).")
+            raise TypeError(f"decode() takes integer token ids, got {array.dtype} values ({shown(ids, 80)}).")
         pieces = []
         for i in array.tolist():
             if i not in self.decoder:

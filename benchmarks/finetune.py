@@ -69,7 +69,7 @@ from absl import app, flags, logging
 import kgpt
 from kgpt.data import batching
 from kgpt.jobs import run
-from kgpt.models import compile_cost
+from kgpt.train import compile_cost
 
 flags.DEFINE_integer("num_examples", 2048, "Examples in the synthetic split (with --tsv: its first pairs, at most).")
 flags.DEFINE_float("mean_length", 39.0, "Mean tokens per view (MNLI with the GPT-1 BPE, special tokens included).")

@@ -84,7 +84,7 @@ flags.DEFINE_multi_string(
 flags.DEFINE_integer(
     "lm_loss_chunk_size",
     None,
-    "Tokens per chunk of the LM loss (default: compile()'s, kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE).",
+    "Tokens per chunk of the LM loss (default: compile()'s, kgpt.train.lm_loss.DEFAULT_CHUNK_SIZE).",
     lower_bound=1,
 )
 flags.DEFINE_enum(

@@ -12,7 +12,7 @@ machine's load hits them alike), and the median is kept. Printed: per
 length the step's ms and ms per row per position, and a least-squares fit of
 a row's time to `a * L + b * L^2`: its `a / b`, the length at which
 attention costs as much as the rest of the row, beside
-`kgpt.models.compile_cost.attention_length`, the figure the length plan
+`kgpt.train.compile_cost.attention_length`, the figure the length plan
 derives from the model's shape (`kgpt.data.batching.row_cost`).
 """
 
@@ -21,7 +21,7 @@ import time
 import keras
 import numpy as np
 
-from kgpt.models import compile_cost
+from kgpt.train import compile_cost
 
 STEPS = 2  # timed steps per length in a round
 

@@ -36,9 +36,9 @@ _NAMES = {
     "GPTTokenizer": "kgpt.models.gpt.gpt_tokenizer",
     "read_tokenizer": "kgpt.models.gpt.gpt_tokenizer",
     "KerasHubTokenizer": "kgpt.tokenizers.keras_hub_adapter",
-    "GPTAdamW": "kgpt.models.optimizers",
-    "WarmupSchedule": "kgpt.models.optimizers",
-    "gpt_adamw": "kgpt.models.optimizers",
+    "GPTAdamW": "kgpt.train.optimizers",
+    "WarmupSchedule": "kgpt.train.optimizers",
+    "gpt_adamw": "kgpt.train.optimizers",
     "ConfigError": "kgpt.errors",
     "CheckpointError": "kgpt.errors",
     "upload_preset": "kgpt.io.hub",
@@ -54,7 +54,7 @@ _NAMES = {
 
 # Modules that register Keras classes which no name above imports (the heads and transformations
 # a saved task model names, the LM loss its compile config names).
-_REGISTERING = ("kgpt.tasks.heads", "kgpt.tasks.transforms", "kgpt.models.lm_loss")
+_REGISTERING = ("kgpt.tasks.heads", "kgpt.tasks.transforms", "kgpt.train.lm_loss")
 
 __all__ = sorted([*_NAMES, "log"], key=lambda n: (n[0].islower(), n))
 

@@ -18,9 +18,9 @@ from kgpt.jobs import pretrain as pretrain_lib
 from kgpt.jobs.config import FinetuneConfig, PretrainConfig
 from kgpt.jobs.finetune import finetune
 from kgpt.jobs.pretrain import pretrain
-from kgpt.models.optimizers import WarmupSchedule
 from kgpt.parallel import cluster, distribute, placement
 from kgpt.train import callbacks
+from kgpt.train.optimizers import WarmupSchedule
 
 JAX = keras.config.backend() == "jax"
 

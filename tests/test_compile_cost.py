@@ -8,7 +8,7 @@ import pytest
 
 import kgpt
 from kgpt.data import batching
-from kgpt.models import compile_cost
+from kgpt.train import compile_cost
 from tests.conftest import TINY
 
 JAX = keras.config.backend() == "jax"

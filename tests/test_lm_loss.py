@@ -8,8 +8,8 @@ import pytest
 from conftest import TINY, to_numpy
 
 import kgpt
-from kgpt.models import lm_loss, loss_trackers
-from kgpt.models.lm_loss import TiedLMLoss, chunked_lm_loss
+from kgpt.train import lm_loss, loss_trackers
+from kgpt.train.lm_loss import TiedLMLoss, chunked_lm_loss
 
 RNG = np.random.default_rng(0)
 HIDDEN = RNG.normal(size=(3, 7, 8)).astype("float32")
@@ -151,7 +151,7 @@ def test_chunk_size_means_the_same_in_both_models():
     backbone = kgpt.GPTBackbone(**TINY)
     lm = kgpt.GPTCausalLM(backbone)
     model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
-    for size, expected in (("auto", kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE), (None, None), (64, 64)):
+    for size, expected in (("auto", kgpt.train.lm_loss.DEFAULT_CHUNK_SIZE), (None, None), (64, 64)):
         lm.compile(lm_loss_chunk_size=size)
         model.compile(lm_loss_chunk_size=size)
         assert lm._chunked_loss.chunk_size == model.loss["lm"].chunk_size == expected
@@ -168,9 +168,9 @@ def test_chunk_size_means_the_same_in_both_models():
 def test_evaluation_skips_the_lm_loss_gradients(monkeypatch):
     """Both models' compute_loss tell the LM loss whether a step trains (recorded when the step is traced)."""
     traced = []
-    loop = kgpt.models.lm_loss._loop
+    loop = kgpt.train.lm_loss._loop
     monkeypatch.setattr(
-        kgpt.models.lm_loss, "_loop", lambda *a, gradients: traced.append(gradients) or loop(*a, gradients=gradients)
+        kgpt.train.lm_loss, "_loop", lambda *a, gradients: traced.append(gradients) or loop(*a, gradients=gradients)
     )
     backbone = kgpt.GPTBackbone(**{**TINY, "dropout": 0.0})
     model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["a", "b"]), compile=False)
@@ -192,11 +192,11 @@ def test_evaluation_skips_the_lm_loss_gradients(monkeypatch):
 
 def test_an_explicit_training_flag_wins_over_the_compiled_losses_context(monkeypatch):
     asked = []
-    monkeypatch.setattr(kgpt.models.lm_loss, "chunked_lm_loss", lambda *a, training: asked.append(training))
+    monkeypatch.setattr(kgpt.train.lm_loss, "chunked_lm_loss", lambda *a, training: asked.append(training))
     embedding = keras.layers.ReversibleEmbedding(13, 8)
     embedding.build((None,))
     loss = TiedLMLoss(embedding, chunk_size=5)
-    with kgpt.models.lm_loss.gradients_wanted(False):
+    with kgpt.train.lm_loss.gradients_wanted(False):
         loss.sums(TARGETS, HIDDEN, WEIGHTS, training=True)
         loss.sums(TARGETS, HIDDEN, WEIGHTS)
     loss.sums(TARGETS, HIDDEN, WEIGHTS)  # the context was reset on the way out
@@ -221,8 +221,8 @@ def test_chunked_loss_under_mixed_bfloat16_tracks_plain_logits():
 def test_compile_chooses_chunking_only_with_the_default_loss():
     lm = kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY))
     lm.compile()
-    assert lm._chunked_loss.chunk_size == kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE
-    assert lm.get_compile_config()["lm_loss_chunk_size"] == kgpt.models.lm_loss.DEFAULT_CHUNK_SIZE
+    assert lm._chunked_loss.chunk_size == kgpt.train.lm_loss.DEFAULT_CHUNK_SIZE
+    assert lm.get_compile_config()["lm_loss_chunk_size"] == kgpt.train.lm_loss.DEFAULT_CHUNK_SIZE
     lm.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))  # "auto": plain logits
     assert lm._chunked_loss is None
     with pytest.raises(ValueError, match="leave loss and weighted_metrics at 'auto'"):
@@ -254,7 +254,7 @@ def test_task_model_lm_output_is_hidden_states_and_chunking_changes_nothing():
     logits = hidden @ to_numpy(backbone.token_embedding.embeddings).T
     nll = to_numpy(keras.losses.sparse_categorical_crossentropy(y["lm"], logits, from_logits=True))
     np.testing.assert_allclose(losses[0]["lm_loss"], (nll * weights["lm"]).sum() / weights["lm"].sum(), rtol=1e-5)
-    with pytest.raises(ValueError, match="must be a kgpt.models.lm_loss.TiedLMLoss"):
+    with pytest.raises(ValueError, match="must be a kgpt.train.lm_loss.TiedLMLoss"):
         model.compile(loss={"task": "sparse_categorical_crossentropy", "lm": "sparse_categorical_crossentropy"})
 
 

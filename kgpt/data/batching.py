@@ -16,7 +16,7 @@ array. Each training epoch:
 Where every padded length costs a compilation (XLA: JAX, or TensorFlow with
 `jit_compile`), the plan knows what compiling costs (`length_plan`): a
 compilation is worth some number of steps (`compile_batches`: measured in
-the run on JAX, `kgpt.models.compile_cost`; `COMPILE_BATCHES` where it is
+the run on JAX, `kgpt.train.compile_cost`; `COMPILE_BATCHES` where it is
 not), compiling may take at most `COMPILE_SHARE` of the run
 (`max_lengths_for`), and within that the plan
 keeps the few lengths, read from the split's length histogram, that make
@@ -260,7 +260,7 @@ def row_cost(length, attention_length=None):
     A row's work is per position (its matmuls, the LM head) plus
     attention's `[heads, length, length]` scores, softmax and dropout masks,
     per position and per position it attends to; `attention_length` is the
-    length at which the two are equal (`kgpt.models.compile_cost.attention_length`).
+    length at which the two are equal (`kgpt.train.compile_cost.attention_length`).
     None: positions alone (the cost plans had before it was measured).
 
     Example:

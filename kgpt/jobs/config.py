@@ -137,7 +137,7 @@ class RunConfig:
     lm_loss_chunk_size: int = option(
         1024,
         "Tokens whose logits the LM loss holds at once, so training never keeps "
-        "the whole [batch, length, vocabulary] array (kgpt.models.lm_loss); 0: all at "
+        "the whole [batch, length, vocabulary] array (kgpt.train.lm_loss); 0: all at "
         "once.",
         lower_bound=0,
     )

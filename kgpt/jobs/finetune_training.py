@@ -19,12 +19,12 @@ from kgpt.data import batching
 from kgpt.errors import ConfigError
 from kgpt.jobs import run
 from kgpt.jobs.finetune_outputs import evaluate_split
-from kgpt.models import compile_cost
-from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import cluster, distribute
 from kgpt.tasks import metrics as metrics_lib
 from kgpt.train import callbacks as callbacks_lib
 from kgpt.train import checkpoint as checkpoint_lib
+from kgpt.train import compile_cost
+from kgpt.train.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
 
@@ -212,7 +212,7 @@ class Training:
         A resumed run takes the figure its checkpoint holds (the same lengths
         as before the interruption; a checkpoint from before the figure was
         recorded planned with `COMPILE_BATCHES`); a new one measures it
-        (`kgpt.models.compile_cost`) when it compiles and has steps to run.
+        (`kgpt.train.compile_cost`) when it compiles and has steps to run.
         """
         if state is not None:
             return state.get("compile_batches", batching.COMPILE_BATCHES)

@@ -33,11 +33,11 @@ from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
 from kgpt.models.gpt.gpt_task_preprocessor import MIN_MAX_LENGTH
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.models.lstm.lstm_backbone import LSTMBackbone
-from kgpt.models.optimizers import gpt_adamw
 from kgpt.parallel import cluster, distribute
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.tokenizers.interface import PRESET_CONFIG
 from kgpt.train.callbacks import EpochBar, Progress, sigterm_received
+from kgpt.train.optimizers import gpt_adamw
 
 logger = logging.getLogger(__name__)
 
@@ -433,7 +433,7 @@ def _validation(val_ids, sequence_length, shards, batch_size):
     number of processes scores the same windows; its real rows weigh
     `filled / real`, so Keras' loss (the mean over all of a batch's positions)
     is the mean over its windows, and the running loss counts those windows
-    only (`kgpt.models.loss_trackers`).
+    only (`kgpt.train.loss_trackers`).
     """
     if not len(val_ids):
         return None

@@ -75,7 +75,7 @@ class Head(Configurable):
         """The Keras loss of the task output; its `call(y_true, y_pred)` gives one value per example.
 
         The model averages those values by sample weight over the whole batch
-        (`kgpt.models.lm_loss.BatchMean`), however many devices hold it.
+        (`kgpt.train.lm_loss.BatchMean`), however many devices hold it.
         """
         raise NotImplementedError
 

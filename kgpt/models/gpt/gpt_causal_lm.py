@@ -2,7 +2,7 @@
 
 One class, as keras-hub keeps `GPT2CausalLM`: what `fit`, `evaluate` and
 `predict` check, `score`, `generate` and keras-hub's interpretability and
-quantization hooks; the memory-lean training loss is `kgpt.models.lm_loss`.
+quantization hooks; the memory-lean training loss is `kgpt.train.lm_loss`.
 """
 
 import contextlib
@@ -24,10 +24,10 @@ from kgpt.io.presets import CONFIG_FILE, TASK_CONFIG_FILE, PresetMixin, check_ov
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.models.gpt.gpt_backbone import GPTBackbone, check_dtype, task_config_with_dtype
 from kgpt.models.gpt.gpt_causal_lm_preprocessor import GPTCausalLMPreprocessor
-from kgpt.models.lm_loss import BatchMean, LMLossMixin, resolve_chunk_size
-from kgpt.models.optimizers import WarmupSchedule, gpt_adamw
 from kgpt.tokenizers.gpt1.files import holds_bpe_files
 from kgpt.tokenizers.interface import PRESET_CONFIG
+from kgpt.train.lm_loss import BatchMean, LMLossMixin, resolve_chunk_size
+from kgpt.train.optimizers import WarmupSchedule, gpt_adamw
 
 try:
     import tensorflow as tf
@@ -57,7 +57,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
     to the paper's optimiser (`kgpt.gpt_adamw`) and to the memory-lean loss:
     `fit()` never holds the `[batch, length, vocabulary]` logits, as its
     forward pass stops at the hidden states and the loss projects them
-    through the tied embedding 1024 tokens at a time (`kgpt.models.lm_loss`).
+    through the tied embedding 1024 tokens at a time (`kgpt.train.lm_loss`).
     `predict()`, `evaluate()`, `score()` and `generate()` use logits.
 
     With a `kgpt.GPTCausalLMPreprocessor` (`from_preset` attaches one when
@@ -149,7 +149,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 `None` holds the peak rate after warm-up.
             lm_loss_chunk_size: the `"auto"` loss trains without the
                 `[batch, length, vocabulary]` logits, computing those of this
-                many tokens at a time (`kgpt.models.lm_loss`; `"auto"`: 1024,
+                many tokens at a time (`kgpt.train.lm_loss`; `"auto"`: 1024,
                 `None`: all tokens at once). A custom loss or metric trains on
                 the logits; it takes `"auto"` or `None` only.
         """

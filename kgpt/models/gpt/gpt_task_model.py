@@ -5,7 +5,7 @@ state at each view's extract token (its last real token), after classifier
 dropout; training minimises `task loss + lm_coef * LM loss`, the LM loss
 being next-token cross-entropy over the real tokens of the same views.
 Its parts: `kgpt.layers.views` (the layers that fold views into the batch),
-`kgpt.models.gpt.gpt_task_preprocessor` (raw text in) and `kgpt.models.lm_loss`.
+`kgpt.models.gpt.gpt_task_preprocessor` (raw text in) and `kgpt.train.lm_loss`.
 """
 
 import os
@@ -25,7 +25,6 @@ from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, check_overrides, load
 from kgpt.layers.dropout import Dropout
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
-from kgpt.models import compile_cost
 from kgpt.models.gpt.gpt_backbone import GPTBackbone, check_dtype, task_config_with_dtype
 from kgpt.models.gpt.gpt_task_preprocessor import (
     GPTTaskPreprocessor,
@@ -34,13 +33,14 @@ from kgpt.models.gpt.gpt_task_preprocessor import (
     packed_length,
     segment_columns,
 )
-from kgpt.models.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
-from kgpt.models.optimizers import gpt_adamw
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
 from kgpt.parallel import distribute
 from kgpt.tasks import heads as heads_lib
 from kgpt.tasks.registry import TaskRegistry
 from kgpt.tasks.task import Example
+from kgpt.train import compile_cost
+from kgpt.train.lm_loss import BatchMean, LMLossMixin, TiedLMLoss
+from kgpt.train.optimizers import gpt_adamw
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -52,7 +52,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
     `[batch, classes]`, a value `[batch]`, or one logit per choice `[batch,
     choices]`); and, when `lm_coef > 0`, `"lm"`: the final hidden states
     `[batch, num_views, length - 1, hidden]` that predict the next tokens.
-    The LM loss (`kgpt.models.lm_loss.TiedLMLoss`) projects them through the tied
+    The LM loss (`kgpt.train.lm_loss.TiedLMLoss`) projects them through the tied
     embedding a chunk of tokens at a time, so the `[batch, views, length,
     vocabulary]` logits never exist at once.
 
@@ -294,14 +294,14 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 warm-up and linear decay to 0 at `total_steps` (constant
                 after warm-up when `None`), or any optimizer.
             loss: `"auto"` for the head's loss (averaged over the batch's
-                examples by sample weight, `kgpt.models.lm_loss.BatchMean`)
+                examples by sample weight, `kgpt.train.lm_loss.BatchMean`)
                 plus `lm_coef` x the LM cross-entropy averaged over real
                 tokens; or a Keras loss spec.
             weighted_metrics: `"auto"` for the head's metrics (accuracy for
                 classification and multiple choice).
             total_steps: the fine-tuning run's number of updates.
             lm_loss_chunk_size: tokens whose logits the `"auto"` LM loss
-                computes at once (`kgpt.models.lm_loss`; `"auto"`: 1024,
+                computes at once (`kgpt.train.lm_loss`; `"auto"`: 1024,
                 `None`: all of them at once), as for `GPTCausalLM`.
         """
         if optimizer == "auto":
@@ -316,7 +316,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 loss_weights["lm"] = self.lm_coef
         elif isinstance(loss, dict) and "lm" in loss and not isinstance(loss["lm"], TiedLMLoss):
             raise ValueError(
-                "The 'lm' output holds hidden states, not logits: its loss must be a kgpt.models.lm_loss.TiedLMLoss."
+                "The 'lm' output holds hidden states, not logits: its loss must be a kgpt.train.lm_loss.TiedLMLoss."
             )
         if weighted_metrics == "auto":
             weighted_metrics = {"task": self.head.metrics()}

@@ -78,7 +78,7 @@ def real_examples(sample_weight):
 
 def _per_replica(count):
     """`count` as each replica's share of the whole batch's: under `tf.distribute` every replica's tracker holds
-    its loss scaled to the batch (`kgpt.models.lm_loss.BatchMean`), and the replicas' trackers are summed."""
+    its loss scaled to the batch (`kgpt.train.lm_loss.BatchMean`), and the replicas' trackers are summed."""
     if keras.config.backend() != "tensorflow":
         return count
     import tensorflow as tf

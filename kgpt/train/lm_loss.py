@@ -37,7 +37,7 @@ import keras
 from keras import ops
 
 from kgpt.checks import one_of, positive_int
-from kgpt.models import loss_trackers
+from kgpt.train import loss_trackers
 
 # Small enough that a chunk's unfused float32 temporaries (TensorFlow without
 # XLA keeps about six [chunk, vocabulary] arrays) stay far below the full
@@ -219,7 +219,7 @@ def chunked_lm_loss(
     Example:
     ```python
     import numpy as np
-    from kgpt.models.lm_loss import chunked_lm_loss
+    from kgpt.train.lm_loss import chunked_lm_loss
 
     rng = np.random.default_rng(0)
     hidden = rng.normal(size=(2, 5, 8)).astype("float32")
@@ -371,7 +371,7 @@ class TiedLMLoss(keras.losses.Loss):
 
     Example:
     ```python
-    loss = kgpt.models.lm_loss.TiedLMLoss(backbone.token_embedding, chunk_size=2048)
+    loss = kgpt.train.lm_loss.TiedLMLoss(backbone.token_embedding, chunk_size=2048)
     value = loss(next_ids, backbone(inputs), sample_weight=padding_mask)
     ```
     """
@@ -430,7 +430,7 @@ class LMLossMixin:
     in both (`resolve_chunk_size`); `compute_loss` runs the losses inside
     `gradients_wanted(training)`, so an evaluation step never computes the
     LM loss's gradients; the running losses count real examples only
-    (`kgpt.models.loss_trackers`).
+    (`kgpt.train.loss_trackers`).
     """
 
     def tied_lm_loss(self, lm_loss_chunk_size, reduction="mean_with_sample_weight"):

@@ -383,7 +383,7 @@ def text_list(x, name="x"):
     if isinstance(x, list) and any(isinstance(t, (str, bytes)) for t in x):
         bad = next((i for i, t in enumerate(x) if not isinstance(t, (str, bytes))), None)
         if bad is not None:
-            raise TypeError(f"{name}[{bad}] is {x[bad]!r:.60}, not text: a list of texts must hold only strings.")
+            raise TypeError(f"{name}[{bad}] is {shown(x[bad], 60)}, not text: a list of texts must hold only strings.")
 
 
 def not_none(x, name="x"):

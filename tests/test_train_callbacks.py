@@ -279,8 +279,9 @@ def test_a_checkpoint_whose_step_was_altered_or_lies_past_the_run_is_refused(tmp
 
 
 def test_a_runs_callbacks_hand_their_nan_stop_to_progress_which_consults_it_before_a_checkpoint(tmp_path):
+    from kgpt.jobs.config import RunConfig
     from kgpt.jobs.run import Run
 
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=2)
-    listed = Run(str(tmp_path), str(tmp_path), log_every="0").callbacks(progress, "Lower it")
+    listed = Run(str(tmp_path), str(tmp_path), config=RunConfig(log_every="0")).callbacks(progress, "Lower it")
     assert isinstance(listed[0], callbacks.StopOnNonFiniteLoss) and progress.guard is listed[0]

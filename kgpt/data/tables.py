@@ -235,7 +235,7 @@ def write_table(path, format, columns, rows):
             bad = next((v for v in values if "\t" in v or "\n" in v or "\r" in v), None)
             if bad is not None:
                 raise DataError(
-                    f"{path}: row {i} holds a tab or a line break ({bad!r:.60}), which TSV cannot; "
+                    f"{path}: row {i} holds a tab or a line break ({checks.shown(bad, 60)}), which TSV cannot; "
                     f"write a .csv or .jsonl instead."
                 )
             lines.append("\t".join(values) + "\n")

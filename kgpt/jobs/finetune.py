@@ -147,9 +147,10 @@ def finetune(config, registry=None):
     task = resolve_task(config, registry)
     config = with_local_init(config)
     run_config, settings = config.run_part(), run_settings(config)
-    run.join(run_config, "finetune", settings, config.batch_size or DEFAULT_BATCH_SIZE)
-    with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-") as work:
-        with run.scope(run_config, config.batch_size or DEFAULT_BATCH_SIZE):
+    batch_size = config.batch_size or DEFAULT_BATCH_SIZE
+    run.join(run_config, "finetune", settings, batch_size)
+    with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-", batch_size) as work:
+        with work.scope():
             data_dir = (
                 config.data_dir
                 or files_dir(config.train_file)
@@ -233,12 +234,15 @@ def _baseline(config, work, task, data_dir, start, results):
         output_dir=output_dir,
         data_dir=config.data_dir if config.train_file else data_dir,
     )
-    with run.workspace(base.run_part(), "finetune", run_settings(base), f"kgpt-{task.name}-", work) as inner:
+    batch_size = base.batch_size or DEFAULT_BATCH_SIZE
+    with run.workspace(
+        base.run_part(), "finetune", run_settings(base), f"kgpt-{task.name}-", batch_size, work
+    ) as inner:
         logger.info(
             f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
             f"{f', in {inner.location}' if inner.kept else ''}:"
         )
-        with run.scope(base.run_part(), base.batch_size or DEFAULT_BATCH_SIZE):
+        with inner.scope():
             _, baseline, _ = _finetune(base, inner, task, data_dir, initial=start.initial)
     logger.info(comparison(task, results, baseline))
 
@@ -325,7 +329,7 @@ def view_length(max_length, context, saved_length=None):
 def _finetune(config, work, task, data_dir, initial=None):
     """Fine-tunes from `config.init` (or `initial`, a `Start.initial`) in the `Run` `work`; returns
     `(model, results, start)`."""
-    run.seed_keras(config.seed)  # as run.scope did: the embedded data above drew no random numbers
+    run.seed_keras(config.seed)  # as work.scope did: the embedded data above drew no random numbers
     start = starting_point(config, task, initial, work)
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
     saved_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else None

@@ -346,7 +346,7 @@ def pretrain(config, registry=None, within=None):
     if config.zero_shot:  # before the corpus is tokenized and the model built
         registry = registry or TaskRegistry()
         zero_shot_lib.check_tasks(config.zero_shot, registry)
-    with run.workspace(run_config, "pretrain", settings, "kgpt-shards-", within) as work:
+    with run.workspace(run_config, "pretrain", settings, "kgpt-shards-", config.batch_size, within) as work:
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
@@ -356,7 +356,7 @@ def pretrain(config, registry=None, within=None):
         train_end = split_point(
             index.total_tokens, config.validation_fraction, config.validation_tokens, config.sequence_length
         )
-        with run.scope(run_config, config.batch_size) as shards:
+        with work.scope() as shards:
             lm = _compiled_lm(config, tokenizer)
             evaluations = evaluation_count(config.max_steps, config.evaluations)
             if evaluations != config.evaluations:

@@ -3,8 +3,9 @@
 A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
 
     run_config = config.run_part()                                   # a RunConfig: where and how it runs
-    with run.workspace(run_config, "finetune", settings, "kgpt-rte-") as work:  # output_dir claimed, or a temp dir
-        with run.scope(run_config, batch_size):                      # seed, dtype policy, devices
+    run.join(run_config, "finetune", settings, batch_size)           # the other processes, if any
+    with run.workspace(run_config, "finetune", settings, "kgpt-rte-", batch_size) as work:  # output_dir claimed
+        with work.scope():                                           # seed, dtype policy, devices
             ...build and compile the model...
             state = work.restore(model, settings)                    # the checkpoint, if any
             progress = Progress(work.checkpoint_dir, settings, ..., work.history_path, state,
@@ -41,7 +42,7 @@ from kgpt.errors import ConfigError
 from kgpt.io import storage
 from kgpt.io.run_folder import CHECKPOINTS, saving_outputs
 from kgpt.io.storage import write_json
-from kgpt.jobs.config import check_integers
+from kgpt.jobs.config import RunConfig, check_integers
 from kgpt.jobs.rundir import OUTPUTS, RunDirectory
 from kgpt.parallel import cluster, placement
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
@@ -230,12 +231,18 @@ class Run:
     `directory` the local folder the run writes: `output_dir` itself, the
     local folder of its `mirror` (a `kgpt.io.storage.Mirror`, when it is
     remote), or a temporary folder. Write there with the usual local calls,
-    and `publish()` after a write that must survive a kill.
+    and `publish()` after a write that must survive a kill. `config` is the
+    run's `RunConfig` and `batch_size` its batch (what `scope` splits).
     """
 
-    def __init__(self, output_dir, directory, mirror=None, log_every="auto", accumulation=1):
+    def __init__(self, output_dir, directory, mirror=None, config=None, batch_size=None):
         self.output_dir, self.directory, self.mirror = output_dir, directory, mirror
-        self.log_every, self.accumulation = log_every, accumulation
+        self.config, self.batch_size = config if config is not None else RunConfig(), batch_size
+        self.log_every, self.accumulation = self.config.log_every, self.config.gradient_accumulation_steps
+
+    def scope(self):
+        """`scope(config, batch_size)` of this run: its seed, dtype policy and devices; yields the batch shards."""
+        return scope(self.config, self.batch_size)
 
     @property
     def kept(self):
@@ -354,9 +361,9 @@ class Run:
 
 
 @contextlib.contextmanager
-def workspace(run_config, job, settings, prefix, within=None):
-    """Yields the `Run` of `run_config` (a `RunConfig`): its `output_dir` claimed for `job` (`RunDirectory`), or a
-    temporary folder.
+def workspace(run_config, job, settings, prefix, batch_size=None, within=None):
+    """Yields the `Run` of `run_config` (a `RunConfig`) with batches of `batch_size`: its `output_dir` claimed for
+    `job` (`RunDirectory`), or a temporary folder.
 
     The temporary folder (for data a run derives, e.g. token shards or a
     task's embedded data) is deleted at exit: without an output directory
@@ -368,7 +375,7 @@ def workspace(run_config, job, settings, prefix, within=None):
     through its mirror. With several processes, process 0 claims the
     directory and the others go on only if it could.
     """
-    options = dict(log_every=run_config.log_every, accumulation=run_config.gradient_accumulation_steps)
+    options = dict(config=run_config, batch_size=batch_size)
     with catching_sigterm():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
         if not run_config.output_dir:
             with tempfile.TemporaryDirectory(prefix=prefix) as scratch:

@@ -27,6 +27,7 @@ import re
 
 import numpy as np
 
+from kgpt.checks import shown
 from kgpt.errors import CheckpointError
 from kgpt.io.presets import read_json
 
@@ -363,6 +364,6 @@ def _added_tokens(directory, size):
     if added != expected:
         raise CheckpointError(
             f"{path}: kgpt's tokenizer reads {expected} after the {size:,}-token vocabulary, "
-            f"but this file holds {added!r:.200}."
+            f"but this file holds {shown(added, 200)}."
         )
     return added

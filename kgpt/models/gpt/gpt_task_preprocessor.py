@@ -103,7 +103,7 @@ class GPTTaskPreprocessor(Preprocessor):
         if columns is not None and (
             isinstance(columns, str) or not all(isinstance(c, str) for c in columns) or not columns
         ):
-            raise ValueError(f"columns must be a list of column names, got {columns!r:.100}.")
+            raise ValueError(f"columns must be a list of column names, got {checks.shown(columns, 100)}.")
         self.tokenizer = tokenizer
         self.transform = transform
         self.sequence_length = length
@@ -141,14 +141,14 @@ class GPTTaskPreprocessor(Preprocessor):
             )
         for text in (*segments, *choices):
             if not isinstance(text, str):
-                raise ValueError(f"expected text, got {type(text).__name__} {text!r:.80}")
+                raise ValueError(f"expected text, got {type(text).__name__} {checks.shown(text, 80)}")
             if not text.strip():  # a task's reader counts and skips such rows (`Task.iter_examples`)
                 raise EmptyTextError(f"a text is empty ({text!r}): leave the example out")
         encoded = [self.tokenizer.encode(text) for text in (*segments, *choices)]
         for text, ids in zip((*segments, *choices), encoded):
             if not len(ids):  # the view would be the special tokens alone; a run's split counts and skips it
                 raise EmptyTextError(
-                    f"the text {text!r:.40} has no tokens (the tokenizer drops all its characters): leave the "
+                    f"the text {checks.shown(text, 40)} has no tokens (the tokenizer drops all its characters): leave the "
                     f"example out"
                 )
         layout = transforms.Layout.from_tokenizer(self.tokenizer)
@@ -181,7 +181,7 @@ class GPTTaskPreprocessor(Preprocessor):
             if any(isinstance(c, (str, bytes)) for c in columns):
                 raise TypeError(
                     f"A tuple is read as columns of segments, (premises, hypotheses), each a list of "
-                    f"texts; got a tuple holding a string ({next(c for c in columns if isinstance(c, (str, bytes)))!r:.40}). "
+                    f"texts; got a tuple holding a string ({checks.shown(next(c for c in columns if isinstance(c, (str, bytes))), 40)}). "
                     f"Pass texts as a list, or each example as a tuple inside a list."
                 )
             choices = None
@@ -204,7 +204,9 @@ class GPTTaskPreprocessor(Preprocessor):
     def _split_choices(self, item):
         if self.transform.takes_choices:
             if len(item) < 2 or isinstance(item[-1], str):
-                raise ValueError(f"A multiple-choice example is (context, ..., [choices]), got {item!r:.200}.")
+                raise ValueError(
+                    f"A multiple-choice example is (context, ..., [choices]), got {checks.shown(item, 200)}."
+                )
             return tuple(item[:-1]), tuple(item[-1])
         return tuple(item), ()
 

@@ -54,7 +54,7 @@ def _check(condition, task, message):
 
 def check_examples(task, items, tokenizer=None, max_length=64):
     """Every item is an Example/Skipped that the task's transformation and labels accept."""
-    preprocessor = GPTTaskPreprocessor(tokenizer or GPTTokenizer.gpt1(), task.transform, max_length=max_length)
+    preprocessor = GPTTaskPreprocessor(tokenizer or GPTTokenizer.gpt1(), task.transform, sequence_length=max_length)
     start, extract = preprocessor.tokenizer.start_id, preprocessor.tokenizer.extract_id
     count = 0
     for item in items:
@@ -94,7 +94,7 @@ def check_task(task, data_dir=None, tokenizer=None):
     examples = [synthetic_example(task, i) for i in range(4)]
     check_examples(task, examples, tokenizer)
 
-    preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, max_length=32)
+    preprocessor = GPTTaskPreprocessor(tokenizer, task.transform, sequence_length=32)
     targets = [task.label_value(e) for e in examples]
     split = preprocessor.encode_batch(examples, np.asarray(targets, task.head.target_dtype))
     backbone = GPTBackbone(

@@ -360,7 +360,7 @@ def test_single_class_training_split_warns(tmp_path, capsys, progress):
         labels=("no", "yes"),
         read=lambda split, data_dir: [kgpt.Example((f"text {i}",), "yes", source=f"{split}:{i}") for i in range(3)],
     )
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, sequence_length=16)
     finetune_data.read_splits(task, str(tmp_path), preprocessor)
     assert (
         "every one of the 3 examples of task 'one-class''s training split 'train' has the label 'yes': the "

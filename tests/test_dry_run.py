@@ -114,7 +114,7 @@ def test_a_bad_label_is_the_error_the_job_gives(preset, tmp_path):
     lines[3] = lines[3].rsplit("\t", 1)[0] + "\tmaybe"
     open(path, "w", encoding="utf-8").write("\n".join(lines) + "\n")
     task = REGISTRY.get("rte")
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, sequence_length=16)
     with pytest.raises(kgpt.DataError) as job:
         finetune_data.encode_split(task, "dev", data, preprocessor)
     with pytest.raises(kgpt.DataError) as dry:

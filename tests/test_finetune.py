@@ -30,7 +30,7 @@ def config(preset, tmp_path, **overrides):
 
 
 def preprocessor(preset, task, max_length):
-    return kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.from_preset(preset), task.transform, max_length=max_length)
+    return kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.from_preset(preset), task.transform, sequence_length=max_length)
 
 
 def write_tsv(folder, split, rows):
@@ -319,7 +319,7 @@ def test_example_ids_a_task_repeats_are_said(caplog):
         return [kgpt.Example(("a cab",), "x", source=f"f.tsv:{i}", uid=str(i % 2)) for i in range(4)]
 
     task = kgpt.Task("twice", kgpt.tasks.transforms.Classification(), read, labels=("x", "y"))
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, max_length=16)
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), task.transform, sequence_length=16)
     with caplog.at_level("WARNING", logger="kgpt"):  # its predictions file named rows 0, 1, 0, 1
         split = finetune_data.encode_split(task, "train", "data", preprocessor)
     assert split.uids == ["0", "1", "0", "1"]

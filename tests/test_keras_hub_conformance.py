@@ -416,7 +416,7 @@ def test_a_dataset_of_strings_is_refused_when_it_cannot_train(classifier):
     pairs = kgpt.GPTTaskModel(
         classifier.backbone,
         heads.ClassificationHead(["a", "b"]),
-        preprocessor=kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Entailment(), max_length=LENGTH),
+        preprocessor=kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Entailment(), sequence_length=LENGTH),
     )
     with pytest.raises(ValueError, match=r"batch 0 \(from 0\) example 0: entailment needs 2 text segments, got 1"):
         pairs.predict(tf.data.Dataset.from_tensor_slices(TEXTS).batch(2), verbose=0)
@@ -438,7 +438,7 @@ def test_task_preprocessor_runs_inside_tf_data_map():
     for text, x in zip(TEXTS, tf.data.Dataset.from_tensor_slices(TEXTS).map(preprocessor)):
         np.testing.assert_array_equal(x["token_ids"].numpy(), preprocessor([text])["token_ids"][0])
     # Two segments: ((premises, hypotheses), labels), keras-hub's layout.
-    pair = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Entailment(), max_length=16)
+    pair = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Entailment(), sequence_length=16)
     columns = (["ab", "c"], ["c", "abc"])
     x, _, _ = tf.data.Dataset.from_tensor_slices((columns, labels)).batch(2).map(pair).get_single_element()
     np.testing.assert_array_equal(x["token_ids"].numpy(), pair(columns)["token_ids"])
@@ -473,28 +473,15 @@ def test_num_classes_is_a_classifier_over_class_indices():
         kgpt.GPTTaskModel(backbone, num_classes=1)
 
 
-def test_sequence_length_is_the_packed_length_and_max_length_still_loads(tmp_path):
-    import json
-
+def test_sequence_length_is_the_packed_length_as_in_keras_hub(tmp_path):
     preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), sequence_length=6)
     assert preprocessor.get_config()["sequence_length"] == 6 and "max_length" not in preprocessor.get_config()
-    assert preprocessor.max_length == 6  # the earlier name reads and sets the same length
-    preprocessor.max_length = 7
-    assert preprocessor.sequence_length == 7
-    with pytest.raises(ValueError, match=r"name the same packed length: pass sequence_length only"):
-        kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), sequence_length=6, max_length=8)
-    # A preset saved before the rename holds max_length in preprocessor.json and task.json: it loads with that
-    # length.
+    assert kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification()).sequence_length == 512
+    assert not hasattr(preprocessor, "max_length")  # keras-hub's preprocessors have sequence_length alone
+    with pytest.raises(ValueError, match=r"max_length"):  # Keras refuses an argument the layer does not take
+        kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=8)
     model = kgpt.GPTTaskModel(
         tiny_backbone(preprocessor.tokenizer.vocabulary_size()), num_classes=2, preprocessor=preprocessor
     )
-    model.save_to_preset(str(tmp_path / "old"))
-    path = tmp_path / "old" / "preprocessor.json"
-    saved = json.loads(path.read_text())
-    saved["config"]["max_length"] = saved["config"].pop("sequence_length")
-    path.write_text(json.dumps(saved))
-    task_path = tmp_path / "old" / "task.json"
-    task = json.loads(task_path.read_text())
-    task["config"]["preprocessor"] = saved
-    task_path.write_text(json.dumps(task))
-    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "old")).preprocessor.sequence_length == 7
+    model.save_to_preset(str(tmp_path / "saved"))
+    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "saved")).preprocessor.sequence_length == 6

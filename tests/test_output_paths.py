@@ -405,7 +405,7 @@ def test_an_unset_max_length_is_recorded_as_the_length_it_stands_for(tiny_preset
     assert recorded("scratch") == recorded("scratch", 512) == 512
     assert recorded("demo") == recorded("demo", 64) == 64
     preprocessor = kgpt.GPTTaskPreprocessor(
-        kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, max_length=40
+        kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, sequence_length=40
     )
     model = kgpt.GPTTaskModel(
         kgpt.GPTBackbone.from_preset(tiny_preset),
@@ -421,7 +421,7 @@ def test_a_fine_tuned_init_with_a_damaged_or_edited_preprocessor_names_the_file(
     # The model loads the preprocessor in task.json; preprocessor.json, keras-hub's copy, is what kgpt's readers
     # and Preprocessor.from_preset see. An edit of either alone would be ignored by one of them.
     preprocessor = kgpt.GPTTaskPreprocessor(
-        kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, max_length=40
+        kgpt.GPTTokenizer.from_preset(tiny_preset), kgpt.TaskRegistry().get("rte").transform, sequence_length=40
     )
     kgpt.GPTTaskModel(
         kgpt.GPTBackbone.from_preset(tiny_preset),
@@ -434,7 +434,7 @@ def test_a_fine_tuned_init_with_a_damaged_or_edited_preprocessor_names_the_file(
     cases = [
         (("preprocessor.json",), -3, copy_edited + r"-3 in preprocessor.json, 40 in task.json\): the model loads"),
         (("task.json",), 20, copy_edited + r"40 in preprocessor.json, 20 in task.json\)"),
-        (("preprocessor.json", "task.json"), -3, r"tuned/task.json: the preprocessor's sequence_length is -3; it is"),
+        (("preprocessor.json", "task.json"), -3, r"tuned/task.json: the preprocessor's sequence_length must be an integer >= 1, got -3\.$"),
         (("preprocessor.json", "task.json"), 200, r"is 200, more than the model's context max_sequence_length=128"),
     ]
     for files, value, error in cases:

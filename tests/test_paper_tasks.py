@@ -287,7 +287,7 @@ def test_trains_end_to_end_on_files_in_the_real_format(name, tiny_preset, tmp_pa
 
 def encode(name, data, split="train"):
     task = REGISTRY.get(name)
-    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), task.transform, max_length=128)
+    preprocessor = kgpt.GPTTaskPreprocessor(kgpt.GPTTokenizer.gpt1(), task.transform, sequence_length=128)
     return finetune_data.encode_split(task, split, data, preprocessor)
 
 

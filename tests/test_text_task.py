@@ -91,17 +91,17 @@ def test_preprocessor_takes_keras_hub_style_inputs():
     tokenizer = char_tokenizer()
     start, delimiter, extract = tokenizer.start_id, tokenizer.delimiter_id, tokenizer.extract_id
     a, b = tokenizer.encode("ab"), tokenizer.encode("c")
-    single = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16)
+    single = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), sequence_length=16)
     x = single(["ab", "c"])
     assert x["token_ids"].shape == (2, 1, 4)
     assert x["token_ids"][0, 0].tolist() == [start, *a, extract]
-    pair = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Entailment(), max_length=16)
+    pair = kgpt.GPTTaskPreprocessor(tokenizer, transforms.Entailment(), sequence_length=16)
     assert pair((["ab"], ["c"]))["token_ids"][0, 0].tolist() == [start, *a, delimiter, *b, extract, 0, 0]
     assert pair.examples([("ab", "c")]) == pair.examples((["ab"], ["c"])) == [(("ab", "c"), ())]
     import tensorflow as tf
 
     assert pair.examples((tf.constant(["ab"]), np.array(["c"]))) == [(("ab", "c"), ())]
-    choice = kgpt.GPTTaskPreprocessor(tokenizer, transforms.MultipleChoice(2), max_length=16)
+    choice = kgpt.GPTTaskPreprocessor(tokenizer, transforms.MultipleChoice(2), sequence_length=16)
     assert choice.examples((["ctx"], [["yes", "no"]])) == [(("ctx",), ("yes", "no"))]
     assert choice.examples((["art"], ["q"], [["yes", "no"]])) == [(("art", "q"), ("yes", "no"))]
     assert choice((["ab"], [["c", "ab"]]))["token_ids"].shape == (1, 2, 8)
@@ -131,13 +131,13 @@ def test_preprocessor_takes_keras_hub_style_inputs():
     ],
 )
 def test_preprocessor_errors_name_the_example(transform, inputs, message):
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transform, max_length=16)
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transform, sequence_length=16)
     with pytest.raises(ValueError, match=message):
         preprocessor(inputs)
 
 
 def test_truncation_is_counted_and_reported():
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=8)
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), sequence_length=8)
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": char_tokenizer().vocabulary_size()})
     split = preprocessor.encode_batch(["abcdefghij", "ab"])
     assert split.counts["truncated"] == 1 and split.counts["tokens_cut"] == 10 - (8 - 2)
@@ -219,7 +219,7 @@ def test_from_preset_adds_special_tokens_and_checks_the_task(tiny_preset, tmp_pa
     task = TASKS["one segment"][0]
     model = kgpt.GPTTaskModel.from_preset(str(tmp_path / "lm"), task=task)
     assert model.backbone.vocabulary_size == tokenizer.vocabulary_size()
-    assert model.preprocessor.max_length == 32
+    assert model.preprocessor.sequence_length == 32
     with pytest.raises(ValueError, match="is not a fine-tuned task model: pass task=NAME"):
         kgpt.GPTTaskModel.from_preset(str(tmp_path / "lm"))
     model.save_to_preset(str(tmp_path / "tuned"))
@@ -253,7 +253,7 @@ def test_text_needs_a_preprocessor_that_fits(backbone):
         kgpt.GPTTaskModel(
             backbone,
             heads.ClassificationHead(["a", "b"]),
-            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), max_length=16),
+            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Classification(), sequence_length=16),
         )
     backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size()})
     with pytest.raises(
@@ -269,7 +269,7 @@ def test_text_needs_a_preprocessor_that_fits(backbone):
         kgpt.GPTTaskModel(
             backbone,
             heads.ClassificationHead(["a", "b"]),
-            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Similarity(), max_length=16),
+            preprocessor=kgpt.GPTTaskPreprocessor(tokenizer, transforms.Similarity(), sequence_length=16),
         )
 
 
@@ -311,7 +311,7 @@ def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
 
     path = tmp_path / "in.txt"
     path.write_text("fine\n\x01\x02\n")
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), max_length=16)
+    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), transforms.Classification(), sequence_length=16)
     inputs = predict.read_inputs(str(path), preprocessor.transform, "text", None)
     with pytest.raises(kgpt.DataError, match=rf"^{path}:2: the text '\\x01\\x02' has no tokens"):
         predict.encode(preprocessor, inputs)
@@ -324,7 +324,7 @@ def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
 
 def test_a_model_fine_tuned_on_one_column_refuses_two_segments():
     preprocessor = kgpt.GPTTaskPreprocessor(
-        char_tokenizer(), transforms.Classification(), max_length=16, columns=["review"]
+        char_tokenizer(), transforms.Classification(), sequence_length=16, columns=["review"]
     )
     # Classification joins segments: the pair was predicted as one text (kgpt-predict refused it).
     with pytest.raises(

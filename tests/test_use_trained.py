@@ -219,7 +219,9 @@ def test_predict_reads_named_columns_and_reports_bad_rows(tmp_path):
     )
     text.write_text("article\tquestion\ta\tb\tc\td\n")
     assert predict_lib.read_inputs(str(text), race).examples == [(("article", "question"), ("a", "b", "c", "d"))]
-    preprocessor = kgpt.GPTTaskPreprocessor(char_tokenizer(), choose, max_length=16, columns=["question", "a", "b"])
+    preprocessor = kgpt.GPTTaskPreprocessor(
+        char_tokenizer(), choose, sequence_length=16, columns=["question", "a", "b"]
+    )
     with pytest.raises(ValueError, match=r"2 text segment\(s\), where the model was fine-tuned on 1 text column\(s\) "):
         preprocessor.encode(["ctx", "more"], ["yes", "no"])
     preprocessor.encode(["ctx"], ["yes", "no"])

@@ -73,7 +73,7 @@ def export_task_model(model, filepath, format="tf_saved_model", verbose=True, **
     tokenizer = kgpt.GPTTokenizer.gpt1()
     backbone = kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), num_layers=2, num_heads=2,
                                 hidden_dim=16, intermediate_dim=64, max_sequence_length=64)
-    preprocessor = kgpt.GPTTaskPreprocessor(tokenizer, kgpt.tasks.transforms.Classification(), max_length=64)
+    preprocessor = kgpt.GPTTaskPreprocessor(tokenizer, kgpt.tasks.transforms.Classification(), sequence_length=64)
     model = kgpt.GPTTaskModel(backbone, head=kgpt.tasks.heads.ClassificationHead(["neg", "pos"]), preprocessor=preprocessor)
     export_task_model(model, "sst2_savedmodel")
     served = tf.saved_model.load("sst2_savedmodel")

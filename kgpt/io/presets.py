@@ -501,18 +501,14 @@ def saved_preprocessor(preset):
     config = nested["config"]
     backbone = (inner.get("backbone") or {}).get("config") if isinstance(inner.get("backbone"), dict) else None
     context = backbone.get("max_sequence_length") if isinstance(backbone, dict) else None
-    for key in ("sequence_length", "max_length"):  # max_length: its earlier name
-        value = config.get(key)
-        if key not in config or value is None:
-            continue
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise CheckpointError(
-                f"{task_path}: the preprocessor's {key} is {checks.shown(value)}; it is the tokens per view, a "
-                f"positive integer."
-            )
+    if config.get("sequence_length") is not None:
+        try:
+            value = checks.positive_int(config["sequence_length"], "sequence_length")
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"{task_path}: the preprocessor's {e}") from None
         if isinstance(context, int) and value > context:
             raise CheckpointError(
-                f"{task_path}: the preprocessor's {key} is {value}, more than the model's context "
+                f"{task_path}: the preprocessor's sequence_length is {value}, more than the model's context "
                 f"max_sequence_length={context}."
             )
     copy_path = os.path.join(preset, PREPROCESSOR_CONFIG_FILE)

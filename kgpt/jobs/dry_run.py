@@ -294,7 +294,7 @@ def finetune(config, registry=None):
             "in OUTPUT_DIR/pretrained, where a later dry run finds it)",
         )
     else:
-        plan.add("tokens", tokens(encoded, preprocessor.max_length, start[1]))
+        plan.add("tokens", tokens(encoded, preprocessor.sequence_length, start[1]))
         plan.add("labels", labels(task, encoded))
         train = encoded.get(task.splits[0])
         if train is not None and train.targets is not None:  # the run's own check, on the rows read here

@@ -317,7 +317,7 @@ def task_preprocessor(task, max_length, tokenizer, context, saved_length=None, o
             f"tokens and a token of each part take {shortest}."
         )
     columns = segment_columns(task.inputs()) if hasattr(task, "inputs") else None  # kept for kgpt-predict
-    return GPTTaskPreprocessor(tokenizer, task.transform, max_length=length, columns=columns)
+    return GPTTaskPreprocessor(tokenizer, task.transform, sequence_length=length, columns=columns)
 
 
 def view_length(max_length, context, saved_length=None):
@@ -332,7 +332,7 @@ def _finetune(config, work, task, data_dir, initial=None):
     run.seed_keras(config.seed)  # as work.scope did: the embedded data above drew no random numbers
     start = starting_point(config, task, initial, work)
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
-    saved_length = start.finetuned.preprocessor.max_length if start.finetuned is not None else None
+    saved_length = start.finetuned.preprocessor.sequence_length if start.finetuned is not None else None
     preprocessor = task_preprocessor(
         task, config.max_length, start.tokenizer, start.backbone.max_sequence_length, saved_length, start.origin
     )

@@ -29,11 +29,11 @@ def encode_split(task, split, data_dir, preprocessor, rows=None):
 
     Example:
     ```python
-    preprocessor = kgpt.GPTTaskPreprocessor(tokenizer, task.transform, max_length=512)
+    preprocessor = kgpt.GPTTaskPreprocessor(tokenizer, task.transform, sequence_length=512)
     split = kgpt.jobs.finetune_data.encode_split(task, "dev", "glue/RTE", preprocessor)
     ```
     """
-    builder = batching.SplitBuilder(split, task.transform.num_views, preprocessor.max_length)
+    builder = batching.SplitBuilder(split, task.transform.num_views, preprocessor.sequence_length)
     tally = {}
     truncated = tokens_cut = used = 0
     for item in task.iter_examples(split, data_dir, tally):

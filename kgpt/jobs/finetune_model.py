@@ -132,7 +132,7 @@ def starting_sizes(init, max_length=None):
         length = None
         if kind == "task":
             preprocessor = saved_preprocessor(init) or {}
-            length = _size(preprocessor, "sequence_length") or _size(preprocessor, "max_length")
+            length = _size(preprocessor, "sequence_length")
     return (context, length) if context else None
 
 

@@ -131,13 +131,6 @@ def train(config, work, task, model, splits, batch_size, origin, settings):
     return {"kept_epoch": kept, "history": history, "real_token_share": training.real_token_share}
 
 
-def max_padded_lengths(
-    model, split, batch_size, epochs, compile_batches=batching.COMPILE_BATCHES, attention_length=None
-):
-    """The padded lengths `split` may use in a run of `epochs` (`kgpt.data.batching.max_lengths_for`)."""
-    return batching.max_lengths_of(model.jit_compile, split, batch_size, epochs, compile_batches, attention_length)
-
-
 class Training:
     """Runs `model.fit` for a fine-tuning config: resumable, with per-epoch history and `keep`.
 
@@ -232,8 +225,8 @@ class Training:
 
     def _plan(self):
         epochs, train = self.config.epochs, self.train
-        max_lengths = max_padded_lengths(
-            self.model, train, self.batch_size, epochs, self.compile_batches, self.attention_length
+        max_lengths = self.model.max_padded_lengths(
+            train, self.batch_size, epochs, self.compile_batches, self.attention_length
         )
         plan = batching.length_plan(
             train.lengths,
@@ -260,8 +253,8 @@ class Training:
     def _calls(self, step):
         """`(dataset, initial_epoch, epochs, None)` fit calls: the rest of an interrupted epoch, then whole ones."""
         epochs = self.config.epochs
-        max_lengths = max_padded_lengths(
-            self.model, self.train, self.batch_size, epochs, self.compile_batches, self.attention_length
+        max_lengths = self.model.max_padded_lengths(
+            self.train, self.batch_size, epochs, self.compile_batches, self.attention_length
         )
         pad_to, micro = distribute.batch_shards(), self.config.gradient_accumulation_steps
         for first, last, skip in run.segments(step, self.steps_per_epoch, self.config.epochs):
@@ -289,8 +282,8 @@ class Training:
         if self.dev is None:
             return None
         epochs = self.config.epochs  # one evaluation per epoch
-        max_lengths = max_padded_lengths(
-            self.model, self.dev, self.batch_size, epochs, self.compile_batches, self.attention_length
+        max_lengths = self.model.max_padded_lengths(
+            self.dev, self.batch_size, epochs, self.compile_batches, self.attention_length
         )
 
         def make(a, b, total):

@@ -281,7 +281,7 @@ def _example(fields, transform, source):
 
 def encode(preprocessor, inputs):
     """`inputs` -> an `EncodedSplit` (ids kept); truncation is counted in its `counts`."""
-    builder = batching.SplitBuilder("inputs", preprocessor.transform.num_views, preprocessor.max_length)
+    builder = batching.SplitBuilder("inputs", preprocessor.transform.num_views, preprocessor.sequence_length)
     truncated = tokens_cut = 0
     for (segments, choices), uid, source in zip(inputs.examples, inputs.ids, inputs.sources or inputs.ids):
         try:
@@ -308,7 +308,7 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
     if split.counts["truncated"]:
         logger.info(
             f"{split.counts['truncated']} of {len(split)} examples are longer than max_length="
-            f"{model.preprocessor.max_length} tokens per view: {split.counts['tokens_cut']} tokens were cut from the "
+            f"{model.preprocessor.sequence_length} tokens per view: {split.counts['tokens_cut']} tokens were cut from the "
             f"end of their longest segments."
         )
     head = model.head

@@ -307,7 +307,7 @@ def _prepare(config, work):
     tokenizer = None
     if config.tokenizer == "train" and cluster.current().several:
         # Process 0 keeps the one it learned (reading it back would say so a second time); the others read it.
-        tokenizer = run.on_chief(
+        tokenizer = cluster.on_chief(
             lambda: load_tokenizer(config.tokenizer, config.num_merges, files, work), "learning the tokenizer"
         )
         work.fetch((PRESET_CONFIG, "assets"))

@@ -28,7 +28,6 @@ its outputs back (`Run.publish`).
 """
 
 import contextlib
-import json
 import logging
 import os
 import sys
@@ -276,12 +275,13 @@ class Run:
             self.mirror.pull([name if folder == "." else f"{folder}/{name}" for name in names])
 
     def for_all(self, fn, what):
-        """`on_chief(fn, what)`, or `fn()` on every process when each has its own copy of the output directory.
+        """`cluster.on_chief(fn, what)`, or `fn()` on every process when each has its own copy of the output
+        directory.
 
         For files a job derives and reads back (the demo text, a task's
         embedded data): on a shared folder process 0 writes them once for all.
         """
-        return fn() if self.mirror is not None else on_chief(fn, what)
+        return fn() if self.mirror is not None else cluster.on_chief(fn, what)
 
     def restore(self, model, settings, total_steps=None):
         """The state of the run's last checkpoint, loaded into the compiled `model`; None without one.
@@ -399,7 +399,7 @@ def claimed(claim):
     a body that stops with an error hands the claim that error, so a run
     that wrote nothing gives the claim back (`RunDirectory.__exit__`).
     """
-    on_chief(claim.__enter__, f"claiming {claim.path}")
+    cluster.on_chief(claim.__enter__, f"claiming {claim.path}")
     try:
         yield claim
     except BaseException as e:
@@ -408,29 +408,6 @@ def claimed(claim):
         raise
     if cluster.is_chief():
         claim.__exit__(None, None, None)
-
-
-def on_chief(fn, what):
-    """Runs `fn()` on process 0 alone; every process gets its result (JSON-able), or stops with its error.
-
-    For what one process must do for all of them, such as claiming the
-    output directory or writing a task's embedded data.
-    """
-    if not cluster.current().several:
-        return fn()
-    result = error = None
-    if cluster.is_chief():
-        try:
-            result = fn()
-        except Exception as e:  # noqa: BLE001 - told to the other processes, then raised here
-            error = e
-    value = None if error is not None or not isinstance(result, (str, int, float, list, dict, type(None))) else result
-    told = json.loads(cluster.allgather(json.dumps([value, None if error is None else str(error)]).encode())[0])
-    if error is not None:
-        raise error
-    if told[1] is not None:
-        raise cluster.ClusterError(f"Process 0 stopped while {what}: {told[1]}")
-    return result if cluster.is_chief() else told[0]
 
 
 @contextlib.contextmanager

@@ -281,6 +281,29 @@ def allgather(data):
     return [rows[i, : int(sizes[i])].tobytes() for i in range(_current.num_processes)]
 
 
+def on_chief(fn, what):
+    """Runs `fn()` on process 0 alone; every process gets its result (JSON-able), or stops with its error.
+
+    For what one process must do for all of them, such as claiming the
+    output directory or writing a task's embedded data.
+    """
+    if not _current.several:
+        return fn()
+    result = error = None
+    if is_chief():
+        try:
+            result = fn()
+        except Exception as e:  # noqa: BLE001 - told to the other processes, then raised here
+            error = e
+    value = None if error is not None or not isinstance(result, (str, int, float, list, dict, type(None))) else result
+    told = json.loads(allgather(json.dumps([value, None if error is None else str(error)]).encode())[0])
+    if error is not None:
+        raise error
+    if told[1] is not None:
+        raise ClusterError(f"Process 0 stopped while {what}: {told[1]}")
+    return result if is_chief() else told[0]
+
+
 def _allgather_array(array):
     """`[num_processes * len(array)]`: every process's 1-D int32 `array`, in process order."""
     import numpy as np

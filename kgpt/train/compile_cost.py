@@ -55,6 +55,15 @@ def attention_length(backbone, lm_head=True):
     return float(per_position / per_pair)
 
 
+def _measurable(model):
+    """Whether `measure` can time `model`'s train step here (the cases its docstring names)."""
+    if keras.config.backend() != "jax" or not model.jit_compile or model.run_eagerly:
+        return False
+    import jax
+
+    return jax.process_count() == 1 and keras.distribution.distribution() is None
+
+
 def measure(model, batch):
     """`(compile_seconds, step_seconds)` of `model`'s train step on one `(x, y, sample_weight)` batch, or None.
 
@@ -63,12 +72,10 @@ def measure(model, batch):
     (the state would need its layouts). With `steps_per_execution` N, a step
     is an N-th of an execution.
     """
-    if keras.config.backend() != "jax" or not model.jit_compile or model.run_eagerly:
+    if not _measurable(model):
         return None
     import jax
 
-    if jax.process_count() > 1 or keras.distribution.distribution() is not None:
-        return None
     model._symbolic_build(data_batch=batch)  # what fit does first: the metrics and the optimizer get their variables
     model.make_train_function()
     state = model._get_jax_state(
@@ -108,7 +115,7 @@ def measure_longest(model, split, batch_size, lm=True, micro_batches=1):
     micro-batches, as the run feeds them; `step_seconds` is the whole
     batch's, of `rows` rows.
     """
-    if keras.config.backend() != "jax" or not model.jit_compile:
+    if not _measurable(model):
         return None
     longest = int(split.lengths.max())
     rows = np.argsort(split.lengths, kind="stable")[-batch_size:]  # a batch as long as the split's longest

@@ -30,7 +30,6 @@ from kgpt.models.gpt.gpt_task_preprocessor import (
     GPTTaskPreprocessor,
     cut_to_context,
     encode_dataset,
-    packed_length,
     segment_columns,
 )
 from kgpt.models.pretrained import load_pretrained, with_special_tokens
@@ -222,7 +221,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         check_overrides(cls, kwargs)
         check_dtype(kwargs.get("dtype"))
         sequence_length = checks.positive_int(sequence_length, "sequence_length", allow_none=True)
-        max_length = packed_length(sequence_length, checks.positive_int(max_length, "max_length", allow_none=True))
+        max_length = _packed_length(sequence_length, checks.positive_int(max_length, "max_length", allow_none=True))
         if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):
             raise TypeError(f"task must be a registered task's name or a kgpt.Task, got {task!r}.")
         preset = hub.local(preset, cls.backbone_cls)
@@ -778,3 +777,14 @@ def _refuse_on_text(method, kwargs, names):
 def _is_text(x):
     """Whether `x` is raw text for the preprocessor (text columns, or a list of `Example`s), not token ids."""
     return inputs_kind.is_text_columns(x) or (isinstance(x, list) and bool(x) and isinstance(x[0], Example))
+
+
+def _packed_length(sequence_length, max_length):
+    """`sequence_length` (keras-hub's name), else `max_length` (kgpt-train's); None when neither is given, and both
+    given must agree."""
+    if sequence_length is not None and max_length is not None and sequence_length != max_length:
+        raise ValueError(
+            f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
+            f"packed length: pass sequence_length only."
+        )
+    return sequence_length if sequence_length is not None else max_length

@@ -70,8 +70,6 @@ class GPTTaskPreprocessor(Preprocessor):
             end of their longest segment (`kgpt.tasks.transforms.truncate`),
             counted in `encode_batch`'s result. Batches are padded to their
             longest view, not to this length.
-        max_length: the earlier name of `sequence_length`, still accepted
-            (presets saved before hold it).
         columns: the table columns the examples' texts come from, in order
             (answer choices last), when fine-tuning read tables
             (`kgpt-train --text_columns`): saved with the preprocessor, so
@@ -90,16 +88,15 @@ class GPTTaskPreprocessor(Preprocessor):
     backbone_cls = GPTBackbone
     tokenizer_cls = GPTTokenizer
 
-    def __init__(self, tokenizer, transform, sequence_length=None, max_length=None, columns=None, **kwargs):
+    def __init__(self, tokenizer, transform, sequence_length=512, columns=None, **kwargs):
         super().__init__(**kwargs)
         if isinstance(transform, dict):
             transform = keras.saving.deserialize_keras_object(transform)
         if not isinstance(transform, transforms.Transform):
             raise TypeError(f"transform must be a kgpt.tasks.transforms.Transform, got {transform!r}.")
-        # `max_length`, the earlier name, stays accepted: presets saved before hold it in preprocessor.json.
-        length = packed_length(sequence_length, max_length)
-        length = 512 if length is None else length
-        length = checks.positive_int(length, "sequence_length", minimum=max(MIN_MAX_LENGTH, transform.min_length))
+        length = checks.positive_int(
+            sequence_length, "sequence_length", minimum=max(MIN_MAX_LENGTH, transform.min_length)
+        )
         if columns is not None and (
             isinstance(columns, str) or not all(isinstance(c, str) for c in columns) or not columns
         ):
@@ -108,15 +105,6 @@ class GPTTaskPreprocessor(Preprocessor):
         self.transform = transform
         self.sequence_length = length
         self.columns = list(columns) if columns is not None else None
-
-    @property
-    def max_length(self):
-        """The earlier name of `sequence_length` (kept for code and presets written before)."""
-        return self.sequence_length
-
-    @max_length.setter
-    def max_length(self, value):
-        self.sequence_length = value
 
     # --- one example ---------------------------------------------------------
 
@@ -303,16 +291,6 @@ class GPTTaskPreprocessor(Preprocessor):
         if self.columns is not None:  # absent otherwise: a preset reads as it did before columns were kept
             config["columns"] = list(self.columns)
         return config
-
-
-def packed_length(sequence_length, max_length):
-    """`sequence_length`, else `max_length`, its earlier name (None when neither is given); both given must agree."""
-    if sequence_length is not None and max_length is not None and sequence_length != max_length:
-        raise ValueError(
-            f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
-            f"packed length: pass sequence_length only."
-        )
-    return sequence_length if sequence_length is not None else max_length
 
 
 def cut_to_context(max_length, context, origin="the model"):

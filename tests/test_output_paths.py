@@ -434,7 +434,11 @@ def test_a_fine_tuned_init_with_a_damaged_or_edited_preprocessor_names_the_file(
     cases = [
         (("preprocessor.json",), -3, copy_edited + r"-3 in preprocessor.json, 40 in task.json\): the model loads"),
         (("task.json",), 20, copy_edited + r"40 in preprocessor.json, 20 in task.json\)"),
-        (("preprocessor.json", "task.json"), -3, r"tuned/task.json: the preprocessor's sequence_length must be an integer >= 1, got -3\.$"),
+        (
+            ("preprocessor.json", "task.json"),
+            -3,
+            r"tuned/task.json: the preprocessor's sequence_length must be an integer >= 1, got -3\.$",
+        ),
         (("preprocessor.json", "task.json"), 200, r"is 200, more than the model's context max_sequence_length=128"),
     ]
     for files, value, error in cases:

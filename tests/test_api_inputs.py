@@ -524,19 +524,19 @@ def test_presets_refuse_bad_paths_and_arguments(tmp_path, lm):
         kgpt.GPTCausalLM.from_preset(folder, load_weights="no")
     with pytest.raises(TypeError, match="task must be a registered task's name or a kgpt.Task, got 5"):
         kgpt.GPTTaskModel.from_preset(folder, task=5)
-    with pytest.raises(ValueError, match="max_length must be an integer >= 1, got 0"):
-        kgpt.GPTTaskModel.from_preset(folder, task="sst2", max_length=0)
+    with pytest.raises(ValueError, match="sequence_length must be an integer >= 1, got 0"):
+        kgpt.GPTTaskModel.from_preset(folder, task="sst2", sequence_length=0)
 
 
-def test_a_max_length_past_the_context_is_said_when_a_task_model_loads(tmp_path, lm, caplog):
+def test_a_sequence_length_past_the_context_is_said_when_a_task_model_loads(tmp_path, lm, caplog):
     folder = str(tmp_path / "lm")
     lm.save_to_preset(folder)
     context = lm.backbone.max_sequence_length
     with caplog.at_level("WARNING", logger="kgpt"):  # kgpt-predict --max_length 1000 was capped without a word
-        model = kgpt.GPTTaskModel.from_preset(folder, task="sst2", max_length=context + 1)
+        model = kgpt.GPTTaskModel.from_preset(folder, task="sst2", sequence_length=context + 1)
     assert model.preprocessor.sequence_length == context
     assert [r.getMessage() for r in caplog.records] == [
-        f"Warning: max_length {context + 1} is longer than the model's context ({context} tokens, preset {folder}): "
+        f"Warning: sequence_length {context + 1} is longer than the model's context ({context} tokens, preset {folder}): "
         f"views are cut to {context} tokens."
     ]
 

@@ -1,7 +1,7 @@
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, random_inputs, to_numpy
+from conftest import TINY, one_backend, random_inputs, to_numpy
 
 import kgpt
 
@@ -139,6 +139,7 @@ def test_padding_mask_hides_masked_keys(backbone):
     np.testing.assert_allclose(other[:, 4:], base[:, 4:], atol=1e-5)
 
 
+@one_backend("tensorflow")  # the same Keras layers on both; JAX spends 30 s drawing the 117M initial weights
 def test_paper_configuration_weight_count():
     assert kgpt.GPTBackbone.gpt1().count_params() == 116_534_784
     assert kgpt.GPTBackbone.gpt1(num_special_tokens=3).count_params() == 116_534_784 + 3 * 768

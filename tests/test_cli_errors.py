@@ -469,7 +469,7 @@ def test_max_length_beyond_the_models_context_is_reported(monkeypatch, capsys, p
         f"--data_dir={tmp_path / 'data'}",
     )
     assert (
-        f"Warning: max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
+        f"Warning: --max_length 1000 is longer than the model's context (64 tokens, preset {presets / 'good'}): "
         f"views are cut to 64 tokens."
     ) in out
     assert one_line(code, err).startswith("No SciTail train file found")  # then the data, which is missing

@@ -257,13 +257,20 @@ def test_cli_lists_tasks(command):
 def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_and_logs_both(
     tiny_preset, tmp_path, capsys, progress
 ):
-    model, results = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
+    # A batch larger than the training set: one update an epoch, warned of once for both runs.
+    model, results = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True, batch_size=10**4))
     out = tmp_path / "out"
     baseline = json.loads((out / "no_pretraining" / "metrics.json").read_text())
     assert baseline["init"].startswith("fresh weights (no pre-training)")
     assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(results))  # the main run's
     assert (out / "no_pretraining" / "predictions" / "dev.tsv").exists()
     out_text = capsys.readouterr().out
+    warned = [line for line in out_text.splitlines() if "training examples" in line]
+    assert len(warned) == 1 and re.fullmatch(
+        r"Warning: batch_size 10,000 is more than the (\d+) training examples: each epoch is one update on all \1 "
+        r"of them\.",
+        warned[0],
+    ), warned
     table = out_text[out_text.index("Pre-training's effect on scitail") :]
     for split in ("dev", "test"):
         ours, theirs = results["splits"][split]["accuracy"], baseline["splits"][split]["accuracy"]
@@ -272,7 +279,7 @@ def test_scratch_baseline_fine_tunes_fresh_weights_beside_the_pretrained_model_a
     fresh = kgpt.GPTTaskModel.from_preset(str(out / "no_pretraining"))
     assert fresh.backbone.count_params() == model.backbone.count_params()
     # The same command again finds both runs finished (the baseline's folder inside the run's is not foreign).
-    _, again = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True))
+    _, again = finetune_lib.finetune(config(tiny_preset, tmp_path, scratch_baseline=True, batch_size=10**4))
     assert again["splits"]["dev"] == results["splits"]["dev"]
     assert capsys.readouterr().out.count("this run finished training; evaluating it.") == 2
     assert json.loads((out / "no_pretraining" / "metrics.json").read_text())["splits"] == baseline["splits"]

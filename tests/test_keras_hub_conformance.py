@@ -485,3 +485,6 @@ def test_sequence_length_is_the_packed_length_as_in_keras_hub(tmp_path):
     )
     model.save_to_preset(str(tmp_path / "saved"))
     assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "saved")).preprocessor.sequence_length == 6
+    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "saved"), sequence_length=4).preprocessor.sequence_length == 4
+    with pytest.raises(TypeError, match=r"got 'max_length', which GPTTaskModel does not take"):  # one name, as above
+        kgpt.GPTTaskModel.from_preset(str(tmp_path / "saved"), max_length=4)

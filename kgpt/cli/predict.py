@@ -114,7 +114,7 @@ def main(argv):
             FLAGS.split,
         )
         return
-    model = kgpt.GPTTaskModel.from_preset(model_dir, max_length=FLAGS.max_length)
+    model = kgpt.GPTTaskModel.from_preset(model_dir, sequence_length=FLAGS.max_length)
     if FLAGS.quantize:
         from kgpt.layers import int8
 

@@ -148,7 +148,6 @@ def finetune(config, registry=None):
     config = with_local_init(config)
     run_config, settings = config.run_part(), run_settings(config)
     batch_size = config.batch_size or DEFAULT_BATCH_SIZE
-    run.join(run_config, "finetune", settings, batch_size)
     with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-", batch_size) as work:
         with work.scope():
             data_dir = (
@@ -327,7 +326,7 @@ def view_length(max_length, context, saved_length=None):
 
 
 def _finetune(config, work, task, data_dir, initial=None):
-    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`) in the `Run` `work`; returns
+    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`: the baseline of a run) in the `Run` `work`; returns
     `(model, results, start)`."""
     run.seed_keras(config.seed)  # as work.scope did: the embedded data above drew no random numbers
     start = starting_point(config, task, initial, work)
@@ -356,7 +355,9 @@ def _finetune(config, work, task, data_dir, initial=None):
     if hasattr(task, "inputs"):  # the columns kgpt-predict reads by default
         results["inputs"] = task.inputs()
     if config.epochs > 0:
-        results.update(train(config, work, task, model, splits, batch_size, start.origin, settings))
+        results.update(
+            train(config, work, task, model, splits, batch_size, start.origin, settings, initial is not None)
+        )
     else:
         model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)
     results["splits"] = evaluate_splits(

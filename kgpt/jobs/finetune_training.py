@@ -78,11 +78,12 @@ class FinalOutputs(keras.callbacks.Callback):
         self.progress.guard.check_outputs(outputs, f"{rows} training examples")
 
 
-def updates(epochs, rows, batch_size):
+def updates(epochs, rows, batch_size, warn=True):
     """`(steps_per_epoch, total_steps)` of `epochs` over `rows` training examples in batches of `batch_size`;
-    a batch larger than the training set is warned of (each epoch is then one update on all of it)."""
+    a batch larger than the training set is warned of (each epoch is then one update on all of it) unless `warn`
+    is false."""
     steps = math.ceil(rows / batch_size)
-    if batch_size > rows:
+    if warn and batch_size > rows:
         logger.warning(
             f"Warning: {checks.option('batch_size')} {batch_size:,} is more than the {rows:,} training examples: "
             f"each epoch is one update on all {rows:,} of them."
@@ -90,17 +91,18 @@ def updates(epochs, rows, batch_size):
     return steps, steps * epochs
 
 
-def train(config, work, task, model, splits, batch_size, origin, settings):
+def train(config, work, task, model, splits, batch_size, origin, settings, baseline=False):
     """Compiles and fits `model` in the `Run` `work` (resuming its checkpoint); returns the results it adds to
     metrics.json.
 
     `settings` are what the run's outputs depend on (`kgpt.jobs.finetune.run_settings`): a checkpoint made with
-    others is refused.
+    others is refused. A `baseline` run (--scratch_baseline) trains on the batches of the run beside it, whose
+    warnings of them it does not repeat.
     """
     train_name = task.splits[0]
     train_split = splits[train_name]
     metrics_lib.check(task, train_split.targets)  # a plugin's broken metric, before the first epoch is spent
-    steps_per_epoch, total_steps = updates(config.epochs, len(train_split), batch_size)
+    steps_per_epoch, total_steps = updates(config.epochs, len(train_split), batch_size, warn=not baseline)
     model.compile(
         optimizer=gpt_adamw(
             config.learning_rate,

@@ -185,10 +185,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         preset,
         task=None,
         registry=None,
-        max_length=None,
+        sequence_length=None,
         lm_coef=None,
         classifier_dropout=None,
-        sequence_length=None,
         **kwargs,
     ):
         """A task model from a fine-tuned preset, or a new one on a pre-trained model for `task`.
@@ -208,9 +207,9 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                 or its own task's name.
             registry: where names are looked up (default: every installed
                 task plugin).
-            max_length: tokens per view (default: the model's context, or a
-                fine-tuned preset's own); `sequence_length`, keras-hub's name
-                for it, is the same.
+            sequence_length: tokens per view, keras-hub's packed length
+                (kgpt-train's `--max_length`; default: the model's context, or
+                a fine-tuned preset's own); cut to the context, with a warning.
             lm_coef, classifier_dropout: for a new model (default: the
                 paper's 0.5 and 0.1); a fine-tuned preset keeps its own.
             **kwargs: overrides of the saved config; `dtype` (e.g. `"mixed_bfloat16"`) is the
@@ -221,7 +220,6 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         check_overrides(cls, kwargs)
         check_dtype(kwargs.get("dtype"))
         sequence_length = checks.positive_int(sequence_length, "sequence_length", allow_none=True)
-        max_length = _packed_length(sequence_length, checks.positive_int(max_length, "max_length", allow_none=True))
         if task is not None and not isinstance(task, str) and not hasattr(task, "transform"):
             raise TypeError(f"task must be a registered task's name or a kgpt.Task, got {task!r}.")
         preset = hub.local(preset, cls.backbone_cls)
@@ -232,9 +230,10 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                     f"chosen when fine-tuning starts from a pre-trained preset."
                 )
             model = load_task_preset(cls, preset, load_weights=load_weights, **kwargs)
-            if max_length is not None and model.preprocessor is not None:
-                limit = model.backbone.max_sequence_length
-                model.preprocessor.sequence_length = cut_to_context(max_length, limit, f"preset {preset}")
+            if sequence_length is not None and model.preprocessor is not None:
+                model.preprocessor.sequence_length = cut_to_context(
+                    sequence_length, model.backbone.max_sequence_length, f"preset {preset}", "sequence_length"
+                )
             name = getattr(task, "name", task)
             if name is not None and name != model.task_name:
                 raise ValueError(
@@ -262,7 +261,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         preprocessor = GPTTaskPreprocessor(
             tokenizer,
             task.transform,
-            sequence_length=cut_to_context(max_length, limit, f"preset {preset}") or limit,
+            sequence_length=cut_to_context(sequence_length, limit, f"preset {preset}", "sequence_length") or limit,
             columns=columns,
         )
         chosen = {"lm_coef": lm_coef, "classifier_dropout": classifier_dropout}
@@ -777,14 +776,3 @@ def _refuse_on_text(method, kwargs, names):
 def _is_text(x):
     """Whether `x` is raw text for the preprocessor (text columns, or a list of `Example`s), not token ids."""
     return inputs_kind.is_text_columns(x) or (isinstance(x, list) and bool(x) and isinstance(x[0], Example))
-
-
-def _packed_length(sequence_length, max_length):
-    """`sequence_length` (keras-hub's name), else `max_length` (kgpt-train's); None when neither is given, and both
-    given must agree."""
-    if sequence_length is not None and max_length is not None and sequence_length != max_length:
-        raise ValueError(
-            f"sequence_length={sequence_length!r} and max_length={max_length!r} name the same "
-            f"packed length: pass sequence_length only."
-        )
-    return sequence_length if sequence_length is not None else max_length

@@ -293,12 +293,13 @@ class GPTTaskPreprocessor(Preprocessor):
         return config
 
 
-def cut_to_context(max_length, context, origin="the model"):
+def cut_to_context(max_length, context, origin="the model", name="max_length"):
     """`max_length` (tokens per view), or the model's `context` when it is past it, said in a warning naming
-    `origin` (None stays None: the caller's default)."""
+    `origin` and the length as `--max_length` on the command line, `name` in Python (None stays None: the caller's
+    default)."""
     if max_length is not None and max_length > context:
         logger.warning(
-            f"Warning: max_length {max_length} is longer than the model's context ({context} "
+            f"Warning: {checks.option('max_length', name)} {max_length} is longer than the model's context ({context} "
             f"tokens, {origin}): views are cut to {context} tokens."
         )
         return context

@@ -36,7 +36,7 @@ def save_presets():
     preprocessor = kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=40)
     backbone = kgpt.GPTBackbone(vocabulary_size=tokenizer.vocabulary_size(), **SIZES)
     kgpt.GPTCausalLM(backbone, preprocessor=preprocessor).save_to_preset(os.path.join(HERE, "causal_lm"))
-    model = kgpt.GPTTaskModel.from_preset(os.path.join(HERE, "causal_lm"), task="sst2", max_length=40)
+    model = kgpt.GPTTaskModel.from_preset(os.path.join(HERE, "causal_lm"), task="sst2", sequence_length=40)
     model.fit([text for text, _ in PAIRS], np.array([1, 0]), batch_size=2, epochs=1, verbose=0)
     model.save_to_preset(os.path.join(HERE, "task_model"))
 

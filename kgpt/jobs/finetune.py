@@ -327,8 +327,8 @@ def view_length(max_length, context, saved_length=None):
 
 
 def _finetune(config, work, task, data_dir, initial=None):
-    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`: the baseline of a run) in the `Run` `work`; returns
-    `(model, results, start)`."""
+    """Fine-tunes from `config.init` (or `initial`, a `Start.initial`: the baseline of a run) in the `Run` `work`;
+    returns `(model, results, start)`."""
     run.seed_keras(config.seed)  # as work.scope did: the embedded data above drew no random numbers
     start = starting_point(config, task, initial, work)
     run.seed_keras(config.seed)  # the head starts the same whether or not the demo model was trained
@@ -357,7 +357,7 @@ def _finetune(config, work, task, data_dir, initial=None):
         results["inputs"] = task.inputs()
     if config.epochs > 0:
         results.update(
-            train(config, work, task, model, splits, batch_size, start.origin, settings, initial is not None)
+            train(config, work, task, model, splits, batch_size, start.origin, settings, baseline=initial is not None)
         )
     else:
         model.compile(lm_loss_chunk_size=config.lm_loss_chunk_size or None)

@@ -82,14 +82,37 @@ def quiet_stderr():
 # end, which a process the command forked may hold: it passes on what the pipe holds (all the command wrote
 # before it died) and exits. A SIGTERM while the command lives (a scheduler's, sent to the whole process
 # group) is the command's to handle: the child goes on passing its lines. The handler only wakes the select
-# (the wakeup fd), so no line is lost between a read and its write.
+# (the wakeup fd), so no line is lost between a read and its write. Lines are matched whole (a read may end
+# inside one). A line starting with the `NOTE` marker (`note_lost_coordinator`) is kept back; JAX's abort
+# report for a lost coordinator, and its stack trace, are dropped, and the note printed at the end, unless the
+# command's own error line came after the report (its error path won the race with the abort).
 _FILTER = r"""
 import os, re, runpy, select, signal, sys
 signal.signal(signal.SIGINT, signal.SIG_IGN)
-noise = re.compile(sys.argv[1])
+noise, marker = re.compile(sys.argv[1]), sys.argv[4]
+abort = re.compile(r"Terminating process because the JAX distributed service detected fatal errors.*"
+                   r"Failed to send RPC to coordination service")
+trace = re.compile(r"^\*\*\* Check failure stack trace|^\s*@\s+0x")
+state = {"pending": b"", "note": None, "held": None}
 
-def show(chunk):
-    kept = [line for line in chunk.decode("utf-8", "replace").splitlines(keepends=True) if not noise.search(line)]
+def show(chunk, end=False):
+    *lines, state["pending"] = (state["pending"] + chunk).split(b"\n")
+    lines = [line + b"\n" for line in lines]
+    if end and state["pending"]:
+        lines.append(state["pending"])
+        state["pending"] = b""
+    kept = []
+    for line in (raw.decode("utf-8", "replace") for raw in lines):
+        if line.startswith(marker):
+            state["note"] = line[len(marker):]
+        elif state["held"] is not None and trace.search(line):
+            pass
+        elif state["note"] and abort.search(line):
+            state["held"] = state["note"]
+        elif not noise.search(line):
+            if state["held"] and line.startswith(state["held"].split(": ", 1)[0] + ": error: "):
+                state["held"] = ""  # the command's own last line won the race with the abort: it is the one line
+            kept.append(line)
     if kept:
         os.write(2, "".join(kept).encode("utf-8"))
 
@@ -120,7 +143,13 @@ while True:
     if not (chunk := os.read(0, 65536)):
         break
     show(chunk)
+show(b"", end=True)
+if state["held"]:
+    os.write(2, state["held"].encode("utf-8"))
 """
+
+NOTE = "\x1bkgpt-note "  # starts a line of ours to the filter alone (an escape: no runtime line starts with one)
+_running = []  # the LiveFilter descriptor 2 goes through now, if any
 
 
 class LiveFilter:
@@ -148,7 +177,7 @@ class LiveFilter:
             # The child ends with the thread that starts it (kgpt._children): only the main thread asks for that.
             parent = os.getpid() if threading.current_thread() is threading.main_thread() else 0
             self._child = subprocess.Popen(
-                [sys.executable, "-c", _FILTER, NOISE.pattern, _children.__file__, str(parent)],
+                [sys.executable, "-c", _FILTER, NOISE.pattern, _children.__file__, str(parent), NOTE],
                 stdin=read,
                 stderr=saved,
                 stdout=subprocess.DEVNULL,
@@ -161,6 +190,7 @@ class LiveFilter:
         os.dup2(write, 2)
         os.close(write)
         self._saved = saved
+        _running.append(self)
 
     def stop(self):
         if self._saved is None:
@@ -169,7 +199,23 @@ class LiveFilter:
         os.dup2(self._saved, 2)  # closes this process's end of the pipe: the child reads to its end and exits
         os.close(self._saved)
         self._saved = None
+        _running.remove(self)
         try:
             self._child.wait(timeout=10)
         except subprocess.TimeoutExpired:  # a subprocess still holds the pipe: the child ends with it, or with us
             pass
+
+
+def note_lost_coordinator(line):
+    """Has the running `LiveFilter` print `line` in place of JAX's report when this process aborts for want of
+    its coordinator.
+
+    A run's process 0 holds JAX's coordination service: when it dies, the
+    runtime's own thread in every other process aborts that process (exit
+    code 134) within a second, before any Python code can say which process
+    went. Without a filter (`TF_CPP_MIN_LOG_LEVEL=0`, `--verbose`, a Python
+    script) this does nothing, and the runtime's lines show as they are.
+    """
+    if _running:
+        sys.stderr.flush()
+        os.write(2, f"{NOTE}{line}\n".encode("utf-8", "replace"))

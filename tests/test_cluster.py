@@ -415,6 +415,54 @@ def test_of_three_jax_processes_the_survivors_name_the_one_killed(tmp_path):
         assert last.startswith("kgpt-train: error: process 1 of 3 stopped (its connection closed); process "), last
 
 
+LEFT_BEHIND = """
+import sys, time
+from kgpt._quiet import LiveFilter
+from kgpt.parallel import cluster, placement
+LiveFilter().start()  # as the commands do (kgpt.cli.common)
+cluster.PROG = "kgpt-train"
+cluster.start(placement.resolve(f"127.0.0.1:{sys.argv[1]}", num_processes=2, process_id=int(sys.argv[2])), timeout=120)
+print("joined", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(not JAX, reason="JAX's runtime aborts a process whose coordinator is gone; TensorFlow's does not")
+def test_when_jax_process_0_is_killed_the_survivor_names_it_in_one_line(tmp_path):
+    port = free_ports(1)
+    logs = [tmp_path / f"p{i}.log" for i in range(2)]
+    processes = []
+    try:
+        for i, log in enumerate(logs):
+            with open(log, "w") as out:
+                processes.append(
+                    subprocess.Popen(
+                        [sys.executable, "-c", LEFT_BEHIND, str(port), str(i)],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                        cwd=tmp_path,
+                    )
+                )
+        deadline = time.monotonic() + 180
+        while not all("joined" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), [
+                log.read_text()[-2000:] for log in logs
+            ]
+            time.sleep(0.2)
+        processes[0].kill()
+        assert processes[1].wait(timeout=60) == -signal.SIGABRT  # the runtime's own abort: exit code 134 in a shell
+    finally:
+        stop(processes)
+    text = logs[1].read_text()
+    assert lines(logs[1])[-1] == (
+        f"kgpt-train: error: process 0 of 2 stopped (the coordination service it held at 127.0.0.1:{port} stopped "
+        "answering, so JAX aborted this process: exit code 134); process 1 stopped too. Rerun every process with "
+        "the same command to resume from the last checkpoint."
+    ), text
+    assert "Terminating process" not in text and "Check failure" not in text and "@     0x" not in text, text
+
+
 def test_processes_started_differently_stop_before_writing_anything(corpus, tmp_path):
     out = tmp_path / "run"
     args = lm_args(corpus, out, "--max_steps=8")

@@ -48,6 +48,57 @@ def test_lines_written_just_before_a_crash_still_come_out():
     assert "fatal: the last words" in result.stderr
 
 
+ABORT_LINE = (
+    "F1203 06:13:25.903876   20240 client.h:80] Terminating process because the JAX distributed service detected "
+    "fatal errors. This most likely indicates that another task died; absl::Status: UNAVAILABLE: Failed to send "
+    "RPC to coordination service. Either the leader task was preempted/died/restarted unexpectedly"
+)
+
+
+def test_jax_abort_for_a_lost_coordinator_comes_out_as_the_noted_line():
+    # Lines split across writes are matched whole; the note itself never shows; the abort's stack trace goes.
+    result = run_python(f"""
+        import os, time
+        from kgpt._quiet import LiveFilter, note_lost_coordinator
+        LiveFilter().start()
+        os.write(2, "a line split ".encode())
+        time.sleep(0.2)
+        os.write(2, b"in two writes\\n")
+        note_lost_coordinator("kgpt-train: error: process 0 of 2 stopped")
+        os.write(2, "{ABORT_LINE[:60]}".encode())
+        time.sleep(0.2)
+        os.write(2, "{ABORT_LINE[60:]}\\n*** Check failure stack trace: ***\\n    @     0x7f2024440634  absl\\n".encode())
+        os.abort()
+    """)
+    assert result.returncode == -6, result.stderr
+    assert result.stderr == "a line split in two writes\nkgpt-train: error: process 0 of 2 stopped\n"
+
+
+def test_the_commands_own_error_line_after_the_abort_report_is_the_one_line():
+    result = run_python(f"""
+        import os
+        from kgpt._quiet import LiveFilter, note_lost_coordinator
+        LiveFilter().start()
+        note_lost_coordinator("kgpt-train: error: process 0 of 2 stopped (noted)")
+        os.write(2, "{ABORT_LINE}\\n*** Check failure stack trace: ***\\n".encode())
+        os.write(2, b"kgpt-train: error: process 0 of 2 stopped (its connection closed)\\n    @     0x7f20344a71f5\\n")
+        os._exit(1)
+    """)
+    assert result.returncode == 1
+    assert result.stderr == "kgpt-train: error: process 0 of 2 stopped (its connection closed)\n"
+
+
+def test_jax_abort_lines_stay_without_a_note():
+    result = run_python(f"""
+        import os
+        from kgpt._quiet import LiveFilter
+        LiveFilter().start()
+        os.write(2, "{ABORT_LINE}\\n*** Check failure stack trace: ***\\n".encode())
+        os.abort()
+    """)
+    assert result.stderr == f"{ABORT_LINE}\n*** Check failure stack trace: ***\n"
+
+
 def test_a_command_that_starts_the_backend_prints_no_tensorflow_log_lines():
     env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     result = subprocess.run(

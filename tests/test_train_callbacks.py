@@ -9,6 +9,7 @@ pre-training run with zero-shot tasks passes to Keras.
 import glob
 import json
 import os
+import signal
 import threading
 from unittest import mock
 
@@ -285,3 +286,13 @@ def test_a_runs_callbacks_hand_their_nan_stop_to_progress_which_consults_it_befo
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=2)
     listed = Run(str(tmp_path), str(tmp_path), config=RunConfig(log_every="0")).callbacks(progress, "Lower it")
     assert isinstance(listed[0], callbacks.StopOnNonFiniteLoss) and progress.guard is listed[0]
+
+
+def test_a_sigterm_notice_ends_with_the_job_that_caught_it():
+    # A notice left standing would stop the next run of the same process (a notebook's) before its first step.
+    with callbacks.catching_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert callbacks.sigterm_received()
+    assert not callbacks.sigterm_received()
+    with callbacks.catching_sigterm():
+        assert not callbacks.sigterm_received()

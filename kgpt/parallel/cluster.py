@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 
+from kgpt import _quiet
 from kgpt.errors import ClusterError, ConfigError
 from kgpt.parallel import multi_worker, placement
 
@@ -211,6 +212,14 @@ def start(cluster, timeout=DEFAULT_TIMEOUT):
     )
     if not cluster.chief:
         logging.getLogger("kgpt").setLevel(logging.WARNING)
+        if backend == "jax":  # JAX aborts this process when process 0 dies: the filter names it instead
+            cause = (
+                f"the coordination service it held at {where} stopped answering, so JAX aborted this process: "
+                f"exit code 134"
+            )
+            _quiet.note_lost_coordinator(
+                f"{PROG}: error: " + _lost_message(f"process 0 of {cluster.num_processes}", cause, cluster.process_id)
+            )
     return cluster
 
 
@@ -439,8 +448,12 @@ def stop_lost(error):
         who = f"another of the {count} processes"
     else:
         who = f"process{'es' if len(lost) > 1 else ''} {', '.join(map(str, lost))} of {count}"
-    fail(
-        f"{who} stopped ({_cause(error)}); process {_current.process_id} stopped too. "
+    fail(_lost_message(who, _cause(error), _current.process_id))
+
+
+def _lost_message(who, cause, me):
+    return (
+        f"{who} stopped ({cause}); process {me} stopped too. "
         f"Rerun every process with the same command to resume from the last checkpoint."
     )
 

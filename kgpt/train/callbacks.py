@@ -61,6 +61,7 @@ def catching_sigterm():
         if _SIGTERM["depth"] == 0:
             previous = _SIGTERM["previous"]
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            _SIGTERM["received"] = False  # the notice was this job's: a later one in the process starts afresh
 
 
 def _note_sigterm(signum, frame):

@@ -380,30 +380,36 @@ except Exception as e:
 """
 
 
+def start_joined(script, count, tmp_path, processes):
+    """`count` processes of `python -c script PORT ID` (appended to `processes`), waited for until each printed
+    "joined"; their logs and the port."""
+    port = free_ports(1)
+    logs = [tmp_path / f"p{i}.log" for i in range(count)]
+    for i, log in enumerate(logs):
+        with open(log, "w") as out:
+            processes.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", script, str(port), str(i)],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
+                    cwd=tmp_path,
+                )
+            )
+    deadline = time.monotonic() + 180
+    while not all("joined" in log.read_text() for log in logs):
+        assert time.monotonic() < deadline and all(p.poll() is None for p in processes), [
+            log.read_text()[-2000:] for log in logs
+        ]
+        time.sleep(0.2)
+    return logs, port
+
+
 @pytest.mark.skipif(not JAX, reason="gloo's error names a socket, not a process; TensorFlow's name the task")
 def test_of_three_jax_processes_the_survivors_name_the_one_killed(tmp_path):
-    port = free_ports(1)
-    logs = [tmp_path / f"p{i}.log" for i in range(3)]
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     processes = []
     try:
-        for i, log in enumerate(logs):
-            with open(log, "w") as out:
-                processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", THREE, str(port), str(i)],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        cwd=tmp_path,
-                    )
-                )
-        deadline = time.monotonic() + 180
-        while not all("joined" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), [
-                log.read_text()[-2000:] for log in logs
-            ]
-            time.sleep(0.2)
+        logs, _ = start_joined(THREE, 3, tmp_path, processes)
         processes[1].kill()
         processes[1].wait(timeout=30)
         (tmp_path / "killed").touch()
@@ -429,27 +435,9 @@ time.sleep(120)
 
 @pytest.mark.skipif(not JAX, reason="JAX's runtime aborts a process whose coordinator is gone; TensorFlow's does not")
 def test_when_jax_process_0_is_killed_the_survivor_names_it_in_one_line(tmp_path):
-    port = free_ports(1)
-    logs = [tmp_path / f"p{i}.log" for i in range(2)]
     processes = []
     try:
-        for i, log in enumerate(logs):
-            with open(log, "w") as out:
-                processes.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", LEFT_BEHIND, str(port), str(i)],
-                        stdout=out,
-                        stderr=subprocess.STDOUT,
-                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"),
-                        cwd=tmp_path,
-                    )
-                )
-        deadline = time.monotonic() + 180
-        while not all("joined" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline and all(p.poll() is None for p in processes), [
-                log.read_text()[-2000:] for log in logs
-            ]
-            time.sleep(0.2)
+        logs, port = start_joined(LEFT_BEHIND, 2, tmp_path, processes)
         processes[0].kill()
         assert processes[1].wait(timeout=60) == -signal.SIGABRT  # the runtime's own abort: exit code 134 in a shell
     finally:

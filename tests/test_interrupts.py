@@ -58,10 +58,31 @@ def _start_training(tmp_path, **options):
     command += "--num_layers 1 --num_heads 2 --hidden_dim 16 --intermediate_dim 32 --sequence_length 32".split()
     command += "--max_steps 100000 --batch_size 8 --warmup_steps 2 --evaluations 1 --log_every 1".split()
     command += "--checkpoint_every 5".split()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the suite's backend: CI runs it on each
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # the suite's backend: CI runs it on each
     env.pop("KGPT_TRACEBACK", None)
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, **options)
     return process, out
+
+
+def _signal_state(pid):
+    """The signal masks of `pid` from /proc (SigBlk, SigIgn, SigCgt): for the message of a failed wait."""
+    with open(f"/proc/{pid}/status") as f:
+        return " ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
+def _rest(process, seconds):
+    """The output lines until the process ends, or, `seconds` later, until it is killed (SIGABRT first, so that
+    Python's fault handler prints where each thread was)."""
+    try:
+        rest, _ = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        try:
+            rest, _ = process.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            rest, _ = process.communicate(timeout=30)
+    return rest.decode("utf-8", "replace").splitlines()
 
 
 def _wait_gone(children):
@@ -77,10 +98,10 @@ def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path):
         before = _wait_for_line(process, "step 3/", 240)
         assert process.poll() is None, "\n".join(before)
         children = _descendants(process.pid)
+        signals = _signal_state(process.pid)
         process.send_signal(signal.SIGINT)
-        rest, _ = process.communicate(timeout=120)
-        lines = rest.decode("utf-8", "replace").splitlines()
-        assert process.returncode == 130, "\n".join(before + lines)
+        lines = _rest(process, 120)
+        assert process.returncode == 130, "\n".join([signals] + before + lines)
         assert not any("Traceback" in line or "KeyboardInterrupt" in line for line in lines), "\n".join(lines)
         # Progress lines of the last steps may come after it (stdout and stderr are two pipes merged here).
         line = f"kgpt-train: interrupted; the same command resumes from the last checkpoint ({out})."
@@ -101,8 +122,7 @@ def test_sigterm_to_the_whole_process_group_checkpoints_and_says_so(tmp_path):
         assert process.poll() is None, "\n".join(before)
         children = _descendants(process.pid)
         os.killpg(process.pid, signal.SIGTERM)
-        rest, _ = process.communicate(timeout=120)
-        lines = rest.decode("utf-8", "replace").splitlines()
+        lines = _rest(process, 120)
         assert process.returncode == 0, "\n".join(before + lines)
         assert not any("Traceback" in line or "Error" in line for line in lines), "\n".join(lines)
         stopped = [x for x in lines if x.startswith("kgpt-train: stopped by SIGTERM at step ")]

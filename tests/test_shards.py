@@ -129,11 +129,11 @@ def test_a_sigterm_that_ended_the_workers_too_is_the_stop_notice():
 
 
 def test_a_worker_ends_on_sigterm_while_the_job_notes_it(tokenizer):
-    # Forked while the job notes SIGTERM (kgpt.train.callbacks.catching_sigterm): a worker that kept that
+    # Forked while the job notes SIGTERM (kgpt.train.callbacks.catching_signals): a worker that kept that
     # handler would outlive `terminate()`, and the command would wait for it at exit.
-    from kgpt.train.callbacks import catching_sigterm
+    from kgpt.train.callbacks import catching_signals
 
-    with catching_sigterm():
+    with catching_signals():
         workers = corpus_encoding._Workers(tokenizer.corpus_encoder(), 1)
         try:
             workers.processes[0].terminate()

@@ -10,6 +10,7 @@ import glob
 import json
 import os
 import signal
+import sys
 import threading
 from unittest import mock
 
@@ -290,9 +291,47 @@ def test_a_runs_callbacks_hand_their_nan_stop_to_progress_which_consults_it_befo
 
 def test_a_sigterm_notice_ends_with_the_job_that_caught_it():
     # A notice left standing would stop the next run of the same process (a notebook's) before its first step.
-    with callbacks.catching_sigterm():
+    with callbacks.catching_signals():
         os.kill(os.getpid(), signal.SIGTERM)
         assert callbacks.sigterm_received()
     assert not callbacks.sigterm_received()
-    with callbacks.catching_sigterm():
+    with callbacks.catching_signals():
         assert not callbacks.sigterm_received()
+
+
+class _SignalsInFinalizer(keras.callbacks.Callback):
+    """Sends Ctrl-C to this process from inside a finalizer at batch `at`'s end, where Python drops the
+    KeyboardInterrupt its handler raises ("Exception ignored in ..."); counts the batches begun."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at, self.begun = at, 0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.begun += 1
+
+    def on_train_batch_end(self, batch, logs=None):
+        if batch == self.at:
+
+            class Garbage:
+                def __del__(self):
+                    os.kill(os.getpid(), signal.SIGINT)
+                    for _ in range(1000):  # the handler runs between two bytecodes here
+                        pass
+
+            Garbage()
+
+
+def test_a_ctrl_c_dropped_inside_a_finalizer_stops_the_run_at_the_next_step(tmp_path, monkeypatch):
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)  # where Python reports what it drops
+    model, sender = linear(1), _SignalsInFinalizer(at=1)
+    progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=8)
+    with callbacks.catching_signals():
+        with pytest.raises(KeyboardInterrupt):
+            # The sender runs on the main thread (it is not async_safe), as Keras runs every callback there
+            # on TensorFlow; then Progress's next batch start is the batch after the one that dropped it.
+            model.fit(*data(8), batch_size=2, epochs=1, verbose=0, shuffle=False, callbacks=[sender, progress])
+    assert sender.begun == 3, sender.begun
+    assert [type(d.exc_value) for d in dropped] == [KeyboardInterrupt]  # the first one was dropped
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -47,7 +47,7 @@ from kgpt.parallel import cluster, placement
 from kgpt.parallel.distribute import check_placement, gathered_copy, training_scope, writing
 from kgpt.train import callbacks as callbacks_lib
 from kgpt.train import checkpoint as checkpoint_lib
-from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteLoss, catching_sigterm
+from kgpt.train.callbacks import EpochTensorBoard, ProgressLog, StopOnNonFiniteLoss, catching_signals
 
 logger = logging.getLogger(__name__)
 
@@ -376,7 +376,7 @@ def workspace(run_config, job, settings, prefix, batch_size=None, within=None):
     directory and the others go on only if it could.
     """
     options = dict(config=run_config, batch_size=batch_size)
-    with catching_sigterm():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
+    with catching_signals():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
         if not run_config.output_dir:
             with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
                 yield Run(None, scratch, **options)

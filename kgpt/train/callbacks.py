@@ -34,25 +34,33 @@ logger = logging.getLogger(__name__)
 
 
 _SIGTERM = {"received": False, "depth": 0, "previous": None}
+_SIGINT = {"received": False, "previous": None}
 
 
 @contextlib.contextmanager
-def catching_sigterm():
+def catching_signals():
     """Inside, SIGTERM (a scheduler's notice) is noted instead of ending the process; `Progress` acts on it.
 
     A job holds it from start to end, so a notice that comes while the corpus
     is tokenized stops the run before it trains, and one during training at
     the end of that step (with a checkpoint); one during the final evaluation
-    lets the run finish. Outside the main thread (where Python cannot catch
-    signals) it does nothing.
+    lets the run finish. Ctrl-C still raises `KeyboardInterrupt` at once, and
+    is noted too: Python drops an exception raised inside a finalizer
+    (`__del__`, a weakref callback), so one that lands there would leave the
+    run training; `Progress` raises it again at the next step. Outside the
+    main thread (where Python cannot catch signals) it does nothing.
     """
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     if _SIGTERM["depth"] == 0:
-        _SIGTERM["received"] = False
+        _SIGTERM["received"] = _SIGINT["received"] = False
         # JAX's runtime may have a handler of its own there (not Python's, so getsignal gives None).
         _SIGTERM["previous"] = signal.signal(signal.SIGTERM, _note_sigterm)
+        # Only over Python's own: an ignored Ctrl-C (a background job's) or an application's handler stays.
+        _SIGINT["previous"] = signal.getsignal(signal.SIGINT)
+        if _SIGINT["previous"] is signal.default_int_handler:
+            signal.signal(signal.SIGINT, _note_sigint)
     _SIGTERM["depth"] += 1
     try:
         yield
@@ -61,16 +69,35 @@ def catching_sigterm():
         if _SIGTERM["depth"] == 0:
             previous = _SIGTERM["previous"]
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-            _SIGTERM["received"] = False  # the notice was this job's: a later one in the process starts afresh
+            if signal.getsignal(signal.SIGINT) is _note_sigint:
+                signal.signal(signal.SIGINT, _SIGINT["previous"])
+            # The notices were this job's: a later one in the process starts afresh.
+            _SIGTERM["received"] = _SIGINT["received"] = False
 
 
 def _note_sigterm(signum, frame):
     _SIGTERM["received"] = True
 
 
+def _note_sigint(signum, frame):
+    _SIGINT["received"] = True
+    signal.default_int_handler(signum, frame)
+
+
 def sigterm_received():
-    """Whether SIGTERM came inside `catching_sigterm` (on this process)."""
+    """Whether SIGTERM came inside `catching_signals` (on this process)."""
     return _SIGTERM["received"]
+
+
+def raise_lost_interrupt():
+    """Raises `KeyboardInterrupt` if Ctrl-C came inside `catching_signals` and the run still goes on.
+
+    Called where the run would have ended had the first one not been dropped
+    (see `catching_signals`); the notice is then spent.
+    """
+    if _SIGINT["received"]:
+        _SIGINT["received"] = False
+        raise KeyboardInterrupt
 
 
 class BatchCount:
@@ -323,6 +350,7 @@ class Progress(keras.callbacks.Callback):
         self._count.epoch_begin()
 
     def on_train_batch_begin(self, batch, logs=None):
+        raise_lost_interrupt()
         if batch:  # this epoch's earlier executions are dispatched: act on the steps they finished
             self._steps_done(self._count.begun(batch) // self.accumulation)
         if self.metric_state is not None:  # a resumed epoch continues the sums of its first part

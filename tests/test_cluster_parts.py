@@ -489,3 +489,19 @@ def test_tensorflow_replicas_feed_the_blocks_keras_puts_back_in_order():
         gathered = [fed[(w, r)] for w in range(workers) for r in range(replicas)]
         joined = [block for r in range(replicas) for block in gathered[r::replicas]]
         assert joined == list(range(workers * replicas))
+
+
+def test_zero_shot_on_several_processes_is_refused_once_they_join_and_before_the_output_dir_is_claimed(
+    monkeypatch, tmp_path
+):
+    from kgpt.jobs import run
+
+    addresses = ("10.0.0.1:8476", "10.0.0.2:8477")
+    joined = []
+    monkeypatch.setattr(
+        run, "join", lambda *args: joined.append(args[1]) or placement.Cluster(2, 0, addresses[0], addresses, "flags")
+    )
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match=r"^--zero_shot scores tasks .* one process only: evaluate the saved model"):
+        pretrain(PretrainConfig(output_dir=str(out), zero_shot={"sst2": None}))
+    assert joined == ["pretrain"] and not out.exists()

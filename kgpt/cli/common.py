@@ -73,7 +73,7 @@ def out_of_memory(e, prog):
 def several_processes(coordinator_address, num_processes, process_id):
     """Whether the flags (or the environment) make this a run of several processes; a bad flag is an error.
 
-    The job joins them (`kgpt.jobs.run.join`) once its settings are checked;
+    The job joins them (`kgpt.jobs.run.workspace`) once its settings are checked;
     until then no backend may compute anything, so the devices are not
     looked up at start-up (`start_backends`).
     """

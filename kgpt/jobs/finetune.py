@@ -148,7 +148,6 @@ def finetune(config, registry=None):
     config = with_local_init(config)
     run_config, settings = config.run_part(), run_settings(config)
     batch_size = config.batch_size or DEFAULT_BATCH_SIZE
-    run.join(run_config, "finetune", settings, batch_size)
     with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-", batch_size) as work:
         with work.scope():
             data_dir = (

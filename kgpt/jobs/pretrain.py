@@ -279,7 +279,6 @@ def prepare(config):
     start = time.perf_counter()
     check_config(config)
     run_config, settings = config.run_part(), run_settings(config)
-    run.join(run_config, "pretrain", settings)
     if not (config.output_dir or config.shards_dir):
         logger.info("No --output_dir or --shards_dir: the shards are deleted at exit.")
     with run.workspace(run_config, "pretrain", settings, "kgpt-shards-") as work:
@@ -337,16 +336,17 @@ def pretrain(config, registry=None, within=None):
     """
     check_config(config)
     run_config, settings = config.run_part(), run_settings(config)
-    several = run.join(run_config, "pretrain", settings, config.batch_size).several
-    if several and config.zero_shot:
-        raise ConfigError(
-            "--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
-            "one process only: evaluate the saved model with kgpt-analyze zero-shot instead."
-        )
+    one_process = None
     if config.zero_shot:  # before the corpus is tokenized and the model built
         registry = registry or TaskRegistry()
         zero_shot_lib.check_tasks(config.zero_shot, registry)
-    with run.workspace(run_config, "pretrain", settings, "kgpt-shards-", config.batch_size, within) as work:
+        one_process = (
+            "--zero_shot scores tasks with the model's predictions during training, which kgpt runs on "
+            "one process only: evaluate the saved model with kgpt-analyze zero-shot instead."
+        )
+    with run.workspace(
+        run_config, "pretrain", settings, "kgpt-shards-", config.batch_size, within, one_process
+    ) as work:
         # The shards first: their worker processes are forked before JAX or
         # TensorFlow start threads for the devices.
         index, tokenizer = _prepare(config, work)
@@ -380,7 +380,8 @@ def pretrain(config, registry=None, within=None):
             metrics = _metrics(index.total_tokens, progress, zero_shot, validation)
             metrics["unigram_loss"] = unigram_loss(index, train_end)
             _warn_if_learned_nothing(metrics)
-            if several:  # generation runs on one process: the saved preset generates (GPTCausalLM.from_preset)
+            # Generation runs on one process: the saved preset generates (GPTCausalLM.from_preset).
+            if cluster.current().several:
                 logger.info(
                     "No sample on several processes: GPTCausalLM.from_preset(output_dir).generate(...) writes one."
                 )

@@ -3,8 +3,7 @@
 A job (`kgpt.jobs.pretrain`, `kgpt.jobs.finetune`) is a short function on top:
 
     run_config = config.run_part()                                   # a RunConfig: where and how it runs
-    run.join(run_config, "finetune", settings, batch_size)           # the other processes, if any
-    with run.workspace(run_config, "finetune", settings, "kgpt-rte-", batch_size) as work:  # output_dir claimed
+    with run.workspace(run_config, "finetune", settings, "kgpt-rte-", batch_size) as work:  # joined, claimed
         with work.scope():                                           # seed, dtype policy, devices
             ...build and compile the model...
             state = work.restore(model, settings)                    # the checkpoint, if any
@@ -20,7 +19,7 @@ kept, and the same command again resumes from the last checkpoint; without
 one, nothing is.
 
 On several processes (`kgpt.parallel.cluster`) every process runs the same
-job on its rows of each batch (`join` first); process 0 alone claims and
+job on its rows of each batch (`workspace` joins them first); process 0 alone claims and
 writes the output directory, which every process must see (a shared file
 system), or which is remote (`gs://...`): each process then works in its own
 local copy (`Run.mirror`, a `kgpt.io.storage.Mirror`) and process 0 copies
@@ -181,10 +180,11 @@ def join(run_config, job, settings, batch_size=None):
     """Joins the run's other processes, if any, and checks that they run this job with these settings.
 
     `run_config` is the job's `RunConfig` (`config.run_part()`). Returns the
-    `kgpt.parallel.placement.Cluster`. Called first by each job, so a
-    process started with another flag stops every process before anything
-    is read or written; with `batch_size`, so does a distribution the run's
-    devices cannot hold.
+    `kgpt.parallel.placement.Cluster`. `workspace` calls it before anything
+    is read or written, so a process started with another flag stops every
+    process first; with `batch_size`, so does a distribution the run's
+    devices cannot hold. Call it alone to join once for several jobs
+    (kgpt-analyze); joining again is a check only.
     """
     here = cluster.start(
         placement.resolve(run_config.coordinator_address, run_config.num_processes, run_config.process_id),
@@ -361,9 +361,13 @@ class Run:
 
 
 @contextlib.contextmanager
-def workspace(run_config, job, settings, prefix, batch_size=None, within=None):
-    """Yields the `Run` of `run_config` (a `RunConfig`) with batches of `batch_size`: its `output_dir` claimed for
-    `job` (`RunDirectory`), or a temporary folder.
+def workspace(run_config, job, settings, prefix, batch_size=None, within=None, one_process=None):
+    """Yields the `Run` of `run_config` (a `RunConfig`) with batches of `batch_size`, its processes joined
+    (`join`): its `output_dir` claimed for `job` (`RunDirectory`), or a temporary folder.
+
+    `one_process` says why the job cannot run on several processes (None: it
+    can); it is refused with that message once they have joined, before the
+    claim.
 
     The temporary folder (for data a run derives, e.g. token shards or a
     task's embedded data) is deleted at exit: without an output directory
@@ -375,6 +379,8 @@ def workspace(run_config, job, settings, prefix, batch_size=None, within=None):
     through its mirror. With several processes, process 0 claims the
     directory and the others go on only if it could.
     """
+    if join(run_config, job, settings, batch_size).several and one_process:
+        raise ConfigError(one_process)
     options = dict(config=run_config, batch_size=batch_size)
     with catching_signals():  # a scheduler's notice stops the run at a step boundary (callbacks.Progress)
         if not run_config.output_dir:

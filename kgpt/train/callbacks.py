@@ -33,8 +33,8 @@ from kgpt.parallel import cluster
 logger = logging.getLogger(__name__)
 
 
-_SIGTERM = {"received": False, "depth": 0, "previous": None}
-_SIGINT = {"received": False, "previous": None}
+# What `catching_signals` noted, how deep it is held, and the handlers it replaced.
+_NOTICES = {"sigterm": False, "sigint": False, "depth": 0, "sigterm_handler": None, "sigint_handler": None}
 
 
 @contextlib.contextmanager
@@ -53,50 +53,50 @@ def catching_signals():
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    if _SIGTERM["depth"] == 0:
-        _SIGTERM["received"] = _SIGINT["received"] = False
+    if _NOTICES["depth"] == 0:
+        _NOTICES["sigterm"] = _NOTICES["sigint"] = False
         # JAX's runtime may have a handler of its own there (not Python's, so getsignal gives None).
-        _SIGTERM["previous"] = signal.signal(signal.SIGTERM, _note_sigterm)
+        _NOTICES["sigterm_handler"] = signal.signal(signal.SIGTERM, _note_sigterm)
         # Only over Python's own: an ignored Ctrl-C (a background job's) or an application's handler stays.
-        _SIGINT["previous"] = signal.getsignal(signal.SIGINT)
-        if _SIGINT["previous"] is signal.default_int_handler:
+        _NOTICES["sigint_handler"] = signal.getsignal(signal.SIGINT)
+        if _NOTICES["sigint_handler"] is signal.default_int_handler:
             signal.signal(signal.SIGINT, _note_sigint)
-    _SIGTERM["depth"] += 1
+    _NOTICES["depth"] += 1
     try:
         yield
     finally:
-        _SIGTERM["depth"] -= 1
-        if _SIGTERM["depth"] == 0:
-            previous = _SIGTERM["previous"]
+        _NOTICES["depth"] -= 1
+        if _NOTICES["depth"] == 0:
+            previous = _NOTICES["sigterm_handler"]
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
             if signal.getsignal(signal.SIGINT) is _note_sigint:
-                signal.signal(signal.SIGINT, _SIGINT["previous"])
+                signal.signal(signal.SIGINT, _NOTICES["sigint_handler"])
             # The notices were this job's: a later one in the process starts afresh.
-            _SIGTERM["received"] = _SIGINT["received"] = False
+            _NOTICES["sigterm"] = _NOTICES["sigint"] = False
 
 
 def _note_sigterm(signum, frame):
-    _SIGTERM["received"] = True
+    _NOTICES["sigterm"] = True
 
 
 def _note_sigint(signum, frame):
-    _SIGINT["received"] = True
+    _NOTICES["sigint"] = True
     signal.default_int_handler(signum, frame)
 
 
 def sigterm_received():
     """Whether SIGTERM came inside `catching_signals` (on this process)."""
-    return _SIGTERM["received"]
+    return _NOTICES["sigterm"]
 
 
-def raise_lost_interrupt():
+def _raise_dropped_interrupt():
     """Raises `KeyboardInterrupt` if Ctrl-C came inside `catching_signals` and the run still goes on.
 
     Called where the run would have ended had the first one not been dropped
     (see `catching_signals`); the notice is then spent.
     """
-    if _SIGINT["received"]:
-        _SIGINT["received"] = False
+    if _NOTICES["sigint"]:
+        _NOTICES["sigint"] = False
         raise KeyboardInterrupt
 
 
@@ -350,7 +350,7 @@ class Progress(keras.callbacks.Callback):
         self._count.epoch_begin()
 
     def on_train_batch_begin(self, batch, logs=None):
-        raise_lost_interrupt()
+        _raise_dropped_interrupt()
         if batch:  # this epoch's earlier executions are dispatched: act on the steps they finished
             self._steps_done(self._count.begun(batch) // self.accumulation)
         if self.metric_state is not None:  # a resumed epoch continues the sums of its first part

@@ -529,3 +529,14 @@ def _restore(model, kept):
     for variable, value in kept:
         if variable._value is None and value is not None and not value.is_deleted():
             variable._value = value
+
+
+def refuse_on_text(method, kwargs, names):
+    """A `ValueError` for Keras arguments of `method` that text cannot take: kgpt batches text itself (by
+    length), so Keras' own messages about tf.data (or a silently ignored `steps`) would follow."""
+    given = [n for n in names if kwargs.get(n) is not None]
+    if given:
+        raise ValueError(
+            f"{method} on text takes no {', '.join(given)}: kgpt encodes and batches the text itself. Pass "
+            f"token ids (model.preprocessor(texts)) for Keras' own arguments, or leave them out."
+        )

@@ -43,7 +43,7 @@ import re
 
 import kgpt
 from kgpt import checks
-from kgpt.data import tables
+from kgpt.data import readers, tables
 from kgpt.errors import ConfigError, DataError
 from kgpt.tasks import heads
 from kgpt.tasks.metrics import METRICS
@@ -133,8 +133,7 @@ class FileTask(kgpt.Task):
         for split, name in paths.items():
             if name:
                 tables.table_format(name)  # an unknown extension is refused before anything is read
-                if not os.path.isfile(name):
-                    raise ConfigError(f"{checks.option(SPLIT_FLAGS[split])} {name}: no such file.")
+                readers.check_file(name, checks.option(SPLIT_FLAGS[split]), missing=ConfigError)
         table = tables.read_table(train_path)
         header = table.columns
         has = f"{train_path} has {', '.join(map(repr, header))}"
@@ -175,6 +174,7 @@ class FileTask(kgpt.Task):
         table.require([label_column], checks.option("label_column"))
         files = Files(paths, text_columns, label_column, choice_columns, tuple(metrics) if metrics else None)
         labels = _training_labels(files, data_dir) if kind == CLASSIFICATION else None
+        _warn_training_rows(paths)
         _check_metrics(kind, metrics, labels)
         task = build(kind, files, labels, description=f"{kind} on {train_file}.")
         object.__setattr__(task, "plugin", self.plugin)  # its reading errors name the plugin, as the registry's copy
@@ -187,6 +187,24 @@ class FileTask(kgpt.Task):
             "choice_columns": list(self.files.choice_columns),
             "label_column": self.files.label_column,
         }
+
+
+def _warn_training_rows(paths):
+    """A counted warning for a validation or test file that is the training file (by any path or link): what it
+    scores is the rows the model trains on."""
+    train = paths["train"]
+    for split, uses in (
+        ("validation", f"validation scores (and {checks.option('keep')} best)"),
+        ("test", "test scores"),
+    ):
+        name = paths[split]
+        if name and os.path.samefile(name, train):
+            rows = sum(1 for _ in tables.read_table(train).rows)
+            logger.warning(
+                f"Warning: {checks.option(SPLIT_FLAGS[split])} {name} is the {checks.option('train_file')} {train}"
+                f"{'' if name == train else ' (by another path)'}: {uses} are measured on its {rows:,} training "
+                f"rows. Hold out rows that the model does not train on."
+            )
 
 
 def _check_metrics(kind, metrics, labels):

@@ -283,6 +283,35 @@ def test_cli_usage_errors():
             flags.FLAGS.unparse_flags()
 
 
+@pytest.mark.parametrize(
+    "mode, args, message",
+    [
+        # These ran, the flags ignored: --task even named another task than --tasks.
+        (
+            "zero-shot",
+            ["--init=x", "--tasks=sst2", "--task=cola", "--epochs=7", "--lm_coef=3"],
+            r"^--task, --epochs, --lm_coef do nothing in kgpt-analyze zero-shot \(it scores --init on --tasks\); "
+            r"remove them\.$",
+        ),
+        ("transfer", ["--corpus=text"], r"^--corpus does nothing in kgpt-analyze transfer \(it fine-tunes on the"),
+        ("zero-shot-curve", ["--zero_shot=cola"], r"^--zero_shot does nothing in kgpt-analyze zero-shot-curve"),
+        ("ablations", ["--layers=0,1"], r"^--layers only applies to transfer, not ablations; remove it\.$"),
+        ("transfer", ["--architectures=lstm"], r"^--architectures only applies to zero-shot-curve, not transfer"),
+    ],
+)
+def test_flags_a_mode_would_ignore_are_refused(mode, args, message):
+    from absl import app, flags
+
+    from kgpt.cli import analyze
+
+    flags.FLAGS(["kgpt-analyze", *args, "--dry_run"])  # refused by the dry run as by the run, before either
+    try:
+        with pytest.raises(app.UsageError, match=message):
+            analyze.main(["kgpt-analyze", mode])
+    finally:
+        flags.FLAGS.unparse_flags()
+
+
 def test_cli_claims_its_output_directory(tmp_path):
     from absl import flags
 

@@ -1,6 +1,7 @@
 """Hostile calls to the Python API: each bad argument is refused by name, nothing wrong comes back silently."""
 
 import os
+import shutil
 import threading
 import warnings
 
@@ -562,7 +563,8 @@ def test_a_preset_whose_tokenizer_outgrows_the_model_is_refused(tmp_path, lm):
         **{c: 1 + i for i, c in enumerate(chars)},
         **{c + "</w>": 61 + i for i, c in enumerate(chars)},
     }
-    kgpt.GPTTokenizer(encoder, []).save_to_preset(folder)  # another vocabulary's files, as if copied in
+    kgpt.GPTTokenizer(encoder, []).save_to_preset(str(tmp_path / "other"))  # saved beside the model it is refused
+    shutil.copytree(tmp_path / "other", folder, dirs_exist_ok=True)  # another vocabulary's files, copied in
     with pytest.raises(
         kgpt.io.presets.CheckpointError,
         match=r"lm: The preprocessor's tokenizer has 124 ids, more "

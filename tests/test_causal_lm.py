@@ -288,3 +288,42 @@ def test_fit_evaluate_predict_on_text():
     logits = lm.predict(texts[:3], batch_size=2, verbose=0)
     assert logits.shape == (3, 12, tokenizer.vocabulary_size())
     np.testing.assert_allclose(logits, to_numpy(lm(keras.tree.map_structure(lambda t: t[:3], x))), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "method, kwargs",
+    [
+        ("fit", {"sample_weight": np.zeros(2)}),
+        ("fit", {"class_weight": {0: 1.0}}),
+        ("evaluate", {"sample_weight": np.array([np.nan, -5.0])}),
+    ],
+)
+def test_keras_weights_on_text_are_refused_not_ignored(method, kwargs):
+    # The preprocessor's padding mask is the weight on text: keras-hub dropped the user's (zero, NaN or negative
+    # weights trained as ones).
+    lm = text_lm(newline_tokenizer(), sequence_length=12)
+    lm.compile()
+    name = next(iter(kwargs))
+    with pytest.raises(ValueError, match=rf"^{method} on text takes no {name}: kgpt encodes and batches"):
+        getattr(lm, method)(["a cab", "the dog ran"], batch_size=2, verbose=0, **kwargs)
+
+
+def test_fit_on_text_draws_a_new_order_every_epoch(monkeypatch):
+    # keras-hub batched in-memory text in order, every epoch, whatever fit(shuffle=) said.
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    lm = text_lm(newline_tokenizer(), sequence_length=12)
+    texts = [f"{word} cab" for word in ("a", "the", "dog", "ran", "cab", "a a", "the the", "dog dog")]
+    batches = lm._text_batches(texts, batch_size=3)
+    epochs = [[t.decode() for batch in batches for t in batch.numpy()] for _ in range(2)]
+    assert [len(b) for b in batches] == [3, 3, 2]
+    assert sorted(epochs[0]) == sorted(epochs[1]) == sorted(texts) and epochs[0] != epochs[1] and epochs[0] != texts
+    assert [t.decode() for b in lm._text_batches(texts, shuffle=False) for t in b.numpy()] == texts
+    given = {}
+    monkeypatch.setattr(keras_hub.models.CausalLM, "fit", lambda self, x, y=None, **kwargs: given.update(x=x, **kwargs))
+    lm.compile()
+    lm.fit(texts, batch_size=3, epochs=2)
+    assert isinstance(given["x"], tf.data.Dataset) and given["shuffle"] is False and given["batch_size"] is None
+    lm.fit(texts, batch_size=3, shuffle=False)
+    assert given["x"] == texts and given["shuffle"] is False and given["batch_size"] == 3

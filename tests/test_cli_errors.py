@@ -37,8 +37,8 @@ def presets(tmp_path_factory):
     ids = tokenizer.vocabulary_size()
     for name, size, context in (("good", ids, 64), ("other_tokenizer", ids - 1, 64), ("short_context", ids, 3)):
         backbone = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size, "max_sequence_length": context})
+        tokenizer.save_to_preset(str(root / name))  # first, as a run saves it: beside the model, it must fit it
         backbone.save_to_preset(str(root / name))
-        tokenizer.save_to_preset(str(root / name))
     return root
 
 
@@ -78,7 +78,7 @@ def test_corpus_byte_that_is_not_utf8_names_file_and_line(monkeypatch, capsys, p
         f"--tokenizer={presets / 'good'}",
     )
     assert one_line(code, err) == (
-        f"{folder}/a.txt:2: byte 10 of the line (0xe9) is not valid UTF-8; re-encode the file as UTF-8."
+        f"{folder}/a.txt:2: byte 11 of the line (0xe9) is not valid UTF-8; re-encode the file as UTF-8."
     )
 
 
@@ -229,6 +229,33 @@ def test_sequence_length_in_fine_tuning_points_to_max_length(monkeypatch, capsys
         "--sequence_length only applies to pre-training (--task lm); remove it (a fine-tuned model's context is "
         "--max_length)."
     ) in err
+
+
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--dropout=0.99"], "--dropout"),
+        (["--attention_dropout=0", "--initializer_range=0.5"], "--initializer_range, --attention_dropout"),
+        (["--hidden_dim=8"], "--hidden_dim"),
+    ],
+)
+def test_a_new_models_settings_with_a_pretrained_init_are_refused_not_ignored(
+    flags, named, monkeypatch, capsys, presets
+):
+    # They once ran with the preset's own dropout, run.json recording the flag's.
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", f"--init={presets / 'good'}", *flags, "--dry_run")
+    assert code == 2 and "Traceback" not in err, err[-2000:]
+    assert (
+        f"{named} set(s) a new model's size or dropout (--init scratch); --init {presets / 'good'} keeps its own" in err
+    )
+    # What docs/guide-finetuning.md offers instead, in Python.
+    assert kgpt.GPTBackbone.from_preset(str(presets / "good"), dropout=0.0).dropout == 0.0
+
+
+def test_dropout_of_a_new_model_must_be_a_rate(monkeypatch, capsys):
+    code, _, err = cli(monkeypatch, capsys, train, "--task=scitail", "--init=scratch", "--dropout=1", "--dry_run")
+    assert "Traceback" not in err and code != 0
+    assert "dropout" in err and "[0, 1)" in err, err[-2000:]
 
 
 def test_an_empty_list_flag_is_refused_not_read_as_left_out(monkeypatch, capsys):

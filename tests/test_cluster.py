@@ -524,7 +524,6 @@ def test_kgpt_analyze_transfer_on_two_processes_gives_the_table_of_one(tiny_pres
         "--epochs=1",
         "--batch_size=10",
         "--max_length=48",
-        "--dropout=0",
         "--classifier_dropout=0",
         "--learning_rate=1e-3",
     ]

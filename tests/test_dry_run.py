@@ -84,6 +84,22 @@ def test_the_dry_run_counts_the_updates_and_warns_of_a_batch_larger_than_the_tra
     ]
 
 
+def test_a_finetuned_init_without_batch_size_is_planned_with_the_batch_the_run_takes(preset, tmp_path):
+    # The run takes the batch the model was fine-tuned with; the dry run (and the run's own checks before it
+    # loads the model) once took the default 32, warning of a batch larger than the training set.
+    data = write_glue(tmp_path / "RTE", "rte")  # 12 training rows
+    model = str(tmp_path / "rte-model")
+    kgpt.GPTTaskModel.from_preset(preset, task="rte").save_to_preset(model)
+    with open(os.path.join(model, "metrics.json"), "w") as f:
+        json.dump({"init_dir": preset, "batch_size": 6}, f)
+    config = FinetuneConfig(task="rte", init=model, data_dir=data, epochs=1, output_dir=str(tmp_path / "out"))
+    assert dict(dry_run.finetune(config, REGISTRY))["training"].startswith(
+        "1 epoch(s) of 2 update(s) (2 in all), batch 6,"
+    )
+    _, metrics = finetune.finetune(config, REGISTRY)
+    assert metrics["batch_size"] == 6
+
+
 def test_model_parallel_is_refused_without_its_distribution_and_checked_against_the_devices(preset, tmp_path):
     data = write_glue(tmp_path / "RTE", "rte")
 
@@ -216,7 +232,7 @@ def test_a_pretraining_dry_run_reads_the_corpus_and_counts_the_model(tmp_path):
     assert f"{built.count_params():,} weights" in found["model"]
     assert not os.path.exists(tmp_path / "lm")
     (corpus / "c.txt").write_bytes(b"caf\xe9\n")
-    with pytest.raises(DataError, match=r"c.txt:1: byte 3 of the line \(0xe9\) is not valid UTF-8"):
+    with pytest.raises(DataError, match=r"c.txt:1: byte 4 of the line \(0xe9\) is not valid UTF-8"):
         dry_run.pretrain(config)
 
 

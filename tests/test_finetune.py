@@ -110,7 +110,7 @@ def test_truncation_and_skipped_rows_are_counted(tiny_preset, tmp_path):
     [
         ("premise only\tentails", r"scitail_1.0_train.tsv:2: expected 3 tab-separated fields, got 2"),
         ("p\th\tcontradiction", r"scitail_1.0_train.tsv:2: label 'contradiction' is not one of 'entails', 'neutral'"),
-        (b"p\xff\th\tentails\n", r"scitail_1.0_train.tsv:2: byte 1 of the line \(0xff\) is not valid UTF-8"),
+        (b"p\xff\th\tentails\n", r"scitail_1.0_train.tsv:2: byte 2 of the line \(0xff\) is not valid UTF-8"),
     ],
 )
 def test_malformed_rows_name_file_and_line(tiny_preset, tmp_path, row, message):

@@ -72,7 +72,7 @@ def test_csv_round_trips_quotes_commas_and_line_breaks(tmp_path):
         ("a.jsonl", '{"x": "1"}\n{"x": \n', r"a.jsonl:2: not valid JSON"),
         ("a.csv", "", r"a.csv: the file is empty"),
         ("a.csv", "x,y\n", r"a.csv: no rows after the header"),
-        ("a.csv", b"x,y\n1,\xff\n", r"a.csv:2: byte 2 of the line \(0xff\) is not valid UTF-8"),
+        ("a.csv", b"x,y\n1,\xff\n", r"a.csv:2: byte 3 of the line \(0xff\) is not valid UTF-8"),
     ],
 )
 def test_malformed_tables_name_file_and_line(tmp_path, name, content, error):

@@ -354,7 +354,7 @@ def test_race_errors(tmp_path):
         encode("race-high", data)
     with open(bad, "wb") as f:
         f.write(b'{"article": "caf\xe9"}')
-    with pytest.raises(kgpt.DataError, match=r"9.txt:1: byte 16 of the line \(0xe9\) is not valid UTF-8"):
+    with pytest.raises(kgpt.DataError, match=r"9.txt:1: byte 17 of the line \(0xe9\) is not valid UTF-8"):
         encode("race", data)
     with pytest.raises(FileNotFoundError, match=r"No RACE dev files found"):
         encode("race", str(tmp_path / "nowhere"), split="dev")

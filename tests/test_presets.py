@@ -86,7 +86,7 @@ def test_a_model_without_a_tokenizer_saved_over_another_models_preset_removes_it
         preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=16),
     ).save_to_preset(str(tmp_path))
     assert (tmp_path / "tokenizer.json").exists()
-    other = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": 50})
+    other = kgpt.GPTBackbone(**{**TINY, "vocabulary_size": tokenizer.vocabulary_size(), "num_layers": 1})
     with caplog.at_level("WARNING", logger="kgpt"):
         other.save_to_preset(str(tmp_path))
     assert [r.getMessage() for r in caplog.records] == [
@@ -337,3 +337,84 @@ def test_tampered_tokenizer_config_is_a_checkpoint_error(tmp_path, edit):
     _edit_json(tmp_path / "tokenizer.json", edit)
     with pytest.raises(kgpt.CheckpointError, match=r"tokenizer.json: cannot build a GPTTokenizer from it"):
         kgpt.GPTTokenizer.from_preset(str(tmp_path))
+
+
+def _sst2_model(sequence_length=12):
+    preprocessor = kgpt.GPTTaskPreprocessor(
+        char_tokenizer(), kgpt.TaskRegistry().get("sst2").transform, sequence_length=sequence_length
+    )
+    head = kgpt.tasks.heads.ClassificationHead(["negative", "positive"])
+    return kgpt.GPTTaskModel(backbone(), head, preprocessor=preprocessor, task_name="sst2")
+
+
+def _set_dropout(preset, name, value):
+    """Sets the backbone's dropout in the preset's file `name` (config.json, or task.json's copy)."""
+    config = json.loads((preset / name).read_text())
+    (config["config"]["backbone"] if name == "task.json" else config)["config"]["dropout"] = value
+    (preset / name).write_text(json.dumps(config))
+
+
+def test_an_edit_of_one_copy_of_a_task_presets_backbone_is_refused_and_its_remedies_load(tmp_path):
+    # config.json is keras-hub's copy of task.json's backbone: the task model loaded task.json's without a word.
+    saved, edited = tmp_path / "p", tmp_path / "edited"
+    task_model().save_to_preset(str(saved))
+    for name, values in (("config.json", "0.0 in config.json, 0.1"), ("task.json", "0.1 in config.json, 0.0")):
+        shutil.rmtree(edited, ignore_errors=True)
+        shutil.copytree(saved, edited)
+        _set_dropout(edited, name, 0.0)
+        with pytest.raises(kgpt.CheckpointError) as refused:
+            kgpt.GPTTaskModel.from_preset(str(edited))
+        assert str(refused.value) == (
+            f"{edited / 'config.json'} differs from the backbone saved in {edited / 'task.json'} (dropout: {values} "
+            f"in task.json): the model loads task.json's, other readers config.json, so an edit of one alone would "
+            f"be ignored. Restore the edited file, or make the same edit in both."
+        )
+    # What the message says works: the same edit in both, or the edited file restored.
+    _set_dropout(edited, "config.json", 0.0)
+    assert kgpt.GPTTaskModel.from_preset(str(edited)).backbone.dropout == 0.0
+    _set_dropout(edited, "config.json", 0.1)
+    _set_dropout(edited, "task.json", 0.1)
+    assert kgpt.GPTTaskModel.from_preset(str(edited)).backbone.dropout == 0.1
+    # A backbone preset has one copy: its edit is the model's.
+    backbone().save_to_preset(str(tmp_path / "backbone"))
+    _set_dropout(tmp_path / "backbone", "config.json", 0.0)
+    assert kgpt.GPTBackbone.from_preset(str(tmp_path / "backbone")).dropout == 0.0
+    assert kgpt.GPTCausalLM.from_preset(str(tmp_path / "backbone")).backbone.dropout == 0.0
+
+
+def test_an_edited_preprocessor_copy_names_a_remedy_that_works(tmp_path):
+    saved = tmp_path / "p"
+    _sst2_model().save_to_preset(str(saved))
+    nested = json.loads((saved / "task.json").read_text())["config"]["preprocessor"]
+    _edit_json(saved / "preprocessor.json", lambda c: c["config"].update(sequence_length=8))
+    with pytest.raises(kgpt.CheckpointError) as refused:
+        kgpt.GPTTaskModel.from_preset(str(saved), sequence_length=8)  # the check reads the files, not the override
+    assert str(refused.value).endswith(
+        "(sequence_length: 8 in preprocessor.json, 12 in task.json): the model loads task.json's, other readers "
+        "preprocessor.json, so an edit of one alone would be ignored. Restore the edited file, or make the same edit "
+        "in both. To pack to another length, restore the file and load with sequence_length= (kgpt-predict "
+        "--max_length): save_to_preset keeps it."
+    )
+    (saved / "preprocessor.json").write_text(json.dumps(nested))  # restored from task.json's entry
+    model = kgpt.GPTTaskModel.from_preset(str(saved), sequence_length=8)
+    assert model.preprocessor.sequence_length == 8
+    model.save_to_preset(str(tmp_path / "again"))
+    assert kgpt.GPTTaskModel.from_preset(str(tmp_path / "again")).preprocessor.sequence_length == 8
+
+
+def test_a_preset_is_not_saved_inside_a_file(tmp_path):
+    # The folder's own check named a file given as the folder, but one on the way gave "[Errno 20] Not a directory".
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    model = _sst2_model()
+    saves = (model.save_to_preset, model.backbone.save_to_preset, model.preprocessor.save_to_preset)
+    for save in (*saves, model.preprocessor.tokenizer.save_to_preset):
+        for path in (f"{afile}/sub", f"{afile}/sub/deeper"):
+            with pytest.raises(ValueError) as refused:
+                save(path)
+            assert str(refused.value) == (
+                f"{afile} is a file: a preset is saved as a folder, not inside a file ({path}); pass a folder's path."
+            )
+        with pytest.raises(ValueError, match=r"afile is a file: a preset is saved as a folder; pass a folder's path"):
+            save(f"{afile}/")
+    assert os.listdir(tmp_path) == ["afile"]

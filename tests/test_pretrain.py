@@ -107,7 +107,7 @@ def test_non_utf8_names_file_and_byte(tmp_path):
     bad = os.path.join(config.corpus, "b.txt")
     with open(bad, "wb") as f:
         f.write(b"caf\xe9 au lait")
-    with pytest.raises(ValueError, match=r"b\.txt:1: byte 3 of the line \(0xe9\) is not valid UTF-8"):
+    with pytest.raises(ValueError, match=r"b\.txt:1: byte 4 of the line \(0xe9\) is not valid UTF-8"):
         pretrain(config)
 
 

@@ -188,6 +188,9 @@ def test_unknown_task_suggests_the_closest():
         r"Available: scitail, snli.",
     ):
         registry.get("scitial")
+    for spelled, meant in (("SciTail", "scitail"), ("SNLI", "snli"), ("SCITIAL", "scitail")):  # capitals: no hint
+        with pytest.raises(kgpt.RegistryError, match=rf"Unknown task '{spelled}'. Did you mean '{meant}'\?"):
+            registry.get(spelled)
 
 
 def test_unknown_task_mentions_broken_plugins(fake_module):

@@ -301,7 +301,7 @@ def test_a_field_over_pythons_csv_limit_is_read_whole(tmp_path):
             b"PK\x03\x04\x14\x00rest\n",
             r"z\.jsonl:1: the file is a zip archive \(or a spreadsheet\), not text",
         ),
-        ("b.tsv", b"text\tlabel\na\tb\n\x80\tc\n", r"b\.tsv:3: byte 0 of the line \(0x80\) is not valid UTF-8"),
+        ("b.tsv", b"text\tlabel\na\tb\n\x80\tc\n", r"b\.tsv:3: byte 1 of the line \(0x80\) is not valid UTF-8"),
         ("j.csv", b"text,label\na,b\n\xef\xbb\xbftext,label\nc,d\n", r"j\.csv:3: a byte-order mark starts this line"),
         (
             "j.tsv",
@@ -309,8 +309,8 @@ def test_a_field_over_pythons_csv_limit_is_read_whole(tmp_path):
             r"j\.tsv:3: the header row again \(line 1 is the "
             r"first\): were files joined here\? Remove it\.$",
         ),
-        ("n.csv", b"text,label\na\x00b,c\n", r"n\.csv:2: byte 1 of the line is a NUL: a binary file, or UTF-16 "),
-        ("w.tsv", "text\tlabel\n".encode("utf-16-le"), r"w\.tsv:1: byte 1 of the line is a NUL"),
+        ("n.csv", b"text,label\na\x00b,c\n", r"n\.csv:2: byte 2 of the line is a NUL: a binary file, or UTF-16 "),
+        ("w.tsv", "text\tlabel\n".encode("utf-16-le"), r"w\.tsv:1: byte 2 of the line is a NUL"),
         ("h.tsv", b"text\tlabel\ttext\nx\ty\tz\n", r"h\.tsv:1: the header names column 'text' twice"),
         ("e.csv", b"\xef\xbb\xbftext,label\na,\n", r"e\.csv:2: empty label in column 'label'"),
         (  # it broke the predictions' TSV (a column p_<label> and the rows) and validation.tsv, exit 0

@@ -315,8 +315,11 @@ def test_kgpt_predict_names_the_line_of_a_text_with_no_tokens(tmp_path):
     inputs = predict.read_inputs(str(path), preprocessor.transform, "text", None)
     with pytest.raises(kgpt.DataError, match=rf"^{path}:2: the text '\\x01\\x02' has no tokens"):
         predict.encode(preprocessor, inputs)
-    # "No input file" before, for a file that is there.
-    with pytest.raises(kgpt.DataError, match=r"^/dev/null: no examples \(the file is empty\)\.$"):
+    # "No input file" before, for a file that is there; a device is none (reading /dev/zero would never end).
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(kgpt.DataError, match=r"empty\.txt: no examples \(the file is empty\)\.$"):
+        predict.read_inputs(str(tmp_path / "empty.txt"), preprocessor.transform, "text")
+    with pytest.raises(kgpt.DataError, match=r"^path /dev/null is not a regular file \(a device\)"):
         predict.read_inputs("/dev/null", preprocessor.transform, "text")
     with pytest.raises(kgpt.DataError, match=rf"^path {tmp_path} is a folder: name a file"):
         predict.read_inputs(str(tmp_path), preprocessor.transform, "text")

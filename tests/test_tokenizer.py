@@ -412,3 +412,66 @@ def test_preset_files_missing_or_corrupt_name_the_path(tmp_path):
     )
     with pytest.raises(kgpt.CheckpointError, match="tokenizer.json: expected a kgpt GPTTokenizer config"):
         GPTTokenizer.from_preset(str(tmp_path))
+
+
+def _files(folder):
+    """Every file under `folder` with its bytes."""
+    return {
+        os.path.relpath(os.path.join(root, name), folder): open(os.path.join(root, name), "rb").read()
+        for root, _, names in os.walk(folder)
+        for name in names
+    }
+
+
+def test_a_tokenizer_saved_beside_a_model_must_fit_it(tmp_path, caplog):
+    # GPT-1's tokenizer saved into a 605-id model's preset replaced its files without a word: the preset then failed
+    # to load, or, for a vocabulary of the model's size, tokenized with another vocabulary.
+    from conftest import TINY, char_tokenizer, newline_tokenizer
+
+    tokenizer = char_tokenizer()
+    size = tokenizer.vocabulary_size()
+    preset = tmp_path / "preset"
+    kgpt.GPTCausalLM(
+        kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size}),
+        preprocessor=kgpt.GPTCausalLMPreprocessor(tokenizer, sequence_length=16),
+    ).save_to_preset(str(preset))
+    before = _files(preset)
+    bigger = newline_tokenizer()
+    with pytest.raises(ValueError) as refused:
+        bigger.save_to_preset(str(preset))
+    assert str(refused.value) == (
+        f"{preset} holds a model of vocabulary_size={size} (config.json), which this tokenizer of "
+        f"{bigger.vocabulary_size()} ids does not fit: nothing was written. Save the tokenizer to another folder."
+    )
+    assert _files(preset) == before
+    # Another vocabulary of the model's size (two ids swapped) replaces the one there with a warning.
+    swapped = dict(tokenizer.encoder)
+    swapped["a</w>"], swapped["b</w>"] = tokenizer.encoder["b</w>"], tokenizer.encoder["a</w>"]
+    with caplog.at_level("WARNING", logger="kgpt"):
+        char_tokenizer().save_to_preset(str(preset))  # the same one again: silent
+        assert caplog.records == []
+        GPTTokenizer(swapped, []).save_to_preset(str(preset))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: {preset} held another tokenizer: it is replaced by this one, which the model saved there now "
+        f"loads with."
+    ]
+    assert GPTTokenizer.from_preset(str(preset)).encode("a b") == [swapped["a</w>"], swapped["b</w>"]]
+
+
+def test_a_tokenizer_saved_before_its_model_or_without_one_is_silent(tmp_path, caplog):
+    from conftest import TINY, char_tokenizer
+
+    tokenizer = char_tokenizer()
+    size = tokenizer.vocabulary_size()
+    with caplog.at_level("WARNING", logger="kgpt"):
+        tokenizer.save_to_preset(str(tmp_path / "alone"))
+        tokenizer.save_to_preset(str(tmp_path / "run"))  # a pre-training run: the tokenizer first, the model later
+        kgpt.GPTCausalLM(
+            kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size}),
+            preprocessor=kgpt.GPTCausalLMPreprocessor(char_tokenizer(), sequence_length=16),
+        ).save_to_preset(str(tmp_path / "run"))
+        # A pre-trained backbone without the paper's 3 added tokens, which fine-tuning adds (the original release's).
+        kgpt.GPTBackbone(**{**TINY, "vocabulary_size": size - 3}).save_to_preset(str(tmp_path / "pretrained"))
+        tokenizer.save_to_preset(str(tmp_path / "pretrained"))
+    assert caplog.records == []
+    assert GPTTokenizer.from_preset(str(tmp_path / "pretrained")).fingerprint() == tokenizer.fingerprint()

@@ -85,8 +85,7 @@ def main(argv):
     _check_choices("rows", TABLE5_ROWS)
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode], "--tasks")
     seeds = _seeds()
-    if seeds is not None and mode != "ablations":
-        raise app.UsageError(f"--seeds only applies to ablations, not {mode}; use --seed.", exitcode=2)
+    _check_mode_flags(mode)
     if mode == "zero-shot" and FLAGS.init is None:
         raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
     import keras
@@ -130,6 +129,48 @@ def main(argv):
     # experiment's own run under runs/ is claimed with its settings by its job.
     with run.claimed(RunDirectory(output_dir, "analyze", {}, overwrite=FLAGS.overwrite)):
         _run(mode, config, tasks, output_dir, TaskRegistry(), seeds)
+
+
+# kgpt-analyze's own flags that one mode reads, and what each mode reads of kgpt-train's: the rest would be ignored.
+MODE_OF_FLAG = {
+    "layers": "transfer",
+    "rows": "ablations",
+    "lstm_init": "ablations",
+    "seeds": "ablations",
+    "architectures": "zero-shot-curve",
+}
+MODE_READS = {
+    "zero-shot": "it scores --init on --tasks",
+    "zero-shot-curve": "it pre-trains with zero-shot scores on --tasks, for each of --architectures",
+    "transfer": "it fine-tunes on the first of --tasks",
+    "ablations": "it fine-tunes on --tasks",
+}
+
+
+def _check_mode_flags(mode):
+    """Refuses flags given that `mode` would ignore: another mode's, `--task` (the tasks are `--tasks`), and
+    kgpt-train's flags outside the mode's config (zero-shot reads `--init` alone)."""
+    for name, reader in MODE_OF_FLAG.items():
+        if FLAGS[name].present and reader != mode:
+            raise app.UsageError(f"--{name} only applies to {reader}, not {mode}; remove it.", exitcode=2)
+    if mode == "zero-shot":
+        fields = {"init", "output_dir", "overwrite"}
+    elif mode == "zero-shot-curve":  # the tasks and the architecture of each run are the mode's
+        fields = {f.name for f in dataclasses.fields(config_lib.PretrainConfig)} - {"zero_shot", "architecture"}
+        fields |= {"recipe"}
+    else:
+        fields = {f.name for f in dataclasses.fields(config_lib.FinetuneConfig)} | {"recipe"}
+    ignored = [
+        f"--{flag.name}"
+        for flag in FLAGS.get_flags_for_module(train.__name__)
+        if flag.present and flag.name not in fields - {"task"} and flag.name != "verbose"
+    ]
+    if ignored:
+        raise app.UsageError(
+            f"{', '.join(ignored)} {'do' if len(ignored) > 1 else 'does'} nothing in kgpt-analyze {mode} "
+            f"({MODE_READS[mode]}); remove {'them' if len(ignored) > 1 else 'it'}.",
+            exitcode=2,
+        )
 
 
 def _config(mode, tasks):

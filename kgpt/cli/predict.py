@@ -103,6 +103,7 @@ def main(argv):
     model_dir = hub.local(FLAGS.model, kgpt.GPTBackbone)  # a Hub preset's local folder, downloaded once
     predict.check_model(model_dir, FLAGS.model)
     if FLAGS.dry_run:
+        predict.view_length(model_dir, FLAGS.max_length)  # the warning loading the model gives
         dry_run.predict(
             model_dir,
             FLAGS.output,
@@ -157,7 +158,8 @@ def main(argv):
         if FLAGS.output == "-":
             sys.stdout.write(finetune_outputs.predictions_tsv(task, split, evaluation))
         else:
-            finetune_outputs.write_predictions(predict.through_link(FLAGS.output), task, split, evaluation)
+            with predict.writing(FLAGS.output):
+                finetune_outputs.write_predictions(predict.through_link(FLAGS.output), task, split, evaluation)
         count = len(split)
     logger.info(f"Wrote {count:,} predictions to {'standard output' if FLAGS.output == '-' else FLAGS.output}.")
 

@@ -191,11 +191,13 @@ def finetune_config_from_flags():
             "--init scratch (no pre-training) or --init demo (the small demo model).",
             exitcode=2,
         )
-    sizes = [f"--{n}" for n in ("num_layers", "hidden_dim", "intermediate_dim") if FLAGS[n].present]
-    if sizes and FLAGS.init != "scratch":
+    # num_heads is not one: the original release's files cannot tell their head count.
+    new_model = [f"--{f.name}" for f in dataclasses.fields(config_lib.ModelConfig) if f.name != "num_heads"]
+    given = [flag for flag in new_model if FLAGS[flag[2:]].present]
+    if given and FLAGS.init != "scratch":
         raise app.UsageError(
-            f"{', '.join(sizes)} set(s) the size of a new model (--init scratch); --init "
-            f"{FLAGS.init or 'demo'} has its own.",
+            f"{', '.join(given)} set(s) a new model's size or dropout (--init scratch); --init "
+            f"{FLAGS.init or 'demo'} keeps its own (its config.json).",
             exitcode=2,
         )
     values["init"] = values.get("init", "demo")

@@ -7,9 +7,11 @@ decides what to skip and yields `kgpt.Skipped` so it is counted.
 
 import contextlib
 import contextvars
+import errno
 import json
 import math
 import os
+import stat
 
 from kgpt import checks
 from kgpt.errors import DataError, RepeatedKeyError
@@ -40,6 +42,29 @@ def record_opened(path):
     opened = _recorder.get()
     if opened is not None:
         opened.append(path)
+
+
+def check_file(path, name=None, missing=FileNotFoundError):
+    """`path` when it is a regular file (or a link to one); else an error naming `name` (an option, `--input`) and
+    `path`: `missing` (a class) when nothing is there, a `DataError` for a folder, a link that loops, or what is not
+    a regular file (a named pipe, a device: its reading may never end). Nothing is opened: opening a named pipe
+    waits for a writer."""
+    what = f"{name} {path}" if name else str(path)
+    try:
+        mode = os.stat(path).st_mode  # follows links
+    except OSError as e:
+        link = f" (a link to {os.readlink(path)!r})" if os.path.islink(path) else ""
+        if e.errno == errno.ENOENT:
+            raise missing(f"{what}{link}: no such file.") from None
+        if e.errno == errno.ELOOP:
+            raise DataError(f"{what} is not a regular file: a loop of symbolic links{link}.") from None
+        raise
+    if stat.S_ISDIR(mode):
+        raise DataError(f"{what} is a folder: name a file.")
+    if not stat.S_ISREG(mode):
+        kind = "a named pipe" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else "a device"
+        raise DataError(f"{what} is not a regular file ({kind}): write its contents to a file first.")
+    return path
 
 
 def find_file(data_dir, candidates, what):
@@ -81,7 +106,7 @@ def decoded_lines(path):
                 line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
             except UnicodeDecodeError as e:
                 raise DataError(
-                    f"{path}:{line_no}: byte {e.start} of the line (0x{raw[e.start]:02x}) is not valid UTF-8."
+                    f"{path}:{line_no}: byte {e.start + 1} of the line (0x{raw[e.start]:02x}) is not valid UTF-8."
                 ) from None
             if line_no > 1 and line.startswith("\ufeff"):
                 raise DataError(
@@ -90,7 +115,7 @@ def decoded_lines(path):
                 )
             if "\0" in line:  # valid UTF-8, but no text holds it: Python's csv would read it into a field
                 raise DataError(
-                    f"{path}:{line_no}: byte {raw.index(0)} of the line is a NUL: a binary file, or "
+                    f"{path}:{line_no}: byte {raw.index(0) + 1} of the line is a NUL: a binary file, or "
                     f"UTF-16 without a byte-order mark? Save it as UTF-8 text."
                 )
             yield line_no, line

@@ -93,10 +93,10 @@ class Table:
 
 
 def read_table(path, format=None):
-    """Opens a table file: a `Table` whose `rows` are read lazily; `FileNotFoundError` if there is no file."""
+    """Opens a table file: a `Table` whose `rows` are read lazily; `FileNotFoundError` if there is no file
+    (`readers.check_file`)."""
     format = table_format(path, format)
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"No such file: {path}.")
+    readers.check_file(path)
     if format == "tsv":
         rows = _tsv_rows(path)
     elif format == "csv":

@@ -68,7 +68,8 @@ def _decode(raw, path, offset):
 
 
 def _line_of(path, position):
-    """`(line, byte in the line)` of byte `position`, as `kgpt.data.readers` names them (read again on this error only)."""
+    """`(line, byte in the line)` of byte `position`, both from 1 as `kgpt.data.readers` names them (read again on
+    this error only)."""
     with open(path, "rb") as f:
         before = f.read(position)
-    return before.count(b"\n") + 1, position - (before.rfind(b"\n") + 1)
+    return before.count(b"\n") + 1, position - before.rfind(b"\n")

@@ -310,8 +310,9 @@ def check_overrides(cls, overrides):
 
 
 def check_save_target(preset_dir):
-    """A preset is a folder: refuses an empty path or the path of a file, naming it, and a kgpt run's output
-    directory, whose run writes its model there itself (`kgpt.io.run_folder.check_save_target`)."""
+    """A preset is a folder: refuses an empty path or the path of a file or of a folder inside one, naming the file,
+    and a kgpt run's output directory, whose run writes its model there itself
+    (`kgpt.io.run_folder.check_save_target`). Every kgpt `save_to_preset` checks its folder with it."""
     path = os.fspath(preset_dir)
     if not path:
         raise ValueError("preset_dir is empty: pass the folder to save the preset in.")
@@ -322,8 +323,12 @@ def check_save_target(preset_dir):
         ValueError,
         "preset_dir",
     )
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise ValueError(f"{path} is a file: a preset is saved as a folder; pass a folder's path.")
+    found = os.path.normpath(path)
+    while not os.path.exists(found) and os.path.dirname(found) not in ("", found):
+        found = os.path.dirname(found)  # the nearest that exists on the way: the folders below it are made
+    if os.path.exists(found) and not os.path.isdir(found):
+        inside = "" if found == os.path.normpath(path) else f", not inside a file ({path})"
+        raise ValueError(f"{found} is a file: a preset is saved as a folder{inside}; pass a folder's path.")
     run_folder.check_save_target(path)
     return path
 
@@ -468,8 +473,8 @@ def tokenizer_fits(preprocessor, backbone):
 
 def check_task_preset(cls, preset, load_weights=True, **kwargs):
     """`(task config, backbone config)` of the task preset `preset` (a `cls`), `kwargs` overriding the task's
-    entries: both backbone configs (`config.json`, and `task.json`'s own copy) checked with the weights file (with
-    `load_weights`) before anything is built; `--dry_run` checks with it too."""
+    entries: both backbone configs (`config.json`, and `task.json`'s own copy, which must be equal) checked with the
+    weights file (with `load_weights`) before anything is built; `--dry_run` checks with it too."""
     from keras_hub.models import Backbone
 
     config = check_preset_dir(preset, TASK_CONFIG_FILE, cls)
@@ -480,6 +485,7 @@ def check_task_preset(cls, preset, load_weights=True, **kwargs):
     nested = config["config"].get("backbone")
     if isinstance(nested, dict) and isinstance(nested.get("config"), dict):  # task.json holds its own copy
         check_backbone_config(nested, os.path.join(preset, TASK_CONFIG_FILE), weights)
+        check_task_copy(preset, CONFIG_FILE, backbone_config, "backbone", nested)  # keys warned of are gone from both
     saved_preprocessor(preset)
     return config, backbone_config
 
@@ -488,7 +494,7 @@ def saved_preprocessor(preset):
     """The config of the preprocessor a task preset loads (the one in `task.json`, as keras-hub's loader reads it),
     or None when it saves none. Refused naming the file: a packed length that is not a positive integer or
     exceeds the model's context, and a `preprocessor.json` (keras-hub's copy, which `Preprocessor.from_preset`
-    and kgpt's own readers see) that differs from it: an edit there would be silently ignored by the model.
+    and kgpt's own readers see) that differs from it (`check_task_copy`).
     """
     task_path = os.path.join(preset, TASK_CONFIG_FILE)
     if not os.path.isfile(task_path):
@@ -514,16 +520,33 @@ def saved_preprocessor(preset):
     copy_path = os.path.join(preset, PREPROCESSOR_CONFIG_FILE)
     if os.path.isfile(copy_path):
         copy = read_json(copy_path, "a preprocessor config")
-        copied = copy.get("config") if isinstance(copy, dict) else None
-        if copy != nested:
-            where = (f"in {PREPROCESSOR_CONFIG_FILE}", f"in {TASK_CONFIG_FILE}")
-            changed = isinstance(copied, dict) and checks.differences(copied, config, checks.shown, where)
-            raise CheckpointError(
-                f"{copy_path} differs from the preprocessor saved in {task_path} ({changed or 'another object'}): "
-                f"the model loads task.json's, so the edit would be ignored. Restore the file, or pass the setting "
-                f"when loading (max_length=, --max_length) and save the preset again."
-            )
+        check_task_copy(preset, PREPROCESSOR_CONFIG_FILE, copy, "preprocessor", nested)
     return config
+
+
+# What an edited copy's message offers beside making the two files equal again, by task.json's entry.
+_COPY_HINTS = {
+    "preprocessor": " To pack to another length, restore the file and load with sequence_length= (kgpt-predict "
+    "--max_length): save_to_preset keeps it.",
+}
+
+
+def check_task_copy(preset, name, copy, key, saved):
+    """Refuses the file `name` of the task preset `preset` (its config `copy`), keras-hub's copy of `task.json`'s
+    entry `key` (`saved`), where the two differ: the task model loads `saved`, other readers the copy."""
+    if copy == saved:
+        return
+    copy_path, task_path = os.path.join(preset, name), os.path.join(preset, TASK_CONFIG_FILE)
+    copied, inner = (c.get("config") if isinstance(c, dict) else None for c in (copy, saved))
+    where = (f"in {name}", f"in {TASK_CONFIG_FILE}")
+    changed = (
+        isinstance(copied, dict) and isinstance(inner, dict) and checks.differences(copied, inner, checks.shown, where)
+    )
+    raise CheckpointError(
+        f"{copy_path} differs from the {key} saved in {task_path} ({changed or 'another object'}): the model loads "
+        f"task.json's, other readers {name}, so an edit of one alone would be ignored. Restore the edited file, or "
+        f"make the same edit in both.{_COPY_HINTS.get(key, '')}"
+    )
 
 
 def load_task_preset(cls, preset, load_weights=True, **kwargs):

@@ -258,7 +258,7 @@ def finetune(config, registry=None):
         + ")",
     )
     plan.add("settings", settings(config))
-    plan.add("processes", processes(config, config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE))
+    plan.add("processes", processes(config, finetune_lib.batch_size_of(config)))
     described = None
     if hub.is_hub(config.init):  # the configs and tokenizer files only: no weights are downloaded
         described, folder = hub.check(config.init)
@@ -299,7 +299,7 @@ def finetune(config, registry=None):
         train = encoded.get(task.splits[0])
         if train is not None and train.targets is not None:  # the run's own check, on the rows read here
             metrics_lib.check(task, train.targets)
-    batch = config.batch_size or finetune_lib.DEFAULT_BATCH_SIZE
+    batch = finetune_lib.batch_size_of(config)
     train, count = encoded.get(task.splits[0]), ""
     if config.epochs and train is not None:  # the run's count of updates, and its warning of an oversized batch
         steps, total = updates(config.epochs, len(train), batch)

@@ -94,13 +94,13 @@ def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
     # max_length's minimum is no lower_bound: it is the preprocessor's, and config.py imports no Keras (--help).
     check_integers(config, "batch_size", "epochs", "lora_rank", max_length=MIN_MAX_LENGTH, seed=SEEDS)
-    run.check_run(config.run_part(), config.batch_size or DEFAULT_BATCH_SIZE)
+    run.check_run(config.run_part(), batch_size_of(config))
     setting(checks.one_of, config.keep, "keep", KEEP)
     check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef")
     check_settings(config, checks.fraction, "warmup_fraction")
     check_settings(config, checks.positive, "initializer_range")
     setting(checks.rate, config.attention_dropout, "attention_dropout", allow_none=True)
-    check_settings(config, checks.rate, "classifier_dropout")
+    check_settings(config, checks.rate, "dropout", "classifier_dropout")
     for flag in ("data_dir", "train_file", "validation_file", "test_file"):
         storage.check_local(getattr(config, flag), f"--{flag}")
     if config.init is None:
@@ -147,8 +147,7 @@ def finetune(config, registry=None):
     task = resolve_task(config, registry)
     config = with_local_init(config)
     run_config, settings = config.run_part(), run_settings(config)
-    batch_size = config.batch_size or DEFAULT_BATCH_SIZE
-    with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-", batch_size) as work:
+    with run.workspace(run_config, "finetune", settings, f"kgpt-{task.name}-", batch_size_of(config)) as work:
         with work.scope():
             data_dir = (
                 config.data_dir
@@ -233,9 +232,8 @@ def _baseline(config, work, task, data_dir, start, results):
         output_dir=output_dir,
         data_dir=config.data_dir if config.train_file else data_dir,
     )
-    batch_size = base.batch_size or DEFAULT_BATCH_SIZE
     with run.workspace(
-        base.run_part(), "finetune", run_settings(base), f"kgpt-{task.name}-", batch_size, work
+        base.run_part(), "finetune", run_settings(base), f"kgpt-{task.name}-", batch_size_of(base), work
     ) as inner:
         logger.info(
             f"The same fine-tuning without pre-training (--scratch_baseline), for comparison"
@@ -277,14 +275,14 @@ def _embedded_data(task, target):
     return data_dir
 
 
-def _batch_size(batch_size, init, start):
-    """`batch_size`, else what a fine-tuned `init` (`start.finetuned`) was trained with, else `DEFAULT_BATCH_SIZE`."""
-    if batch_size is not None:
-        return batch_size
-    if start.finetuned is not None:
-        saved = recorded(init, "batch_size")
-        if isinstance(saved, int) and saved > 0:
-            logger.info(f"Batch size {saved}, as {init} was fine-tuned with (so its scores are reproduced exactly).")
+def batch_size_of(config):
+    """The batch a run of `config` uses, from its files alone (the dry run reads the same): `batch_size`, else
+    what a fine-tuned `init` was trained with (so its scores are reproduced exactly), else `DEFAULT_BATCH_SIZE`."""
+    if config.batch_size is not None:
+        return config.batch_size
+    if config.init not in SPECIAL_INITS and is_task_preset(config.init):
+        saved = recorded(config.init, "batch_size")
+        if isinstance(saved, int) and not isinstance(saved, bool) and saved > 0:
             return saved
     return DEFAULT_BATCH_SIZE
 
@@ -341,7 +339,11 @@ def _finetune(config, work, task, data_dir, initial=None):
         {"data": {name: split.fingerprint for name, split in splits.items()}},
         hint=f"Every process must read the same data ({data_dir}).",
     )
-    batch_size = _batch_size(config.batch_size, config.init, start)
+    batch_size = batch_size_of(config)
+    if config.batch_size is None and start.finetuned is not None and recorded(config.init, "batch_size") == batch_size:
+        logger.info(
+            f"Batch size {batch_size}, as {config.init} was fine-tuned with (so its scores are reproduced exactly)."
+        )
     model = build_model(task, start, preprocessor, config.lm_coef, config.classifier_dropout, config.lora_rank)
     settings = run_settings(config)
     results = {

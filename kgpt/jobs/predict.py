@@ -28,6 +28,7 @@ kgpt.jobs.predict.write(model, inputs, "labelled.csv")
 """
 
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -35,12 +36,12 @@ import os
 from kgpt import checks
 from kgpt.data import batching, readers, tables
 from kgpt.data.readers import data_lines
-from kgpt.errors import ConfigError, DataError, EmptyTextError
+from kgpt.errors import ConfigError, DataError, EmptyTextError, StorageError
 from kgpt.io import storage
-from kgpt.io.presets import saved_preprocessor
+from kgpt.io.presets import read_json, saved_preprocessor
 from kgpt.jobs.finetune_outputs import prediction_columns, prediction_rows
 from kgpt.jobs.rundir import written_by_run
-from kgpt.models.gpt.gpt_task_preprocessor import segment_columns
+from kgpt.models.gpt.gpt_task_preprocessor import cut_to_context, segment_columns
 from kgpt.parallel import distribute
 
 logger = logging.getLogger(__name__)
@@ -153,10 +154,7 @@ def read_inputs(path, transform, format=None, columns=None, trained=None):
     format = format or guess_format(path)
     if format not in FORMATS:
         raise ValueError(f"Unknown input format {format!r}: use one of {', '.join(FORMATS)}.")
-    if os.path.isdir(path):
-        raise DataError(f"{checks.option('input', 'path')} {path} is a folder: name a file of texts or a table.")
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"No input file {path}.")
+    readers.check_file(path, checks.option("input", "path"))
     records = fields = lines = None
     if format == "text":
         if columns:
@@ -319,20 +317,21 @@ def write(model, inputs, output, batch_size=32, verbose=0, format=None):
     outputs = distribute.predict_outputs(model.task_predictor(), split, batch_size, verbose=verbose)
     predictions = head.decode(outputs)
     rows = prediction_rows(head, split.uids, predictions, head.probabilities(outputs))
-    if inputs.records is None:
-        tables.write_lines(output, ["\t".join(["id", *added]) + "\n", *(row + "\n" for row in rows)])
-        return len(split)
-    merged, predicted = [], []
-    for record, row, value in zip(inputs.records, rows, predictions):
-        values = row.split("\t")[1:]  # after the id: the prediction and its probabilities, as the TSV writes them
-        if format == "jsonl":  # typed: a label name stays text, an answer index or a value a number
-            values = [head.prediction_name(value), *map(float, values[1:])]
-        predicted.append(dict(zip(added, values)))
-        merged.append({**record, **predicted[-1]})
-    if format == "jsonl" and inputs.lines is not None:
-        tables.write_lines(output, list(map(tables.extended_json_line, inputs.lines, predicted)))
-        return len(predicted)
-    return tables.write_table(output, format, [*inputs.fields, *added], merged)
+    with writing(output):
+        if inputs.records is None:
+            tables.write_lines(output, ["\t".join(["id", *added]) + "\n", *(row + "\n" for row in rows)])
+            return len(split)
+        merged, predicted = [], []
+        for record, row, value in zip(inputs.records, rows, predictions):
+            values = row.split("\t")[1:]  # after the id: the prediction and its probabilities, as the TSV writes them
+            if format == "jsonl":  # typed: a label name stays text, an answer index or a value a number
+                values = [head.prediction_name(value), *map(float, values[1:])]
+            predicted.append(dict(zip(added, values)))
+            merged.append({**record, **predicted[-1]})
+        if format == "jsonl" and inputs.lines is not None:
+            tables.write_lines(output, list(map(tables.extended_json_line, inputs.lines, predicted)))
+            return len(predicted)
+        return tables.write_table(output, format, [*inputs.fields, *added], merged)
 
 
 def _check_records(inputs, added, format):
@@ -358,6 +357,32 @@ def _check_records(inputs, added, format):
                 f"where the first line has {', '.join(map(repr, inputs.fields))}: a {format} output has one set of "
                 f"columns; write a .jsonl output, which keeps each line as it is."
             )
+
+
+@contextlib.contextmanager
+def writing(output):
+    """Within it, an `OSError` (a full disk, a folder removed) is one naming --output and `output`, with the
+    system's reason and its `errno`."""
+    try:
+        yield
+    except StorageError:  # a remote location's error names it already
+        raise
+    except OSError as e:
+        reason = str(e.strerror or e)
+        error = OSError(f"{checks.option('output')} {output}: {reason[:1].lower()}{reason[1:]}.")
+        error.errno = e.errno  # not OSError(errno, text): its "[Errno 28] " would start the line
+        raise error from e
+
+
+def view_length(model_dir, max_length):
+    """`max_length` as loading `model_dir` with it takes it: past the model's context it is cut to it, with the
+    loading's warning (`cut_to_context`); for --dry_run, which loads no model."""
+    found = read_json(os.path.join(model_dir, "config.json"), "a backbone config")
+    config = found.get("config") if isinstance(found, dict) else None
+    context = config.get("max_sequence_length") if isinstance(config, dict) else None
+    if max_length is None or not isinstance(context, int):
+        return max_length
+    return cut_to_context(max_length, context, f"preset {model_dir}", "sequence_length")
 
 
 def check_model(model_dir, given=None):

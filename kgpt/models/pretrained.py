@@ -8,6 +8,7 @@ from kgpt.io.presets import check_finished, load_any_backbone
 from kgpt.models.converters import original
 from kgpt.models.gpt.gpt_backbone import NUM_SPECIAL_TOKENS, GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
+from kgpt.tokenizers.interface import fits_vocabulary
 
 
 def with_special_tokens(backbone, tokenizer, seed=None):
@@ -72,7 +73,7 @@ def load_pretrained(path, num_heads=12, dtype=None):
     backbone = load_any_backbone(path, **({"dtype": dtype} if dtype else {}))
     tokenizer = read_tokenizer(path)
     size = tokenizer.vocabulary_size()
-    if backbone.vocabulary_size not in (size, size - NUM_SPECIAL_TOKENS):
+    if not fits_vocabulary(backbone.vocabulary_size, size):
         raise CheckpointError(
             f"{path}: the model has {backbone.vocabulary_size:,} token embeddings but the preset's tokenizer "
             f"{size:,} ids ({size - NUM_SPECIAL_TOKENS:,} without start/delimiter/extract): the tokenizer files "

@@ -335,7 +335,11 @@ class TaskRegistry:
                     f"Task {name!r} is unavailable: {broken.describe()}. Fix or uninstall that plugin."
                 ) from broken.error
         message = f"Unknown task {name!r}."
-        close = difflib.get_close_matches(name, self.names() + list(self.conflicts), n=1)
+        known = self.names() + list(self.conflicts)
+        # Case first: difflib finds no match for "SST2" among "sst2" and its neighbours.
+        close = [n for n in known if n.casefold() == name.casefold()] or difflib.get_close_matches(
+            name.casefold(), known, n=1
+        )
         if close:
             message += f" Did you mean {close[0]!r}?"
         message += f" Available: {', '.join(self.names()) or '(none)'}."

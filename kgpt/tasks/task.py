@@ -215,6 +215,15 @@ class Task:
             if not isinstance(item, Example):
                 raise reading.error(read, f"yielded {type(item).__name__}, not kgpt.Example/Skipped", ReaderTypeError)
             reading.row = item.source
+            for name in ("segments", "choices"):  # a bare string would be read as one text per character
+                value = getattr(item, name)
+                if not isinstance(value, (tuple, list)):
+                    raise reading.error(
+                        read,
+                        f"yielded an Example whose {name} must be a tuple (or list) of strings, got "
+                        f"{type(value).__name__} {shown(value, 40)}",
+                        ReaderTypeError,
+                    )
             problem = reading.call(
                 f"{type(self.transform).__name__}.check()", self.transform.check, item.segments, item.choices
             )

@@ -28,6 +28,14 @@ from kgpt.checks import shown
 # The paper's added tokens that frame the task views (start, delimiter, extract), by these names in every
 # kgpt tokenizer; GPT-1's appends them after its vocabulary, in this order.
 SPECIAL_TOKENS = ("_start_", "_delimiter_", "_classify_")
+
+
+def fits_vocabulary(model_size, tokenizer_size):
+    """Whether a model of `model_size` token embeddings takes a tokenizer of `tokenizer_size` ids: the same size,
+    or, before fine-tuning adds rows for them, the size without the `SPECIAL_TOKENS`."""
+    return model_size in (tokenizer_size, tokenizer_size - len(SPECIAL_TOKENS))
+
+
 PRESET_CONFIG = "tokenizer.json"  # keras-hub's preset layout: the tokenizer's config ...
 PRESET_ASSETS = os.path.join("assets", "tokenizer")  # ... and its files
 

@@ -30,7 +30,7 @@ from keras_hub.tokenizers import Tokenizer
 
 from kgpt.checks import shown
 from kgpt.errors import CheckpointError
-from kgpt.io.presets import check_save_target, deserialize, read_json
+from kgpt.io.presets import deserialize, read_json
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, Chunk, shared_id
 from kgpt.tokenizers.python_layer import PythonTokenizer
 
@@ -180,10 +180,6 @@ class KerasHubTokenizer(PythonTokenizer):
         return _ChunkEncoder(self)
 
     # --- files -----------------------------------------------------------------
-
-    def save_to_preset(self, preset_dir):
-        """Writes `tokenizer.json` (this wrapper, the inner tokenizer's config in it) and the inner files."""
-        super().save_to_preset(check_save_target(preset_dir))
 
     def save_assets(self, dir_path):
         self.inner.save_assets(dir_path)

@@ -9,12 +9,20 @@ TensorFlow ops), giving a dense int32 vector for a scalar string and a
 """
 
 import itertools
+import json
+import logging
+import os
+import tempfile
 
 import keras
 import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.data import inputs_kind
+from kgpt.io.presets import CONFIG_FILE, check_save_target
+from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, fits_vocabulary
+
+logger = logging.getLogger(__name__)
 
 try:  # the tf.data path; keras-hub's own preprocessing needs TensorFlow there too
     import tensorflow as tf
@@ -42,6 +50,35 @@ class PythonTokenizer(Tokenizer):
     @property
     def extract_id(self):
         return self.extract_token_id
+
+    def save_to_preset(self, preset_dir):
+        """Writes `tokenizer.json` and the tokenizer's files (`assets/tokenizer/`) into the folder `preset_dir`.
+
+        Beside a model saved there (its `config.json`), a tokenizer that does not fit it (the model's
+        `vocabulary_size` is neither this tokenizer's nor, before fine-tuning adds them, that less the paper's
+        added tokens) is refused with nothing written, and another tokenizer than the one there replaces it with a
+        warning. The same tokenizer saved again, or into a folder without a model, is written without a word.
+        """
+        path = check_save_target(preset_dir)
+        old, model = _saved_tokenizer(path), _model_vocabulary_size(path)
+        same = False
+        if old is not None and model is not None:  # compared only where a model loads with it
+            with tempfile.TemporaryDirectory() as folder:
+                super().save_to_preset(folder)
+                same = _saved_tokenizer(folder) == old
+        if model is not None and not same:
+            size = self.vocabulary_size()
+            if not fits_vocabulary(model, size):
+                raise ValueError(
+                    f"{path} holds a model of vocabulary_size={model} ({CONFIG_FILE}), which this tokenizer of "
+                    f"{size} ids does not fit: nothing was written. Save the tokenizer to another folder."
+                )
+        super().save_to_preset(path)
+        if model is not None and old is not None and not same:
+            logger.warning(
+                f"Warning: {path} held another tokenizer: it is replaced by this one, which the model saved there "
+                f"now loads with."
+            )
 
     def call(self, inputs, *args, training=None, **kwargs):
         return self.tokenize(inputs, *args, **kwargs)
@@ -127,6 +164,40 @@ class PythonTokenizer(Tokenizer):
         starts = ends - lengths.numpy()
         texts = [self.decode(values[s:e]).encode("utf-8") for s, e in zip(starts, ends)]
         return np.array(texts, dtype=object) if texts else np.zeros((0,), dtype="S1")
+
+
+def _saved_tokenizer(folder):
+    """What a tokenizer saved in `folder` is, to compare two: its `tokenizer.json` without Keras' layer names (a
+    second instance saves `gpt_tokenizer_1`) and the bytes of its files; None where the folder holds none."""
+    try:
+        with open(os.path.join(folder, PRESET_CONFIG), "rb") as f:
+            config = _without_names(json.loads(f.read()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # unreadable: another tokenizer than any that saves one
+        config = None
+    assets, files = os.path.join(folder, PRESET_ASSETS), {}
+    for name in sorted(os.listdir(assets)) if os.path.isdir(assets) else ():
+        with open(os.path.join(assets, name), "rb") as f:
+            files[name] = f.read()
+    return config, files
+
+
+def _without_names(config):
+    """`config` (parsed JSON) without its "name" entries."""
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    return [_without_names(v) for v in config] if isinstance(config, list) else config
+
+
+def _model_vocabulary_size(folder):
+    """The `vocabulary_size` of the model saved in `folder` (its `config.json`), None where it gives none."""
+    try:
+        with open(os.path.join(folder, CONFIG_FILE), encoding="utf-8") as f:
+            size = json.load(f)["config"]["vocabulary_size"]
+    except (OSError, ValueError, KeyError, TypeError):  # no model there, or one its loader names as damaged
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
 
 
 def _id_rows(inputs):

@@ -8,6 +8,7 @@ quantization hooks; the memory-lean training loss is `kgpt.train.lm_loss`.
 import contextlib
 import numbers
 import os
+import random
 import threading
 import warnings
 
@@ -294,13 +295,19 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         if tf is not None and isinstance(x, tf.distribute.DistributedDataset):
             return keras.Model.fit(self, x, y, batch_size=batch_size, **kwargs)
         x, batch_size = self._check_call("fit", x, y, batch_size)
+        if inputs_kind.is_text(x):  # the preprocessor's padding mask is the weight: keras-hub drops the user's
+            checks.refuse_on_text("fit", kwargs, ("sample_weight", "class_weight", "validation_split"))
         self._warn_if_warming_up(x, batch_size, kwargs)
+        if inputs_kind.is_text(x) and kwargs.get("shuffle", True) and tf is not None:
+            x, batch_size, kwargs = self._text_batches(x, batch_size, shuffle=True), None, {**kwargs, "shuffle": False}
         with checks.dataset_errors(self):
             return super().fit(x, y, batch_size=batch_size, **kwargs)
 
     def evaluate(self, x=None, y=None, batch_size=None, **kwargs):
         """keras-hub's `evaluate`; text is checked as `fit` checks it."""
         x, batch_size = self._check_call("evaluate", x, y, batch_size)
+        if inputs_kind.is_text(x):
+            checks.refuse_on_text("evaluate", kwargs, ("sample_weight",))
         with checks.dataset_errors(self):
             return super().evaluate(x, y, batch_size=batch_size, **kwargs)
 
@@ -309,6 +316,16 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
         x, batch_size = self._check_call("predict", x, None, batch_size)
         with checks.dataset_errors(self, metrics=False):
             return super().predict(x, batch_size=batch_size, **kwargs)
+
+    def _text_batches(self, texts, batch_size=None, shuffle=True):
+        """In-memory `texts` as a `tf.data` dataset of batches, drawn in a new order every epoch with `shuffle`:
+        keras-hub batches them in order, ignoring `fit(shuffle=True)` (Keras warns of it for its grain dataset).
+        The order follows Python's `random` (`keras.utils.set_random_seed` seeds it)."""
+        texts = np.asarray(texts, dtype=object).reshape(-1).tolist()
+        data = tf.data.Dataset.from_tensor_slices(tf.constant(texts, tf.string))
+        if shuffle:
+            data = data.shuffle(len(texts), seed=random.getrandbits(31), reshuffle_each_iteration=True)
+        return data.batch(batch_size or 32)
 
     def preprocess_samples(self, x, y=None, sample_weight=None):
         # Text goes through the preprocessor; token ids (dicts, arrays) pass unchanged.

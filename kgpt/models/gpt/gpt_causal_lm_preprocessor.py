@@ -8,7 +8,7 @@ from keras_hub.models import CausalLMPreprocessor
 
 from kgpt.checks import positive_int
 from kgpt.io import hub
-from kgpt.io.presets import CONFIG_FILE, PREPROCESSOR_CONFIG_FILE, check_preset_dir, read_json
+from kgpt.io.presets import CONFIG_FILE, PREPROCESSOR_CONFIG_FILE, check_preset_dir, check_save_target, read_json
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer, read_tokenizer
 from kgpt.tokenizers.interface import check_tokenizer
@@ -110,6 +110,10 @@ class GPTCausalLMPreprocessor(CausalLMPreprocessor):
                     f"A prompt has {length} or more tokens, leaving no room to generate within max_length={length}."
                 )
         return outputs
+
+    def save_to_preset(self, preset_dir):
+        """Writes `preprocessor.json` and the tokenizer's files into the folder `preset_dir`."""
+        super().save_to_preset(check_save_target(preset_dir))
 
     @classmethod
     def from_preset(cls, preset, config_file=PREPROCESSOR_CONFIG_FILE, **kwargs):

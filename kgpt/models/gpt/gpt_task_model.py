@@ -540,7 +540,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
             if inputs_kind.is_text_dataset(validation_data):
                 validation_data = self._encode_dataset(validation_data, targets=True)
         elif _is_text(x) or isinstance(x, batching.EncodedSplit):
-            _refuse_on_text("fit", kwargs, ("sample_weight", "class_weight", "validation_split"))
+            checks.refuse_on_text("fit", kwargs, ("sample_weight", "class_weight", "validation_split"))
             seed = random.getrandbits(31) if shuffle else None
             batch_size = batch_size or 32
             split = self._labeled_split(x, y)
@@ -621,7 +621,7 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
         if inputs_kind.is_text_dataset(x):
             x = self._encode_dataset(x, targets=False)
         elif _is_text(x) or isinstance(x, batching.EncodedSplit):
-            _refuse_on_text("predict", kwargs, tuple(kwargs))  # steps, callbacks: the text's batches are kgpt's
+            checks.refuse_on_text("predict", kwargs, tuple(kwargs))  # steps, callbacks: the text's batches are kgpt's
             split = x if isinstance(x, batching.EncodedSplit) else self.encode(x)
             return distribute.predict_outputs(self.task_predictor(), split, batch_size or 32)
         predictor = self.task_predictor()
@@ -760,17 +760,6 @@ def _check_fits(preprocessor, backbone, head, num_views):
     checks.within_context(
         preprocessor.sequence_length, backbone.max_sequence_length, "The preprocessor's sequence_length"
     )
-
-
-def _refuse_on_text(method, kwargs, names):
-    """A `ValueError` for Keras arguments of `method` that text cannot take: kgpt batches text itself (by
-    length), so Keras' own messages about tf.data (or a silently ignored `steps`) would follow."""
-    given = [n for n in names if kwargs.get(n) is not None]
-    if given:
-        raise ValueError(
-            f"{method} on text takes no {', '.join(given)}: kgpt encodes and batches the text itself. Pass "
-            f"token ids (model.preprocessor(texts)) for Keras' own arguments, or leave them out."
-        )
 
 
 def _is_text(x):

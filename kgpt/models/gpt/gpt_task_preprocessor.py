@@ -18,6 +18,7 @@ from keras_hub.models import Preprocessor
 from kgpt import checks
 from kgpt.data import batching, inputs_kind
 from kgpt.errors import EmptyTextError
+from kgpt.io.presets import check_save_target
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_tokenizer import GPTTokenizer
 from kgpt.tasks import transforms
@@ -282,6 +283,10 @@ class GPTTaskPreprocessor(Preprocessor):
             "lm": tf.cast(padding_mask[..., 1:], "float32"),
         }
         return keras.utils.pack_x_y_sample_weight(inputs, targets, weights)
+
+    def save_to_preset(self, preset_dir):
+        """Writes `preprocessor.json` and the tokenizer's files into the folder `preset_dir`."""
+        super().save_to_preset(check_save_target(preset_dir))
 
     def get_config(self):
         config = super().get_config()

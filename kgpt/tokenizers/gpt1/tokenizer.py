@@ -24,7 +24,7 @@ import numpy as np
 from kgpt.checks import one_of, shown
 from kgpt.errors import CheckpointError
 from kgpt.io import hub
-from kgpt.io.presets import check_save_target, deserialize, read_json
+from kgpt.io.presets import deserialize, read_json
 from kgpt.tokenizers.gpt1.encoder import TextEncoder
 from kgpt.tokenizers.gpt1.files import ENCODER_FILE, MERGES_FILE, checked_encoder, find_files, read_files, write_files
 from kgpt.tokenizers.gpt1.normalize import MAX_WORD_CHARS
@@ -278,10 +278,6 @@ class GPT1Tokenizer(PythonTokenizer):
                 stacklevel=2,
             )
         return ids
-
-    def save_to_preset(self, preset_dir):
-        """Writes `tokenizer.json` and the two BPE files (`assets/tokenizer/`) into the folder `preset_dir`."""
-        super().save_to_preset(check_save_target(preset_dir))
 
     def decode(self, ids):
         """Text from ids; words are joined by single spaces (case is lost)."""

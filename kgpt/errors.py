@@ -48,6 +48,14 @@ class StorageError(OSError):
     """A location that cannot be used: a remote output unreachable, refused or failing, or a remote input."""
 
 
+class WeightsWriteError(OSError):
+    """A `.weights.h5` file failed while being written (the disk filled); its `errno` is the system's.
+
+    h5py may hold the broken file open, and its destructors then crash the
+    interpreter's teardown (h5py issue 914): the commands exit without it.
+    """
+
+
 class OutputDirError(ValueError):  # noqa: N818 - named like kgpt's other errors
     """An output directory is in use, or holds outputs this run would destroy."""
 

@@ -329,8 +329,8 @@ class Reader:
         first_empty = None
         for line, row in table.rows:
             source = f"{table.path}:{line}"
-            texts = [table.value(row, c, line) for c in files.text_columns]
-            choices = [table.value(row, c, line) for c in files.choice_columns]
+            texts = [table.text(row, c, line) for c in files.text_columns]
+            choices = [table.text(row, c, line) for c in files.choice_columns]
             blank = next(
                 (c for c, t in zip((*files.text_columns, *files.choice_columns), (*texts, *choices)) if not t.strip()),
                 None,

@@ -95,7 +95,7 @@ def _wait_gone(children):
 def test_ctrl_c_during_training_ends_with_one_line_and_code_130(tmp_path):
     process, out = _start_training(tmp_path)
     try:
-        before = _wait_for_line(process, "step 3/", 240)
+        before = _wait_for_line(process, "step 7/", 240)  # after the checkpoint of step 5, which a rerun resumes
         assert process.poll() is None, "\n".join(before)
         children = _descendants(process.pid)
         signals = _signal_state(process.pid)

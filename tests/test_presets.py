@@ -123,6 +123,51 @@ def test_a_save_over_another_kind_of_model_names_what_it_removes(tmp_path, caplo
     ]
 
 
+def test_a_save_over_files_no_keras_save_wrote_is_refused_with_nothing_written(tmp_path):
+    (tmp_path / "config.json").write_text('{"learning_rate": 0.1}\n')  # the user's own, not a model's
+    (tmp_path / "metadata.json").write_text("not json")
+    with pytest.raises(ValueError, match=r"holds 'config\.json', 'metadata\.json', which no Keras model save wrote"):
+        backbone().save_to_preset(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["config.json", "metadata.json"]
+    assert (tmp_path / "config.json").read_text() == '{"learning_rate": 0.1}\n'
+
+
+def test_another_model_saved_over_a_run_s_results_names_them(tmp_path, caplog):
+    model = backbone()
+    model.save_to_preset(str(tmp_path))
+    (tmp_path / "metrics.json").write_text("{}")
+    (tmp_path / "predictions").mkdir()
+    with caplog.at_level("WARNING", logger="kgpt"):
+        model.save_to_preset(str(tmp_path))  # the same model again (a pre-training run saves each evaluation's)
+        assert caplog.records == []
+        kgpt.GPTBackbone(**{**TINY, "num_layers": 1}).save_to_preset(str(tmp_path))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: {tmp_path} holds metrics.json, predictions/ of the model this save replaces: they describe that "
+        f"model, not this one (move or delete them)."
+    ]
+    assert (tmp_path / "metrics.json").exists()
+
+
+def test_a_preset_saved_by_a_newer_kgpt_or_keras_loads_with_a_warning(tmp_path, caplog):
+    backbone().save_to_preset(str(tmp_path))
+    path = tmp_path / "metadata.json"
+    metadata = json.loads(path.read_text())
+    path.write_text(json.dumps({**metadata, "kgpt_version": "99.0", "keras_version": "3.x"}))
+    with caplog.at_level("WARNING", logger="kgpt"):
+        kgpt.GPTBackbone.from_preset(str(tmp_path))
+        kgpt.GPTBackbone.from_preset(str(tmp_path))  # once per file
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Warning: {path}: saved with kgpt 99.0, newer than this kgpt {kgpt.__version__}: a setting it added may be "
+        f"read otherwise or not at all; pip install -U kgpt to load it as it was saved.",
+        f"Warning: {path}: keras_version '3.x' is not a version number.",
+    ]
+    caplog.clear()
+    path.write_text(json.dumps(metadata))  # as saved: no word
+    with caplog.at_level("WARNING", logger="kgpt"):
+        kgpt.GPTBackbone.from_preset(str(tmp_path))
+    assert caplog.records == []
+
+
 def test_a_preset_is_a_local_folder_not_a_url(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for url in ("ram://m", "s3://b/m"):

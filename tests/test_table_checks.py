@@ -66,6 +66,16 @@ def test_a_json_lines_test_file_labeled_from_its_second_line_is_refused_there(tm
     assert [e.label for e in task.examples("test", None)[0]] == [None, None]
 
 
+def test_a_json_boolean_in_a_text_column_is_refused_where_a_number_is_its_text(tmp_path):
+    train = write(tmp_path / "t.jsonl", '{"text": 7, "label": true}\n{"text": true, "label": false}\n')
+    task = with_files("text-classification", train, text_columns="text", label_column="label")
+    with pytest.raises(DataError, match=r"^.*t\.jsonl:2: 'text' is a JSON boolean \(true\), not text: is it a label"):
+        task.examples("train", None)
+    write(tmp_path / "t.jsonl", '{"text": 7, "label": true}\n{"text": "b", "label": false}\n')
+    examples = task.examples("train", None)[0]
+    assert [e.segments for e in examples] == [("7",), ("b",)]
+
+
 # --- labels and answers ----------------------------------------------------------------------------------------------
 
 

@@ -6,6 +6,7 @@ busy output directory) ends the command with one line, `kgpt-train: error:
 errors). `--verbose` or `KGPT_TRACEBACK=1` shows the traceback too.
 """
 
+import errno
 import logging as std_logging
 import os
 import sys
@@ -68,6 +69,22 @@ def out_of_memory(e, prog):
         f"out of memory ({text[:200]}): the run does not fit this device's memory. Lower --batch_size{keeps}, "
         f"the sequence length or the model's size."
     )
+
+
+def out_of_space(e, resumes=None):
+    """The one line for a full disk (or quota) `e`, with what to do: None for any other error.
+
+    The error names the folder or file (kgpt's own checks do, and so does
+    the system's when it knows the path); a rerun after freeing space
+    resumes from the last whole checkpoint, which a failed one never
+    replaces.
+    """
+    if not isinstance(e, OSError) or e.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    text = next((line.strip() for line in str(e).splitlines() if line.strip()), "no space left on device")
+    where = resumes() if resumes is not None else None
+    again = f"the same command resumes from the last checkpoint ({where})" if where else "run the same command again"
+    return f"{text[:300]}: free some space and {again}."
 
 
 def several_processes(coordinator_address, num_processes, process_id):
@@ -211,6 +228,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
         except app.UsageError:
             raise
         except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - sorted into mistakes and bugs below
+            from kgpt.errors import WeightsWriteError
             from kgpt.train import callbacks
 
             if isinstance(e, callbacks.Preempted):
@@ -224,9 +242,9 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
                     cluster.fail(line.split(": ", 1)[1], code=130)
                 print(line, file=sys.stderr)
                 sys.exit(130)
-            memory = out_of_memory(e, prog)
+            explained = out_of_memory(e, prog) or out_of_space(e, resumes)
             mistake = (
-                (isinstance(e, user_errors()) or memory is not None)
+                (isinstance(e, user_errors()) or explained is not None)
                 and not flags.FLAGS.verbose
                 and not os.environ.get("KGPT_TRACEBACK")
             )
@@ -235,7 +253,7 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
                     traceback.print_exc()
                 where = f"process {cluster.current().process_id}"
                 cluster.fail(
-                    memory or e
+                    explained or e
                     if mistake
                     else f"{type(e).__name__} on {where} (its traceback is above); the other "
                     f"processes stop when they notice.",
@@ -243,7 +261,11 @@ def run(main, prog, doc=None, groups=None, modules=(), start=None, resumes=None)
                 )
             if not mistake:
                 raise
-            print(f"{prog}: error: {memory or e}", file=sys.stderr)
+            print(f"{prog}: error: {explained or e}", file=sys.stderr)
+            if isinstance(e, WeightsWriteError):  # h5py's destructors would crash the teardown
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(1)
             sys.exit(1)
 
     try:

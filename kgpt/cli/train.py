@@ -18,12 +18,15 @@ explicitly overrides.
 """
 
 import dataclasses
+import os
 import typing
 
 from absl import app, flags
 from absl import logging as absl_logging
 
 from kgpt.cli import common  # first: quiet TensorFlow start-up
+from kgpt.io import storage
+from kgpt.io.run_folder import CHECKPOINTS, LATEST
 from kgpt.jobs import config as config_lib
 
 logger = common.command_logger("train")
@@ -330,14 +333,17 @@ def several_processes():
 
 
 def checkpoints_kept():
-    """Where this run keeps its checkpoints (its --output_dir), or None: the Ctrl-C line names it."""
+    """Where this run keeps its checkpoints (its --output_dir), or None while it has none: the lines for Ctrl-C
+    and a full disk name it."""
     if (
         not FLAGS.output_dir
         or FLAGS.dry_run
         or (FLAGS.task == "lm" and (FLAGS.prepare_only or FLAGS.checkpoint_every == 0))
     ):
         return None  # pre-training's --checkpoint_every 0 keeps none; fine-tuning's keeps each epoch's end
-    return FLAGS.output_dir
+    if storage.is_remote(FLAGS.output_dir):  # pushed there after each one; asking the store on the way out could hang
+        return FLAGS.output_dir
+    return FLAGS.output_dir if os.path.isfile(os.path.join(FLAGS.output_dir, CHECKPOINTS, LATEST)) else None
 
 
 def run():

@@ -16,6 +16,7 @@ import zlib
 import numpy as np
 
 from kgpt.errors import DataError
+from kgpt.io import storage
 
 INDEX_FILE = "index.json"
 INDEX_FORMAT = 2  # 2: CRC-32 per shard
@@ -181,7 +182,8 @@ class ShardWriter:
                 self._open()
             take = ids[: self.shard_tokens - self._filled]
             data = take.astype(self.dtype, copy=False).tobytes()
-            self._file.write(data)
+            with storage.naming(self._file.name):
+                self._file.write(data)
             shard = self.shards[-1]
             shard["tokens"] += len(take)
             shard["crc32"] = zlib.crc32(data, shard["crc32"])
@@ -196,5 +198,6 @@ class ShardWriter:
 
     def close(self):
         if self._file is not None:
-            self._file.close()
-            self._file = None
+            file, self._file = self._file, None
+            with storage.naming(file.name):
+                file.close()

@@ -33,6 +33,7 @@ from kgpt.data.corpus_encoding import Piece, encoded, file_ids, jobs
 from kgpt.data.shard_index import INDEX_FILE, INDEX_FORMAT, ShardIndex, ShardWriter, matching_index, token_dtype
 from kgpt.data.text import CHUNK_BYTES, LINE_BYTES
 from kgpt.errors import ConfigError, DataError, Preempted
+from kgpt.io import storage
 
 SHARD_TOKENS = 1 << 24  # 16M tokens: 32 MiB per shard as uint16
 
@@ -200,7 +201,7 @@ def _write_shards(pieces, files, sources, fingerprint, cuts, directory, dtype, s
         raise DataError(f"All {len(files)} corpus file(s) are empty (no token): {shown}.")
     index_path = os.path.join(directory, INDEX_FILE)
     tmp = index_path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
+    with storage.naming(tmp), open(tmp, "w", encoding="utf-8") as f:
         json.dump(dataclasses.asdict(index) | {"total_tokens": index.total_tokens}, f, indent=1)
     os.replace(tmp, index_path)  # the index appears only once every shard is complete
     return index
@@ -214,13 +215,16 @@ def _write_part(pieces, directory, index, dtype):
     """Writes this process's pieces to `directory/part-INDEX.bin` (their ids) and `.npy` (a row of facts each)."""
     os.makedirs(directory, exist_ok=True)
     rows = []
-    with open(os.path.join(directory, f"part-{index:05d}.bin"), "wb") as f:
+    path = os.path.join(directory, f"part-{index:05d}.bin")
+    with storage.naming(path), open(path, "wb") as f:
         for piece in pieces:
             f.write(np.asarray(piece.ids, dtype).tobytes())
             rows.append(
                 [piece.source, len(piece.ids), piece.starts_line, piece.ends_line, piece.has_newline, piece.cut_words]
             )
-    np.save(os.path.join(directory, f"part-{index:05d}.npy"), np.asarray(rows, np.int64).reshape(-1, _PIECE_FIELDS))
+    path = os.path.join(directory, f"part-{index:05d}.npy")
+    with storage.naming(path):
+        np.save(path, np.asarray(rows, np.int64).reshape(-1, _PIECE_FIELDS))
 
 
 def _read_parts(directory, count, dtype):

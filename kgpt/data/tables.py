@@ -91,6 +91,16 @@ class Table:
             raise DataError(f"{self.path}:{line}: {column!r} is a JSON {type(value).__name__}, not text or a number.")
         return value if isinstance(value, str) else json.dumps(value)
 
+    def text(self, row, column, line):
+        """`value` of a text column: a number is its text, as in a CSV file, but a JSON boolean is a `DataError`
+        (a label column named as text, most likely: no sentence is `true`)."""
+        value = self.value(row, column, line)
+        if isinstance(row[column], bool):
+            raise DataError(
+                f"{self.path}:{line}: {column!r} is a JSON boolean ({value}), not text: is it a label column?"
+            )
+        return value
+
 
 def read_table(path, format=None):
     """Opens a table file: a `Table` whose `rows` are read lazily; `FileNotFoundError` if there is no file

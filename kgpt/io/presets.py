@@ -14,6 +14,7 @@ half-loading (Keras itself ignores surplus arrays silently).
 
 import collections
 import contextlib
+import functools
 import gc
 import inspect
 import json
@@ -22,13 +23,15 @@ import math
 import os
 import re
 import shutil
+import sys
+import traceback
 import warnings
 
 import h5py
 import keras
 
 from kgpt import checks
-from kgpt.errors import CheckpointError, RepeatedKeyError
+from kgpt.errors import CheckpointError, RepeatedKeyError, WeightsWriteError
 from kgpt.io import run_folder, storage
 
 CONFIG_FILE = "config.json"
@@ -229,6 +232,9 @@ def check_preset_dir(preset, config_file, expected_class):
     path = os.path.join(preset, config_file)
     if not os.path.isfile(path):
         check_finished(preset)
+    meta = os.path.join(preset, METADATA_FILE)
+    if os.path.isfile(meta):
+        _warn_of_newer_versions(meta, os.stat(meta).st_mtime_ns)
     config = read_json(path, f"the Keras config of a {expected_class.__name__}")
     name = config.get("registered_name") if isinstance(config, dict) else None
     expected = keras.saving.get_registered_name(expected_class)
@@ -238,6 +244,36 @@ def check_preset_dir(preset, config_file, expected_class):
     if not isinstance(registered, type) or not issubclass(registered, expected_class):  # a function is registered too
         raise CheckpointError(f"{path} describes {name!r}, expected {expected!r} (a kgpt preset of that kind).")
     return config
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_of_newer_versions(path, mtime_ns):
+    """Warns (once per file and version of it) when the preset's `metadata.json` at `path` says a newer kgpt or
+    Keras wrote it, whose files this one may read otherwise, or gives a version that is none."""
+    from packaging.version import InvalidVersion, Version
+
+    from kgpt import __version__
+
+    try:
+        metadata = read_json(path, "keras-hub's metadata")
+    except CheckpointError as e:
+        logger.warning(f"Warning: {e}")
+        return
+    for key, here in (("kgpt_version", __version__), ("keras_version", keras.__version__)):
+        saved = metadata.get(key) if isinstance(metadata, dict) else None
+        if saved is None:
+            continue
+        try:
+            newer = Version(str(saved)) > Version(here)
+        except InvalidVersion:
+            logger.warning(f"Warning: {path}: {key} {checks.shown(saved)} is not a version number.")
+            continue
+        if newer:
+            package = key.split("_")[0]
+            logger.warning(
+                f"Warning: {path}: saved with {package} {saved}, newer than this {package} {here}: a setting it "
+                f"added may be read otherwise or not at all; pip install -U {package} to load it as it was saved."
+            )
 
 
 def file_shapes(path):
@@ -269,6 +305,62 @@ def check_weights_file(path, variables):
     """Raises `CheckpointError` unless `path` holds exactly one array per variable, of its shape."""
     found = collections.Counter(file_shapes(path))
     _check_shapes(path, "the model its config describes", found, collections.Counter(tuple(v.shape) for v in variables))
+
+
+# What an HDF5 weights file holds beyond its arrays' bytes (headers, names, the file's own structure), with room
+# to spare: Keras' files measure about 0.85 KB per array over the arrays themselves, at 16 wide and at 768.
+_H5_BYTES_PER_ARRAY = 4 << 10
+_H5_BYTES_PER_FILE = 256 << 10
+
+
+def check_room_for_weights(folder, variables, what):
+    """Refuses to start a `.weights.h5` file of `variables` in `folder` without the room for it.
+
+    An HDF5 file that a full disk cuts short leaves h5py raising from its
+    destructors and crashing the interpreter at exit (a segmentation fault,
+    h5py issue 914), after the run's one-line error; so the room is checked
+    before the first byte, and the error names `folder` and what it was for.
+    """
+    nbytes = _H5_BYTES_PER_FILE + sum(math.prod(v.shape) * _itemsize(v.dtype) + _H5_BYTES_PER_ARRAY for v in variables)
+    storage.check_room(folder, nbytes, what)
+
+
+@contextlib.contextmanager
+def writing_weights(folder, variables, what):
+    """Within it, `.weights.h5` files of `variables` (`what`) are written into `folder`: refused first without
+    the room (`check_room_for_weights`). If the disk fills all the same, the `OSError` names `folder` and
+    `what` with the system's reason, not h5py's page of HDF5 internals, and h5py's destructors, which print
+    a traceback per object they fail to flush, are silenced: the error says it once."""
+    check_room_for_weights(folder, variables, what)
+    hooks = sys.unraisablehook, sys.excepthook
+
+    def from_h5py(error, trace, where=None):
+        places = [repr(where), *(f.filename for f in traceback.extract_tb(trace))]
+        return isinstance(error, RuntimeError) and any("h5py" in p for p in places)
+
+    def unraisable(u):
+        if not from_h5py(u.exc_value, u.exc_traceback, u.object):
+            hooks[0](u)
+
+    def printed(kind, error, trace):  # Cython prints a destructor's error through sys.excepthook too
+        if not from_h5py(error, trace):
+            hooks[1](kind, error, trace)
+
+    sys.unraisablehook, sys.excepthook = unraisable, printed
+    try:
+        yield
+    except OSError as e:
+        error = WeightsWriteError(f"{folder}: {what} could not be written ({storage.reason(e)})")
+        error.errno = e.errno
+        raise error from e
+    finally:
+        sys.unraisablehook, sys.excepthook = hooks
+
+
+def _itemsize(dtype):
+    """Bytes per element of a Keras dtype name (`float32`, `bfloat16`, `int8`, `float8_e4m3fn`, `bool`)."""
+    bits = re.search(r"\d+", str(dtype))
+    return max(1, int(bits.group()) // 8) if bits else 1
 
 
 def _check_shapes(path, model, found, expected):
@@ -353,13 +445,19 @@ def replace_preset(directory, write):
     """Calls `write(folder)` on a hidden folder in `directory`, then moves what it wrote into `directory`.
 
     The model files of the preset already there that `write` did not write
-    again are removed first. A crash inside `write` leaves the old preset
-    whole (and a hidden folder the next save removes).
+    again are removed first. An error inside `write` (a full disk) leaves
+    the old preset whole and removes the hidden folder; a crash leaves that
+    folder for the next save to remove.
     """
     os.makedirs(directory, exist_ok=True)
+    _refuse_foreign_files(directory)
     tmp = os.path.join(directory, PARTIAL_DIR)
     shutil.rmtree(tmp, ignore_errors=True)
-    write(tmp)
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     written = set(os.listdir(tmp))
     before = set(os.listdir(directory))
     old_config, new_config = _text(os.path.join(directory, CONFIG_FILE)), _text(os.path.join(tmp, CONFIG_FILE))
@@ -377,6 +475,13 @@ def replace_preset(directory, write):
                 f"Warning: {directory} held another model's preset: its {', '.join(gone)} are removed, as this "
                 f"model has no tokenizer."
             )
+    results = [n for n in run_folder.RESULTS if n in before]
+    if old_config is not None and old_config != new_config and results and not run_folder.job_is_saving(directory):
+        shown = ", ".join(n + ("/" if os.path.isdir(os.path.join(directory, n)) else "") for n in results)
+        logger.warning(
+            f"Warning: {directory} holds {shown} of the model this save replaces: they describe that model, not "
+            f"this one (move or delete them)."
+        )
     added = sorted(n for n in written - before if n in MODEL_FILES and n != METADATA_FILE)
     if CONFIG_FILE in before and added:  # a task model, where a backbone preset was: its weights go too
         logger.warning(
@@ -399,6 +504,29 @@ def replace_preset(directory, write):
             shutil.rmtree(target, ignore_errors=True)
         os.replace(source, target)
     os.rmdir(tmp)
+
+
+def _refuse_foreign_files(directory):
+    """Refuses a save over JSON files of a preset's names that no Keras save wrote (a user's own `config.json`):
+    a save replaces a preset's files, and would replace those without a word."""
+    foreign = []
+    for name in sorted(n for n in (*MODEL_FILES, TOKENIZER_FILE) if n.endswith(".json") and "weights" not in n):
+        text = _text(os.path.join(directory, name))
+        if text is None:
+            continue
+        try:
+            found = json.loads(text)
+        except ValueError:
+            found = None
+        marks = ("keras_version",) if name == METADATA_FILE else ("class_name", "config")
+        if not (isinstance(found, dict) and all(k in found for k in marks)):
+            foreign.append(name)
+    if foreign:
+        raise ValueError(
+            f"{directory} holds {checks.listed(foreign)}, which no Keras model save wrote: a preset saved there "
+            f"would replace {'them' if len(foreign) > 1 else 'it'}. Save the preset in another folder, or move "
+            f"{'them' if len(foreign) > 1 else 'it'} first."
+        )
 
 
 def _text(path):
@@ -668,7 +796,8 @@ class PresetMixin:
             return
 
         def write(directory):
-            super(PresetMixin, self).save_to_preset(directory, max_shard_size=max_shard_size)
+            with writing_weights(os.path.dirname(directory), self.weights, "the preset"):
+                super(PresetMixin, self).save_to_preset(directory, max_shard_size=max_shard_size)
             stamp_metadata(directory)
 
         replace_preset(check_save_target(preset_dir), write)

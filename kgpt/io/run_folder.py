@@ -22,6 +22,7 @@ LOCK_FILE = ".lock"
 CHECKPOINTS = "checkpoint"  # the folder of a run's checkpoints, each in step-NNNNNNNNN/
 LATEST = "latest.json"  # in CHECKPOINTS: the name of the newest complete checkpoint
 STATE = "state.json"  # in each checkpoint: its step, epoch and running sums
+RESULTS = ("metrics.json", "history.csv", "predictions", "submission")  # a run's figures of the model it saved
 
 _saving = set()  # the folders (real paths) this process's jobs are saving their outputs into
 _saving_guard = threading.Lock()
@@ -40,6 +41,12 @@ def saving_outputs(directory):
             _saving.discard(path)
 
 
+def job_is_saving(directory):
+    """Whether a job of this process is saving its outputs into `directory` (`saving_outputs`)."""
+    with _saving_guard:
+        return os.path.realpath(directory) in _saving
+
+
 def check_save_target(preset_dir):
     """Raises `OutputDirError` when `preset_dir` holds a kgpt run (its `run.json`) that is not saving itself."""
     path = os.fspath(preset_dir)
@@ -48,9 +55,8 @@ def check_save_target(preset_dir):
     run_file = os.path.join(path, RUN_FILE)
     if not os.path.isfile(run_file):
         return
-    with _saving_guard:
-        if os.path.realpath(path) in _saving:
-            return
+    if job_is_saving(path):
+        return
     try:
         with open(run_file, encoding="utf-8") as f:
             job = json.load(f).get("job")

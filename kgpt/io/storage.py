@@ -29,6 +29,7 @@ with kgpt.io.storage.Mirror("gs://bucket/run") as mirror:   # pulls the remote f
 """
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -319,7 +320,7 @@ def _write_local(path, text):
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
     try:
         os.fchmod(fd, _mode_of(path))  # mkstemp's 0600 would make every output private
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with naming(path), os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except BaseException:
@@ -344,6 +345,48 @@ def _umask():
         mask = os.umask(0o22)
         os.umask(mask)
         return mask
+
+
+def check_room(folder, nbytes, what):
+    """Refuses to begin writing `what` (about `nbytes` bytes) into the local `folder` when its file system has
+    less free: an `OSError` with `errno.ENOSPC` naming both, before anything is written."""
+    free = shutil.disk_usage(folder).free
+    if free < nbytes:
+        raise os_error(
+            f"{folder}: no space left on device for {what} (it needs about {_megabytes(nbytes)}, "
+            f"{_megabytes(free)} free)",
+            errno.ENOSPC,
+        )
+
+
+def os_error(text, number):
+    """An `OSError` of `errno` `number` that reads `text` alone (`OSError(number, text)` would start it with
+    "[Errno 28] ")."""
+    error = OSError(text)
+    error.errno = number
+    return error
+
+
+def reason(error):
+    """The system's reason for the `OSError` `error`, lower-cased for the middle of a sentence ("no space left
+    on device"), not h5py's page of HDF5 internals around it."""
+    text = os.strerror(error.errno) if error.errno else (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return text[:1].lower() + text[1:]
+
+
+@contextlib.contextmanager
+def naming(path):
+    """Within it, an `OSError` that names no file (a full disk's, raised by a `write` or `close`) names `path`."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename or str(e).startswith(os.fspath(path)):
+            raise
+        raise os_error(f"{path}: {reason(e)}", e.errno) from e
+
+
+def _megabytes(nbytes):
+    return f"{nbytes / 1e6:,.1f} MB"
 
 
 def remove(path):

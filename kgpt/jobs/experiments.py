@@ -66,11 +66,11 @@ def write_table(path_stem, header, rows):
     if not cluster.is_chief():
         return markdown
     os.makedirs(os.path.dirname(path_stem) or ".", exist_ok=True)
-    with open(path_stem + ".csv", "w", newline="") as f:
+    with storage.naming(path_stem + ".csv"), open(path_stem + ".csv", "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(header)
         writer.writerows(rows)
-    with open(path_stem + ".md", "w") as f:
+    with storage.naming(path_stem + ".md"), open(path_stem + ".md", "w") as f:
         f.write(markdown)
     return markdown
 

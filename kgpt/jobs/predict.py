@@ -237,7 +237,7 @@ def _named_rows(table, columns):
     def field(rec, column, n):
         if column == used[-1] and isinstance(rec.get(column), list):  # the answers in one JSON list
             return rec[column]
-        return table.value(rec, column, n)  # as training reads it: a number is its text
+        return table.text(rec, column, n)  # as training reads it: a number is its text
 
     def rows():
         for n, rec in table.rows:
@@ -368,10 +368,7 @@ def writing(output):
     except StorageError:  # a remote location's error names it already
         raise
     except OSError as e:
-        reason = str(e.strerror or e)
-        error = OSError(f"{checks.option('output')} {output}: {reason[:1].lower()}{reason[1:]}.")
-        error.errno = e.errno  # not OSError(errno, text): its "[Errno 28] " would start the line
-        raise error from e
+        raise storage.os_error(f"{checks.option('output')} {output}: {storage.reason(e)}.", e.errno) from e
 
 
 def view_length(model_dir, max_length):

@@ -38,7 +38,7 @@ import numpy as np
 
 from kgpt import checks
 from kgpt.errors import CheckpointError
-from kgpt.io.presets import check_weights_file, read_json
+from kgpt.io.presets import check_weights_file, read_json, writing_weights
 from kgpt.io.run_folder import LATEST, STATE
 from kgpt.io.storage import write_json
 from kgpt.layers import lora
@@ -83,7 +83,7 @@ def save(model, directory, state, keep=()):
         with writing(directory) as target:
             if target is not None:
                 partial = _begin(target, name)
-                lora.save_weights(model, os.path.join(partial, WEIGHTS))  # LoRA factors unmerged
+                _write_weights(model, partial, f"checkpoint {name}")
                 _finish(model, target, name, state, keep)
         return
     here = cluster.current()
@@ -96,6 +96,18 @@ def save(model, directory, state, keep=()):
         with writing(directory):  # reading the replicated RNG states touches no other process
             _finish(model, directory, name, state, keep)
     cluster.barrier()  # no process reads the checkpoint before it is complete
+
+
+def _write_weights(model, partial, what):
+    """`model`'s weights (and its optimizer's) into the folder `partial`, LoRA factors unmerged; without the
+    room for them (`writing_weights`) `partial` is removed, and the error names `what`."""
+    optimizer = model.optimizer.variables if getattr(model, "optimizer", None) is not None else []
+    try:
+        with writing_weights(os.path.dirname(partial), [*model.weights, *optimizer], what):
+            lora.save_weights(model, os.path.join(partial, WEIGHTS))
+    except OSError:
+        shutil.rmtree(partial, ignore_errors=True)  # frees what was written; the last whole checkpoint stays
+        raise
 
 
 def _begin(directory, name):
@@ -181,7 +193,7 @@ def _save_weights(model, directory, name):
     partial = target + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    lora.save_weights(model, os.path.join(partial, WEIGHTS))  # LoRA factors unmerged
+    _write_weights(model, partial, f"the {name} weights")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(partial, target)
     return os.path.join(target, WEIGHTS)

@@ -15,6 +15,7 @@ import numpy as np
 
 from kgpt import checks
 from kgpt.errors import CheckpointError
+from kgpt.io import storage
 from kgpt.layers.decoder_block import GPTDecoderBlock
 from kgpt.models.converters.original import (
     BPE_FILE,
@@ -158,7 +159,7 @@ def _write_atomically(path, data):
     """Writes `data` under a temporary name, then renames: readers never see half a file."""
     temporary = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.tmp")
     try:
-        with open(temporary, "wb") as f:
+        with storage.naming(path), open(temporary, "wb") as f:
             f.write(data)
         os.replace(temporary, path)
     finally:
@@ -321,7 +322,8 @@ def save_original(backbone, directory, num_shards=10, tokenizer=None):
         _write_atomically(os.path.join(directory, name), data)
     flat = np.concatenate([a.ravel() for a in arrays])
     for index, shard in enumerate(np.array_split(flat, num_shards)):
-        np.save(os.path.join(directory, SHARD_PATTERN.format(index)), shard)
+        with storage.naming(os.path.join(directory, SHARD_PATTERN.format(index))):
+            np.save(os.path.join(directory, SHARD_PATTERN.format(index)), shard)
     # Written last: a directory with the shapes file is a complete checkpoint.
-    with open(os.path.join(directory, SHAPES_FILE), "w", encoding="utf-8") as f:
+    with storage.naming(shapes_path), open(shapes_path, "w", encoding="utf-8") as f:
         json.dump([list(a.shape) for a in arrays], f)

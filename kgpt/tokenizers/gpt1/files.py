@@ -15,6 +15,7 @@ import numpy as np
 
 from kgpt import checks
 from kgpt.errors import CheckpointError, RepeatedKeyError
+from kgpt.io import storage
 from kgpt.tokenizers.gpt1.splitters import SPLITTERS
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, SPECIAL_TOKENS, shared_id
 
@@ -30,9 +31,10 @@ def write_files(directory, encoder, merges, splitter):
         raise ValueError(f"directory {directory} is a file: the tokenizer's two files are saved into a folder.")
     os.makedirs(directory, exist_ok=True)
     plain = {s: i for s, i in encoder.items() if s not in SPECIAL_TOKENS}
-    with open(os.path.join(directory, ENCODER_FILE), "w", encoding="utf-8") as f:
+    encoder_path, merges_path = os.path.join(directory, ENCODER_FILE), os.path.join(directory, MERGES_FILE)
+    with storage.naming(encoder_path), open(encoder_path, "w", encoding="utf-8") as f:
         json.dump(plain, f, ensure_ascii=False)
-    with open(os.path.join(directory, MERGES_FILE), "w", encoding="utf-8") as f:
+    with storage.naming(merges_path), open(merges_path, "w", encoding="utf-8") as f:
         f.write(f"{_HEADER} kgpt-splitter: {splitter}\n")
         f.writelines(f"{a} {b}\n" for a, b in merges)
 

@@ -386,7 +386,7 @@ def naming(path):
 
 
 def _megabytes(nbytes):
-    return f"{nbytes / 1e6:,.1f} MB"
+    return f"{nbytes / 1e3:,.0f} KB" if nbytes < 1e6 else f"{nbytes / 1e6:,.1f} MB"
 
 
 def remove(path):

@@ -330,7 +330,7 @@ class Reader:
         for line, row in table.rows:
             source = f"{table.path}:{line}"
             texts = [table.text(row, c, line) for c in files.text_columns]
-            choices = [table.text(row, c, line) for c in files.choice_columns]
+            choices = [table.value(row, c, line) for c in files.choice_columns]  # a true/false quiz's: true
             blank = next(
                 (c for c, t in zip((*files.text_columns, *files.choice_columns), (*texts, *choices)) if not t.strip()),
                 None,

@@ -83,8 +83,8 @@ def out_of_space(e, resumes=None):
         return None
     text = next((line.strip() for line in str(e).splitlines() if line.strip()), "no space left on device")
     where = resumes() if resumes is not None else None
-    again = f"the same command resumes from the last checkpoint ({where})" if where else "run the same command again"
-    return f"{text[:300]}: free some space and {again}."
+    resumed = f": it resumes from the last checkpoint ({where})" if where else ""
+    return f"{text[:300].rstrip('.')}: free some space and run the same command again{resumed}."
 
 
 def several_processes(coordinator_address, num_processes, process_id):

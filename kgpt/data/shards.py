@@ -201,7 +201,7 @@ def _write_shards(pieces, files, sources, fingerprint, cuts, directory, dtype, s
         raise DataError(f"All {len(files)} corpus file(s) are empty (no token): {shown}.")
     index_path = os.path.join(directory, INDEX_FILE)
     tmp = index_path + ".tmp"
-    with storage.naming(tmp), open(tmp, "w", encoding="utf-8") as f:
+    with storage.naming(index_path), open(tmp, "w", encoding="utf-8") as f:
         json.dump(dataclasses.asdict(index) | {"total_tokens": index.total_tokens}, f, indent=1)
     os.replace(tmp, index_path)  # the index appears only once every shard is complete
     return index

@@ -93,7 +93,8 @@ class Table:
 
     def text(self, row, column, line):
         """`value` of a text column: a number is its text, as in a CSV file, but a JSON boolean is a `DataError`
-        (a label column named as text, most likely: no sentence is `true`)."""
+        (a label column named as text, most likely: no sentence is `true`; a choice may be, and is read with
+        `value`)."""
         value = self.value(row, column, line)
         if isinstance(row[column], bool):
             raise DataError(

@@ -308,9 +308,9 @@ def check_weights_file(path, variables):
 
 
 # What an HDF5 weights file holds beyond its arrays' bytes (headers, names, the file's own structure), with room
-# to spare: Keras' files measure about 0.85 KB per array over the arrays themselves, at 16 wide and at 768.
-_H5_BYTES_PER_ARRAY = 4 << 10
-_H5_BYTES_PER_FILE = 256 << 10
+# to spare: Keras' files measure 0.85 to 1.4 KB per array over the arrays themselves, at 16 wide and at 768.
+_H5_BYTES_PER_ARRAY = 2 << 10
+_H5_BYTES_PER_FILE = 64 << 10
 
 
 def check_room_for_weights(folder, variables, what):
@@ -449,14 +449,18 @@ def replace_preset(directory, write):
     the old preset whole and removes the hidden folder; a crash leaves that
     folder for the next save to remove.
     """
+    created = not os.path.isdir(directory)
     os.makedirs(directory, exist_ok=True)
-    _refuse_foreign_files(directory)
     tmp = os.path.join(directory, PARTIAL_DIR)
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
+        refuse_foreign_files(directory)
+        shutil.rmtree(tmp, ignore_errors=True)
         write(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if created:  # a folder made for a save that did not happen
+            with contextlib.suppress(OSError):
+                os.rmdir(directory)
         raise
     written = set(os.listdir(tmp))
     before = set(os.listdir(directory))
@@ -506,11 +510,13 @@ def replace_preset(directory, write):
     os.rmdir(tmp)
 
 
-def _refuse_foreign_files(directory):
-    """Refuses a save over JSON files of a preset's names that no Keras save wrote (a user's own `config.json`):
-    a save replaces a preset's files, and would replace those without a word."""
+def refuse_foreign_files(directory, names=None):
+    """Refuses a save over JSON files of a preset's `names` (by default all a model's save writes) that no Keras
+    save wrote (a user's own `config.json`): a save replaces a preset's files, and would replace those without a
+    word."""
+    names = (*MODEL_FILES, TOKENIZER_FILE) if names is None else names
     foreign = []
-    for name in sorted(n for n in (*MODEL_FILES, TOKENIZER_FILE) if n.endswith(".json") and "weights" not in n):
+    for name in sorted(n for n in names if n.endswith(".json") and "weights" not in n):
         text = _text(os.path.join(directory, name))
         if text is None:
             continue
@@ -546,7 +552,7 @@ def stamp_metadata(preset_dir, **extra):
     metadata = read_json(path, "keras-hub's metadata") if os.path.exists(path) else {}
     # keras-hub lists the tasks by base class, which is PresetMixin here.
     metadata.update(kgpt_version=__version__, tasks=["GPTCausalLM", "GPTTaskModel"], **extra)
-    with open(path, "w", encoding="utf-8") as f:
+    with storage.naming(path), open(path, "w", encoding="utf-8") as f:
         json.dump(metadata, f, indent=4)
 
 

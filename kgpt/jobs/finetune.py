@@ -369,10 +369,11 @@ def _finetune(config, work, task, data_dir, initial=None):
     if check is not None:
         results["baseline_check"] = check
     # GPTTaskModel.from_preset(output_dir) predicts on text again.
+    predicted = work.kept and os.path.isdir(os.path.join(work.directory, "predictions"))  # none without a split
     work.save_outputs(
         model,
         results,
         "the preset (task.json, task.weights.h5, config.json, model.weights.h5, "
-        "preprocessor.json, tokenizer.json, assets/), predictions/, logs/, history.csv",
+        f"preprocessor.json, tokenizer.json, assets/), {'predictions/, ' if predicted else ''}logs/, history.csv",
     )
     return model, results, start

@@ -8,10 +8,12 @@ TensorFlow ops), giving a dense int32 vector for a scalar string and a
 `tf.RaggedTensor` for a batch, which keras-hub's packers take.
 """
 
+import contextlib
 import itertools
 import json
 import logging
 import os
+import shutil
 import tempfile
 
 import keras
@@ -19,7 +21,8 @@ import numpy as np
 from keras_hub.tokenizers import Tokenizer
 
 from kgpt.data import inputs_kind
-from kgpt.io.presets import CONFIG_FILE, check_save_target
+from kgpt.io import storage
+from kgpt.io.presets import CONFIG_FILE, PARTIAL_DIR, check_save_target, refuse_foreign_files
 from kgpt.tokenizers.interface import PRESET_ASSETS, PRESET_CONFIG, fits_vocabulary
 
 logger = logging.getLogger(__name__)
@@ -28,6 +31,19 @@ try:  # the tf.data path; keras-hub's own preprocessing needs TensorFlow there t
     import tensorflow as tf
 except ImportError:
     tf = None
+
+
+@contextlib.contextmanager
+def _named_as_in(staging, path):
+    """Within it, an `OSError` naming a file in the hidden folder `staging` names it where it was going, in `path`."""
+    try:
+        yield
+    except OSError as e:
+        named = os.fspath(e.filename) if e.filename else str(e).split(": ", 1)[0]
+        if not named.startswith(staging + os.sep):
+            raise
+        target = os.path.join(path, os.path.relpath(named, staging))
+        raise storage.os_error(f"{target}: {storage.reason(e)}", e.errno) from e
 
 
 class PythonTokenizer(Tokenizer):
@@ -60,6 +76,7 @@ class PythonTokenizer(Tokenizer):
         warning. The same tokenizer saved again, or into a folder without a model, is written without a word.
         """
         path = check_save_target(preset_dir)
+        refuse_foreign_files(path, [PRESET_CONFIG])
         old, model = _saved_tokenizer(path), _model_vocabulary_size(path)
         same = False
         if old is not None and model is not None:  # compared only where a model loads with it
@@ -73,12 +90,30 @@ class PythonTokenizer(Tokenizer):
                     f"{path} holds a model of vocabulary_size={model} ({CONFIG_FILE}), which this tokenizer of "
                     f"{size} ids does not fit: nothing was written. Save the tokenizer to another folder."
                 )
-        super().save_to_preset(path)
+        self._save_whole(path)
         if model is not None and old is not None and not same:
             logger.warning(
                 f"Warning: {path} held another tokenizer: it is replaced by this one, which the model saved there "
                 f"now loads with."
             )
+
+    def _save_whole(self, path):
+        """keras-hub's save, into a hidden folder of `path` first, then moved in (`tokenizer.json` last): a save
+        that fails (a full disk) leaves `path` as it was, never a file cut short that a rerun would read."""
+        if os.path.basename(os.path.normpath(path)) == PARTIAL_DIR:  # inside a model's save, moved in whole
+            super().save_to_preset(path)
+            return
+        staging = os.path.join(path, PARTIAL_DIR + "-tokenizer")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            with storage.naming(path), _named_as_in(staging, path):
+                super().save_to_preset(staging)
+                written = [os.path.relpath(os.path.join(d, n), staging) for d, _, ns in os.walk(staging) for n in ns]
+                for name in sorted(written, key=lambda n: n == PRESET_CONFIG):
+                    os.makedirs(os.path.dirname(os.path.join(path, name)), exist_ok=True)
+                    os.replace(os.path.join(staging, name), os.path.join(path, name))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
     def call(self, inputs, *args, training=None, **kwargs):
         return self.tokenize(inputs, *args, **kwargs)

@@ -28,6 +28,7 @@ state = kgpt.train.checkpoint.restore(model, "out/checkpoint", settings)  # None
 ```
 """
 
+import contextlib
 import logging
 import os
 import re
@@ -38,6 +39,7 @@ import numpy as np
 
 from kgpt import checks
 from kgpt.errors import CheckpointError
+from kgpt.io import storage
 from kgpt.io.presets import check_weights_file, read_json, writing_weights
 from kgpt.io.run_folder import LATEST, STATE
 from kgpt.io.storage import write_json
@@ -83,8 +85,9 @@ def save(model, directory, state, keep=()):
         with writing(directory) as target:
             if target is not None:
                 partial = _begin(target, name)
-                _write_weights(model, partial, f"checkpoint {name}")
-                _finish(model, target, name, state, keep)
+                with _removed_on_error(partial):
+                    _write_weights(model, partial, f"checkpoint {name}")
+                    _finish(model, target, name, state, keep)
         return
     here = cluster.current()
     if here.chief:
@@ -99,14 +102,21 @@ def save(model, directory, state, keep=()):
 
 
 def _write_weights(model, partial, what):
-    """`model`'s weights (and its optimizer's) into the folder `partial`, LoRA factors unmerged; without the
-    room for them (`writing_weights`) `partial` is removed, and the error names `what`."""
+    """`model`'s weights (and its optimizer's) into the folder `partial`, LoRA factors unmerged; refused without
+    the room for them, the error naming `what` (`writing_weights`)."""
     optimizer = model.optimizer.variables if getattr(model, "optimizer", None) is not None else []
+    with writing_weights(os.path.dirname(partial), [*model.weights, *optimizer], what):
+        lora.save_weights(model, os.path.join(partial, WEIGHTS))
+
+
+@contextlib.contextmanager
+def _removed_on_error(partial):
+    """Within it, an `OSError` (a full disk) removes the half-written folder `partial`, which would hold the space
+    until the next save; the last whole checkpoint stays."""
     try:
-        with writing_weights(os.path.dirname(partial), [*model.weights, *optimizer], what):
-            lora.save_weights(model, os.path.join(partial, WEIGHTS))
+        yield
     except OSError:
-        shutil.rmtree(partial, ignore_errors=True)  # frees what was written; the last whole checkpoint stays
+        shutil.rmtree(partial, ignore_errors=True)
         raise
 
 
@@ -120,7 +130,8 @@ def _begin(directory, name):
 def _finish(model, directory, name, state, keep):
     target = os.path.join(directory, name)
     partial = target + ".partial"
-    np.savez(os.path.join(partial, RNG), *[keras.ops.convert_to_numpy(v) for v in rng_variables(model)])
+    with storage.naming(os.path.join(partial, RNG)):
+        np.savez(os.path.join(partial, RNG), *[keras.ops.convert_to_numpy(v) for v in rng_variables(model)])
     write_json(os.path.join(partial, STATE), state)
     shutil.rmtree(target, ignore_errors=True)
     os.replace(partial, target)
@@ -193,7 +204,8 @@ def _save_weights(model, directory, name):
     partial = target + ".partial"
     shutil.rmtree(partial, ignore_errors=True)
     os.makedirs(partial)
-    _write_weights(model, partial, f"the {name} weights")
+    with _removed_on_error(partial):
+        _write_weights(model, partial, f"the {name} weights")
     shutil.rmtree(target, ignore_errors=True)
     os.replace(partial, target)
     return os.path.join(target, WEIGHTS)

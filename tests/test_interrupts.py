@@ -5,6 +5,7 @@ in about 15 s); SIGTERM to the whole process group, as a scheduler sends it, lik
 bounded, and each test kills what it started in its `finally`.
 """
 
+import functools
 import os
 import signal
 import subprocess
@@ -60,7 +61,12 @@ def _start_training(tmp_path, **options):
     command += "--checkpoint_every 5".split()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1"}  # the suite's backend: CI runs it on each
     env.pop("KGPT_TRACEBACK", None)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, **options)
+    # As from a terminal: a suite started in the background (`cmd &` in a script) passes Ctrl-C on ignored, and
+    # kgpt leaves an ignored Ctrl-C ignored.
+    restore = functools.partial(signal.signal, signal.SIGINT, signal.SIG_DFL)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, preexec_fn=restore, **options
+    )
     return process, out
 
 

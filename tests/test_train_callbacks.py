@@ -325,6 +325,8 @@ class _SignalsInFinalizer(keras.callbacks.Callback):
 def test_a_ctrl_c_dropped_inside_a_finalizer_stops_the_run_at_the_next_step(tmp_path, monkeypatch):
     dropped = []
     monkeypatch.setattr(sys, "unraisablehook", dropped.append)  # where Python reports what it drops
+    # As from a terminal: a suite started in the background (`cmd &` in a script) has Ctrl-C ignored.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     model, sender = linear(1), _SignalsInFinalizer(at=1)
     progress = callbacks.Progress(str(tmp_path / "ckpt"), {}, steps_per_epoch=8)
     with callbacks.catching_signals():
@@ -335,3 +337,4 @@ def test_a_ctrl_c_dropped_inside_a_finalizer_stops_the_run_at_the_next_step(tmp_
     assert sender.begun == 3, sender.begun
     assert [type(d.exc_value) for d in dropped] == [KeyboardInterrupt]  # the first one was dropped
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    signal.signal(signal.SIGINT, previous)

@@ -210,8 +210,12 @@ def _indices(value, name, limit, ndim, what, limit_name):
     if array.size == 0:
         raise ValueError(f"{name} is empty: there are no {what} in it.")
     if array.dtype == object or array.dtype.kind not in "iu":
-        if array.dtype.kind in "US" or (array.dtype == object and any(isinstance(v, str) for v in array.ravel())):
-            kind = "strings"
+        values = array.ravel() if array.dtype == object else []
+        other = [v for v in values if not isinstance(v, str)][:1]
+        if array.dtype.kind in "US" or any(isinstance(v, str) for v in values):
+            kind = (
+                f"strings mixed with {'None' if other[0] is None else type(other[0]).__name__}" if other else "strings"
+            )
         elif array.dtype == object:  # None, a dict (score({"token_ids": ...})): named, not called strings
             odd = [v for v in array.ravel() if not isinstance(v, numbers.Integral)][:1]
             kind = (

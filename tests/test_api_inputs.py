@@ -189,6 +189,7 @@ def test_one_stop_token_id_is_taken_as_a_list(lm):
         (None, None, TypeError, r"integer token ids, got None\.$"),
         ({"token_ids": np.ones((1, 4), "int32")}, None, TypeError, r"integer token ids, got a dict\.$"),
         ([[1, 2**70]], None, TypeError, r"integer token ids, got integers past int64\.$"),  # a StopIteration
+        (["a cab", None], None, TypeError, r"integer token ids, got strings mixed with None\.$"),  # was "strings"
     ],
 )
 def test_score_refuses_bad_ids(lm, token_ids, mask, error, match):
@@ -503,8 +504,10 @@ def test_fit_and_predict_refuse_bad_batches(lm):
     with pytest.raises(ValueError, match=r"^fit\(\) on a tf.data.Dataset of token ids needs \(x, y\) elements"):
         lm.fit(alone, verbose=0)
     lm.fit({"token_ids": ids, "padding_mask": ids}, ids, verbose=0)
-    with pytest.raises(ValueError, match="sampler='nucleus' is not a keras-hub sampler"):
-        text_lm(newline_tokenizer()).compile(sampler="nucleus")
+    # None: generate() failed with AttributeError; "Greedy": keras-hub's KeyError.
+    for sampler in ("nucleus", None, "Greedy"):
+        with pytest.raises(ValueError, match=rf"^sampler={sampler!r} is not a keras-hub sampler"):
+            text_lm(newline_tokenizer()).compile(sampler=sampler)
 
 
 def test_presets_refuse_bad_paths_and_arguments(tmp_path, lm):

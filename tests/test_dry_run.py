@@ -10,6 +10,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -353,6 +354,32 @@ def test_a_mistake_the_dry_run_finds_is_the_commands_one_line_error(preset, tmp_
     assert result.returncode == 1 and len(errors) == 1, result.stderr[-2000:]
     assert "train.tsv" in errors[0] and "Traceback" not in result.stderr
     assert not os.path.exists(tmp_path / "out")
+
+
+SMALL = ["--num_layers=1", "--num_heads=2", "--hidden_dim=16", "--intermediate_dim=32", "--max_length=16"]
+
+
+@pytest.mark.parametrize(
+    "flags, message, run_too",
+    [
+        # Tracebacks from the backbone's constructor, and dry runs that passed.
+        (["--num_heads=3"], r"hidden_dim 16 must be a multiple of num_heads 3", True),
+        (["--hidden_dim=0"], r"hidden_dim must be an integer >= 1, got 0", True),
+        # The run said it after building the model; the dry run passed.
+        (["--transfer_layers=5"], r"transfer_layers must be in 0..1, got 5", False),
+        (["--transfer_layers=-1"], r"transfer_layers must be in 0..1, got -1", False),
+    ],
+)
+def test_sizes_of_a_model_fine_tuned_from_scratch_are_checked_by_the_dry_run_as_by_the_run(
+    flags, message, run_too, tmp_path, monkeypatch, capsys
+):
+    args = ["--task=scitail", "--init=scratch", *SMALL, *flags, f"--output_dir={tmp_path / 'out'}"]
+    for extra in (["--dry_run"], []) if run_too else (["--dry_run"],):
+        code, _, err = cli(monkeypatch, capsys, train, *args, *extra)
+        last = err.strip().splitlines()[-1]
+        assert code == 1 and "Traceback" not in err and last.startswith("kgpt-train: error: "), err[-2000:]
+        assert re.search(message, last), last
+        assert not (tmp_path / "out").exists()
 
 
 @pytest.fixture(scope="module")

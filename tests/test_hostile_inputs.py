@@ -82,6 +82,9 @@ def test_a_missing_input_or_a_dangling_link_is_no_such_file(tmp_path):
     with pytest.raises(FileNotFoundError, match=rf"^{tmp_path}/dangling\.csv \(a link to 'gone\.csv'\): no such file"):
         tables.read_table(str(tmp_path / "dangling.csv"))
     assert readers.check_file(__file__) == __file__
+    # `--output -` writes to standard output; `--input -` said "no such file" alone.
+    with pytest.raises(FileNotFoundError, match=r"^--input -: no such file \(standard input is not read: pass the"):
+        readers.check_file("-", "--input")
 
 
 # --- a plugin's reader yielding segments as a bare string -------------------------------------------------------------

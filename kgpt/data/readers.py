@@ -55,7 +55,8 @@ def check_file(path, name=None, missing=FileNotFoundError):
     except OSError as e:
         link = f" (a link to {os.readlink(path)!r})" if os.path.islink(path) else ""
         if e.errno == errno.ENOENT:
-            raise missing(f"{what}{link}: no such file.") from None
+            stdin = " (standard input is not read: pass the rows as a file)" if path == "-" else ""
+            raise missing(f"{what}{link}: no such file{stdin}.") from None
         if e.errno == errno.ELOOP:
             raise DataError(f"{what} is not a regular file: a loop of symbolic links{link}.") from None
         raise

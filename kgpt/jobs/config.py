@@ -426,6 +426,17 @@ def check_settings(config, check, *names):
         setting(check, getattr(config, name), name)
 
 
+def check_model_sizes(config, built=True):
+    """Raises `ConfigError` unless the sizes of `config` (a `ModelConfig`) are integers of 1 or more and, when a
+    transformer is `built` from them, `num_heads` divides `hidden_dim`."""
+    check_integers(config, num_layers=1, num_heads=1, hidden_dim=1, intermediate_dim=1)
+    if built and config.hidden_dim % config.num_heads:
+        raise ConfigError(
+            f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "
+            f"head takes an equal share."
+        )
+
+
 def check_integers(config, *names, **ranges):
     """Raises `ConfigError` unless each setting named is an integer in its range; one typed `int | None` may be None.
 

@@ -327,8 +327,10 @@ def init(config, task=None):
 def _init(config, task):
     """`(what config.init is, its backbone's config as far as it is read)`."""
     if config.init == "scratch":
+        check_transfer_layers(config.transfer_layers, config.num_layers)
         return "fresh weights (no pre-training), the GPT-1 vocabulary", {"hidden_dim": config.hidden_dim}
     if config.init == "demo":
+        check_transfer_layers(config.transfer_layers, DEMO_PRETRAIN["num_layers"])
         kept = os.path.join(config.output_dir, "pretrained") if config.output_dir else None
         if kept and os.path.exists(os.path.join(kept, "metrics.json")):
             return f"the demo model pre-trained earlier in {kept}", DEMO_PRETRAIN

@@ -27,7 +27,15 @@ from kgpt import checks
 from kgpt.errors import ConfigError
 from kgpt.io import hub, storage
 from kgpt.jobs import run
-from kgpt.jobs.config import KEEP, SEEDS, check_integers, check_settings, recorded_settings, setting
+from kgpt.jobs.config import (
+    KEEP,
+    SEEDS,
+    check_integers,
+    check_model_sizes,
+    check_settings,
+    recorded_settings,
+    setting,
+)
 from kgpt.jobs.finetune_data import read_splits
 from kgpt.jobs.finetune_model import (
     SPECIAL_INITS,
@@ -94,6 +102,7 @@ def check_config(config):
     """Raises `ConfigError` for settings that cannot run, before anything is built or read."""
     # max_length's minimum is no lower_bound: it is the preprocessor's, and config.py imports no Keras (--help).
     check_integers(config, "batch_size", "epochs", "lora_rank", max_length=MIN_MAX_LENGTH, seed=SEEDS)
+    check_model_sizes(config, built=config.init == "scratch")  # the sizes of the model --init scratch builds
     run.check_run(config.run_part(), batch_size_of(config))
     setting(checks.one_of, config.keep, "keep", KEEP)
     check_settings(config, checks.nonnegative, "learning_rate", "weight_decay", "lm_coef")

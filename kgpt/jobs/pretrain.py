@@ -25,7 +25,7 @@ from kgpt.errors import ConfigError, DataError
 from kgpt.io import storage
 from kgpt.io.run_folder import saving_outputs
 from kgpt.jobs import run
-from kgpt.jobs.config import SEEDS, check_integers, check_settings, recorded_settings, setting
+from kgpt.jobs.config import SEEDS, check_integers, check_model_sizes, check_settings, recorded_settings, setting
 from kgpt.jobs.rundir import check_inputs_outside
 from kgpt.models.gpt.gpt_backbone import GPTBackbone
 from kgpt.models.gpt.gpt_causal_lm import GPTCausalLM
@@ -162,10 +162,6 @@ def check_config(config):
         sequence_length=1,
         max_steps=1,
         evaluations=1,
-        num_layers=1,
-        num_heads=1,
-        hidden_dim=1,
-        intermediate_dim=1,
         lstm_units=1,
         num_merges=0,
         warmup_steps=0,
@@ -179,11 +175,7 @@ def check_config(config):
     check_settings(config, checks.rate, "dropout", "validation_fraction")
     check_settings(config, checks.positive, "initializer_range")
     setting(checks.rate, config.attention_dropout, "attention_dropout", allow_none=True)
-    if config.architecture != "lstm" and config.hidden_dim % config.num_heads:
-        raise ConfigError(
-            f"hidden_dim {config.hidden_dim} must be a multiple of num_heads {config.num_heads}: each "
-            f"head takes an equal share."
-        )
+    check_model_sizes(config, built=config.architecture != "lstm")
     if config.warmup_steps > config.max_steps:
         raise ConfigError(
             f"warmup_steps {config.warmup_steps} is more than max_steps {config.max_steps}: the run would "

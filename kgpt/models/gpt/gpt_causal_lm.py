@@ -154,10 +154,12 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 `None`: all tokens at once). A custom loss or metric trains on
                 the logits; it takes `"auto"` or `None` only.
         """
-        if isinstance(sampler, str):
+        if sampler is None or isinstance(sampler, str):
             from keras_hub.samplers import Sampler, get
 
-            if not isinstance(get(sampler), Sampler):  # keras-hub hands back an unknown name as it is
+            # keras-hub hands back an unknown name as it is, None as None (generate() then fails on it), and
+            # raises a KeyError for a name in capitals.
+            if sampler is None or not sampler.islower() or not isinstance(get(sampler), Sampler):
                 raise ValueError(
                     f"sampler={sampler!r} is not a keras-hub sampler: pass 'greedy', 'top_k', 'top_p', "
                     f"'beam', 'random', 'contrastive' or a keras_hub.samplers.Sampler."

@@ -707,12 +707,7 @@ def load_task_preset(cls, preset, load_weights=True, **kwargs):
     # A preprocessor in task.json comes back without its tokenizer's files (as in keras-hub).
     preprocessor = getattr(task, "preprocessor", None)
     if preprocessor is not None and hasattr(preprocessor, "load_preset_assets"):
-        try:
-            preprocessor.load_preset_assets(os.fspath(preset))
-        except FileNotFoundError as e:  # keras-hub's message names the file, relative to the preset
-            raise CheckpointError(
-                f"{e} The preset's assets/ hold its tokenizer's files (written by save_to_preset)."
-            ) from None
+        preprocessor.load_preset_assets(os.fspath(preset))
         try:
             tokenizer_fits(preprocessor, task.backbone)
         except ValueError as e:

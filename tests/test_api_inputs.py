@@ -6,6 +6,7 @@ import threading
 import warnings
 
 import keras
+import keras_hub
 import numpy as np
 import pytest
 from conftest import TINY, newline_tokenizer, text_lm, to_numpy
@@ -59,8 +60,6 @@ def test_generation_from_threads_equals_sequential_calls(lm):
 
 
 def test_a_random_sampler_from_threads_draws_as_sequential_calls_do():
-    import keras_hub
-
     keras.utils.set_random_seed(3)
     model = kgpt.GPTCausalLM(kgpt.GPTBackbone(**TINY))
     model.compile(sampler=keras_hub.samplers.TopKSampler(k=50, seed=5))
@@ -508,6 +507,26 @@ def test_fit_and_predict_refuse_bad_batches(lm):
     for sampler in ("nucleus", None, "Greedy"):
         with pytest.raises(ValueError, match=rf"^sampler={sampler!r} is not a keras-hub sampler"):
             text_lm(newline_tokenizer()).compile(sampler=sampler)
+    # keras-hub ran these without a word (temperature 0 gave id 0 everywhere, a negative one the least likely
+    # tokens, p past 1 was clipped) or failed inside generate() (k of 0 or past the vocabulary, 0 beams).
+    model = text_lm(newline_tokenizer())
+    samplers = keras_hub.samplers
+    too_many = model.backbone.vocabulary_size + 1
+    for sampler, message in [
+        (samplers.TopKSampler(k=5, temperature=0.0), "TopKSampler temperature must be a finite number > 0, got 0.0"),
+        (samplers.GreedySampler(temperature=-1.0), "GreedySampler temperature must be a finite number > 0"),
+        (samplers.TopKSampler(k=0), "TopKSampler k must be an integer between 1 and"),
+        (samplers.TopKSampler(k=too_many), f"TopKSampler k must be an integer between 1 and {too_many - 1}, got"),
+        (samplers.TopPSampler(p=1.5), r"TopPSampler p must be a number in \(0, 1\], got 1.5"),
+        (samplers.TopPSampler(p=0.0), r"TopPSampler p must be a number in \(0, 1\], got 0.0"),
+        (samplers.BeamSampler(num_beams=0), "BeamSampler num_beams must be an integer >= 1, got 0"),
+        (samplers.ContrastiveSampler(alpha=1.5), r"ContrastiveSampler alpha must be a number in \[0, 1\]"),
+        # keras-hub's get() hands back a string for this one: generate() failed on it.
+        ({"class_name": "TopKSampler", "config": {"k": 3}}, r"sampler must be a keras_hub.samplers.Sampler or its"),
+    ]:
+        with pytest.raises((ValueError, TypeError), match="^" + message):
+            model.compile(sampler=sampler)
+    model.compile(sampler=samplers.TopPSampler(p=1.0, k=too_many - 1))  # the edges are allowed
 
 
 def test_presets_refuse_bad_paths_and_arguments(tmp_path, lm):

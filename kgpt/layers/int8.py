@@ -35,7 +35,7 @@ def is_quantized(model):
 
 
 def quantize(model, mode=INT8):
-    """`model.quantize(mode)` without Keras' warning per layer it cannot quantize; returns `model`.
+    """`model.quantize(mode)` for `"int8"`; returns `model`.
 
     A model whose layers are already quantized (an int8 preset) is returned
     unchanged.
@@ -44,10 +44,7 @@ def quantize(model, mode=INT8):
         raise ValueError(f"Only 'int8' is supported, got {mode!r}.")
     if is_quantized(model):
         return model
-    with warnings.catch_warnings():
-        # One "does not have a `quantize` method" per norm and embedding layer: expected.
-        warnings.filterwarnings("ignore", message=r".*does not have a `quantize` method")
-        model.quantize(mode)
+    model.quantize(mode)
     return model
 
 
@@ -57,6 +54,7 @@ class QuantizeMixin:
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `quantize` (e.g. `"int8"`): once per layer, with LoRA factors merged into the kernels first.
 
+        Norms and embeddings stay float, without Keras' warning for each.
         By default only layers with weights are quantized: a loaded model's
         preprocessor holds a tokenizer layer Keras would refuse. The cached
         prediction, scoring and generation functions are dropped: on
@@ -77,7 +75,10 @@ class QuantizeMixin:
                 f"{len(done)} layers such as {done[0].name!r}): quantize() runs once; load the float "
                 f"model again to quantize it another way."
             )
-        with presets.one_garbage_collection():  # not one gc.collect() per quantized layer or removed factor
+        # not one gc.collect() per quantized layer or removed factor
+        with presets.one_garbage_collection(), warnings.catch_warnings():
+            # Keras warns once per norm and embedding layer, which stay float by design (docs/lora-int8.md).
+            warnings.filterwarnings("ignore", message=r".*does not have a `quantize` method")
             if (mode or getattr(config, "mode", None)) in REQUANTIZED_ON_SAVE:
                 merge_lora(self, [layer for layer in chosen if getattr(layer, "lora_enabled", False)])
             super().quantize(mode, config=config, filters=filters, **kwargs)

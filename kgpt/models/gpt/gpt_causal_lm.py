@@ -13,9 +13,11 @@ import threading
 import warnings
 
 import keras
+import keras_hub
 import numpy as np
 from keras import ops
 from keras_hub.models import CausalLM
+from keras_hub.samplers import Sampler
 
 from kgpt import checks
 from kgpt.data import inputs_kind
@@ -45,6 +47,27 @@ NO_PREPROCESSOR = (
 _MAKE_FUNCTION_LOCK = threading.Lock()
 # Held while a sampler that draws random numbers generates (see `make_generate_function`).
 _SAMPLER_STATE_LOCK = threading.Lock()
+
+
+def _check_sampler(sampler, vocabulary_size):
+    """Refuses sampler settings that keras-hub runs without a word or fails on inside `generate()`.
+
+    A temperature of 0 divides the logits into NaN (every token becomes id 0), a negative one picks the least
+    likely tokens, and `p` outside (0, 1] is clipped; `k` of 0, `k` past the vocabulary and 0 beams fail in the
+    middle of the generation loop.
+    """
+    name = type(sampler).__name__
+    checks.positive(getattr(sampler, "temperature", 1.0), f"{name} temperature")
+    for attribute, maximum in (("k", vocabulary_size), ("num_beams", None)):
+        value = getattr(sampler, attribute, None)
+        if value is not None:
+            checks.positive_int(value, f"{name} {attribute}", maximum=maximum)
+    p = getattr(sampler, "p", None)
+    if p is not None and (isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 < p <= 1):
+        raise ValueError(f"{name} p must be a number in (0, 1], got {p!r}.")
+    alpha = getattr(sampler, "alpha", None)
+    if alpha is not None:
+        checks.fraction(alpha, f"{name} alpha")
 
 
 @keras.saving.register_keras_serializable(package="kgpt")
@@ -155,15 +178,17 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
                 the logits; it takes `"auto"` or `None` only.
         """
         if sampler is None or isinstance(sampler, str):
-            from keras_hub.samplers import Sampler, get
-
             # keras-hub hands back an unknown name as it is, None as None (generate() then fails on it), and
             # raises a KeyError for a name in capitals.
-            if sampler is None or not sampler.islower() or not isinstance(get(sampler), Sampler):
+            if sampler is None or not sampler.islower() or not isinstance(keras_hub.samplers.get(sampler), Sampler):
                 raise ValueError(
                     f"sampler={sampler!r} is not a keras-hub sampler: pass 'greedy', 'top_k', 'top_p', "
                     f"'beam', 'random', 'contrastive' or a keras_hub.samplers.Sampler."
                 )
+        resolved = keras_hub.samplers.get(sampler)
+        if not isinstance(resolved, Sampler):
+            raise TypeError(f"sampler must be a keras_hub.samplers.Sampler or its name, got {checks.shown(sampler)}.")
+        _check_sampler(resolved, self.backbone.vocabulary_size)
         if optimizer == "auto":
             optimizer = gpt_adamw(total_steps=total_steps)
         custom = loss != "auto" or weighted_metrics != "auto" or bool(kwargs.get("metrics"))
@@ -180,7 +205,7 @@ class GPTCausalLM(QuantizeMixin, LMLossMixin, PresetMixin, CausalLM):
             optimizer=optimizer,
             loss=loss,
             weighted_metrics=weighted_metrics,
-            sampler=sampler,
+            sampler=resolved,
             **kwargs,
         )
         # Plain attributes, not tracked layer state: reported through `metrics`.

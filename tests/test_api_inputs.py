@@ -549,6 +549,11 @@ def test_presets_refuse_bad_paths_and_arguments(tmp_path, lm):
         kgpt.GPTTaskModel.from_preset(folder, task=5)
     with pytest.raises(ValueError, match="sequence_length must be an integer >= 1, got 0"):
         kgpt.GPTTaskModel.from_preset(folder, task="sst2", sequence_length=0)
+    # A missing folder, or one without a model, was "not a fine-tuned task model: pass task=NAME".
+    for path, message in ((tmp_path / "missing", "No preset directory"), (tmp_path, "Missing .*config.json")):
+        for load in (kgpt.GPTTaskModel.from_preset, kgpt.load_finetuned):
+            with pytest.raises(kgpt.CheckpointError, match=message):
+                load(str(path))
 
 
 def test_a_sequence_length_past_the_context_is_said_when_a_task_model_loads(tmp_path, lm, caplog):

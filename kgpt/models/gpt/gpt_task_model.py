@@ -21,7 +21,16 @@ from keras_hub.models import TextClassifier
 from kgpt import checks
 from kgpt.data import batching, inputs_kind
 from kgpt.io import hub
-from kgpt.io.presets import TASK_CONFIG_FILE, PresetMixin, check_overrides, load_task_preset, read_json, tokenizer_fits
+from kgpt.io.presets import (
+    CONFIG_FILE,
+    TASK_CONFIG_FILE,
+    PresetMixin,
+    check_overrides,
+    check_preset_dir,
+    load_task_preset,
+    read_json,
+    tokenizer_fits,
+)
 from kgpt.layers.dropout import Dropout
 from kgpt.layers.int8 import QuantizeMixin
 from kgpt.layers.views import ExtractStates, FoldViews, UnfoldViews
@@ -241,6 +250,8 @@ class GPTTaskModel(QuantizeMixin, LMLossMixin, PresetMixin, TextClassifier):
                     f"task=, or fine-tune its pre-trained model (kgpt-train --init) for {name!r}."
                 )
             return model
+        # A missing folder, a run still in progress or no preset at all is named as such, not as a pre-trained model.
+        check_preset_dir(preset, CONFIG_FILE, cls.backbone_cls)
         if task is None:
             raise ValueError(
                 f"{preset} is not a fine-tuned task model: pass task=NAME (a registered task or a "

@@ -297,6 +297,13 @@ def test_cli_usage_errors():
         ("zero-shot-curve", ["--zero_shot=cola"], r"^--zero_shot does nothing in kgpt-analyze zero-shot-curve"),
         ("ablations", ["--layers=0,1"], r"^--layers only applies to transfer, not ablations; remove it\.$"),
         ("transfer", ["--architectures=lstm"], r"^--architectures only applies to zero-shot-curve, not transfer"),
+        # These two ran on cola alone, with the blocks of --layers: sst2 and --transfer_layers were ignored.
+        ("transfer", ["--transfer_layers=1"], r"^--transfer_layers does nothing in kgpt-analyze transfer \(.*--layers"),
+        (
+            "transfer",
+            ["--tasks=cola,sst2"],
+            r"^transfer fine-tunes on one task; --tasks names 2 \(cola, sst2\): run it once per task\.$",
+        ),
     ],
 )
 def test_flags_a_mode_would_ignore_are_refused(mode, args, message):

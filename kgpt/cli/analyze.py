@@ -43,7 +43,7 @@ flags.DEFINE_list(
     "tasks",
     None,
     "Tasks as NAME or NAME=DATA_DIR (NAME alone: its embedded data). Default: "
-    "sst2,cola for the zero-shot modes and ablations, scitail for transfer (which uses the first).",
+    "sst2,cola for the zero-shot modes and ablations, scitail for transfer (which takes one task).",
 )
 flags.DEFINE_list("layers", None, "transfer: numbers of blocks to transfer (default 0..all).")
 flags.register_validator(
@@ -86,6 +86,11 @@ def main(argv):
     tasks = train.parse_task_dirs(FLAGS.tasks or DEFAULT_TASKS[mode], "--tasks")
     seeds = _seeds()
     _check_mode_flags(mode)
+    if mode == "transfer" and len(tasks) > 1:
+        raise app.UsageError(
+            f"transfer fine-tunes on one task; --tasks names {len(tasks)} ({', '.join(tasks)}): run it once per task.",
+            exitcode=2,
+        )
     if mode == "zero-shot" and FLAGS.init is None:
         raise app.UsageError("zero-shot needs --init: a pre-trained preset or original checkpoint.", exitcode=2)
     import keras
@@ -142,7 +147,7 @@ MODE_OF_FLAG = {
 MODE_READS = {
     "zero-shot": "it scores --init on --tasks",
     "zero-shot-curve": "it pre-trains with zero-shot scores on --tasks, for each of --architectures",
-    "transfer": "it fine-tunes on the first of --tasks",
+    "transfer": "it fine-tunes on the one task of --tasks, with each of --layers transferred",
     "ablations": "it fine-tunes on --tasks",
 }
 
@@ -160,6 +165,8 @@ def _check_mode_flags(mode):
         fields |= {"recipe"}
     else:
         fields = {f.name for f in dataclasses.fields(config_lib.FinetuneConfig)} | {"recipe"}
+        if mode == "transfer":  # each of its runs sets the transferred blocks from --layers
+            fields -= {"transfer_layers"}
     ignored = [
         f"--{flag.name}"
         for flag in FLAGS.get_flags_for_module(train.__name__)
